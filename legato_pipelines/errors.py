@@ -1,0 +1,82 @@
+"""One exception hierarchy for the whole project (the httpx pattern: catch by meaning).
+
+    LegatoError
+    ├── ConfigError            bad input; the message names the field and the fix
+    │   ├── TaskListError      a task list entry is invalid (names index, task_id, field)
+    │   └── ResumeError        --out holds a run of another policy version or task set
+    ├── PolicyError            a model call failed after its retries (record: error kind "policy")
+    │   ├── PolicyTimeout      the hard per-call deadline (step_timeout) passed
+    │   └── PolicyConfigError  400/401/403/404: the batch cannot work; fail fast (also a ConfigError)
+    │       └── ImageLimitError  "At most N image(s) ..." from vLLM
+    └── DesktopError           a desktop failed (record: status "retried", or error kind "env")
+
+No message ever contains the policy API key: it is read from ``LEGATO_POLICY_KEY`` only and
+redacted from server messages before they are quoted.
+"""
+
+from __future__ import annotations
+
+
+class LegatoError(Exception):
+    """Base class of every error legato-pipelines raises on purpose."""
+
+
+class ConfigError(LegatoError, ValueError):
+    """Bad input (a flag, a config field, a file). The message names the field and the fix."""
+
+
+class TaskListError(ConfigError):
+    """An entry of a task list is invalid. The message names its index, task_id and field."""
+
+
+class ResumeError(ConfigError):
+    """The output directory already holds a run of another policy version or task set."""
+
+
+class PolicyError(LegatoError):
+    """A model call failed after ``retries`` re-tries (timeouts, connection errors, 429, 5xx).
+
+    The attempt that made the call ends with status ``error`` and ``error.kind == "policy"``.
+    ``attempts`` is how many HTTP requests were made for the call.
+    """
+
+    def __init__(self, message: str, *, attempts: int = 1, status_code: int | None = None):
+        super().__init__(message)
+        self.attempts = attempts
+        self.status_code = status_code
+
+
+class PolicyTimeout(PolicyError):
+    """The hard per-call deadline (``step_timeout`` seconds) passed, on every try."""
+
+
+class PolicyConfigError(PolicyError, ConfigError):
+    """The server answered 400/401/403/404: a configuration problem, not a flaky call.
+
+    Raised at once (no retries) so a wrong URL, model or option fails the batch in seconds
+    instead of producing a batch of ``error`` records.
+    """
+
+
+class ImageLimitError(PolicyConfigError):
+    """The server refused the number of images in one prompt (vLLM's "At most N image(s)").
+
+    Fix: lower ``--image-max`` or raise the server's ``--limit-mm-per-prompt``.
+    """
+
+    def __init__(self, message: str, *, limit: int | None = None, **kwargs):
+        super().__init__(message, **kwargs)
+        self.limit = limit
+
+
+class DesktopError(LegatoError):
+    """A desktop failed: reset, setup, action, observation, crash, hung evaluator, transport.
+
+    ``kind`` says which (``reset``, ``setup``, ``act``, ``observe``, ``crash``, ``evaluator``,
+    ``vm``, ``transport``, ``timeout``). The engine records the attempt as ``retried`` and runs
+    it again on a recovered desktop (up to ``env_retries``), else as ``error`` kind ``env``.
+    """
+
+    def __init__(self, message: str, *, kind: str = "desktop"):
+        super().__init__(message)
+        self.kind = kind

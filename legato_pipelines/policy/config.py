@@ -1,0 +1,74 @@
+"""Policy configuration: which OpenAI-compatible server, which model, which policy version.
+
+The API key is read from the environment variable ``LEGATO_POLICY_KEY`` only: there is no
+flag or field to pass it, it is never part of ``repr``/``model_dump``, and it never reaches a
+log line, record, Dagster metadata or exception message.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+API_KEY_ENV = "LEGATO_POLICY_KEY"
+
+
+def policy_api_key() -> str | None:
+    """The policy API key from ``LEGATO_POLICY_KEY`` (``None`` when unset or empty)."""
+    return os.environ.get(API_KEY_ENV) or None
+
+
+class PolicyConfig(BaseModel):
+    """Where and how to call the policy.
+
+    Fields (units in brackets):
+      base_url      the server root, e.g. ``http://127.0.0.1:8000`` or ``.../v1`` (both work)
+      model         the served model name (``/v1/models`` id)
+      version       the policy version every record is tied to (the Dagster partition key)
+      temperature, top_p, max_tokens [tokens]   sampling; RL defaults sample the policy as is
+                    (temperature 1, top_p 1) so logprobs are those of the behaviour policy
+      extra_body    server-specific request fields (e.g. vLLM ``chat_template_kwargs``); checked
+                    against the fields this client sets itself
+      step_timeout  [s] hard deadline per HTTP request, enforced even if the server trickles
+      retries       re-tries of a timed-out / 429 / 5xx / connection-failed call
+      backoff       [s] base of the exponential backoff between re-tries (full jitter)
+      request_token_ids  ask for ``return_token_ids`` (dropped for the batch on a 400)
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str
+    model: str
+    version: str = "v0"
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(2048, ge=1)
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    step_timeout: float = Field(60.0, gt=0)
+    retries: int = Field(1, ge=0)
+    backoff: float = Field(0.5, ge=0)
+    request_token_ids: bool = True
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        value = value.strip().rstrip("/")
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("base_url must start with http:// or https:// (fix: --policy-url http://HOST:PORT)")
+        if "@" in value.split("//", 1)[1].split("/", 1)[0]:
+            raise ValueError("base_url must not carry credentials; put the key in LEGATO_POLICY_KEY")
+        return value
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        if not value or "..." in value or any(ord(c) < 32 for c in value) or "/" in value:
+            raise ValueError("version must be non-empty, without '/', '...' or control characters (it names a partition)")
+        return value
+
+    @property
+    def api_base(self) -> str:
+        """The ``.../v1`` root requests go to."""
+        return self.base_url if self.base_url.endswith("/v1") else self.base_url + "/v1"
