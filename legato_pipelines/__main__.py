@@ -1,0 +1,3 @@
+from legato_pipelines.cli import main
+
+main()

@@ -1,0 +1,24 @@
+"""The ``legato`` command line (also ``python -m legato_pipelines``).
+
+Each group of commands lives in its own module and registers itself on :data:`app`.
+"""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="legato",
+    help="Rollout collection for computer-use RL: desktops x policy server -> graded trajectories.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,  # locals could hold the policy key
+    add_completion=False,
+)
+
+# Command modules (each adds its commands to ``app`` on import).
+from . import collect as _collect  # noqa: E402,F401
+
+
+def main() -> None:
+    """Entry point of the ``legato`` console script."""
+    app()

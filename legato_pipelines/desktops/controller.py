@@ -1,0 +1,44 @@
+"""What OSWorld-format setup steps and evaluators need from a desktop: its server's base API.
+
+OSWorld's in-VM server (``desktop_env/server/main.py``, port 5000) and the project's local
+desktop server speak the same routes, so one client type implements this protocol for both;
+the task runtime (setup steps, getters, metrics) is written against it and runs on the
+collector's side, as OSWorld's ``SetupController`` and evaluators do.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class DesktopController(Protocol):
+    """Async access to one desktop's server. Methods raise ``DesktopError`` on transport failure."""
+
+    async def execute(self, command: list[str] | str, shell: bool = False, timeout: float = 120.0) -> dict[str, Any]:
+        """``POST /execute``: run a command as the desktop's user in its HOME, wait for it.
+
+        Returns ``{"status", "output", "error", "returncode"}`` (OSWorld's shape). ``~/`` is
+        expanded; a string without ``shell`` is split with shlex (OSWorld semantics).
+        """
+
+    async def launch(self, command: list[str] | str, shell: bool = False) -> None:
+        """``POST /setup/launch``: start a program and return without waiting for it."""
+
+    async def open_file(self, path: str) -> None:
+        """``POST /setup/open_file``: open with the default app; returns once its window shows."""
+
+    async def activate_window(self, window_name: str, strict: bool = False, by_class: bool = False) -> None:
+        """``POST /setup/activate_window`` (wmctrl ``-a`` semantics)."""
+
+    async def close_window(self, window_name: str, strict: bool = False, by_class: bool = False) -> None:
+        """``POST /setup/close_window`` (wmctrl ``-c`` semantics)."""
+
+    async def upload(self, path: str, data: bytes) -> None:
+        """``POST /setup/upload``: write ``data`` to ``path`` on the desktop (parents created)."""
+
+    async def file(self, path: str) -> bytes | None:
+        """``POST /file``: the file's bytes, or ``None`` when it does not exist (404)."""
+
+    async def screen_size(self) -> tuple[int, int]:
+        """``POST /screen_size``: (width, height) in pixels."""
