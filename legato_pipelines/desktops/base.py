@@ -7,8 +7,8 @@ backend that does blocking work runs it in a thread or another process.
 
 Per attempt the engine calls::
 
-    reset(task) -> wait_after_reset() -> [observe() -> (policy) -> act(a) -> wait_after_action(a)]*
-    -> wait_before_eval() -> evaluate(task)
+    reset(task, seed=) -> wait_after_reset() -> [observe() -> (policy) -> act(a) -> wait_after_action(a)]*
+    -> wait_before_eval() -> evaluate(task, last_action_fail=)
 
 and ``recover()`` after any :class:`~legato_pipelines.errors.DesktopError`, before the
 desktop takes new work. ``close()`` once at the end.
@@ -55,8 +55,13 @@ class Desktop(Protocol):
     name: str
     screen_size: tuple[int, int]  # (width, height) in pixels
 
-    async def reset(self, task: Task) -> str:
-        """Bring the desktop to the task's start state; return ``"fast"`` or ``"revert"``."""
+    async def reset(self, task: Task, *, seed: int = 0) -> str:
+        """Bring the desktop to the task's start state; return ``"fast"`` or ``"revert"``.
+
+        ``seed`` is derived by the engine from (run seed, task_id, attempt): the same logical
+        attempt always gets the same seed (the ``fake`` backend draws its reward from it;
+        real backends may ignore it).
+        """
 
     async def wait_after_reset(self) -> Wait: ...
 
@@ -69,7 +74,9 @@ class Desktop(Protocol):
 
     async def wait_before_eval(self) -> Wait: ...
 
-    async def evaluate(self, task: Task) -> Evaluation: ...
+    async def evaluate(self, task: Task, *, last_action_fail: bool = False) -> Evaluation:
+        """Grade the attempt. ``last_action_fail``: the agent's last action was FAIL (OSWorld's
+        ``infeasible`` metric scores 1 iff so; any other metric scores 0 after a FAIL)."""
 
     async def recover(self) -> None:
         """Make a failed desktop usable again (full restart); raise ``DesktopError`` if it can't."""
