@@ -1,0 +1,56 @@
+"""legato-pipelines: rollout collection for computer-use RL.
+
+Per policy version it drives desktops through screenshot -> policy call -> action -> wait
+until ready, grades every attempt, and writes trajectories a trainer uses directly (token ids,
+logprobs, rewards, GRPO group advantages, policy version).
+
+Public API::
+
+    collect(tasks, policy, out, **knobs) -> summary      # one batch into a run directory
+    export_steps(run_dir) -> pyarrow.Table               # training samples with advantages
+    load_request(run_dir, rollout_id, step) -> messages  # the exact prompt of a step
+    profile(run_dir) -> summary                          # recompute the profile
+"""
+
+from .desktops.base import DesktopConfig
+from .errors import (
+    ConfigError,
+    DesktopError,
+    ImageLimitError,
+    LegatoError,
+    PolicyConfigError,
+    PolicyError,
+    PolicyTimeout,
+    ResumeError,
+    TaskListError,
+)
+from .policy.config import PolicyConfig
+from .rollout.engine import collect, collect_async
+from .rollout.profile import profile
+from .store.export import export_steps, group_advantages
+from .store.rundir import load_request, read_records
+from .tasks import Task, TaskSet, load_tasks
+
+__all__ = [
+    "collect",
+    "collect_async",
+    "export_steps",
+    "group_advantages",
+    "load_request",
+    "read_records",
+    "profile",
+    "load_tasks",
+    "Task",
+    "TaskSet",
+    "PolicyConfig",
+    "DesktopConfig",
+    "LegatoError",
+    "ConfigError",
+    "TaskListError",
+    "ResumeError",
+    "PolicyError",
+    "PolicyTimeout",
+    "PolicyConfigError",
+    "ImageLimitError",
+    "DesktopError",
+]

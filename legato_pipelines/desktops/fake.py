@@ -1,0 +1,197 @@
+"""The ``fake`` backend: no VMs, real PNG screens, seeded rewards, configurable latency and faults.
+
+It stands in for real desktops in tests and benchmarks and lets a team wire its trainer
+before any desktop exists (the mock transport of the desktop protocol).
+
+Options (``DesktopConfig.options``):
+  latency   per phase, seconds: ``{"reset": 2.0, "act": {"dist": "lognormal", "median": 0.1,
+            "sigma": 0.5}, "observe": 0, "evaluate": 1.0}``; a number is fixed, a mapping is
+            sampled (``lognormal`` median/sigma, ``uniform`` low/high, ``exponential`` mean)
+  faults    per-call probabilities: ``reset_failure``, ``act_failure``, ``crash`` (the desktop
+            dies during an action and stays dead until ``recover()``), ``hung_evaluator``
+            (``evaluate`` never returns; the engine's ``eval_timeout`` cuts it)
+  frames    how many distinct screens to pre-render (default 32)
+  seed      seeds latencies and faults (default 0)
+
+Rewards: a task's success probability is ``config["fake"]["success"]`` (inline task config,
+default 0.5); the reward of a logical attempt is drawn from the per-attempt seed the engine
+passes to ``reset``, so the same attempt always gets the same reward, whatever desktop runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import io
+import random
+from typing import Any
+
+from ..actions import Action
+from ..errors import ConfigError, DesktopError
+from ..images import Screenshot
+from ..tasks import Task
+from .base import DesktopConfig, Evaluation, Wait
+
+PHASES = ("reset", "act", "observe", "evaluate")
+FAULTS = ("reset_failure", "act_failure", "crash", "hung_evaluator")
+
+
+class Latency:
+    """A latency distribution in seconds: fixed, lognormal(median, sigma), uniform, exponential.
+
+    Raises ``ConfigError`` naming ``field`` when the spec is malformed.
+    """
+
+    def __init__(self, spec: Any, field: str):
+        self.spec = spec
+        if isinstance(spec, (int, float)) and spec >= 0:
+            self._draw = lambda rng, v=float(spec): v
+            self.mean_hint = float(spec)
+            return
+        if not isinstance(spec, dict) or "dist" not in spec:
+            raise ConfigError(f"{field}: a latency is seconds >= 0 or {{'dist': 'lognormal'|'uniform'|'exponential', ...}}")
+        dist = spec["dist"]
+        try:
+            if dist == "lognormal":
+                import math
+
+                mu, sigma = math.log(float(spec["median"])), float(spec.get("sigma", 0.5))
+                self._draw = lambda rng: rng.lognormvariate(mu, sigma)
+            elif dist == "uniform":
+                lo, hi = float(spec["low"]), float(spec["high"])
+                self._draw = lambda rng: rng.uniform(lo, hi)
+            elif dist == "exponential":
+                mean = float(spec["mean"])
+                self._draw = lambda rng: rng.expovariate(1.0 / mean)
+            else:
+                raise ConfigError(f"{field}.dist: unknown distribution {dist!r} (lognormal, uniform, exponential)")
+        except (KeyError, ValueError) as exc:
+            raise ConfigError(f"{field}: missing or bad parameter {exc} for dist {dist!r}") from None
+
+    def draw(self, rng: random.Random) -> float:
+        return self._draw(rng)
+
+
+@functools.lru_cache(maxsize=8)
+def frame_pool(width: int, height: int, frames: int = 32) -> tuple[Screenshot, ...]:
+    """Pre-rendered, distinct PNG screens of ``width`` x ``height`` pixels (a desktop-like
+    picture: title bar, window, text lines), rendered once per process so benchmarks spend no
+    CPU drawing."""
+    from PIL import Image, ImageDraw
+
+    out = []
+    for i in range(frames):
+        rng = random.Random(i)
+        img = Image.new("RGB", (width, height), (40 + i * 3 % 60, 60, 90))
+        draw = ImageDraw.Draw(img)
+        draw.rectangle([0, 0, width, 28], fill=(30, 30, 30))
+        draw.text((10, 8), f"legato fake desktop - screen {i}", fill=(230, 230, 230))
+        x0, y0 = rng.randint(20, width // 4), rng.randint(40, height // 4)
+        x1, y1 = rng.randint(width // 2, width - 20), rng.randint(height // 2, height - 20)
+        draw.rectangle([x0, y0, x1, y1], fill=(245, 245, 245), outline=(0, 0, 0))
+        for line in range(max(1, (y1 - y0 - 30) // 18)):
+            words = " ".join(hashlib.sha1(f"{i}-{line}-{k}".encode()).hexdigest()[: rng.randint(3, 9)] for k in range(rng.randint(3, 12)))
+            draw.text((x0 + 10, y0 + 10 + line * 18), words, fill=(20, 20, 20))
+        buf = io.BytesIO()
+        img.save(buf, format="PNG", compress_level=1)
+        out.append(Screenshot(buf.getvalue(), width, height))
+    return tuple(out)
+
+
+class FakeDesktop:
+    """A desktop that sleeps its configured latencies, shows pre-rendered screens, grades with
+    the per-attempt seed, and fails on purpose at the configured rates (see module docs)."""
+
+    def __init__(self, config: DesktopConfig, index: int = 0):
+        opts = dict(config.options)
+        unknown = set(opts) - {"latency", "faults", "frames", "seed"}
+        if unknown:
+            raise ConfigError(f"desktop.options: unknown fake-backend option(s) {sorted(unknown)} (latency, faults, frames, seed)")
+        latency = opts.get("latency") or {}
+        if not isinstance(latency, dict) or set(latency) - set(PHASES):
+            raise ConfigError(f"desktop.options.latency: a mapping with keys among {PHASES}")
+        self.latency = {p: Latency(latency.get(p, 0.0), f"desktop.options.latency.{p}") for p in PHASES}
+        faults = opts.get("faults") or {}
+        if not isinstance(faults, dict) or set(faults) - set(FAULTS):
+            raise ConfigError(f"desktop.options.faults: a mapping with keys among {FAULTS}")
+        self.faults = {f: float(faults.get(f, 0.0)) for f in FAULTS}
+        for name, p in self.faults.items():
+            if not 0.0 <= p <= 1.0:
+                raise ConfigError(f"desktop.options.faults.{name}: a probability in [0, 1], got {p}")
+        self.config = config
+        self.name = f"fake-{index}"
+        self.screen_size = config.screen_size
+        self._rng = random.Random(f"{opts.get('seed', 0)}:{index}")
+        self._frames = frame_pool(config.screen_width, config.screen_height, int(opts.get("frames", 32)))
+        self._crashed = False
+        self._frame = 0
+        self._task_offset = 0
+        self._reward = 0.0
+        self.resets = 0
+        self.recoveries = 0
+
+    async def _sleep(self, phase: str) -> None:
+        delay = self.latency[phase].draw(self._rng)
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def _check_alive(self) -> None:
+        if self._crashed:
+            raise DesktopError(f"{self.name}: desktop crashed (recover it first)", kind="crash")
+
+    async def reset(self, task: Task, *, seed: int = 0) -> str:
+        self._check_alive()
+        await self._sleep("reset")
+        if self._rng.random() < self.faults["reset_failure"]:
+            raise DesktopError(f"{self.name}: injected reset failure", kind="reset")
+        self.resets += 1
+        success = (task.config.get("fake") or {}).get("success", 0.5)
+        self._reward = 1.0 if random.Random(seed).random() < float(success) else 0.0
+        self._task_offset = int(hashlib.sha1(task.task_id.encode()).hexdigest()[:6], 16)
+        self._frame = 0
+        return "fast" if self.config.fast_reset else "revert"
+
+    async def _wait(self) -> Wait:
+        if self.config.fixed_wait:
+            await asyncio.sleep(self.config.fixed_wait)
+            return Wait(self.config.fixed_wait, None)
+        return Wait(0.0, 0.0 if self.config.ready_signal else None)
+
+    async def wait_after_reset(self) -> Wait:
+        return await self._wait()
+
+    async def observe(self) -> Screenshot:
+        self._check_alive()
+        await self._sleep("observe")
+        return self._frames[(self._task_offset + self._frame) % len(self._frames)]
+
+    async def act(self, action: Action) -> None:
+        self._check_alive()
+        await self._sleep("act")
+        if self._rng.random() < self.faults["crash"]:
+            self._crashed = True
+            raise DesktopError(f"{self.name}: injected desktop crash during {action.action}", kind="crash")
+        if self._rng.random() < self.faults["act_failure"]:
+            raise DesktopError(f"{self.name}: injected action failure ({action.action})", kind="act")
+        self._frame += 1
+
+    async def wait_after_action(self, action: Action) -> Wait:
+        return await self._wait()
+
+    async def wait_before_eval(self) -> Wait:
+        return await self._wait()
+
+    async def evaluate(self, task: Task, *, last_action_fail: bool = False) -> Evaluation:
+        self._check_alive()
+        if self._rng.random() < self.faults["hung_evaluator"]:
+            await asyncio.Event().wait()  # never returns; the engine's eval_timeout cuts it
+        await self._sleep("evaluate")
+        return Evaluation(self._reward)
+
+    async def recover(self) -> None:
+        self._crashed = False
+        self.recoveries += 1
+
+    async def close(self) -> None:
+        return None

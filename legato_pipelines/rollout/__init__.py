@@ -1,0 +1,1 @@
+"""The rollout engine, free of Dagster: scheduling, the step loop, statuses, timeouts."""

@@ -1,0 +1,219 @@
+"""One execution of one attempt on one desktop: the step loop (ARCHITECTURE §3).
+
+reset -> wait -> [observe -> policy call -> parse -> act -> wait until ready]* -> wait -> grade
+
+Everything it measures goes into the record: per-phase seconds, per-step model stats, per
+action act/wait/ready seconds. It raises nothing but :class:`PolicyConfigError` (which aborts
+the batch); every other failure becomes the record's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ..desktops.base import Desktop
+from ..errors import DesktopError, PolicyConfigError, PolicyError
+from ..store.rundir import FORMAT, RunWriter
+from . import statuses as st
+from .scheduler import Execution
+
+PHASES = ("queue_s", "reset_s", "policy_s", "act_s", "wait_s", "obs_s", "eval_s")
+
+
+@dataclass
+class AttemptContext:
+    """What every attempt of a batch shares (built once by the engine)."""
+
+    policy: Any  # PolicyClient
+    harness: Any  # legato_pipelines.harness.Harness
+    writer: RunWriter
+    policy_info: dict[str, str]
+    task_set: str
+    max_steps: int
+    rollout_timeout: float | None
+    eval_timeout: float
+    env_retries: int
+
+
+def base_record(ctx: AttemptContext, ex: Execution, desktop: str | None) -> dict[str, Any]:
+    """The identity part every record of an execution carries."""
+    return {
+        "format": FORMAT,
+        "rollout_id": uuid.uuid4().hex,
+        "task_id": ex.group.task.task_id,
+        "domain": ex.group.task.domain,
+        "group_id": ex.group.group_id,
+        "attempt": ex.attempt,
+        "execution": ex.execution,
+        "policy": ctx.policy_info,
+        "task_set": ctx.task_set,
+        "status": None,
+        "outcome": None,
+        "reward": None,
+        "error": None,
+        "eval_error": None,
+        "n_steps": 0,
+        "desktop": desktop,
+        "started_at": None,
+        "ended_at": None,
+        "timing": dict.fromkeys(PHASES, 0.0) | {"total_s": 0.0},
+        "reset": None,
+        "steps": [],
+    }
+
+
+def settled_record(ctx: AttemptContext, ex: Execution, status: str) -> dict[str, Any]:
+    """A record for an execution that never ran (``skipped``)."""
+    record = base_record(ctx, ex, None)
+    record["status"] = status
+    record["started_at"] = record["ended_at"] = time.time()
+    return record
+
+
+class _Truncated(Exception):
+    """rollout_timeout passed."""
+
+
+async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> dict[str, Any]:
+    """Run one execution on ``desktop`` and return its finished record (status set).
+
+    A ``DesktopError`` gives status ``retried`` (the caller re-queues) or, when
+    ``env_retries`` is used up, ``error`` kind ``env``; the caller must ``recover()`` the
+    desktop. A ``PolicyError`` gives ``error`` kind ``policy``. ``PolicyConfigError`` propagates.
+    """
+    record = base_record(ctx, ex, desktop.name)
+    timing = record["timing"]
+    start = time.time()
+    record["started_at"] = start
+    timing["queue_s"] = max(0.0, start - ex.enqueued_at)
+    t0 = time.perf_counter()
+    deadline = None if ctx.rollout_timeout is None else t0 + ctx.rollout_timeout
+    group = ex.group
+    task = group.task
+    phase = "reset"
+    outcome = None
+    try:
+        kind = await desktop.reset(task, seed=ex.seed)
+        wait = await desktop.wait_after_reset()
+        record["reset"] = {"kind": kind, "ready_s": wait.ready_s, "wait_s": wait.wait_s}
+        timing["reset_s"] = time.perf_counter() - t0
+        episode = ctx.harness.episode(task.instruction, desktop.screen_size)
+        steps = record["steps"]
+        hashes: dict[int, tuple[dict, str]] = {}  # id(message) -> (message, sha): hash each message once
+        for step in range(ctx.max_steps):
+            if group.closed:
+                outcome = "cancelled"
+                break
+            if deadline is not None and time.perf_counter() >= deadline:
+                raise _Truncated
+            phase = "observe"
+            t = time.perf_counter()
+            shot = episode.prepare(await desktop.observe())
+            obs_s = time.perf_counter() - t
+            timing["obs_s"] += obs_s
+            messages = episode.request(shot)
+            request = []
+            for message in messages:
+                entry = hashes.get(id(message))
+                if entry is None or entry[0] is not message:
+                    entry = (message, ctx.writer.store_message(message))
+                    hashes[id(message)] = entry
+                request.append(entry[1])
+            ctx.writer.store_image(shot)
+            phase = "policy"
+            t = time.perf_counter()
+            call = ctx.policy.complete(messages, episode.images)
+            if deadline is None:
+                response = await call
+            else:
+                try:
+                    response = await asyncio.wait_for(call, max(0.0, deadline - time.perf_counter()))
+                except TimeoutError:
+                    timing["policy_s"] += time.perf_counter() - t
+                    raise _Truncated from None
+            timing["policy_s"] += time.perf_counter() - t
+            parsed = episode.parse(response.content, response.finish_reason)
+            episode.record(response.content, parsed)
+            step_record = {
+                "step": step,
+                "request": request,
+                "response": response.response_record(),
+                "model": response.model_record(),
+                "action_text": parsed.action_text,
+                "parse_error": parsed.parse_error,
+                "actions": [],
+                "obs_s": obs_s,
+                "observation": shot.sha,
+            }
+            steps.append(step_record)
+            record["n_steps"] = len(steps)
+            phase = "act"
+            for action in parsed.actions:
+                if action.action == "terminate":
+                    continue
+                entry = action.to_record()
+                t = time.perf_counter()
+                await desktop.act(action)
+                entry["act_s"] = time.perf_counter() - t
+                timing["act_s"] += entry["act_s"]
+                wait = await desktop.wait_after_action(action)
+                entry["wait_s"] = wait.wait_s
+                entry["ready_s"] = wait.ready_s
+                timing["wait_s"] += wait.wait_s
+                step_record["actions"].append(entry)
+            if parsed.terminal:
+                outcome = parsed.terminal
+                break
+        else:
+            outcome = "max_steps"
+        if outcome == "cancelled":
+            record["status"] = st.CANCELLED
+            return _close(record, start, t0)
+        status = st.OK
+    except _Truncated:
+        outcome, status = "timeout", st.TRUNCATED
+    except PolicyConfigError:
+        raise
+    except PolicyError as exc:
+        record["status"] = st.ERROR
+        record["error"] = {"kind": "policy", "type": type(exc).__name__, "message": str(exc), "phase": phase}
+        return _close(record, start, t0)
+    except DesktopError as exc:
+        return _desktop_failure(ctx, record, ex, exc, phase, start, t0)
+    record["outcome"] = outcome
+    phase = "evaluate"
+    t = time.perf_counter()
+    try:
+        await desktop.wait_before_eval()
+        evaluation = await asyncio.wait_for(desktop.evaluate(task, last_action_fail=outcome == "fail"), ctx.eval_timeout)
+    except TimeoutError:
+        timing["eval_s"] = time.perf_counter() - t
+        exc = DesktopError(f"evaluation took longer than eval_timeout={ctx.eval_timeout:g} s (hung evaluator)", kind="evaluator")
+        return _desktop_failure(ctx, record, ex, exc, phase, start, t0)
+    except DesktopError as exc:
+        timing["eval_s"] = time.perf_counter() - t
+        return _desktop_failure(ctx, record, ex, exc, phase, start, t0)
+    timing["eval_s"] = time.perf_counter() - t
+    record["reward"] = float(evaluation.reward)
+    record["eval_error"] = evaluation.error
+    record["status"] = st.SURPLUS if group.closed else status
+    return _close(record, start, t0)
+
+
+def _desktop_failure(ctx, record, ex: Execution, exc: DesktopError, phase: str, start: float, t0: float) -> dict[str, Any]:
+    record["error"] = {"kind": "env", "type": exc.kind, "message": str(exc), "phase": phase}
+    record["status"] = st.RETRIED if ex.execution < ctx.env_retries else st.ERROR
+    return _close(record, start, t0)
+
+
+def _close(record: dict[str, Any], start: float, t0: float) -> dict[str, Any]:
+    timing = record["timing"]
+    timing["total_s"] = time.perf_counter() - t0 + timing["queue_s"]
+    record["ended_at"] = start + (time.perf_counter() - t0)
+    for key, value in timing.items():
+        timing[key] = round(value, 6)
+    return record

@@ -1,0 +1,107 @@
+"""The profile of a batch (ARCHITECTURE §7): what ``summary.json``, ``legato profile`` and the
+``profile`` table report. Computed from the records alone, so it can be recomputed any time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..store.rundir import read_meta, read_records
+from . import statuses as st
+
+TIME_PHASES = ("reset_s", "policy_s", "act_s", "wait_s", "obs_s", "eval_s")
+
+
+def summarize(records: list[dict[str, Any]], meta: dict[str, Any], *, wall_s: float | None = None,
+              scheduled: int | None = None, groups: list | None = None) -> dict[str, Any]:
+    """The summary of a batch.
+
+    Definitions: ``success_rate`` is the mean reward over ``ok``+``truncated`` attempts
+    (OSWorld's score convention: a reward is in [0, 1]); ``rollouts_per_hour`` counts those
+    attempts per hour of wall time; ``time_share`` is each phase's share of the summed phase
+    seconds of executed attempts; ``model_call_s`` percentiles are over every model call;
+    ``retried_calls`` are calls that needed more than one HTTP request, ``hung_calls`` the
+    requests cut at ``step_timeout``; ``prefix_cache_hit_rate`` is cached / prompt tokens over
+    the calls that reported cached tokens (``None`` when none did); ``logprobs_share`` /
+    ``token_ids_share`` are shares of steps whose response carried them. ``missing`` is the
+    number of logical attempts without a final record (0 after a complete batch), so
+    ``records == scheduled - missing + retries``.
+    """
+    knobs = meta.get("knobs", {})
+    counts = Counter(r["status"] for r in records)
+    final = [r for r in records if r["status"] in st.FINAL_FOR_TRAINING]
+    rewards = [r["reward"] for r in final if r.get("reward") is not None]
+    logical_done = {(r["task_id"], r["attempt"]) for r in records if r["status"] != st.RETRIED}
+    if scheduled is None:
+        per_group = knobs.get("group", 0) + int(np.ceil(knobs.get("group", 0) * knobs.get("oversample", 0) - 1e-9))
+        scheduled = per_group * meta.get("n_tasks", 0) or len({(r["task_id"], r["attempt"]) for r in records})
+    if wall_s is None:
+        wall_s = (max(r["ended_at"] for r in records) - min(r["started_at"] for r in records)) if records else 0.0
+    phase_totals = dict.fromkeys(TIME_PHASES, 0.0)
+    steps = []
+    for r in records:
+        for phase in TIME_PHASES:
+            phase_totals[phase] += r["timing"].get(phase, 0.0)
+        steps.extend(r.get("steps") or [])
+    phase_sum = sum(phase_totals.values())
+    call_s = np.array([s["model"]["seconds"] for s in steps], dtype=float)
+    cache = [(s["model"]["cached_tokens"], s["model"]["prompt_tokens"]) for s in steps
+             if s["model"].get("cached_tokens") is not None and s["model"].get("prompt_tokens")]
+    errors = Counter(r["error"]["kind"] for r in records if r["status"] == st.ERROR and r.get("error"))
+    env_failures = sum(1 for r in records if r.get("error") and r["error"]["kind"] == "env")
+    group_final = defaultdict(int)
+    for r in final:
+        group_final[r["task_id"]] += 1
+    n_groups = len(groups) if groups is not None else meta.get("n_tasks") or len({r["task_id"] for r in records})
+    closed = sum(1 for g in groups if g.closed) if groups is not None else sum(1 for n in group_final.values() if n >= knobs.get("group", 1))
+    return {
+        "format": meta.get("format"),
+        "policy": meta.get("policy"),
+        "task_set": meta.get("task_set"),
+        "tasks_path": meta.get("tasks_path"),
+        "knobs": knobs,
+        "counts": {s: counts.get(s, 0) for s in st.STATUSES},
+        "scheduled": scheduled,
+        "retries": counts.get(st.RETRIED, 0),
+        "records": len(records),
+        "missing": max(0, scheduled - len(logical_done)),
+        "groups": {"total": n_groups, "closed": closed},
+        "success_rate": float(np.mean(rewards)) if rewards else None,
+        "rollouts_per_hour": (len(final) / wall_s * 3600.0) if wall_s > 0 else None,
+        "wall_s": round(wall_s, 3),
+        "steps": len(steps),
+        "time_share": {p[:-2]: (phase_totals[p] / phase_sum if phase_sum else 0.0) for p in TIME_PHASES},
+        "model_call_s": _percentiles(call_s),
+        "retried_calls": sum(1 for s in steps if s["model"].get("attempts", 1) > 1),
+        "hung_calls": sum(s["model"].get("timeouts", 0) for s in steps),
+        "policy_errors": errors.get("policy", 0),
+        "env_errors": errors.get("env", 0),
+        "env_failures": env_failures,
+        "prefix_cache_hit_rate": (sum(c for c, _ in cache) / sum(p for _, p in cache)) if cache else None,
+        "logprobs_share": _share(steps, "logprobs"),
+        "token_ids_share": _share(steps, "token_ids"),
+        "parse_errors": sum(1 for s in steps if s.get("parse_error")),
+    }
+
+
+def _percentiles(values: np.ndarray) -> dict[str, float | None]:
+    if not len(values):
+        return {"p50": None, "p95": None, "p99": None}
+    p50, p95, p99 = np.percentile(values, [50, 95, 99])
+    return {"p50": round(float(p50), 4), "p95": round(float(p95), 4), "p99": round(float(p99), 4)}
+
+
+def _share(steps: list[dict], key: str) -> float | None:
+    if not steps:
+        return None
+    return sum(1 for s in steps if s["response"].get(key)) / len(steps)
+
+
+def profile(run_dir: str | Path) -> dict[str, Any]:
+    """Recompute the summary of a run directory from its records (no wall time of the session:
+    the span from the first start to the last end is used)."""
+    return summarize(read_records(run_dir), read_meta(run_dir))

@@ -1,0 +1,210 @@
+"""The run directory, format ``legato.rollout/v0`` (ARCHITECTURE §7).
+
+Layout::
+
+    run.json              what this run is: format, policy {model, version}, task_set, knobs
+    rollouts.jsonl        one record per execution, appended and flushed one at a time
+    messages/<sha>.json   each prompt message once (canonical JSON; images as legato-image:// refs)
+    images/<sha>.png      each screenshot once
+    summary.json          the profile, rewritten at the end of a batch
+
+A step's ``request`` is the list of its messages' hashes, so storage grows with the number of
+steps, not with its square, and :func:`load_request` rebuilds the exact prompt.
+
+A crash can leave a torn last line in ``rollouts.jsonl``: :func:`read_records` drops it, and
+:class:`RunWriter` truncates it before appending.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..errors import ConfigError, ResumeError
+from ..images import IMAGE_REF_PREFIX, Screenshot
+
+FORMAT = "legato.rollout/v0"
+RECORDS = "rollouts.jsonl"
+RUN_META = "run.json"
+SUMMARY = "summary.json"
+
+
+def message_sha(message: Mapping[str, Any]) -> tuple[str, bytes]:
+    """(hex SHA-256, canonical JSON bytes) of one message."""
+    data = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(data).hexdigest(), data
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file in the same directory, then rename)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+class RunWriter:
+    """Appends records and stores messages/images of one run directory.
+
+    One instance per batch, used from one event loop. ``open`` checks (or writes) ``run.json``
+    and raises :class:`ResumeError` when the directory holds a run of another policy version
+    or task set.
+    """
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self._messages_dir = self.root / "messages"
+        self._images_dir = self.root / "images"
+        self._seen_messages: set[str] = set()
+        self._seen_images: set[str] = set()
+        self._fh = None
+
+    def open(self, meta: dict[str, Any]) -> list[dict[str, Any]]:
+        """Create or resume the directory; return the records already there (for resume)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._messages_dir.mkdir(exist_ok=True)
+        self._images_dir.mkdir(exist_ok=True)
+        meta_path = self.root / RUN_META
+        if meta_path.exists():
+            old = orjson.loads(meta_path.read_bytes())
+            for key, label in (("policy", "policy version"), ("task_set", "task set")):
+                a = old.get(key, {}).get("version") if key == "policy" else old.get(key)
+                b = meta[key]["version"] if key == "policy" else meta[key]
+                if a != b:
+                    raise ResumeError(
+                        f"out: {self.root} holds a run of {label} {a!r}, not {b!r}; "
+                        "resume only with the same policy version and task list (fix: choose another --out)"
+                    )
+            for knob in ("group", "oversample"):
+                a, b = old.get("knobs", {}).get(knob), meta.get("knobs", {}).get(knob)
+                if a is not None and a != b:
+                    raise ResumeError(f"out: {self.root} was collected with {knob}={a}, not {b} (fix: same --{knob}, or another --out)")
+        else:
+            atomic_write(meta_path, orjson.dumps(meta, option=orjson.OPT_INDENT_2))
+        records = read_records(self.root, repair=True)
+        self._seen_messages = {p.stem for p in self._messages_dir.glob("*.json")}
+        self._seen_images = {p.stem for p in self._images_dir.glob("*.png")}
+        self._fh = open(self.root / RECORDS, "ab")
+        return records
+
+    def store_image(self, shot: Screenshot) -> str:
+        """Write the screenshot once (by content hash); return its sha."""
+        sha = shot.sha
+        if sha not in self._seen_images:
+            _write_new(self._images_dir / f"{sha}.png", shot.png)
+            self._seen_images.add(sha)
+        return sha
+
+    def store_message(self, message: Mapping[str, Any]) -> str:
+        """Write the message once (canonical JSON, by content hash); return its sha."""
+        sha, data = message_sha(message)
+        if sha not in self._seen_messages:
+            _write_new(self._messages_dir / f"{sha}.json", data)
+            self._seen_messages.add(sha)
+        return sha
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Append one record as a JSON line and flush it (a kill loses no finished record)."""
+        self._fh.write(orjson.dumps(record) + b"\n")
+        self._fh.flush()
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        atomic_write(self.root / SUMMARY, orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def read_meta(run_dir: str | Path) -> dict[str, Any]:
+    """``run.json`` of a run directory; raises ``ConfigError`` when it is not one."""
+    path = Path(run_dir) / RUN_META
+    if not path.is_file():
+        raise ConfigError(f"{run_dir}: not a legato run directory (no {RUN_META}); pass the --out of a collect")
+    return orjson.loads(path.read_bytes())
+
+
+def read_records(run_dir: str | Path, *, repair: bool = False) -> list[dict[str, Any]]:
+    """Every record of ``rollouts.jsonl`` in order. A torn last line (a crash mid-write) is
+    dropped; with ``repair`` it is also cut from the file so appends continue cleanly."""
+    path = Path(run_dir) / RECORDS
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    records: list[dict[str, Any]] = []
+    end = 0
+    for line in data.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break
+        try:
+            records.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            break
+        end += len(line)
+    if repair and end != len(data):
+        with open(path, "r+b") as fh:
+            fh.truncate(end)
+    return records
+
+
+def iter_final(records: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
+    """Records that count for training: status ``ok`` or ``truncated``."""
+    return (r for r in records if r["status"] in ("ok", "truncated"))
+
+
+def load_messages(run_dir: str | Path, shas: list[str], *, inline_images: bool = True) -> list[dict[str, Any]]:
+    """The messages with these hashes, images inlined as the data URLs that went over the wire
+    (``inline_images``) or left as ``legato-image://<sha>`` refs."""
+    root = Path(run_dir)
+    out = []
+    cache: dict[str, bytes] = {}
+    for sha in shas:
+        data = (root / "messages" / f"{sha}.json").read_bytes()
+        if inline_images and IMAGE_REF_PREFIX.encode() in data:
+            data = _inline(root, data, cache)
+        out.append(orjson.loads(data))
+    return out
+
+
+def _inline(root: Path, data: bytes, cache: dict[str, bytes]) -> bytes:
+    prefix = IMAGE_REF_PREFIX.encode()
+    parts = data.split(prefix)
+    pieces = [parts[0]]
+    for part in parts[1:]:
+        sha = part[:64].decode()
+        if sha not in cache:
+            cache[sha] = Screenshot((root / "images" / f"{sha}.png").read_bytes()).data_url
+        pieces.append(cache[sha])
+        pieces.append(part[64:])
+    return b"".join(pieces)
+
+
+def load_request(run_dir: str | Path, rollout_id: str, step: int) -> list[dict[str, Any]]:
+    """The exact ``messages`` list sent for ``step`` (counted from 0) of ``rollout_id``, images
+    inlined as the data URLs that went over the wire.
+
+    Raises ``KeyError`` when the rollout or step does not exist.
+    """
+    for record in read_records(run_dir):
+        if record["rollout_id"] == rollout_id:
+            steps = record.get("steps") or []
+            if not 0 <= step < len(steps):
+                raise KeyError(f"rollout {rollout_id} has {len(steps)} steps; step {step} does not exist (steps count from 0)")
+            return load_messages(run_dir, steps[step]["request"])
+    raise KeyError(f"no rollout {rollout_id!r} in {run_dir}")
+
+
+def now() -> float:
+    return time.time()
