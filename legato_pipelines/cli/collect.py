@@ -1,0 +1,182 @@
+"""``legato collect``, ``legato export``, ``legato profile``: the engine from the shell."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from . import app
+
+console = Console()
+err = Console(stderr=True)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print a one-line error and exit (no traceback: messages name the field and the fix)."""
+    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    raise typer.Exit(code)
+
+
+@app.command("collect")
+def collect_command(
+    tasks: Annotated[Path, typer.Option("--tasks", help="Task list JSON (or an OSWorld index such as test_all.json).")],
+    policy_url: Annotated[str, typer.Option("--policy-url", help="OpenAI-compatible server root, e.g. http://127.0.0.1:8000.")],
+    model: Annotated[str, typer.Option("--model", help="Served model name.")],
+    out: Annotated[Path, typer.Option("--out", help="Run directory (re-running resumes it).")],
+    version: Annotated[str, typer.Option("--version", help="Policy version every record is tied to.")] = "v0",
+    backend: Annotated[str, typer.Option("--backend", help="Desktops: fake | local | osworld.")] = "fake",
+    desktops: Annotated[int, typer.Option("--desktops", help="Number of desktops (one worker each).")] = 4,
+    group: Annotated[int, typer.Option("--group", help="Attempts per task (one GRPO group).")] = 4,
+    oversample: Annotated[float, typer.Option("--oversample", help="Extra attempts per group, as a fraction of --group.")] = 0.0,
+    max_steps: Annotated[int, typer.Option("--max-steps", help="Policy calls per attempt.")] = 15,
+    max_inflight: Annotated[int | None, typer.Option("--max-inflight", help="Cap on concurrent model requests.")] = None,
+    step_timeout: Annotated[float, typer.Option("--step-timeout", help="Seconds per model call (hard deadline).")] = 60.0,
+    retries: Annotated[int, typer.Option("--retries", help="Re-tries of a failed model call.")] = 1,
+    rollout_timeout: Annotated[float | None, typer.Option("--rollout-timeout", help="Seconds per attempt; then graded as truncated.")] = None,
+    env_retries: Annotated[int, typer.Option("--env-retries", help="New executions after a desktop failure.")] = 1,
+    no_ready_signal: Annotated[bool, typer.Option("--no-ready-signal", help="Do not wait for a stable screen.")] = False,
+    fixed_wait: Annotated[float | None, typer.Option("--fixed-wait", help="Seconds to sleep after actions (with --no-ready-signal).")] = None,
+    no_fast_reset: Annotated[bool, typer.Option("--no-fast-reset", help="Full restart / snapshot revert before every attempt.")] = False,
+    image_max: Annotated[int, typer.Option("--image-max", help="Screenshots kept in the prompt.")] = 20,
+    osworld: Annotated[Path | None, typer.Option("--osworld", help="OSWorld checkout to resolve {task_id, domain} entries.")] = None,
+    harness: Annotated[str, typer.Option("--harness", help="qwen3vl | qwen25vl.")] = "qwen3vl",
+    history: Annotated[str, typer.Option("--history", help="window | hysteresis.")] = "window",
+    desktop_option: Annotated[list[str] | None, typer.Option("--desktop-option", help="Backend option KEY=JSON (repeatable).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seeds attempt seeds (fake rewards).")] = 0,
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Collect one batch of graded attempts for one policy version.
+
+    The policy API key is read from the LEGATO_POLICY_KEY environment variable only.
+    """
+    from ..desktops.base import DesktopConfig
+    from ..errors import LegatoError
+    from ..policy.config import PolicyConfig
+    from ..rollout.engine import collect
+    from ..tasks import load_tasks
+    from .progress import CollectProgress
+
+    try:
+        options = {}
+        for item in desktop_option or []:
+            key, sep, value = item.partition("=")
+            if not sep:
+                fail(f"--desktop-option {item!r}: use KEY=JSON, e.g. latency='{{\"act\": 0.1}}'")
+            try:
+                options[key] = json.loads(value)
+            except json.JSONDecodeError:
+                options[key] = value
+        policy = PolicyConfig(base_url=policy_url, model=model, version=version, step_timeout=step_timeout, retries=retries)
+        desktop = DesktopConfig(backend=backend, ready_signal=not no_ready_signal, fixed_wait=fixed_wait,
+                                fast_reset=not no_fast_reset, options=options)
+        task_set = load_tasks(tasks, osworld=osworld)
+    except ValidationError as exc:
+        fail(_pydantic_message(exc))
+    except LegatoError as exc:
+        fail(str(exc))
+    progress = None if no_progress or json_out else CollectProgress(len(task_set))
+    if progress:
+        progress.group_size = group
+    try:
+        if progress:
+            with progress:
+                summary = collect(task_set, policy, out, desktops=desktops, desktop=desktop, group=group, oversample=oversample,
+                                  max_steps=max_steps, max_inflight=max_inflight, rollout_timeout=rollout_timeout,
+                                  env_retries=env_retries, image_max=image_max, harness=harness, history=history,
+                                  seed=seed, on_record=progress.on_record)
+        else:
+            summary = collect(task_set, policy, out, desktops=desktops, desktop=desktop, group=group, oversample=oversample,
+                              max_steps=max_steps, max_inflight=max_inflight, rollout_timeout=rollout_timeout,
+                              env_retries=env_retries, image_max=image_max, harness=harness, history=history, seed=seed)
+    except LegatoError as exc:
+        fail(str(exc))
+    if json_out:
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    else:
+        print_profile(summary)
+        console.print(f"run directory: [bold]{out}[/]")
+
+
+def _pydantic_message(exc: ValidationError) -> str:
+    parts = []
+    for e in exc.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "config"
+        parts.append(f"{loc}: {e['msg']}")
+    return "; ".join(parts)
+
+
+@app.command("export")
+def export_command(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by collect.")],
+    out: Annotated[Path, typer.Option("--out", help="Output file: .parquet or .jsonl.")],
+    inline_images: Annotated[bool, typer.Option("--inline-images", help="Images as data URLs instead of refs.")] = False,
+) -> None:
+    """Write one row per step of every ok/truncated rollout, with rewards and advantages."""
+    from ..errors import LegatoError
+    from ..store.export import export_steps, write_table
+
+    try:
+        table = export_steps(run_dir, inline_images=inline_images)
+        path = write_table(table, out)
+    except LegatoError as exc:
+        fail(str(exc))
+    console.print(f"wrote {table.num_rows} steps to [bold]{path}[/]")
+
+
+@app.command("profile")
+def profile_command(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by collect.")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
+) -> None:
+    """Where the time went and what came back: statuses, success, phases, model calls, cache."""
+    from ..errors import LegatoError
+    from ..rollout.profile import profile
+
+    try:
+        summary = profile(run_dir)
+    except LegatoError as exc:
+        fail(str(exc))
+    if json_out:
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    else:
+        print_profile(summary)
+
+
+def _fmt(value, pct: bool = False) -> str:
+    if value is None:
+        return "-"
+    if pct:
+        return f"{value:.1%}"
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def print_profile(summary: dict) -> None:
+    """The profile as a readable table."""
+    table = Table(title=f"policy {summary['policy']['model']} @ {summary['policy']['version']}  task set {summary['task_set']}",
+                  show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    counts = summary["counts"]
+    table.add_row("statuses", "  ".join(f"{k} {v}" for k, v in counts.items() if v) or "-")
+    table.add_row("records", f"{summary['records']} = scheduled {summary['scheduled']} - missing {summary['missing']} + retries {summary['retries']}")
+    table.add_row("groups closed", f"{summary['groups']['closed']}/{summary['groups']['total']}")
+    table.add_row("success rate", _fmt(summary["success_rate"], pct=True))
+    table.add_row("rollouts / hour", _fmt(summary["rollouts_per_hour"]))
+    table.add_row("wall time", f"{summary['wall_s']:.1f} s, {summary['steps']} steps")
+    table.add_row("time share", "  ".join(f"{k} {v:.0%}" for k, v in summary["time_share"].items()))
+    m = summary["model_call_s"]
+    table.add_row("model call s", f"p50 {_fmt(m['p50'])}  p95 {_fmt(m['p95'])}  p99 {_fmt(m['p99'])}")
+    table.add_row("retried / hung calls", f"{summary['retried_calls']} / {summary['hung_calls']}")
+    table.add_row("errors", f"policy {summary['policy_errors']}  env {summary['env_errors']}  (desktop failures {summary['env_failures']})")
+    table.add_row("prefix cache hit", _fmt(summary["prefix_cache_hit_rate"], pct=True))
+    table.add_row("steps with logprobs / ids", f"{_fmt(summary['logprobs_share'], pct=True)} / {_fmt(summary['token_ids_share'], pct=True)}")
+    table.add_row("parse errors", str(summary.get("parse_errors", 0)))
+    console.print(table)
