@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# All set-up on a fresh Debian/Ubuntu machine: the desktop packages (Xvfb, a window manager,
+# real apps), Chromium for the UI test, and the Python package with its dev extras.
+# Idempotent: re-running it installs nothing new.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  # local desktops (the `local` backend): display, window manager, input/debug tools, apps
+  xvfb openbox x11-utils xdotool wmctrl dbus-daemon dbus-x11 fonts-dejavu-core
+  xterm l3afpad libreoffice-calc
+  # headless browser for the Dagster UI end-to-end test
+  chromium
+)
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+python3 -m pip install -q -e '.[dev]'
