@@ -1,0 +1,124 @@
+"""Structured actions rendered as pyautogui code for OSWorld's ``/execute`` endpoint.
+
+The code is built from literals only: numbers are ints formatted by ``repr`` and every string
+(typed text, key names) goes through ``repr``, never through string concatenation, so a
+``type`` of ``'); import os; os.system('...`` types those characters and runs nothing.
+
+Mapping (OSWorld ``mm_agents/qwen3vl_agent.py``, newer repository for ``type``):
+
+==================  ==========================================================
+left_click          ``pyautogui.click(x, y)`` (``click()`` without a coordinate)
+right_click         ``pyautogui.rightClick(x, y)``
+middle_click        ``pyautogui.middleClick(x, y)``
+double_click        ``pyautogui.doubleClick(x, y)``
+mouse_move          ``pyautogui.moveTo(x, y)``
+left_click_drag     ``pyautogui.dragTo(x, y, duration=0.5)``
+type                per line ``pyautogui.typewrite(<line>, interval=0.03)``, with
+                    ``pyautogui.press('enter')`` between lines
+key                 ``pyautogui.press(k)`` for one key, ``pyautogui.hotkey(k1, k2, ...)``
+scroll              ``pyautogui.scroll(pixels, x=x, y=y)``; OSWorld ignores the position:
+                    ``osworld_exact=True`` gives ``pyautogui.scroll(pixels)``
+wait                ``"WAIT"``
+terminate           ``"DONE"``; ``"FAIL"`` for ``status: failure`` unless ``osworld_exact``
+==================  ==========================================================
+
+Multi-statement code (``type`` with newlines) is joined with newlines: OSWorld runs it with
+``python -c`` after its ``import pyautogui; ...`` prefix.
+"""
+
+from __future__ import annotations
+
+from ..actions import Action
+
+DRAG_DURATION_S = 0.5
+"""Seconds of a ``left_click_drag`` (OSWorld's default)."""
+TYPE_INTERVAL_S = 0.03
+"""Seconds between typed characters (OSWorld's newer ``type`` rendering)."""
+
+_CLICKS = {
+    "left_click": "click",
+    "right_click": "rightClick",
+    "middle_click": "middleClick",
+    "double_click": "doubleClick",
+    "mouse_move": "moveTo",
+}
+
+
+def pyautogui_function(action: Action) -> str:
+    """The pyautogui function name an action renders to first (``"wait"``/``"terminate"``
+    for the two special actions). OSWorld's fallback history text
+    ("Performing <function> action") uses it."""
+    if action.action in _CLICKS:
+        return _CLICKS[action.action]
+    return {
+        "left_click_drag": "dragTo",
+        "type": "typewrite",
+        "key": "press" if len(action.keys) <= 1 else "hotkey",
+        "scroll": "scroll",
+    }.get(action.action, action.action)
+
+
+def render_pyautogui(action: Action, *, osworld_exact: bool = False) -> str:
+    """pyautogui code (or ``"WAIT"``/``"DONE"``/``"FAIL"``) for one structured action.
+
+    ``osworld_exact``: render exactly what OSWorld's Qwen agents emit (``terminate`` is
+    always ``"DONE"``; ``scroll`` ignores its coordinate).
+    Raises ``ValueError`` for an action name outside :data:`~legato_pipelines.actions.ACTION_NAMES`
+    or an action missing the field its rendering needs.
+    """
+    name = action.action
+    if name in _CLICKS:
+        if action.x is None:
+            if name == "mouse_move":
+                raise ValueError("mouse_move needs x and y")
+            return f"pyautogui.{_CLICKS[name]}()"
+        return f"pyautogui.{_CLICKS[name]}({_int(action.x)!r}, {_int(action.y)!r})"
+    if name == "left_click_drag":
+        if action.x is None:
+            raise ValueError("left_click_drag needs x and y")
+        return (
+            f"pyautogui.dragTo({_int(action.x)!r}, {_int(action.y)!r}, "
+            f"duration={DRAG_DURATION_S!r})"
+        )
+    if name == "type":
+        if action.text is None:
+            raise ValueError("type needs text")
+        return _render_type(action.text)
+    if name == "key":
+        if not action.keys:
+            raise ValueError("key needs at least one key name")
+        keys = ", ".join(repr(str(k)) for k in action.keys)
+        return f"pyautogui.{'press' if len(action.keys) == 1 else 'hotkey'}({keys})"
+    if name == "scroll":
+        if action.pixels is None:
+            raise ValueError("scroll needs pixels")
+        pixels = _int(action.pixels)
+        if action.x is None or osworld_exact:
+            return f"pyautogui.scroll({pixels!r})"
+        return f"pyautogui.scroll({pixels!r}, x={_int(action.x)!r}, y={_int(action.y)!r})"
+    if name == "wait":
+        return "WAIT"
+    if name == "terminate":
+        return "FAIL" if action.status == "failure" and not osworld_exact else "DONE"
+    raise ValueError(f"unknown action {name!r}")
+
+
+def _render_type(text: str) -> str:
+    # Newer OSWorld: one typewrite per line, Enter pressed between lines. "\r\n" counts as
+    # one line break (typewrite would press Return for the "\r" as well).
+    lines = text.replace("\r\n", "\n").split("\n")
+    code: list[str] = []
+    for i, line in enumerate(lines):
+        if line:
+            code.append(f"pyautogui.typewrite({line!r}, interval={TYPE_INTERVAL_S!r})")
+        if i < len(lines) - 1:
+            code.append("pyautogui.press('enter')")
+    # Typing "" does nothing; "pass" keeps the command valid Python.
+    return "\n".join(code) if code else "pass"
+
+
+def _int(value: object) -> int:
+    # Only real ints reach the code; anything else (a str smuggled into a coordinate) fails.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an int coordinate or amount, got {value!r}")
+    return int(value)
