@@ -56,16 +56,30 @@ class PolicyConfig(BaseModel):
     def _url(cls, value: str) -> str:
         value = value.strip().rstrip("/")
         if not value.startswith(("http://", "https://")):
-            raise ValueError("base_url must start with http:// or https:// (fix: --policy-url http://HOST:PORT)")
+            raise ValueError(
+                "base_url must start with http:// or https:// (fix: --policy-url http://HOST:PORT)"
+            )
         if "@" in value.split("//", 1)[1].split("/", 1)[0]:
-            raise ValueError("base_url must not carry credentials; put the key in LEGATO_POLICY_KEY")
+            raise ValueError(
+                "base_url must not carry credentials; put the key in LEGATO_POLICY_KEY"
+            )
+        return value
+
+    @field_validator("extra_body")
+    @classmethod
+    def _extra_body(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from .wire import check_extra_body  # wire imports this module
+
+        check_extra_body(value)
         return value
 
     @field_validator("version")
     @classmethod
     def _version(cls, value: str) -> str:
         if not value or "..." in value or any(ord(c) < 32 for c in value) or "/" in value:
-            raise ValueError("version must be non-empty, without '/', '...' or control characters (it names a partition)")
+            raise ValueError(
+                "version must be non-empty, without '/', '...' or control characters (it names a partition)"
+            )
         return value
 
     @property

@@ -23,6 +23,8 @@ class PolicyResponse:
       token_ids_source     where ids came from: ``choice.token_ids`` | ``sglext.output_ids`` |
                            ``logprobs.token_id_strings`` | ``None``
       prompt_token_ids     prompt ids when the server returned them (not stored per step)
+      reasoning_field      which message field carried reasoning: ``reasoning`` (vLLM >= 0.11),
+                           ``reasoning_content`` (SGLang, older vLLM) or ``None`` (not stored)
       seconds              wall time of the call including re-tries
       attempts             HTTP requests made (1 + re-tries used)
       timeouts             how many of those hit ``step_timeout``
@@ -41,6 +43,7 @@ class PolicyResponse:
     cached_tokens: int | None = None
     token_ids_source: str | None = None
     prompt_token_ids: list[int] | None = None
+    reasoning_field: str | None = None
     seconds: float = 0.0
     attempts: int = 1
     timeouts: int = 0

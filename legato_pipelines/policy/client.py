@@ -1,0 +1,395 @@
+"""The async policy client: the only way the product talks to a model.
+
+One pooled ``httpx.AsyncClient`` (created lazily inside the running event loop), an optional
+global semaphore bounding requests in flight, a hard deadline per HTTP request
+(``step_timeout``, enforced with ``asyncio.timeout`` around the whole request *and* body read,
+so a server that trickles bytes cannot hold a rollout), re-tries with exponential backoff and
+full jitter for timeouts, connection errors, 429 and 5xx, and fail-fast configuration errors
+for 400/401/403/404 quoting the server's own (redacted) words.
+
+Token ids: every request asks for ``logprobs`` (``top_logprobs: 0``) and ``return_token_ids``.
+A server that answers 400 naming ``return_token_ids`` (hosted OpenAI: "Unrecognized request
+argument supplied") gets it dropped for the rest of the batch (this client's lifetime) while
+logprobs stay on; every later record notes ``token_ids_dropped``. A server that ignores it
+silently (vLLM < 0.10.2, SGLang before PR #30917) is detected because no ids come back
+(``token_ids_ignored``); the client then also asks for ``return_tokens_as_token_ids`` (older
+vLLM) and ``return_output_ids`` (SGLang ``sglext``) on later calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import orjson
+
+from ..errors import ImageLimitError, PolicyConfigError, PolicyError, PolicyTimeout
+from ..images import Screenshot
+from .config import PolicyConfig, policy_api_key
+from .response import PolicyResponse
+from .wire import (
+    TOKEN_ID_FIELDS,
+    encode_body,
+    error_text,
+    image_limit,
+    normalize,
+    redact,
+    refused_field,
+)
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUSES = frozenset({408, 409, 425, 429})  # plus every 5xx
+BACKOFF_CAP_S = 30.0  # [s] ceiling of one backoff sleep
+_KEEPALIVE = 256  # pooled idle connections kept when max_inflight is unbounded
+
+
+class _Retryable(Exception):
+    """One failed attempt that may be re-tried (internal)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        timeout: bool = False,
+        seconds: float = 0.0,
+    ):
+        super().__init__(message)
+        self.status_code = status_code
+        self.timeout = timeout
+        self.seconds = seconds
+
+
+class PolicyClient:
+    """Async client of one OpenAI-compatible ``/v1/chat/completions`` server, for one batch.
+
+    ``max_inflight``: at most this many HTTP requests at once across all callers (``None``:
+    unbounded; the connection pool then grows as needed). Waiting for a slot does not count
+    into ``step_timeout`` nor into a response's ``seconds``.
+
+    Use as ``async with PolicyClient(config) as client:`` or call :meth:`aclose`.
+    State kept for the batch: :attr:`token_ids_dropped` (the server refused
+    ``return_token_ids`` with a 400) and :attr:`token_ids_ignored` (it accepted the field and
+    returned no ids).
+    """
+
+    def __init__(self, config: PolicyConfig, *, max_inflight: int | None = None):
+        if max_inflight is not None and max_inflight < 1:
+            raise ValueError("max_inflight must be >= 1 or None (fix: --max-inflight N)")
+        self.config = config
+        self.max_inflight = max_inflight
+        self.token_ids_dropped = False
+        self.token_ids_ignored = False
+        self._http: httpx.AsyncClient | None = None
+        self._sem = asyncio.Semaphore(max_inflight) if max_inflight else None
+        self._url = config.api_base + "/chat/completions"
+        self._fields: dict[str, Any] = {
+            "model": config.model,
+            "temperature": config.temperature,
+            "top_p": config.top_p,
+            "max_tokens": config.max_tokens,
+            "logprobs": True,
+            "top_logprobs": 0,
+            **config.extra_body,
+        }
+        self._id_fields: dict[str, bool] = (
+            {"return_token_ids": True} if config.request_token_ids else {}
+        )
+        self._refused: set[str] = set()
+        self._fallback_tried = False
+        self._rng = random.Random()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> PolicyClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the pooled HTTP connections (safe to call twice)."""
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.aclose()
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            headers = {"Content-Type": "application/json", "Accept": "application/json"}
+            key = policy_api_key()
+            if key:
+                headers["Authorization"] = f"Bearer {key}"
+            limits = httpx.Limits(
+                max_connections=self.max_inflight,
+                max_keepalive_connections=self.max_inflight or _KEEPALIVE,
+            )
+            self._http = httpx.AsyncClient(
+                headers=headers,
+                limits=limits,
+                timeout=httpx.Timeout(self.config.step_timeout),
+                follow_redirects=False,
+            )
+        return self._http
+
+    # -- models ----------------------------------------------------------------------------
+
+    async def list_models(self) -> list[str]:
+        """Model ids from ``GET {api_base}/models``.
+
+        Raises :class:`PolicyConfigError` when the server is unreachable (naming the URL), does
+        not answer within ``min(step_timeout, 30)`` seconds, or answers an error (quoting it).
+        """
+        url = self.config.api_base + "/models"
+        try:
+            async with asyncio.timeout(min(self.config.step_timeout, 30.0)):
+                resp = await self._client().get(url)
+        except TimeoutError:
+            raise PolicyConfigError(
+                f"the policy server at {url} did not answer within {min(self.config.step_timeout, 30.0):g} s"
+            ) from None
+        except httpx.ConnectError as exc:
+            raise PolicyConfigError(
+                f"cannot reach the policy server at {url}: {redact(str(exc)) or 'connection refused'} "
+                "(is it running? fix --policy-url)"
+            ) from None
+        except httpx.TransportError as exc:
+            raise PolicyConfigError(
+                f"the policy server at {url} failed: {type(exc).__name__}: {redact(str(exc))}"
+            ) from None
+        if resp.status_code in (401, 403):
+            raise PolicyConfigError(
+                f"the policy server at {url} refused the API key (HTTP {resp.status_code}): "
+                f"{error_text(resp.content)} (fix: set LEGATO_POLICY_KEY)",
+                status_code=resp.status_code,
+            )
+        if resp.status_code != 200:
+            raise PolicyConfigError(
+                f"GET {url} answered HTTP {resp.status_code}: {error_text(resp.content)} "
+                "(is this an OpenAI-compatible server? fix --policy-url)",
+                status_code=resp.status_code,
+            )
+        try:
+            data = orjson.loads(resp.content).get("data") or []
+            return [str(entry["id"]) for entry in data]
+        except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
+            raise PolicyConfigError(f"GET {url} did not return an OpenAI model list") from None
+
+    async def check(self) -> list[str]:
+        """Cheap pre-batch check: the server answers ``/models`` and serves ``config.model``.
+
+        Returns the model ids offered. Raises :class:`PolicyConfigError` with the server's own
+        words when it is unreachable or the model is not listed (naming the models offered).
+        """
+        models = await self.list_models()
+        if self.config.model not in models:
+            raise PolicyConfigError(
+                f"model {self.config.model!r} is not served at {self.config.api_base}; "
+                f"the server offers: {', '.join(models) or '(none)'} (fix: --model)"
+            )
+        return models
+
+    # -- completions -----------------------------------------------------------------------
+
+    def request_fields(self) -> dict[str, Any]:
+        """The request object (without messages) this client sends now, id fields included."""
+        return {**self._fields, **self._id_fields}
+
+    async def complete(
+        self, messages: list[dict[str, Any]], images: Mapping[str, Screenshot] | None = None
+    ) -> PolicyResponse:
+        """One chat completion, normalized (see :func:`~legato_pipelines.policy.wire.normalize`).
+
+        ``messages``: OpenAI chat messages; image parts may be references
+        ``{"type": "image_url", "image_url": {"url": "legato-image://<sha>"}}`` resolved through
+        ``images`` (sha -> Screenshot) when the body is built (once per call, see
+        :func:`~legato_pipelines.policy.wire.encode_body`).
+
+        Each HTTP request gets a hard deadline of ``step_timeout`` seconds; up to ``retries``
+        re-tries follow timeouts, connection errors, 429 and 5xx after a full-jitter backoff of
+        ``uniform(0, backoff * 2**i)`` seconds (capped at 30 s). The returned record carries
+        ``seconds`` (wall time of the call without waiting for an in-flight slot),
+        ``attempts`` and ``timeouts``.
+
+        Raises:
+          ImageLimitError     400 "At most N image(s) ..." (fix: lower --image-max or raise the
+                              server's --limit-mm-per-prompt); at once, no re-try
+          PolicyConfigError   400/401/403/404 and other 4xx; at once (404 lists the models)
+          PolicyTimeout       every attempt hit the deadline
+          PolicyError         re-tries exhausted otherwise (``status_code`` of the last one)
+          ValueError          a message refers to an image not in ``images``
+        """
+        cfg = self.config
+        attempts = timeouts = 0
+        elapsed = 0.0
+        body_fields = self._id_fields
+        body = encode_body({**self._fields, **body_fields, "messages": messages}, images)
+        failure: _Retryable | None = None
+        while True:
+            if body_fields is not self._id_fields:  # another call dropped or added a field
+                body_fields = self._id_fields
+                body = encode_body({**self._fields, **body_fields, "messages": messages}, images)
+            attempts += 1
+            try:
+                status, content, seconds = await self._post(body)
+            except _Retryable as exc:
+                failure = exc
+                timeouts += exc.timeout
+                elapsed += exc.seconds
+            else:
+                elapsed += seconds
+                if status == 200:
+                    try:
+                        payload = orjson.loads(content)
+                        result = normalize(payload, asked_ids="return_token_ids" in body_fields)
+                    except (
+                        orjson.JSONDecodeError,
+                        ValueError,
+                        TypeError,
+                        KeyError,
+                        AttributeError,
+                    ) as exc:
+                        failure = _Retryable(
+                            f"unreadable answer from {self._url}: {type(exc).__name__}: {redact(str(exc))}"
+                        )
+                    else:
+                        return self._finish(result, body_fields, elapsed, attempts, timeouts)
+                else:
+                    message = error_text(content)
+                    if status == 400 and (field := refused_field(message, list(body_fields))):
+                        self._refuse(field, message)
+                        continue  # the same call without the field; not a re-try
+                    if status < 500 and status not in RETRY_STATUSES:
+                        raise await self._config_error(status, message, attempts)
+                    failure = _Retryable(
+                        f"HTTP {status} from {self._url}: {message}", status_code=status
+                    )
+            if attempts > cfg.retries:
+                break
+            delay = self._rng.uniform(0.0, min(BACKOFF_CAP_S, cfg.backoff * 2 ** (attempts - 1)))
+            log.info(
+                "policy call attempt %d failed (%s); re-trying in %.2f s", attempts, failure, delay
+            )
+            await asyncio.sleep(delay)
+            elapsed += delay
+        assert failure is not None
+        if timeouts == attempts:
+            raise PolicyTimeout(
+                f"no answer from {self._url} within step_timeout={cfg.step_timeout:g} s "
+                f"on {attempts} attempt(s)",
+                attempts=attempts,
+            )
+        raise PolicyError(
+            f"policy call failed after {attempts} attempt(s) ({timeouts} timed out); last: {failure}",
+            attempts=attempts,
+            status_code=failure.status_code,
+        )
+
+    async def _post(self, body: bytes) -> tuple[int, bytes, float]:
+        """One HTTP request under the in-flight bound and the hard deadline: (status, body,
+        seconds spent after getting an in-flight slot)."""
+        http = self._client()
+        if self._sem is None:
+            return await self._post_once(http, body)
+        async with self._sem:
+            return await self._post_once(http, body)
+
+    async def _post_once(self, http: httpx.AsyncClient, body: bytes) -> tuple[int, bytes, float]:
+        timeout = self.config.step_timeout
+        t0 = time.perf_counter()
+        try:
+            async with asyncio.timeout(timeout):
+                resp = await http.post(self._url, content=body)
+        except (TimeoutError, httpx.TimeoutException):
+            raise _Retryable(
+                f"timed out after {timeout:g} s (step_timeout)",
+                timeout=True,
+                seconds=time.perf_counter() - t0,
+            ) from None
+        except httpx.TransportError as exc:
+            raise _Retryable(
+                f"{type(exc).__name__} talking to {self._url}: {redact(str(exc))}",
+                seconds=time.perf_counter() - t0,
+            ) from None
+        return resp.status_code, resp.content, time.perf_counter() - t0
+
+    def _refuse(self, field: str, message: str) -> None:
+        """Drop an id-request field the server refused (400), for the rest of the batch."""
+        if field not in self._id_fields:
+            return
+        self._id_fields = {k: v for k, v in self._id_fields.items() if k != field}
+        self._refused.add(field)
+        if field == "return_token_ids":
+            self.token_ids_dropped = True
+        log.warning(
+            "the policy server refused %s (%s); dropped for the rest of the batch, logprobs kept",
+            field,
+            message,
+        )
+
+    def _finish(
+        self,
+        result: PolicyResponse,
+        body_fields: Mapping[str, bool],
+        elapsed: float,
+        attempts: int,
+        timeouts: int,
+    ) -> PolicyResponse:
+        result.seconds = elapsed
+        result.attempts = attempts
+        result.timeouts = timeouts
+        if self.token_ids_dropped:
+            result.notes.insert(0, "token_ids_dropped")
+        if result.token_ids is None and "return_token_ids" in body_fields:
+            self.token_ids_ignored = True
+            if not self._fallback_tried:
+                # vLLM < 0.10.2 / older SGLang accept and ignore return_token_ids: ask the
+                # older ways on later calls (refused ones are dropped again on a 400).
+                self._fallback_tried = True
+                extra = {f: True for f in TOKEN_ID_FIELDS if f not in self._refused}
+                self._id_fields = {**self._id_fields, **extra}
+                log.warning(
+                    "the policy server returned no token ids for return_token_ids; also asking "
+                    "for return_tokens_as_token_ids / return_output_ids from now on"
+                )
+        return result
+
+    async def _config_error(self, status: int, message: str, attempts: int) -> PolicyConfigError:
+        """The fail-fast error for a 4xx answer, with the fix."""
+        url = self._url
+        if status == 400 and (limit := image_limit(message)) is not None:
+            return ImageLimitError(
+                f"the policy server accepts at most {limit} image(s) per prompt: {message} "
+                f"(fix: lower --image-max to {limit} or raise the server's --limit-mm-per-prompt)",
+                limit=limit,
+                attempts=attempts,
+                status_code=status,
+            )
+        if status in (401, 403):
+            return PolicyConfigError(
+                f"the policy server at {url} refused the API key (HTTP {status}): {message} "
+                "(fix: set LEGATO_POLICY_KEY)",
+                attempts=attempts,
+                status_code=status,
+            )
+        if status == 404:
+            try:
+                offered = ", ".join(await self.list_models()) or "(none)"
+            except PolicyConfigError as exc:
+                offered = f"(could not list models: {exc})"
+            return PolicyConfigError(
+                f"HTTP 404 from {url}: {message}; model {self.config.model!r}, the server offers: "
+                f"{offered} (fix: --model, or --policy-url if the path is wrong)",
+                attempts=attempts,
+                status_code=status,
+            )
+        return PolicyConfigError(
+            f"the policy server rejected the request (HTTP {status}): {message}",
+            attempts=attempts,
+            status_code=status,
+        )

@@ -1,0 +1,230 @@
+"""``probe``: what an OpenAI-compatible server supports, before a batch depends on it.
+
+Checks, in order (each with a handful of small requests through :class:`PolicyClient`):
+reachable and model listed (``/v1/models``); logprobs, token ids and where they come from
+(``return_token_ids``; if ignored, the older ``return_tokens_as_token_ids`` / ``sglext``), the
+reasoning field name and round-trip latency (one short text prompt); cached-token reporting
+(the same two-image prompt twice: the second should report cached tokens); how many images one
+prompt may carry (up to 20, using vLLM's "At most N image(s)" answer when there is one).
+
+Usable for RL = logprobs come back (token ids can be recovered by re-tokenizing; logprobs
+cannot). Facts from ``shared/design/WIRE_FORMATS.md``.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import ImageLimitError, PolicyConfigError, PolicyError
+from ..images import Screenshot
+from .client import PolicyClient
+from .config import PolicyConfig
+from .response import PolicyResponse
+
+MAX_IMAGES = 20  # images per prompt tried (the engine's default --image-max)
+PROBE_MAX_TOKENS = 64  # [tokens] per probe request
+_IMAGE_SIDE = 56  # [px] probe images: small, distinct noise PNGs
+
+
+class ProbeReport(BaseModel):
+    """The verdict of :func:`probe` (``legato probe --json`` prints exactly these keys).
+
+    reachable               ``/v1/models`` answered (any HTTP answer counts)
+    model_listed            the model is in ``/v1/models`` (``None``: not known)
+    logprobs                a completion came back with per-token logprobs
+    token_ids               completion token ids came back (by any route)
+    token_ids_source        ``choice.token_ids`` | ``sglext.output_ids`` |
+                            ``logprobs.token_id_strings`` | ``None``
+    cached_tokens_reported  ``usage.prompt_tokens_details.cached_tokens`` appeared for the
+                            repeated prompt
+    max_images_ok           most images per prompt accepted (tried up to 20)
+    reasoning_field         ``reasoning`` | ``reasoning_content`` | ``None``
+    latency_s               [s] round trip of one short completion
+    usable_for_rl           logprobs come back
+    notes                   what to fix or know, in the server's own words where it spoke
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    reachable: bool = False
+    model_listed: bool | None = None
+    logprobs: bool | None = None
+    token_ids: bool | None = None
+    token_ids_source: str | None = None
+    cached_tokens_reported: bool | None = None
+    max_images_ok: int | None = None
+    reasoning_field: str | None = None
+    latency_s: float | None = None
+    usable_for_rl: bool = False
+    notes: list[str] = []
+
+
+def probe_images(n: int) -> list[Screenshot]:
+    """``n`` distinct small noise PNGs (deterministic)."""
+    from PIL import Image
+
+    out = []
+    for i in range(n):
+        rng = random.Random(i)
+        raw = bytes(rng.getrandbits(8) for _ in range(_IMAGE_SIDE * _IMAGE_SIDE * 3))
+        buf = io.BytesIO()
+        Image.frombytes("RGB", (_IMAGE_SIDE, _IMAGE_SIDE), raw).save(
+            buf, format="PNG", compress_level=1
+        )
+        out.append(Screenshot(buf.getvalue(), _IMAGE_SIDE, _IMAGE_SIDE))
+    return out
+
+
+def _image_prompt(shots: list[Screenshot]) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = [
+        {
+            "type": "text",
+            "text": f"legato probe: {len(shots)} image(s). Describe the first one in a few words.",
+        }
+    ]
+    parts += [{"type": "image_url", "image_url": {"url": s.ref}} for s in shots]
+    return [{"role": "user", "content": parts}]
+
+
+async def probe(config: PolicyConfig, *, max_images: int = MAX_IMAGES) -> ProbeReport:
+    """Probe the server of ``config`` and return a :class:`ProbeReport`. Never raises for a
+    server problem: what failed goes into ``notes`` (API key redacted)."""
+    report = ProbeReport()
+    notes = report.notes
+    cfg = config.model_copy(update={"max_tokens": min(config.max_tokens, PROBE_MAX_TOKENS)})
+    async with PolicyClient(cfg, max_inflight=1) as client:
+        try:
+            models = await client.list_models()
+        except PolicyConfigError as exc:
+            report.reachable = exc.status_code is not None
+            notes.append(str(exc))
+            return report
+        report.reachable = True
+        report.model_listed = config.model in models
+        if not report.model_listed:
+            notes.append(
+                f"model {config.model!r} is not listed; the server offers: {', '.join(models) or '(none)'}"
+            )
+            return report
+
+        text = [{"role": "user", "content": "legato probe: answer with one short sentence."}]
+        try:
+            first = await client.complete(text)
+        except PolicyError as exc:
+            notes.append(f"a text completion failed: {exc}")
+            return report
+        report.latency_s = round(first.seconds, 4)
+        report.logprobs = first.logprobs is not None
+        report.usable_for_rl = report.logprobs
+        report.reasoning_field = first.reasoning_field
+        if not report.logprobs:
+            notes.append(
+                "no logprobs came back although logprobs=true, top_logprobs=0 were sent "
+                "(reasoning models on hosted APIs return none): not usable for RL"
+            )
+        if client.token_ids_dropped:
+            notes.append(
+                "the server refused return_token_ids (HTTP 400); the client drops it for the batch and keeps logprobs"
+            )
+        ids_from: PolicyResponse = first
+        if first.token_ids is None and client.token_ids_ignored:
+            notes.append(
+                "the server accepted return_token_ids but returned no ids (older vLLM/SGLang ignore it silently)"
+            )
+            try:
+                ids_from = await client.complete(text)  # the client now also asks the older ways
+            except PolicyError as exc:
+                notes.append(f"a completion asking for return_tokens_as_token_ids failed: {exc}")
+            if ids_from.token_ids is not None:
+                notes.append(
+                    f"token ids come from {ids_from.token_ids_source}; the client asks for them automatically"
+                )
+        report.token_ids = ids_from.token_ids is not None
+        report.token_ids_source = ids_from.token_ids_source
+        if not report.token_ids:
+            notes.append(
+                "no token ids: records will carry token strings only (re-tokenize for training)"
+            )
+        for note in {*first.notes, *ids_from.notes}:
+            if note.startswith("length_mismatch"):
+                notes.append(f"token ids, logprobs and usage.completion_tokens disagree ({note})")
+
+        await _probe_cache(client, report)
+        report.max_images_ok = await _max_images(client, max_images, notes)
+    return report
+
+
+async def _probe_cache(client: PolicyClient, report: ProbeReport) -> None:
+    messages = _image_prompt(shots := probe_images(2))
+    images = {s.sha: s for s in shots}
+    try:
+        await client.complete(messages, images)
+        again = await client.complete(messages, images)
+    except ImageLimitError as exc:
+        report.notes.append(f"two images in one prompt were refused: {exc}")
+        messages = _image_prompt(shots[:1])
+        try:
+            await client.complete(messages, images)
+            again = await client.complete(messages, images)
+        except PolicyError as exc2:
+            report.notes.append(f"the cached-token check failed: {exc2}")
+            return
+    except PolicyError as exc:
+        report.notes.append(f"the cached-token check failed: {exc}")
+        return
+    report.cached_tokens_reported = again.cached_tokens is not None
+    if again.cached_tokens is None:
+        report.notes.append(
+            "cached tokens are not reported (vLLM: --enable-prompt-tokens-details, which omits "
+            "zeros; SGLang: --enable-cache-report); prefix_cache_hit_rate will be unknown"
+        )
+    elif again.cached_tokens == 0:
+        report.notes.append(
+            "cached tokens are reported but the repeated prompt hit no cache (prefix caching "
+            "off? hosted APIs cache prompts of >= 1024 tokens only)"
+        )
+
+
+async def _max_images(client: PolicyClient, most: int, notes: list[str]) -> int | None:
+    """The largest n <= most for which an n-image prompt is accepted (None: unknown)."""
+    shots = probe_images(most)
+    images = {s.sha: s for s in shots}
+    tried: dict[int, bool] = {}
+
+    async def accepted(n: int) -> bool | int:
+        """True, or the limit the server stated (-1 when it said none)."""
+        try:
+            await client.complete(_image_prompt(shots[:n]), images)
+            tried[n] = True
+            return True
+        except ImageLimitError as exc:
+            tried[n] = False
+            return exc.limit if exc.limit is not None else -1
+
+    try:
+        result = await accepted(most)
+        if result is True:
+            return most
+        stated = int(result)
+        if 0 <= stated < most and (stated == 0 or await accepted(stated) is True):
+            notes.append(
+                f"the server accepts at most {stated} image(s) per prompt: run with --image-max "
+                f"{stated} or raise its --limit-mm-per-prompt"
+            )
+            return stated
+        lo, hi = 0, most  # lo accepted (0 trivially), hi refused
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if await accepted(mid) is True:
+                lo = mid
+            else:
+                hi = mid
+        notes.append(f"the server accepts at most {lo} image(s) per prompt")
+        return lo
+    except PolicyError as exc:
+        notes.append(f"the image-count check failed: {exc}")
+        return max((n for n, ok in tried.items() if ok), default=None)

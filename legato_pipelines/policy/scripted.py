@@ -1,0 +1,680 @@
+"""The scripted policy server: a real OpenAI-compatible HTTP server that is NOT a model.
+
+It answers ``/v1/chat/completions`` in the Qwen computer-use format from a script (one response
+per step, per task instruction) or from deterministic defaults, with synthetic token ids and
+logprobs, prefix-cache accounting and injectable faults. For tests, the README demo, benchmarks
+of the engine, and wiring up a trainer before a model exists.
+
+Script (JSON file or dict)::
+
+    {"tasks": {"<instruction text or a substring of it>": ["response step 0", "response step 1"]},
+     "default": ["..."]}
+
+A response is a string or ``{"content": str, "reasoning": str}``. The task's script is the
+longest key found in the first user message's text (the engine puts the instruction there);
+the step is the number of assistant messages in the request; past the end of a script the last
+response repeats. No match and no ``default``: :func:`~.synthetic.default_responses`.
+
+Flavors mimic the wire format of each server (``shared/design/WIRE_FORMATS.md``):
+
+=========  ================================  ==============  =================  ===========
+flavor     token ids                         error envelope  reasoning field    unknown
+=========  ================================  ==============  =================  ===========
+vllm       top-level prompt_token_ids,       nested          reasoning          ignored
+           choices[].token_ids
+vllm-old   only via return_tokens_as_token_  flat            reasoning_content  ignored
+           ids ("token_id:N" logprob tokens)
+sglang     per-choice prompt_token_ids and   flat            reasoning_content  ignored
+           token_ids; sglext.output_ids
+openai     none (tokens + bytes)             nested          (none)             400
+=========  ================================  ==============  =================  ===========
+
+Cached tokens: vLLM and SGLang report ``usage.prompt_tokens_details.cached_tokens`` only when
+non-zero; OpenAI always reports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from .synthetic import IMAGE_PAD_ID, PrefixCache, SyntheticTokenizer, default_responses, image_key
+
+log = logging.getLogger(__name__)
+
+NOT_A_MODEL = "legato scripted policy server: NOT a model (scripted responses, synthetic tokens)"
+FLAVORS = ("vllm", "vllm-old", "sglang", "openai")
+
+# Request fields hosted OpenAI accepts on chat completions (anything else: 400).
+OPENAI_FIELDS = frozenset(
+    {
+        "model", "messages", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs",
+        "max_tokens", "max_completion_tokens", "n", "presence_penalty", "response_format",
+        "seed", "stop", "stream", "stream_options", "temperature", "top_p", "tools",
+        "tool_choice", "parallel_tool_calls", "user", "metadata", "store", "service_tier",
+        "reasoning_effort", "modalities", "audio", "prediction", "prompt_cache_key",
+        "safety_identifier", "verbosity", "web_search_options", "functions", "function_call",
+    }
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Flavor:
+    nested_errors: bool
+    reasoning_key: str | None
+    ids: Literal["top", "choice", None]  # where return_token_ids puts prompt ids
+    token_id_strings: bool  # honours return_tokens_as_token_ids
+    sglext: bool  # honours return_output_ids / return_input_ids
+    strict_fields: bool
+    cached_always: bool
+    image_limit_scope: str  # "prompt" (vLLM >= 0.9) or "request" (older chat_utils tracker)
+
+
+_FLAVORS: dict[str, _Flavor] = {
+    "vllm": _Flavor(True, "reasoning", "top", True, False, False, False, "prompt"),
+    "vllm-old": _Flavor(False, "reasoning_content", None, True, False, False, False, "request"),
+    "sglang": _Flavor(False, "reasoning_content", "choice", False, True, False, False, "prompt"),
+    "openai": _Flavor(True, None, None, False, False, True, True, "prompt"),
+}
+
+
+@dataclass
+class Faults:
+    """Faults to inject (all off by default). Counts are over chat requests, 1-based.
+
+    hang_every      every Nth request hangs: ``sleep`` (no bytes, until the client gives up
+                    or ``hang_seconds`` pass) or ``trickle`` (headers at once, then one byte
+                    every ``trickle_interval`` seconds for ``hang_seconds``, then the answer)
+    error_every     every Nth request answers ``error_status`` (default 500)
+    error_rate      fraction of requests answering ``error_status`` (seeded by ``seed``)
+    reject_unknown_fields  400 "Unrecognized request argument supplied: X" for fields hosted
+                    OpenAI does not know (always on for the ``openai`` flavor)
+    image_limit     more images than this in one request -> vLLM's 400 "At most N image(s)"
+    no_logprobs     never return logprobs (a server unusable for RL)
+    token_ids_null  return ``token_ids: null`` although asked (vLLM #28246)
+    completion_tokens_offset  add this to ``usage.completion_tokens`` (length mismatch)
+    """
+
+    hang_every: int = 0
+    hang_mode: Literal["sleep", "trickle"] = "sleep"
+    hang_seconds: float = 300.0
+    trickle_interval: float = 0.1
+    error_every: int = 0
+    error_rate: float = 0.0
+    error_status: int = 500
+    reject_unknown_fields: bool = False
+    image_limit: int | None = None
+    no_logprobs: bool = False
+    token_ids_null: bool = False
+    completion_tokens_offset: int = 0
+    seed: int = 0
+
+
+@dataclass
+class Latency:
+    """Added latency per answered request [s]: ``median`` fixed, or lognormal around it with
+    ``sigma`` (log-space standard deviation), seeded."""
+
+    median: float = 0.0
+    sigma: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.median < 0 or self.sigma < 0:
+            raise ValueError(
+                "latency median and sigma must be >= 0 (fix: --latency-median/--latency-sigma)"
+            )
+        self._rng = random.Random(self.seed)
+
+    def sample(self) -> float:
+        if self.median <= 0:
+            return 0.0
+        if self.sigma <= 0:
+            return self.median
+        return self.median * math.exp(self._rng.gauss(0.0, self.sigma))
+
+
+@dataclass
+class RequestLog:
+    """One request as the server saw it (never the Authorization header itself).
+
+    ``authorized``: the request carried ``Bearer <api_key>`` (``None`` when the server needs
+    no key); ``fields``: top-level request fields; ``body``: raw bytes when ``record_bodies``.
+    """
+
+    seq: int
+    path: str
+    status: int = 200
+    fields: tuple[str, ...] = ()
+    n_images: int = 0
+    authorized: bool | None = None
+    bearer: bool = False
+    fault: str | None = None
+    step: int | None = None
+    cached_tokens: int | None = None
+    body: bytes | None = None
+    at: float = field(default_factory=time.time)
+
+
+def load_script(script: None | str | Path | dict) -> dict[str, Any]:
+    """A script dict from ``None``, a dict or a JSON file path; checked.
+
+    Raises ``ValueError`` naming the field when the shape is wrong.
+    """
+    if script is None:
+        return {"tasks": {}, "default": None}
+    if isinstance(script, (str, Path)):
+        data = orjson.loads(Path(script).read_bytes())
+    else:
+        data = script
+    if not isinstance(data, dict):
+        raise ValueError("script must be a JSON object with 'tasks' and/or 'default'")
+    unknown = set(data) - {"tasks", "default"}
+    if unknown:
+        raise ValueError(f"script: unknown keys {sorted(unknown)} (expected 'tasks', 'default')")
+    tasks = data.get("tasks") or {}
+    if not isinstance(tasks, dict):
+        raise ValueError("script.tasks must map instruction text to a list of responses")
+    for key, steps in [*tasks.items(), ("default", data.get("default") or ["-"])]:
+        if not isinstance(steps, list) or not steps:
+            raise ValueError(f"script: {key!r} must be a non-empty list of responses")
+        for i, step in enumerate(steps):
+            if not isinstance(step, (str, dict)) or (
+                isinstance(step, dict) and not isinstance(step.get("content", ""), str)
+            ):
+                raise ValueError(
+                    f"script: {key!r} step {i} must be a string or {{'content', 'reasoning'}}"
+                )
+    return {"tasks": dict(tasks), "default": data.get("default")}
+
+
+class _Reject(Exception):
+    def __init__(
+        self, status: int, message: str, *, kind: str = "BadRequestError", param: str | None = None
+    ):
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.param = param
+
+
+class ScriptedPolicyServer:
+    """An OpenAI-compatible policy server answering from a script. It is NOT a model.
+
+    Args:
+      flavor      ``vllm`` | ``sglang`` | ``openai`` | ``vllm-old`` (wire format, see module doc)
+      script      ``None`` | dict | path to a JSON script
+      model       the model id served (``/v1/models``; other names get a 404)
+      host, port  where to listen; port 0 picks a free port (see :attr:`url`)
+      faults      :class:`Faults` to inject
+      latency     seconds (fixed) or :class:`Latency`
+      api_key     require ``Authorization: Bearer <api_key>`` (401 otherwise)
+      image_tokens  prompt tokens counted per image
+      record_bodies keep each chat request's raw body in :attr:`requests` (tests)
+
+    ``start()`` runs it in a background thread and returns once it listens; ``stop()`` ends it;
+    also a context manager. ``serve_forever()`` runs it in the calling thread until
+    SIGINT/SIGTERM (the CLI). :attr:`requests` logs every request (bounded).
+    """
+
+    def __init__(
+        self,
+        flavor: str = "vllm",
+        script: None | str | Path | dict = None,
+        model: str = "scripted-qwen",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        faults: Faults | None = None,
+        latency: float | Latency | None = None,
+        *,
+        api_key: str | None = None,
+        image_tokens: int = 64,
+        record_bodies: bool = False,
+        max_log: int = 100_000,
+    ):
+        if flavor not in _FLAVORS:
+            raise ValueError(
+                f"flavor must be one of {', '.join(FLAVORS)}, got {flavor!r} (fix: --flavor)"
+            )
+        self.flavor = flavor
+        self._flavor = _FLAVORS[flavor]
+        self.script = load_script(script)
+        self.model = model
+        self.host = host
+        self.port = port
+        self.faults = faults or Faults()
+        self.latency = latency if isinstance(latency, Latency) else Latency(float(latency or 0.0))
+        self.api_key = api_key
+        self.image_tokens = image_tokens
+        self.record_bodies = record_bodies
+        self.requests: collections.deque[RequestLog] = collections.deque(maxlen=max_log)
+        self.request_count = 0  # chat requests
+        self.tokenizer = SyntheticTokenizer()
+        self.prefix_cache = PrefixCache()
+        self._fault_rng = random.Random(self.faults.seed)
+        self._defaults: dict[str, list[str]] = {}
+        self._stopping = False
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/health", self._health, methods=["GET"]),
+            ]
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT`` (the actual port once started)."""
+        return f"http://{self.host}:{self.port}"
+
+    def _uvicorn(self, *, log_config: Any) -> tuple[uvicorn.Server, socket.socket]:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app,
+            log_config=log_config,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=1,
+            backlog=4096,
+        )
+        return uvicorn.Server(config), sock
+
+    def start(self, timeout: float = 10.0) -> ScriptedPolicyServer:
+        """Serve in a background thread; return once listening. Raises ``RuntimeError`` if not."""
+        if self._thread is not None:
+            return self
+        self._stopping = False
+        self._server, sock = self._uvicorn(log_config=None)
+        self._thread = threading.Thread(
+            target=self._server.run,
+            kwargs={"sockets": [sock]},
+            name=f"scripted-policy-{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"scripted policy server did not start on {self.url}")
+            time.sleep(0.005)
+        log.info("%s, flavor %s, model %s, at %s", NOT_A_MODEL, self.flavor, self.model, self.url)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and join the thread (hung requests are abandoned)."""
+        self._stopping = True
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._thread = None
+        self._server = None
+
+    def serve_forever(self) -> None:
+        """Serve in the calling thread until SIGINT/SIGTERM (uvicorn's signal handling)."""
+        server, sock = self._uvicorn(log_config=uvicorn.config.LOGGING_CONFIG)
+        self._server = server
+        log.warning(
+            "%s, flavor %s, model %s, at %s", NOT_A_MODEL, self.flavor, self.model, self.url
+        )
+        try:
+            server.run(sockets=[sock])
+        finally:
+            self._server = None
+
+    def __enter__(self) -> ScriptedPolicyServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def chat_requests(self) -> list[RequestLog]:
+        """The logged chat-completion requests, oldest first."""
+        return [r for r in self.requests if r.path == "/v1/chat/completions"]
+
+    # -- endpoints -------------------------------------------------------------------------
+
+    async def _health(self, request: Request) -> Response:
+        return Response(b"", status_code=200)
+
+    async def _models(self, request: Request) -> Response:
+        entry = RequestLog(seq=0, path="/v1/models")
+        self.requests.append(entry)
+        if (err := self._auth(request, entry)) is not None:
+            return err
+        model = {
+            "id": self.model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "legato-scripted (not a model)",
+            "root": self.model,
+            "max_model_len": 32768,
+        }
+        return Response(
+            orjson.dumps({"object": "list", "data": [model]}), media_type="application/json"
+        )
+
+    def _auth(self, request: Request, entry: RequestLog) -> Response | None:
+        header = request.headers.get("authorization", "")
+        entry.bearer = header.startswith("Bearer ")
+        if self.api_key is None:
+            return None
+        entry.authorized = header == f"Bearer {self.api_key}"
+        if entry.authorized:
+            return None
+        entry.status = 401
+        if self.flavor.startswith("vllm"):  # vLLM's API-key middleware
+            return Response(
+                orjson.dumps({"error": "Unauthorized"}),
+                status_code=401,
+                media_type="application/json",
+            )
+        given = header.removeprefix("Bearer ")
+        # Quotes the key it got, in full (OpenAI masks it): the client must redact.
+        return self._error(
+            _Reject(401, f"Incorrect API key provided: {given}.", kind="invalid_request_error")
+        )
+
+    def _error(self, rej: _Reject) -> Response:
+        if self._flavor.nested_errors:
+            body = {
+                "error": {
+                    "message": rej.message,
+                    "type": rej.kind,
+                    "param": rej.param,
+                    "code": rej.status,
+                }
+            }
+        else:
+            body = {
+                "object": "error",
+                "message": rej.message,
+                "type": rej.kind,
+                "param": rej.param,
+                "code": rej.status,
+            }
+        return Response(orjson.dumps(body), status_code=rej.status, media_type="application/json")
+
+    async def _chat(self, request: Request) -> Response:
+        self.request_count += 1
+        seq = self.request_count
+        entry = RequestLog(seq=seq, path="/v1/chat/completions")
+        self.requests.append(entry)
+        if (err := self._auth(request, entry)) is not None:
+            return err
+        raw = await request.body()
+        if self.record_bodies:
+            entry.body = raw
+        try:
+            reply = self._answer(raw, entry)
+        except _Reject as rej:
+            entry.status = rej.status
+            return self._error(rej)
+        faults = self.faults
+        if faults.hang_every and seq % faults.hang_every == 0:
+            entry.fault = "hang"
+            if faults.hang_mode == "trickle":
+                return StreamingResponse(self._trickle(reply), media_type="application/json")
+            await self._hang(request)
+            return Response(reply, media_type="application/json")
+        if (faults.error_every and seq % faults.error_every == 0) or (
+            faults.error_rate and self._fault_rng.random() < faults.error_rate
+        ):
+            entry.fault = entry.fault or "error"
+            entry.status = faults.error_status
+            return self._error(
+                _Reject(
+                    faults.error_status,
+                    f"scripted fault: injected HTTP {faults.error_status}",
+                    kind="InternalServerError",
+                )
+            )
+        delay = self.latency.sample()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        return Response(reply, media_type="application/json")
+
+    async def _hang(self, request: Request) -> None:
+        deadline = time.monotonic() + self.faults.hang_seconds
+        while time.monotonic() < deadline and not self._stopping:
+            await asyncio.sleep(0.05)
+            if await request.is_disconnected():
+                return
+
+    async def _trickle(self, reply: bytes):
+        deadline = time.monotonic() + self.faults.hang_seconds
+        while time.monotonic() < deadline and not self._stopping:
+            yield b" "
+            await asyncio.sleep(self.faults.trickle_interval)
+        yield reply
+
+    # -- the answer ------------------------------------------------------------------------
+
+    def _answer(self, raw: bytes, entry: RequestLog) -> bytes:
+        """The chat completion body for a request, or raise :class:`_Reject`."""
+        fl = self._flavor
+        try:
+            req = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise _Reject(400, f"request body is not JSON: {exc}") from None
+        if not isinstance(req, dict):
+            raise _Reject(400, "request body must be a JSON object")
+        entry.fields = tuple(req)
+        if fl.strict_fields or self.faults.reject_unknown_fields:
+            for name in req:
+                if name not in OPENAI_FIELDS:
+                    raise _Reject(
+                        400,
+                        f"Unrecognized request argument supplied: {name}",
+                        kind="invalid_request_error",
+                    )
+        model = req.get("model")
+        if model != self.model:
+            raise _Reject(
+                404, f"The model `{model}` does not exist.", kind="NotFoundError", param="model"
+            )
+        messages = req.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _Reject(400, "messages must be a non-empty list", param="messages")
+        if req.get("stream"):
+            raise _Reject(
+                400, "the scripted policy server does not stream (set stream=false)", param="stream"
+            )
+        if req.get("n", 1) != 1:
+            raise _Reject(400, "the scripted policy server answers n=1 only", param="n")
+
+        keys, instruction, n_images, step = self._prompt(messages)
+        entry.n_images = n_images
+        entry.step = step
+        limit = self.faults.image_limit
+        if limit is not None and n_images > limit:
+            msg = f"At most {limit} image(s) may be provided in one {fl.image_limit_scope}."
+            if fl.image_limit_scope == "prompt":
+                msg += " Set `--limit-mm-per-prompt` to increase this limit."
+            raise _Reject(400, msg, param="image")
+
+        content, reasoning = self._script_step(instruction, step)
+        text = content if not reasoning else f"{reasoning}\n</think>\n\n{content}"
+        tokens = self.tokenizer.tokenize(text)
+        max_tokens = req.get("max_completion_tokens") or req.get("max_tokens") or 1 << 30
+        finish = "stop"
+        if len(tokens) > max_tokens:
+            tokens = tokens[:max_tokens]
+            finish = "length"
+            text = "".join(tokens)
+            if reasoning:
+                head, sep, tail = text.partition("\n</think>\n\n")
+                reasoning, content = (head, tail) if sep else (head, "")
+            else:
+                content = text
+        token_id = self.tokenizer.token_id
+        ids = [token_id(t) for t in tokens]
+        cached = self.prefix_cache.lookup_and_insert(keys)
+        entry.cached_tokens = cached
+        return orjson.dumps(self._body(req, keys, content, reasoning, tokens, ids, finish, cached))
+
+    def _prompt(self, messages: list[Any]) -> tuple[list[int], str, int, int]:
+        """(prompt keys, instruction text, image count, step) of a request's messages."""
+        encode = self.tokenizer.encode
+        keys: list[int] = []
+        instruction: str | None = None
+        n_images = 0
+        step = 0
+        for msg in messages:
+            if not isinstance(msg, dict):
+                raise _Reject(400, "each message must be an object", param="messages")
+            role = msg.get("role")
+            if role == "assistant":
+                step += 1
+            keys.extend(encode(f"<|im_start|>{role}\n"))
+            content = msg.get("content")
+            texts: list[str] = []
+            if isinstance(content, str):
+                texts.append(content)
+                keys.extend(encode(content))
+            elif isinstance(content, list):
+                for part in content:
+                    kind = part.get("type") if isinstance(part, dict) else None
+                    if kind == "text":
+                        texts.append(part.get("text") or "")
+                        keys.extend(encode(part.get("text") or ""))
+                    elif kind == "image_url":
+                        url = (part.get("image_url") or {}).get("url")
+                        if not isinstance(url, str):
+                            raise _Reject(400, "image_url.url must be a string", param="messages")
+                        n_images += 1
+                        keys.extend([-1 - image_key(url)] * self.image_tokens)
+            if role == "user" and instruction is None:
+                instruction = "\n".join(texts)
+        return keys, instruction or "", n_images, step
+
+    def _script_step(self, instruction: str, step: int) -> tuple[str, str | None]:
+        tasks = self.script["tasks"]
+        steps = None
+        best = -1
+        for key, value in tasks.items():
+            if len(key) > best and key in instruction:
+                steps, best = value, len(key)
+        if steps is None:
+            steps = self.script["default"]
+        if steps is None:
+            steps = self._defaults.get(instruction)
+            if steps is None:
+                if len(self._defaults) > 10_000:
+                    self._defaults.clear()
+                steps = self._defaults[instruction] = default_responses(instruction)
+        entry = steps[min(step, len(steps) - 1)]
+        if isinstance(entry, str):
+            return entry, None
+        return entry.get("content", ""), entry.get("reasoning")
+
+    def _body(
+        self,
+        req: dict[str, Any],
+        keys: list[int],
+        content: str,
+        reasoning: str | None,
+        tokens: list[str],
+        ids: list[int],
+        finish: str,
+        cached: int,
+    ) -> dict[str, Any]:
+        fl = self._flavor
+        faults = self.faults
+        want_ids = bool(req.get("return_token_ids"))
+        as_id_strings = fl.token_id_strings and bool(req.get("return_tokens_as_token_ids"))
+        logprob = self.tokenizer.logprob
+
+        logprobs = None
+        if req.get("logprobs") and not faults.no_logprobs:
+            entries = []
+            for i, (tok, tid) in enumerate(zip(tokens, ids, strict=True)):
+                entries.append(
+                    {
+                        "token": f"token_id:{tid}" if as_id_strings else tok,
+                        "logprob": logprob(tid, i),
+                        "bytes": list(tok.encode()),
+                        "top_logprobs": [],
+                    }
+                )
+            logprobs = {"content": entries}
+
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if fl.reasoning_key:
+            message[fl.reasoning_key] = reasoning
+            message["tool_calls"] = []
+        else:
+            message["refusal"] = None
+            message["annotations"] = []
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": finish,
+        }
+        prompt_ids = None
+        if want_ids and fl.ids is not None:
+            prompt_ids = [k if k >= 0 else IMAGE_PAD_ID for k in keys]
+            if fl.ids == "choice":
+                choice["prompt_token_ids"] = prompt_ids
+            choice["token_ids"] = None if faults.token_ids_null else ids
+        elif fl.ids == "top":
+            choice["token_ids"] = None  # vLLM serializes the unset field as null
+
+        usage: dict[str, Any] = {
+            "prompt_tokens": len(keys),
+            "completion_tokens": len(ids) + faults.completion_tokens_offset,
+            "total_tokens": len(keys) + len(ids) + faults.completion_tokens_offset,
+        }
+        if fl.cached_always:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached, "audio_tokens": 0}
+        elif cached:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        else:
+            usage["prompt_tokens_details"] = None
+
+        body: dict[str, Any] = {
+            "id": f"chatcmpl-scripted-{self.request_count}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage,
+            "system_fingerprint": "legato-scripted-not-a-model",
+        }
+        if fl.ids == "top":
+            body["prompt_token_ids"] = prompt_ids
+        if fl.sglext and (req.get("return_output_ids") or req.get("return_input_ids")):
+            ext: dict[str, Any] = {}
+            if req.get("return_output_ids"):
+                ext["output_ids"] = ids
+            if req.get("return_input_ids"):
+                ext["input_ids"] = [k if k >= 0 else IMAGE_PAD_ID for k in keys]
+            body["sglext"] = ext
+        return body
