@@ -1,0 +1,44 @@
+"""OSWorld's task format on any desktop: setup steps, evaluators (getters + metrics), classification.
+
+The task runtime every backend shares. It drives a desktop only through the
+:class:`~legato_pipelines.desktops.controller.DesktopController` protocol (the OSWorld server's
+base API), so the local backend, the osworld backend's test provider and unit tests with a
+directory-backed controller all run the same code::
+
+    await run_setup(task, controller)                           # reset: the task's config steps
+    ev = await evaluate_task(task, controller, last_action_fail=False)   # postconfig + metrics
+    needs_full_reset(task)                                      # state outside HOME -> revert
+    classify_task(task)                                         # what a backend needs to run it
+"""
+
+from __future__ import annotations
+
+from .classify import (
+    BackendSupport,
+    TaskClass,
+    TaskTotals,
+    classify_task,
+    needs_full_reset,
+    summarize,
+)
+from .evaluate import evaluate_task, evaluator_unsupported
+from .getters import GETTERS
+from .metrics import METRICS
+from .setup import SUPPORTED_STEP_TYPES, run_setup
+from .unsupported import UnsupportedStep
+
+__all__ = [
+    "BackendSupport",
+    "GETTERS",
+    "METRICS",
+    "SUPPORTED_STEP_TYPES",
+    "TaskClass",
+    "TaskTotals",
+    "UnsupportedStep",
+    "classify_task",
+    "evaluate_task",
+    "evaluator_unsupported",
+    "needs_full_reset",
+    "run_setup",
+    "summarize",
+]

@@ -1,0 +1,415 @@
+"""Static analysis of an OSWorld-format task: what running it needs, and which backends can.
+
+Nothing here touches a desktop. :func:`classify_task` reads the task's setup steps, evaluator
+(postconfig, getters, metrics) and commands and answers: which step types, which apps, whether
+it needs the internet (and which URLs), whether it changes state outside ``/home/user`` (so a
+fast reset cannot undo it: OSWORLD.md §6), whether its evaluator runs locally, and which
+backends (``local`` / ``osworld`` / ``fake``) can run it. ``legato tasks check`` prints it.
+
+The outside-HOME verdict is the union of the explicit task list of OSWORLD.md §6 and command
+heuristics (``sudo``, ``apt``/``dpkg``, system ``pip install``, ``/tmp``, ``gsettings``/``dconf``,
+``timedatectl``, ``pactl``/``amixer``, ``systemctl``, ``/etc``), applied to setup, postconfig
+and evaluator commands (an evaluator reading ``gsettings`` means the agent is to change it).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections import Counter
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..tasks import Task
+from .evaluate import evaluator_parts, evaluator_unsupported
+from .setup import SUPPORTED_STEP_TYPES
+from .sources import find_source, is_internet_url
+
+BackendName = Literal["local", "osworld", "fake"]
+
+# OSWorld's SetupController step types (``_<type>_setup`` methods).
+OSWORLD_STEP_TYPES = frozenset(
+    {
+        "download", "launch", "open", "execute", "command", "activate_window", "close_window",
+        "sleep", "chrome_open_tabs", "chrome_close_tabs", "googledrive", "login",
+        "update_browse_history", "upload_file", "change_wallpaper",
+    }
+)  # fmt: skip
+
+# OSWORLD.md §6: tasks known to change state outside /home/user (id prefix -> what).
+KNOWN_OUTSIDE_HOME: dict[str, str] = {
+    "5812b315": "creates a user and /home/test1 with sudo; postconfig installs expect",
+    "a462a795": "sudo su",
+    "e0df059f": "root-owned directory via sudo mkdir",
+    "b6781586": "system timezone",
+    "94d95f96": "installs Spotify",
+    "37887e8c": "/tmp/test_files",
+    "28cc3b7e": "PulseAudio volume",
+    "3ce045a0": "gsettings/dconf session state",
+    "a4d98375": "gsettings/dconf session state",
+    "bedcedc4": "gsettings/dconf session state",
+    "ec4e3f68": "gsettings/dconf session state",
+    "f9be0997": "gsettings/dconf session state",
+    "13584542": "gsettings/dconf session state",
+    "2373b66a": "sudo apt install sysstat",
+    "716a6079": "sudo apt install xsel",
+    "a74b607e": "sudo apt install unzip",
+    "9f3bb592": "sudo pip install pysrt",
+    "e1fc0df3": "installs LanguageTool",
+    "f8369178": "installs the Orchis theme, gsettings",
+    "48d05431": "installs conda",
+    "da922383": "installs PyMuPDF",
+    "3f05f3b9": "installs Picard/Kid3",
+    "6766f2b8": "sudo apt install unzip/jq in setup",
+    "9656a811": "sudo apt install unzip/jq in setup",
+    "3299584d": "sudo apt install unzip/jq in setup",
+}
+
+# Command patterns that change state outside HOME (reason, regex over the command text).
+OUTSIDE_HOME_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (reason, re.compile(pattern))
+    for reason, pattern in (
+        ("sudo", r"(^|[\s;&|(])sudo\b"),
+        ("system packages (apt/dpkg)", r"(^|[\s;&|/])(apt|apt-get|dpkg|snap)\s"),
+        ("pip install (Python environment)", r"\bpip3?\s+install\b(?!.*--user)"),
+        ("/tmp", r"(^|[\s'\"=:])/tmp(/|\b)"),
+        ("gsettings/dconf", r"\b(gsettings|dconf)\b"),
+        ("system time (timedatectl)", r"\btimedatectl\b"),
+        ("audio settings (pactl/amixer)", r"\b(pactl|amixer)\b"),
+        ("systemd services", r"\bsystemctl\b"),
+        ("/etc", r"(^|[\s'\"=])/etc/"),
+    )
+)
+
+NEEDS_NETWORK_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        "package install from the network",
+        re.compile(r"\b(apt-get|apt)\s+(-\S+\s+)*install\b|\bpip3?\s+install\b|\bsnap\s+install\b"),
+    ),
+    ("downloads (wget/curl)", re.compile(r"\b(wget|curl)\s")),
+)
+
+URL_RE = re.compile(r"https?://[^\s'\"<>]+")
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "0.0.0.0", "[::1]")
+
+# related_apps spellings -> one app name.
+APP_ALIASES = {
+    "chrome": "chrome", "browser": "chrome", "google-chrome": "chrome", "chromium": "chrome",
+    "os": "os", "libreoffice_calc": "libreoffice_calc", "libreoffice calc": "libreoffice_calc",
+    "calc": "libreoffice_calc", "localc": "libreoffice_calc", "libreoffice_impress": "libreoffice_impress",
+    "libreoffice_writer": "libreoffice_writer", "writer": "libreoffice_writer", "vscode": "vs_code",
+    "vs_code": "vs_code", "code": "vs_code", "thunderbird": "thunderbird", "vlc": "vlc",
+    "ubuntu_media_player": "vlc", "gimp": "gimp", "image": "gimp", "terminal": "terminal",
+    "xterm": "terminal", "gnome-terminal": "terminal", "pdf": "pdf_viewer", "nautilus": "nautilus",
+    "text_editor": "text_editor", "l3afpad": "text_editor", "leafpad": "text_editor",
+    "mousepad": "text_editor", "gedit": "text_editor", "libreoffice": "libreoffice",
+}  # fmt: skip
+HELPER_COMMANDS = frozenset(
+    {"socat", "pkill", "killall", "sleep", "env", "bash", "sh", "xdg-open", "python", "python3"}
+)
+EXTENSION_APPS = {
+    "xlsx": "libreoffice_calc", "xls": "libreoffice_calc", "ods": "libreoffice_calc", "csv": "libreoffice_calc",
+    "docx": "libreoffice_writer", "doc": "libreoffice_writer", "odt": "libreoffice_writer",
+    "pptx": "libreoffice_impress", "ppt": "libreoffice_impress", "odp": "libreoffice_impress",
+    "pdf": "pdf_viewer", "mp4": "vlc", "mp3": "vlc", "txt": "text_editor", "json": "text_editor",
+}  # fmt: skip
+LIBREOFFICE_FLAGS = {
+    "--calc": "libreoffice_calc",
+    "--writer": "libreoffice_writer",
+    "--impress": "libreoffice_impress",
+}
+
+# What the local backend's desktops provide (LOCAL_DESKTOP.md: xterm, l3afpad, LibreOffice Calc).
+LOCAL_APPS = frozenset({"terminal", "text_editor", "libreoffice_calc"})
+
+
+class BackendSupport(BaseModel):
+    """What backends offer, for :func:`classify_task`.
+
+    ``local_apps``: app names a local desktop has (default: terminal, text_editor,
+    libreoffice_calc). ``cache_dir``: a local file cache; download/cloud_file URLs found there (or
+    ``file://``) do not count as needing the internet.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    local_apps: frozenset[str] = LOCAL_APPS
+    cache_dir: Path | None = None
+
+
+class TaskClass(BaseModel):
+    """What one task needs (all lists are in first-seen order, without repeats)."""
+
+    task_id: str
+    domain: str | None
+    setup_types: list[str] = Field(description="types of the task's setup steps")
+    postconfig_types: list[str] = Field(description="types of the evaluator's postconfig steps")
+    unsupported_step_types: list[str] = Field(
+        description="setup/postconfig step types with no local implementation"
+    )
+    needs_internet: bool
+    internet_urls: list[str] = Field(
+        description="URLs a run would fetch (not file://, not in the cache)"
+    )
+    internet_reasons: list[str] = Field(
+        description="other network needs: proxy, package installs, Google Drive"
+    )
+    apps: list[str] = Field(description="apps the task involves (related_apps, launch/open steps)")
+    changes_outside_home: bool
+    outside_home_reasons: list[str]
+    fast_reset_eligible: bool = Field(
+        description="a fast reset (kill apps, restore HOME) undoes the task"
+    )
+    evaluator_funcs: list[str]
+    getter_types: list[str]
+    evaluator_supported_locally: bool
+    unsupported_evaluator_parts: list[str] = Field(
+        description="metrics/getters/rules with no local implementation"
+    )
+    local_blockers: list[str] = Field(
+        description="why the local backend cannot run it (empty: it can)"
+    )
+    backends: list[BackendName]
+
+
+class TaskTotals(BaseModel):
+    """Counts over a task list (``legato tasks check`` totals)."""
+
+    tasks: int
+    by_backend: dict[str, int]
+    fast_reset_eligible: int
+    full_reset: int
+    needs_internet: int
+    evaluator_supported_locally: int
+    by_domain: dict[str, int]
+    top_unsupported_evaluator_parts: dict[str, int]
+    top_local_blockers: dict[str, int]
+
+
+def _unique(items) -> list:
+    return list(dict.fromkeys(i for i in items if i))
+
+
+def _command_text(command: Any) -> str:
+    if isinstance(command, list):
+        return " ".join(str(c) for c in command)
+    return str(command or "")
+
+
+def _first_program(command: Any) -> str | None:
+    """The program a launch/execute command starts (``VAR=x`` assignments skipped)."""
+    if isinstance(command, list):
+        words = [str(c) for c in command]
+    else:
+        try:
+            words = shlex.split(str(command))
+        except ValueError:
+            words = str(command).split()
+    words = [w for w in words if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", w)]
+    return PurePosixPath(words[0]).name if words else None
+
+
+def _apps_of_command(command: Any) -> list[str]:
+    program = _first_program(command)
+    if not program or program in HELPER_COMMANDS:
+        return []
+    if program in ("libreoffice", "soffice"):
+        text = _command_text(command)
+        for flag, app in LIBREOFFICE_FLAGS.items():
+            if flag in text:
+                return [app]
+        for word in text.split():
+            ext = word.rsplit(".", 1)[-1].lower() if "." in word else ""
+            if ext in EXTENSION_APPS:
+                return [EXTENSION_APPS[ext]]
+        return ["libreoffice"]
+    return [APP_ALIASES.get(program, program)]
+
+
+def _steps_commands(steps: list[dict]) -> list[str]:
+    out = []
+    for step in steps:
+        params = step.get("parameters") or {}
+        if step.get("type") in ("launch", "execute", "command") and "command" in params:
+            out.append(_command_text(params["command"]))
+    return out
+
+
+def _evaluator_commands(evaluator: dict) -> list[str]:
+    out = []
+    try:
+        parts = evaluator_parts(evaluator) if evaluator.get("func") else []
+    except ValueError:
+        parts = []
+    for _, result, expected, _ in parts:
+        for getter in (result, expected):
+            if getter and "command" in getter:
+                out.append(_command_text(getter["command"]))
+    return out
+
+
+def classify_task(task: Task, *, backend_support: BackendSupport | None = None) -> TaskClass:
+    """Classify one task (static: no desktop, no network). See :class:`TaskClass` for the fields."""
+    support = backend_support or BackendSupport()
+    config, evaluator = task.config, task.evaluator
+    setup = task.setup
+    postconfig = list(evaluator.get("postconfig") or [])
+    all_steps = setup + postconfig
+    setup_types = _unique(s.get("type") for s in setup)
+    postconfig_types = _unique(s.get("type") for s in postconfig)
+    unsupported_steps = _unique(
+        s.get("type") for s in all_steps if s.get("type") not in SUPPORTED_STEP_TYPES
+    )
+
+    commands = _steps_commands(all_steps) + _evaluator_commands(evaluator)
+
+    # Internet.
+    urls: list[str] = []
+    reasons: list[str] = []
+    for step in all_steps:
+        params = step.get("parameters") or {}
+        if step.get("type") == "download":
+            for file in params.get("files", []):
+                url = file.get("url", "")
+                if is_internet_url(url) and not find_source(
+                    url, dest=file.get("path"), cache_dir=support.cache_dir, task_id=task.task_id
+                ):
+                    urls.append(url)
+        elif step.get("type") == "chrome_open_tabs":
+            urls.extend(params.get("urls_to_open", []))
+        elif step.get("type") in ("googledrive", "login"):
+            reasons.append(f"{step['type']} (Google account)")
+    try:
+        parts = evaluator_parts(evaluator) if evaluator.get("func") else []
+    except ValueError:
+        parts = []
+    for _, result, expected, _ in parts:
+        for getter in (result, expected):
+            if getter and getter.get("type") == "cloud_file":
+                paths = getter["path"] if getter.get("multi") else [getter.get("path")]
+                dests = getter["dest"] if getter.get("multi") else [getter.get("dest")]
+                for url, dest in zip(paths, dests, strict=False):
+                    if (
+                        url
+                        and is_internet_url(url)
+                        and not find_source(
+                            url, dest=dest, cache_dir=support.cache_dir, task_id=task.task_id
+                        )
+                    ):
+                        urls.append(url)
+            elif getter and getter.get("type") == "googledrive_file":
+                reasons.append("googledrive_file getter (Google account)")
+    for text in commands:
+        urls.extend(
+            u for u in URL_RE.findall(text) if not any(h in u.split("/")[2] for h in LOCAL_HOSTS)
+        )
+        reasons.extend(reason for reason, pattern in NEEDS_NETWORK_PATTERNS if pattern.search(text))
+    if config.get("proxy"):
+        reasons.append("proxy")
+    urls, reasons = _unique(urls), _unique(reasons)
+    needs_internet = bool(urls or reasons)
+
+    # Apps.
+    apps: list[str] = []
+    for name in config.get("related_apps") or []:
+        key = str(name).strip().lower()
+        apps.append(APP_ALIASES.get(key, key.replace(" ", "_")))
+    for step in all_steps:
+        params = step.get("parameters") or {}
+        if step.get("type") == "launch":
+            apps.extend(_apps_of_command(params.get("command")))
+        elif step.get("type") == "open":
+            path = str(params.get("path", ""))
+            ext = path.rsplit(".", 1)[-1].lower() if "." in PurePosixPath(path).name else ""
+            apps.append(
+                EXTENSION_APPS.get(ext, "nautilus" if not ext else f"default app for .{ext}")
+            )
+        elif step.get("type") in ("chrome_open_tabs", "chrome_close_tabs", "update_browse_history"):
+            apps.append("chrome")
+    apps = _unique(apps)
+
+    # State outside HOME.
+    outside: list[str] = []
+    for prefix, reason in KNOWN_OUTSIDE_HOME.items():
+        if task.task_id.startswith(prefix):
+            outside.append(f"OSWORLD.md §6: {reason}")
+    for text in commands:
+        outside.extend(reason for reason, pattern in OUTSIDE_HOME_PATTERNS if pattern.search(text))
+    if any(s.get("type") == "googledrive" for s in all_steps) or any(
+        g and g.get("type") == "googledrive_file" for _, r, e, _ in parts for g in (r, e)
+    ):
+        outside.append("remote state (Google Drive)")
+    outside = _unique(outside)
+
+    # Evaluator.
+    funcs = evaluator.get("func")
+    funcs = _unique(funcs if isinstance(funcs, list) else [funcs])
+    getter_types = _unique(g.get("type") for _, r, e, _ in parts for g in (r, e) if g)
+    unsupported_eval = evaluator_unsupported(evaluator)
+
+    # Backends.
+    local_blockers: list[str] = [f"step type {t}" for t in unsupported_steps]
+    if needs_internet:
+        local_blockers.append("needs the internet")
+    missing_apps = [a for a in apps if a not in support.local_apps and a != "os"]
+    local_blockers += [f"app {a}" for a in missing_apps]
+    if "os" in apps and not (set(apps) & support.local_apps):
+        local_blockers.append("app os (GNOME desktop)")
+    if any("pyautogui" in text for text in commands):
+        local_blockers.append("pyautogui commands on the desktop")
+    local_blockers += [f"evaluator: {part}" for part in unsupported_eval]
+    backends: list[BackendName] = []
+    if not local_blockers:
+        backends.append("local")
+    if all(t in OSWORLD_STEP_TYPES for t in setup_types + postconfig_types):
+        backends.append("osworld")
+    backends.append("fake")
+
+    return TaskClass(
+        task_id=task.task_id,
+        domain=task.domain,
+        setup_types=setup_types,
+        postconfig_types=postconfig_types,
+        unsupported_step_types=unsupported_steps,
+        needs_internet=needs_internet,
+        internet_urls=urls,
+        internet_reasons=reasons,
+        apps=apps,
+        changes_outside_home=bool(outside),
+        outside_home_reasons=outside,
+        fast_reset_eligible=not outside,
+        evaluator_funcs=funcs,
+        getter_types=getter_types,
+        evaluator_supported_locally=not unsupported_eval,
+        unsupported_evaluator_parts=unsupported_eval,
+        local_blockers=local_blockers,
+        backends=backends,
+    )
+
+
+def needs_full_reset(task: Task) -> bool:
+    """True when the task changes state outside HOME, so only a snapshot revert / full restart
+    undoes it (OSWORLD.md §6 list + command heuristics; see :func:`classify_task`)."""
+    return classify_task(task).changes_outside_home
+
+
+def summarize(classes: list[TaskClass], *, top: int = 10) -> TaskTotals:
+    """Totals over classified tasks; ``top`` limits the most common unsupported parts/blockers."""
+    by_backend = {
+        name: sum(name in c.backends for c in classes) for name in ("local", "osworld", "fake")
+    }
+    unsupported = Counter(part for c in classes for part in c.unsupported_evaluator_parts)
+    blockers = Counter(re.sub(r"^evaluator: ", "", b) for c in classes for b in c.local_blockers)
+    return TaskTotals(
+        tasks=len(classes),
+        by_backend=by_backend,
+        fast_reset_eligible=sum(c.fast_reset_eligible for c in classes),
+        full_reset=sum(not c.fast_reset_eligible for c in classes),
+        needs_internet=sum(c.needs_internet for c in classes),
+        evaluator_supported_locally=sum(c.evaluator_supported_locally for c in classes),
+        by_domain=dict(sorted(Counter(c.domain or "inline" for c in classes).items())),
+        top_unsupported_evaluator_parts=dict(unsupported.most_common(top)),
+        top_local_blockers=dict(blockers.most_common(top)),
+    )

@@ -1,0 +1,271 @@
+"""Run OSWorld-format setup steps (a task's ``config``, an evaluator's ``postconfig``) on a desktop.
+
+Semantics follow OSWorld's ``SetupController`` (``desktop_env/controllers/setup.py``): steps run
+in order, each ``{"type": T, "parameters": {...}}`` maps to one desktop server call, commands get
+the placeholders of :mod:`.placeholders`, and a command that exits non-zero still counts as done
+(``pkill chrome`` when Chrome is not running is normal in postconfig). Differences, on purpose:
+
+- nothing is downloaded: ``download`` reads ``file://`` URLs or the local file cache
+  (:mod:`.sources`); anything else raises :class:`UnsupportedStep` before any step runs;
+- step types without a local implementation (``chrome_open_tabs``, ``googledrive``, ``login``,
+  ...) raise :class:`UnsupportedStep` before any step runs, instead of failing half-way;
+- an ``execute`` with ``until`` polls at most ``UNTIL_TIMEOUT_S`` seconds (OSWorld has no bound);
+- a failed step raises :class:`~legato_pipelines.errors.DesktopError` ``kind="setup"`` naming
+  the step (OSWorld logs most failures and carries on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..desktops.controller import DesktopController
+from ..errors import DesktopError
+from ..tasks import Task
+from .placeholders import placeholder_values, substitute
+from .sources import resolve_source
+from .unsupported import UnsupportedStep
+
+log = logging.getLogger(__name__)
+
+UNTIL_TIMEOUT_S = 60.0  # cap on an ``execute`` step's ``until`` polling, seconds
+UNTIL_POLL_S = 0.3  # OSWorld's poll interval for ``until``, seconds
+UNTIL_MAX_FAILURES = 5  # failed requests tolerated while polling (OSWorld: 5)
+EXECUTE_TIMEOUT_S = 120.0  # per command, as OSWorld's server (``subprocess.run`` timeout)
+
+# Errors that mean the desktop itself is gone: passed through unchanged so the engine recovers it.
+PASS_THROUGH_KINDS = frozenset({"transport", "timeout", "crash", "vm", "unsupported"})
+
+
+@dataclass(frozen=True, slots=True)
+class SetupContext:
+    """What the steps of one ``run_setup`` call share.
+
+    ``cache_dir`` is the read-only file cache for downloads; ``work_dir`` receives ``stdout`` /
+    ``stderr`` captures of ``execute`` steps (read back by the ``cache_file`` getter), or ``None``
+    to drop them.
+    """
+
+    controller: DesktopController
+    task_id: str
+    values: dict[str, str]
+    cache_dir: Path | None
+    work_dir: Path | None
+
+
+Handler = Callable[[SetupContext, dict[str, Any]], Awaitable[None]]
+
+
+async def run_setup(
+    task: Task,
+    controller: DesktopController,
+    *,
+    steps: list[dict] | None = None,
+    cache_dir: Path | None = None,
+    work_dir: Path | None = None,
+    screen_size: tuple[int, int] = (1280, 720),
+    client_password: str = "password",
+) -> None:
+    """Run ``task.setup`` (or ``steps``, e.g. an evaluator's postconfig) through ``controller``.
+
+    ``screen_size`` (pixels) and ``client_password`` fill the command placeholders. Every step
+    is checked first: an unknown step type or a download URL that needs the internet raises
+    :class:`UnsupportedStep` before anything runs. Then steps run in order; the first failure
+    raises ``DesktopError(kind="setup")`` naming its index and type (transport failures of the
+    controller pass through with their own kind).
+    """
+    steps = task.setup if steps is None else list(steps)
+    ctx = SetupContext(
+        controller=controller,
+        task_id=task.task_id,
+        values=placeholder_values(client_password, screen_size),
+        cache_dir=Path(cache_dir) if cache_dir is not None else None,
+        work_dir=Path(work_dir) if work_dir is not None else None,
+    )
+    _precheck(steps, ctx)
+    for index, step in enumerate(steps):
+        step_type = step.get("type")
+        parameters = step.get("parameters") or {}
+        where = f"task {task.task_id!r} setup step {index} ({step_type})"
+        try:
+            await HANDLERS[step_type](ctx, parameters)
+        except DesktopError as exc:
+            if exc.kind in PASS_THROUGH_KINDS:
+                raise
+            raise DesktopError(f"{where} failed: {exc}", kind="setup") from exc
+        except Exception as exc:  # a step's own failure: name it
+            raise DesktopError(
+                f"{where} failed: {type(exc).__name__}: {exc}", kind="setup"
+            ) from exc
+
+
+def _precheck(steps: list[dict], ctx: SetupContext) -> None:
+    for index, step in enumerate(steps):
+        step_type = step.get("type") if isinstance(step, dict) else None
+        if step_type not in HANDLERS:
+            raise UnsupportedStep(
+                f"task {ctx.task_id!r} setup step {index}: type {step_type!r} is not supported here "
+                f"(supported: {', '.join(sorted(HANDLERS))}); fix: run the task on the osworld backend",
+                step_type=str(step_type),
+            )
+        if step_type == "download":
+            for file in (step.get("parameters") or {}).get("files", []):
+                try:
+                    resolve_source(
+                        file.get("url", ""),
+                        dest=file.get("path"),
+                        cache_dir=ctx.cache_dir,
+                        task_id=ctx.task_id,
+                        step_type="download",
+                    )
+                except FileNotFoundError as exc:
+                    raise DesktopError(
+                        f"task {ctx.task_id!r} setup step {index} (download): {exc}", kind="setup"
+                    ) from exc
+
+
+def _required(parameters: dict[str, Any], name: str, step_type: str) -> Any:
+    value = parameters.get(name)
+    if value in (None, "", []):
+        raise DesktopError(f"{step_type}: parameter {name!r} is missing or empty", kind="setup")
+    return value
+
+
+async def _launch(ctx: SetupContext, p: dict[str, Any]) -> None:
+    command = substitute(_required(p, "command", "launch"), ctx.values)
+    await ctx.controller.launch(command, shell=bool(p.get("shell", False)))
+
+
+async def _execute(ctx: SetupContext, p: dict[str, Any]) -> None:
+    command = substitute(_required(p, "command", "execute"), ctx.values)
+    shell = bool(p.get("shell", False))
+    until: dict[str, Any] = p.get("until") or {}
+    deadline = time.monotonic() + UNTIL_TIMEOUT_S
+    failures = 0
+    while True:
+        result = await ctx.controller.execute(command, shell=shell, timeout=EXECUTE_TIMEOUT_S)
+        if result.get("status") == "error":
+            failures += 1
+            if not until or failures >= UNTIL_MAX_FAILURES:
+                raise DesktopError(
+                    f"execute {command!r}: {result.get('message') or result.get('error') or 'server error'}",
+                    kind="setup",
+                )
+        else:
+            if result.get("returncode") not in (0, None):
+                log.debug(
+                    "setup command %r exited %s (not a failure, as in OSWorld)",
+                    command,
+                    result.get("returncode"),
+                )
+            _capture(ctx, p.get("stdout"), result.get("output"))
+            _capture(ctx, p.get("stderr"), result.get("error"))
+            if not until or _until_met(until, result):
+                return
+        if time.monotonic() >= deadline:
+            raise DesktopError(
+                f"execute {command!r}: 'until' {until} not met within {UNTIL_TIMEOUT_S:.0f} s",
+                kind="setup",
+            )
+        await asyncio.sleep(UNTIL_POLL_S)
+
+
+def _until_met(until: dict[str, Any], result: dict[str, Any]) -> bool:
+    return (
+        ("returncode" in until and result.get("returncode") == until["returncode"])
+        or ("stdout" in until and until["stdout"] in (result.get("output") or ""))
+        or ("stderr" in until and until["stderr"] in (result.get("error") or ""))
+    )
+
+
+def _capture(ctx: SetupContext, name: str | None, text: str | None) -> None:
+    if not name:
+        return
+    if ctx.work_dir is None:
+        log.debug("setup capture %r dropped: no work_dir", name)
+        return
+    target = ctx.work_dir / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text or "")
+
+
+async def _open(ctx: SetupContext, p: dict[str, Any]) -> None:
+    await ctx.controller.open_file(substitute(_required(p, "path", "open"), ctx.values))
+
+
+async def _activate_window(ctx: SetupContext, p: dict[str, Any]) -> None:
+    await ctx.controller.activate_window(
+        _required(p, "window_name", "activate_window"),
+        strict=bool(p.get("strict", False)),
+        by_class=bool(p.get("by_class", False)),
+    )
+
+
+async def _close_window(ctx: SetupContext, p: dict[str, Any]) -> None:
+    await ctx.controller.close_window(
+        _required(p, "window_name", "close_window"),
+        strict=bool(p.get("strict", False)),
+        by_class=bool(p.get("by_class", False)),
+    )
+
+
+async def _sleep(ctx: SetupContext, p: dict[str, Any]) -> None:
+    seconds = float(p.get("seconds", 0))
+    if seconds < 0:
+        raise DesktopError(f"sleep: parameter 'seconds' must be >= 0, got {seconds}", kind="setup")
+    await asyncio.sleep(seconds)
+
+
+async def _download(ctx: SetupContext, p: dict[str, Any]) -> None:
+    files = _required(p, "files", "download")
+    payloads = []
+    for file in files:
+        url, path = file.get("url"), file.get("path")
+        if not url or not path:
+            raise DesktopError(
+                f"download: each file needs 'url' and 'path', got {file}", kind="setup"
+            )
+        source = resolve_source(
+            url, dest=path, cache_dir=ctx.cache_dir, task_id=ctx.task_id, step_type="download"
+        )
+        payloads.append((path, source.read_bytes()))
+    for path, data in payloads:
+        await ctx.controller.upload(path, data)
+
+
+async def _upload(ctx: SetupContext, p: dict[str, Any]) -> None:
+    """``upload`` / ``upload_file``: files ``[{path, local_path}]`` or ``[{path, content}]`` (text)."""
+    for file in _required(p, "files", "upload"):
+        path = file.get("path")
+        if not path:
+            raise DesktopError(f"upload: each file needs 'path', got {file}", kind="setup")
+        if "content" in file:
+            data = str(file["content"]).encode()
+        elif file.get("local_path"):
+            data = Path(file["local_path"]).expanduser().read_bytes()
+        else:
+            raise DesktopError(
+                f"upload: file {path!r} needs 'local_path' or 'content'", kind="setup"
+            )
+        await ctx.controller.upload(path, data)
+
+
+HANDLERS: dict[str, Handler] = {
+    "launch": _launch,
+    "execute": _execute,
+    "command": _execute,  # OSWorld: alias of execute
+    "open": _open,
+    "activate_window": _activate_window,
+    "close_window": _close_window,
+    "sleep": _sleep,
+    "download": _download,
+    "upload": _upload,
+    "upload_file": _upload,  # OSWorld's name: files [{local_path, path}]
+}
+
+SUPPORTED_STEP_TYPES = frozenset(HANDLERS)
