@@ -1,0 +1,331 @@
+"""The lake's tables as Arrow: rows built from a run directory's records, export and summary.
+
+Four tables, one Parquet partition per policy version each (ARCHITECTURE §7):
+
+``rollouts``  one row per execution record of ``rollouts.jsonl`` (every status, retried and
+              errors included), with its timing per phase and token totals
+``steps``     one row per step of every record: action, model-call numbers, waits
+``samples``   :func:`~legato_pipelines.export_steps` (one row per step of ``ok``/``truncated``
+              rollouts: messages, response token ids, logprobs, reward, GRPO advantage)
+``profile``   one row per policy version: the run's ``summary.json`` flattened
+
+Every row carries its lineage: ``policy_version``, ``task_set``, ``run_id`` (the Dagster run
+that collected it) and ``rollout_id`` (``profile`` rows have no rollout). The schemas are
+fixed here, so partitions written at different times union cleanly (a column that is null in
+one batch keeps its type).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+PHASES = ("queue", "reset", "policy", "act", "wait", "obs", "eval")
+"""Timing phases of a record (``timing.<phase>_s``), in the order an attempt runs them."""
+
+STATUSES = ("ok", "truncated", "cancelled", "skipped", "surplus", "retried", "error")
+"""Record statuses (ARCHITECTURE §3); ``profile`` has one ``count_<status>`` column each."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lineage:
+    """What every lake row is tied to: the policy version (the partition key), the task set
+    id, and the Dagster run id of the collection."""
+
+    policy_version: str
+    task_set: str
+    run_id: str
+
+    def columns(self, n: int) -> dict[str, pa.Array]:
+        """The three lineage columns for ``n`` rows."""
+        return {
+            "policy_version": pa.array([self.policy_version] * n, pa.string()),
+            "task_set": pa.array([self.task_set] * n, pa.string()),
+            "run_id": pa.array([self.run_id] * n, pa.string()),
+        }
+
+
+_LINEAGE_FIELDS = [
+    pa.field("policy_version", pa.string(), nullable=False),
+    pa.field("task_set", pa.string(), nullable=False),
+    pa.field("run_id", pa.string(), nullable=False),
+]
+_TS = pa.timestamp("us", tz="UTC")
+
+ROLLOUTS_SCHEMA = pa.schema(
+    [
+        pa.field("rollout_id", pa.string(), nullable=False),
+        pa.field("task_id", pa.string()),
+        pa.field("domain", pa.string()),
+        pa.field("group_id", pa.string()),
+        pa.field("attempt", pa.int32()),
+        pa.field("execution", pa.int32()),
+        pa.field("status", pa.string()),
+        pa.field("outcome", pa.string()),
+        pa.field("reward", pa.float64()),
+        pa.field("error_kind", pa.string()),
+        pa.field("error_type", pa.string()),
+        pa.field("error_message", pa.string()),
+        pa.field("error_phase", pa.string()),
+        pa.field("eval_error", pa.string()),
+        pa.field("n_steps", pa.int32()),
+        pa.field("desktop", pa.string()),
+        pa.field("started_at", _TS),
+        pa.field("ended_at", _TS),
+        *[pa.field(f"{phase}_s", pa.float64()) for phase in PHASES],
+        pa.field("total_s", pa.float64()),
+        pa.field("reset_kind", pa.string()),
+        pa.field("reset_ready_s", pa.float64()),
+        pa.field("prompt_tokens", pa.int64()),
+        pa.field("completion_tokens", pa.int64()),
+        pa.field("cached_tokens", pa.int64()),
+        pa.field("model", pa.string()),
+        *_LINEAGE_FIELDS,
+    ]
+)
+
+STEPS_SCHEMA = pa.schema(
+    [
+        pa.field("rollout_id", pa.string(), nullable=False),
+        pa.field("task_id", pa.string()),
+        pa.field("group_id", pa.string()),
+        pa.field("attempt", pa.int32()),
+        pa.field("execution", pa.int32()),
+        pa.field("status", pa.string()),
+        pa.field("step", pa.int32()),
+        pa.field("n_messages", pa.int32()),
+        pa.field("response_text", pa.string()),
+        pa.field("finish_reason", pa.string()),
+        pa.field("has_token_ids", pa.bool_()),
+        pa.field("has_logprobs", pa.bool_()),
+        pa.field("prompt_tokens", pa.int64()),
+        pa.field("completion_tokens", pa.int64()),
+        pa.field("cached_tokens", pa.int64()),
+        pa.field("model_s", pa.float64()),
+        pa.field("model_attempts", pa.int32()),
+        pa.field("model_timeouts", pa.int32()),
+        pa.field("token_ids_source", pa.string()),
+        pa.field("action_text", pa.string()),
+        pa.field("parse_error", pa.string()),
+        pa.field("actions", pa.string()),  # JSON list of the structured actions
+        pa.field("n_actions", pa.int32()),
+        pa.field("act_s", pa.float64()),
+        pa.field("wait_s", pa.float64()),
+        pa.field("ready_s", pa.float64()),
+        pa.field("obs_s", pa.float64()),
+        pa.field("observation", pa.string()),  # image sha of the screen after the step
+        *_LINEAGE_FIELDS,
+    ]
+)
+
+PROFILE_SCHEMA = pa.schema(
+    [
+        pa.field("policy_version", pa.string(), nullable=False),
+        pa.field("task_set", pa.string(), nullable=False),
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("model", pa.string()),
+        pa.field("tasks_path", pa.string()),
+        pa.field("records", pa.int64()),
+        pa.field("scheduled", pa.int64()),
+        pa.field("retries", pa.int64()),
+        pa.field("groups_total", pa.int64()),
+        pa.field("groups_closed", pa.int64()),
+        *[pa.field(f"count_{status}", pa.int64()) for status in STATUSES],
+        pa.field("success_rate", pa.float64()),
+        pa.field("rollouts_per_hour", pa.float64()),
+        pa.field("wall_s", pa.float64()),
+        pa.field("time_share", pa.map_(pa.string(), pa.float64())),
+        pa.field("model_call_p50_s", pa.float64()),
+        pa.field("model_call_p95_s", pa.float64()),
+        pa.field("model_call_p99_s", pa.float64()),
+        pa.field("retried_calls", pa.int64()),
+        pa.field("hung_calls", pa.int64()),
+        pa.field("policy_errors", pa.int64()),
+        pa.field("env_errors", pa.int64()),
+        pa.field("prefix_cache_hit_rate", pa.float64()),
+        pa.field("logprobs_share", pa.float64()),
+        pa.field("token_ids_share", pa.float64()),
+        pa.field("knobs", pa.string()),  # JSON
+        pa.field("summary", pa.string()),  # the whole summary.json, JSON
+    ]
+)
+
+
+def _sum(values: Iterable[Any]) -> float | None:
+    present = [float(v) for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def _sum_int(values: Iterable[Any]) -> int | None:
+    present = [int(v) for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def _ts(value: Any) -> int | None:
+    """Unix seconds -> microseconds (Arrow ``timestamp[us]``)."""
+    return None if value is None else int(round(float(value) * 1_000_000))
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def rollouts_table(records: Iterable[Mapping[str, Any]], lineage: Lineage) -> pa.Table:
+    """One row per execution record (:data:`ROLLOUTS_SCHEMA`).
+
+    ``prompt_tokens``/``completion_tokens``/``cached_tokens`` sum the steps' model-call
+    counts (``None`` when no step reported them).
+    """
+    rows: list[dict[str, Any]] = []
+    for r in records:
+        error = r.get("error") or {}
+        timing = r.get("timing") or {}
+        reset = r.get("reset") or {}
+        models = [s.get("model") or {} for s in r.get("steps") or []]
+        row = {
+            "rollout_id": r["rollout_id"],
+            "task_id": r.get("task_id"),
+            "domain": r.get("domain"),
+            "group_id": r.get("group_id"),
+            "attempt": r.get("attempt"),
+            "execution": r.get("execution"),
+            "status": r.get("status"),
+            "outcome": r.get("outcome"),
+            "reward": r.get("reward"),
+            "error_kind": error.get("kind"),
+            "error_type": error.get("type"),
+            "error_message": error.get("message"),
+            "error_phase": error.get("phase"),
+            "eval_error": r.get("eval_error"),
+            "n_steps": r.get("n_steps", len(r.get("steps") or [])),
+            "desktop": r.get("desktop"),
+            "started_at": _ts(r.get("started_at")),
+            "ended_at": _ts(r.get("ended_at")),
+            **{f"{phase}_s": timing.get(f"{phase}_s") for phase in PHASES},
+            "total_s": timing.get("total_s"),
+            "reset_kind": reset.get("kind"),
+            "reset_ready_s": reset.get("ready_s"),
+            "prompt_tokens": _sum_int(m.get("prompt_tokens") for m in models),
+            "completion_tokens": _sum_int(m.get("completion_tokens") for m in models),
+            "cached_tokens": _sum_int(m.get("cached_tokens") for m in models),
+            "model": (r.get("policy") or {}).get("model"),
+        }
+        rows.append(row)
+    return _table(rows, ROLLOUTS_SCHEMA, lineage)
+
+
+def steps_table(records: Iterable[Mapping[str, Any]], lineage: Lineage) -> pa.Table:
+    """One row per step of every record (:data:`STEPS_SCHEMA`); ``act_s``/``wait_s``/``ready_s``
+    sum the step's actions (``ready_s`` is ``None`` when every wait was fixed)."""
+    rows: list[dict[str, Any]] = []
+    for r in records:
+        for index, s in enumerate(r.get("steps") or []):
+            response = s.get("response") or {}
+            model = s.get("model") or {}
+            actions = s.get("actions") or []
+            rows.append(
+                {
+                    "rollout_id": r["rollout_id"],
+                    "task_id": r.get("task_id"),
+                    "group_id": r.get("group_id"),
+                    "attempt": r.get("attempt"),
+                    "execution": r.get("execution"),
+                    "status": r.get("status"),
+                    "step": s.get("step", index),
+                    "n_messages": len(s.get("request") or []),
+                    "response_text": response.get("content"),
+                    "finish_reason": response.get("finish_reason"),
+                    "has_token_ids": bool(response.get("token_ids")),
+                    "has_logprobs": bool(response.get("logprobs")),
+                    "prompt_tokens": model.get("prompt_tokens"),
+                    "completion_tokens": model.get("completion_tokens"),
+                    "cached_tokens": model.get("cached_tokens"),
+                    "model_s": model.get("seconds"),
+                    "model_attempts": model.get("attempts"),
+                    "model_timeouts": model.get("timeouts"),
+                    "token_ids_source": model.get("token_ids_source"),
+                    "action_text": s.get("action_text"),
+                    "parse_error": s.get("parse_error"),
+                    "actions": _json(actions),
+                    "n_actions": len(actions),
+                    "act_s": _sum(a.get("act_s") for a in actions),
+                    "wait_s": _sum(a.get("wait_s") for a in actions),
+                    "ready_s": _sum(a.get("ready_s") for a in actions),
+                    "obs_s": s.get("obs_s"),
+                    "observation": s.get("observation"),
+                }
+            )
+    return _table(rows, STEPS_SCHEMA, lineage)
+
+
+def samples_table(export: pa.Table, lineage: Lineage) -> pa.Table:
+    """The step export with its lineage: ``run_id`` added, ``policy_version``/``task_set``
+    checked against the partition (a mismatch means the run directory belongs to another
+    version: ``ValueError``)."""
+    for name in ("policy_version", "task_set"):
+        if name in export.column_names:
+            values = set(export.column(name).unique().to_pylist())
+            expected = getattr(lineage, name)
+            if values - {expected}:
+                raise ValueError(
+                    f"samples: column {name!r} holds {sorted(map(str, values))}, expected only {expected!r} "
+                    "(the run directory belongs to another partition)"
+                )
+    columns = lineage.columns(export.num_rows)
+    table = export
+    for name, array in columns.items():
+        if name in table.column_names:
+            table = table.set_column(table.schema.get_field_index(name), name, array)
+        else:
+            table = table.append_column(name, array)
+    return table
+
+
+def profile_table(summary: Mapping[str, Any], lineage: Lineage) -> pa.Table:
+    """One row (:data:`PROFILE_SCHEMA`) from a run's ``summary.json`` / ``profile(run_dir)``."""
+    counts = summary.get("counts") or {}
+    groups = summary.get("groups") or {}
+    calls = summary.get("model_call_s") or {}
+    share = summary.get("time_share") or {}
+    row = {
+        "model": (summary.get("policy") or {}).get("model"),
+        "tasks_path": summary.get("tasks_path"),
+        "records": summary.get("records"),
+        "scheduled": summary.get("scheduled"),
+        "retries": summary.get("retries"),
+        "groups_total": groups.get("total"),
+        "groups_closed": groups.get("closed"),
+        **{f"count_{status}": int(counts.get(status, 0)) for status in STATUSES},
+        "success_rate": summary.get("success_rate"),
+        "rollouts_per_hour": summary.get("rollouts_per_hour"),
+        "wall_s": summary.get("wall_s"),
+        "time_share": [(str(k), float(v)) for k, v in share.items() if v is not None],
+        "model_call_p50_s": calls.get("p50"),
+        "model_call_p95_s": calls.get("p95"),
+        "model_call_p99_s": calls.get("p99"),
+        "retried_calls": summary.get("retried_calls"),
+        "hung_calls": summary.get("hung_calls"),
+        "policy_errors": summary.get("policy_errors"),
+        "env_errors": summary.get("env_errors"),
+        "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate"),
+        "logprobs_share": summary.get("logprobs_share"),
+        "token_ids_share": summary.get("token_ids_share"),
+        "knobs": _json(summary.get("knobs") or {}),
+        "summary": _json(summary),
+    }
+    return _table([row], PROFILE_SCHEMA, lineage)
+
+
+def _table(rows: list[dict[str, Any]], schema: pa.Schema, lineage: Lineage) -> pa.Table:
+    lineage_columns = lineage.columns(len(rows))
+    columns = {
+        field.name: lineage_columns[field.name]
+        if field.name in lineage_columns
+        else pa.array([row.get(field.name) for row in rows], field.type)
+        for field in schema
+    }
+    return pa.table(columns, schema=schema)
