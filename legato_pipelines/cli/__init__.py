@@ -17,6 +17,8 @@ app = typer.Typer(
 
 # Command modules (each adds its commands to ``app`` on import).
 from . import collect as _collect  # noqa: E402,F401
+from . import policy as _policy  # noqa: E402,F401
+from . import tasks as _tasks  # noqa: E402,F401
 
 
 def main() -> None:
