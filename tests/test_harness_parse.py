@@ -175,3 +175,9 @@ def test_bare_json_line_and_block_keep_order():
         + _call({"action": "left_click", "coordinate": [0, 0]})
     )
     assert [a.action for a in p.actions] == ["key", "left_click"]
+
+
+def test_reasons_quote_model_text_briefly():
+    p = _one("Action: x\n" + _call({"action": "zap" * 5000}))
+    assert p.parse_error.startswith("tool call 1: unknown action 'zapzap")
+    assert len(p.parse_error) < 200

@@ -93,6 +93,8 @@ def make_policy(
             return HysteresisPolicy(image_max, low_water)
         raise ConfigError(f"history={history!r} is unknown: use one of {HISTORY_POLICIES}")
     if isinstance(history, HistoryPolicy):
+        if low_water is not None:
+            raise ConfigError("low_water is set on the HistoryPolicy object itself, not beside it")
         return history
     raise ConfigError(
         f"history must be one of {HISTORY_POLICIES} or a HistoryPolicy, got {history!r}"

@@ -142,7 +142,7 @@ def normalize_key(name: str) -> str:
         return squashed
     if squashed in _ALIASES:
         return _ALIASES[squashed]
-    raise KeyNameError(f"unknown key name {name!r}")
+    raise KeyNameError(f"unknown key name {name[:40]!r}")
 
 
 def normalize_keys(keys: Sequence[str]) -> tuple[str, ...]:

@@ -132,7 +132,6 @@ def parse_response(
     except Exception as exc:  # defensive: parsing must never raise
         return ParsedResponse(parse_error=f"unreadable response: {exc!r}")
     history = scan.action_line3 if variant == "qwen3vl" else scan.text_line25
-    result = ParsedResponse(action_text=scan.action_text)
     try:
         if not scan.calls:
             raise _Unreadable(_no_call_reason(text, cut, reasoning_open))
@@ -142,11 +141,11 @@ def parse_response(
         ]
     except _Unreadable as exc:
         return ParsedResponse(
-            action_text=result.action_text, parse_error=str(exc), history_text=history or ""
+            action_text=scan.action_text, parse_error=str(exc), history_text=history or ""
         )
     except Exception as exc:  # defensive: parsing must never raise
         return ParsedResponse(
-            action_text=result.action_text,
+            action_text=scan.action_text,
             parse_error=f"unreadable tool call: {exc!r}",
             history_text=history or "",
         )
@@ -241,7 +240,7 @@ def _action(body: str, closed: bool, cut: bool, index: int, coords: CoordinateMa
         raise _Unreadable(f"{where} is not a JSON object")
     name = call.get("name")
     if name != TOOL_NAME:
-        raise _Unreadable(f"{where} names tool {name!r}, expected {TOOL_NAME!r}")
+        raise _Unreadable(f"{where} names tool {_short(name)}, expected {TOOL_NAME!r}")
     args = call.get("arguments")
     if isinstance(args, str):  # OpenAI-style arguments given as a JSON string
         try:
@@ -254,7 +253,7 @@ def _action(body: str, closed: bool, cut: bool, index: int, coords: CoordinateMa
     if kind is None:
         raise _Unreadable(f"{where} has no action")
     if not isinstance(kind, str) or kind not in _ACTION_SET:
-        raise _Unreadable(f"{where}: unknown action {kind!r}")
+        raise _Unreadable(f"{where}: unknown action {_short(kind)}")
     return _BUILDERS[kind](kind, args, coords)
 
 
@@ -288,7 +287,7 @@ def _key(kind: str, args: dict[str, Any], coords: CoordinateMap) -> Action:
         if isinstance(key, int) and not isinstance(key, bool):
             key = str(key)
         if not isinstance(key, str):
-            raise _Unreadable(f"key: key name {key!r} is not a string")
+            raise _Unreadable(f"key: key name {_short(key)} is not a string")
         names.append(key)
     try:
         return Action(kind, args, keys=normalize_keys(names))
@@ -354,4 +353,10 @@ def _coordinate(kind: str, args: dict[str, Any], *, required: bool) -> tuple[flo
         x, y = _number(value[0]), _number(value[1])
         if x is not None and y is not None:
             return x, y
-    raise _Unreadable(f"{kind}: coordinate must be [x, y] numbers, got {value!r}")
+    raise _Unreadable(f"{kind}: coordinate must be [x, y] numbers, got {_short(value)}")
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: model text in a reason stays small."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
