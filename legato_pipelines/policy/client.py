@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import time
 from collections.abc import Mapping
@@ -64,6 +65,16 @@ class _Retryable(Exception):
         self.status_code = status_code
         self.timeout = timeout
         self.seconds = seconds
+
+
+def _connect_reason(exc: BaseException) -> str:
+    """The operating system's words for a failed connect (e.g. "Connection refused")."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and (seen.errno or seen.strerror):
+            return os.strerror(seen.errno) if seen.errno else str(seen.strerror)
+        seen = seen.__cause__ or seen.__context__
+    return redact(str(exc)) or "connection failed"
 
 
 class PolicyClient:
@@ -155,7 +166,7 @@ class PolicyClient:
             ) from None
         except httpx.ConnectError as exc:
             raise PolicyConfigError(
-                f"cannot reach the policy server at {url}: {redact(str(exc)) or 'connection refused'} "
+                f"cannot reach the policy server at {url}: {_connect_reason(exc)} "
                 "(is it running? fix --policy-url)"
             ) from None
         except httpx.TransportError as exc:
@@ -353,7 +364,7 @@ class PolicyClient:
                 self._fallback_tried = True
                 extra = {f: True for f in TOKEN_ID_FIELDS if f not in self._refused}
                 self._id_fields = {**self._id_fields, **extra}
-                log.warning(
+                log.info(
                     "the policy server returned no token ids for return_token_ids; also asking "
                     "for return_tokens_as_token_ids / return_output_ids from now on"
                 )

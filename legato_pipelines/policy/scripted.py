@@ -123,6 +123,7 @@ class Faults:
     no_logprobs: bool = False
     token_ids_null: bool = False
     completion_tokens_offset: int = 0
+    cache_report: bool = True
     seed: int = 0
 
 
@@ -191,16 +192,17 @@ def load_script(script: None | str | Path | dict) -> dict[str, Any]:
     tasks = data.get("tasks") or {}
     if not isinstance(tasks, dict):
         raise ValueError("script.tasks must map instruction text to a list of responses")
-    for key, steps in [*tasks.items(), ("default", data.get("default") or ["-"])]:
+    named = [(f"script.tasks[{k!r}]", v) for k, v in tasks.items()]
+    if data.get("default") is not None:
+        named.append(("script.default", data["default"]))
+    for name, steps in named:
         if not isinstance(steps, list) or not steps:
-            raise ValueError(f"script: {key!r} must be a non-empty list of responses")
+            raise ValueError(f"{name} must be a non-empty list of responses")
         for i, step in enumerate(steps):
             if not isinstance(step, (str, dict)) or (
                 isinstance(step, dict) and not isinstance(step.get("content", ""), str)
             ):
-                raise ValueError(
-                    f"script: {key!r} step {i} must be a string or {{'content', 'reasoning'}}"
-                )
+                raise ValueError(f"{name}[{i}] must be a string or {{'content', 'reasoning'}}")
     return {"tasks": dict(tasks), "default": data.get("default")}
 
 
@@ -652,7 +654,9 @@ class ScriptedPolicyServer:
             "completion_tokens": len(ids) + faults.completion_tokens_offset,
             "total_tokens": len(keys) + len(ids) + faults.completion_tokens_offset,
         }
-        if fl.cached_always:
+        if not faults.cache_report:
+            usage["prompt_tokens_details"] = None
+        elif fl.cached_always:
             usage["prompt_tokens_details"] = {"cached_tokens": cached, "audio_tokens": 0}
         elif cached:
             usage["prompt_tokens_details"] = {"cached_tokens": cached}
