@@ -1,0 +1,127 @@
+"""``legato desktop serve``: run local desktop servers (Xvfb + openbox + apps) for collectors.
+
+Each desktop is one server process on its own port (``--port-start``, ``+1``, ...) speaking
+OSWorld's in-VM API plus ``/legato/``; collectors attach with ``DesktopConfig(backend="local",
+options={"urls": [...]})`` and the same token in ``LEGATO_DESKTOP_TOKEN``. The token comes
+from that environment variable; when it is unset a random one is generated and written to a
+file readable only by you (``--token-file``), whose path is printed (the token itself never
+is). A local desktop is not a sandbox against a hostile policy: use VMs for that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+import secrets
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..desktops.local.backend import ServerProcess
+from ..desktops.local.wire import DEFAULT_TOKEN_ENV
+from . import app
+
+desktop_app = typer.Typer(
+    help="Local desktops on Xvfb (one server process per desktop).", no_args_is_help=True
+)
+app.add_typer(desktop_app, name="desktop")
+
+_err = Console(stderr=True)
+WATCH_INTERVAL_S = 2.0
+
+
+def _token(token_file: Path) -> tuple[str, Path | None]:
+    """The token from the environment, else a new one written to ``token_file`` (mode 0600)."""
+    token = os.environ.get(DEFAULT_TOKEN_ENV, "")
+    if token:
+        return token, None
+    token = secrets.token_urlsafe(32)
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.chmod(token_file, 0o600)
+    return token, token_file
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+@desktop_app.command("serve")
+def serve(
+    count: Annotated[int, typer.Option(min=1, help="How many desktops (server processes).")] = 1,
+    host: Annotated[
+        str, typer.Option(help="Address to listen on (loopback by default).")
+    ] = "127.0.0.1",
+    port_start: Annotated[
+        int, typer.Option(min=1, max=65535, help="Port of the first desktop; the others follow.")
+    ] = 5000,
+    width: Annotated[int, typer.Option(min=64, help="Screen width in pixels.")] = 1280,
+    height: Annotated[int, typer.Option(min=64, help="Screen height in pixels.")] = 720,
+    user: Annotated[
+        str, typer.Option(help="Unprivileged desktop user when run as root (created if missing).")
+    ] = "legato-desktop",
+    token_file: Annotated[
+        Path,
+        typer.Option(help=f"Where a generated token is written when {DEFAULT_TOKEN_ENV} is unset."),
+    ] = Path.home() / ".config" / "legato" / "desktop.token",
+) -> None:
+    """Start COUNT desktops and serve them until Ctrl-C; restart any that dies."""
+    token, written = _token(token_file)
+    if not _is_loopback(host):
+        _err.print(
+            f"[yellow]warning:[/] listening on {host}: plain HTTP, the token is the only protection"
+        )
+    asyncio.run(_serve(count, host, port_start, width, height, user, token, written))
+
+
+async def _serve(
+    count: int,
+    host: str,
+    port_start: int,
+    width: int,
+    height: int,
+    user: str,
+    token: str,
+    written: Path | None,
+) -> None:
+    servers = [
+        ServerProcess(
+            width=width, height=height, host=host, port=port_start + i, user=user, token=token
+        )
+        for i in range(count)
+    ]
+    try:
+        await asyncio.gather(*(s.start() for s in servers))
+        table = Table(title=f"{count} local desktop(s), {width}x{height}")
+        table.add_column("desktop")
+        table.add_column("url")
+        table.add_column("server pid")
+        for i, s in enumerate(servers):
+            table.add_row(f"local-{i}", s.url, str(s.pid))
+        Console().print(table)
+        if written is not None:
+            _err.print(
+                f"token written to {written} (mode 0600): export {DEFAULT_TOKEN_ENV}=$(cat {written})"
+            )
+        else:
+            _err.print(f"token: from {DEFAULT_TOKEN_ENV}")
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            for i, s in enumerate(servers):
+                if not s.alive():
+                    _err.print(f"[yellow]local-{i} ({s.url}) died; restarting[/]")
+                    await s.stop()
+                    await s.start()
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        pass
+    finally:
+        await asyncio.gather(*(s.stop() for s in servers), return_exceptions=True)

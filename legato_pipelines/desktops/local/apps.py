@@ -1,0 +1,135 @@
+"""How the desktop starts apps: command parsing (OSWorld semantics), dbus wrapping, openers.
+
+OSWorld's server splits a command string without ``shell`` with shlex and expands a leading
+``~/`` in each argument; the local server does the same with the desktop user's HOME.
+Apps that autolaunch a session bus (mousepad, nautilus, LibreOffice, ...) are wrapped in
+``dbus-run-session --`` so the bus is their child and dies with them instead of leaking
+(LOCAL_DESKTOP.md §9). ``/setup/open_file`` picks an app by extension (there is no desktop
+environment to ask), falling back to ``xdg-open`` when installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+
+#: Programs wrapped in ``dbus-run-session``.
+DBUS_APPS = frozenset(
+    {
+        "mousepad",
+        "gedit",
+        "nautilus",
+        "thunderbird",
+        "code",
+        "gimp",
+        "vlc",
+        "evince",
+        "eog",
+        "google-chrome",
+        "chromium",
+        "libreoffice",
+        "soffice",
+        "gnome-terminal",
+        "xdg-open",
+    }
+)
+TEXT_EXTS = frozenset(
+    {
+        ".txt",
+        ".md",
+        ".py",
+        ".json",
+        ".log",
+        ".ini",
+        ".cfg",
+        ".conf",
+        ".sh",
+        ".xml",
+        ".yaml",
+        ".yml",
+        ".html",
+        ".css",
+        ".js",
+        ".c",
+        ".h",
+        ".tex",
+        ".srt",
+    }
+)
+OFFICE_EXTS = {
+    **dict.fromkeys((".xlsx", ".xls", ".ods", ".csv"), "--calc"),
+    **dict.fromkeys((".docx", ".doc", ".odt", ".rtf"), "--writer"),
+    **dict.fromkeys((".pptx", ".ppt", ".odp"), "--impress"),
+}
+TEXT_EDITORS = ("l3afpad", "mousepad", "gedit")
+OSWORLD_HOME = "/home/user"  # the HOME of OSWorld's VM user
+
+
+def expand_home(arg: str, home: str) -> str:
+    """``~`` and ``~/x`` -> the desktop HOME (other arguments unchanged)."""
+    if arg == "~":
+        return home
+    if arg.startswith("~/"):
+        return home + arg[1:]
+    return arg
+
+
+def resolve_path(path: str, home: str) -> str:
+    """A path as the desktop user means it: ``~`` expanded, relative to HOME (OSWorld's server
+    runs in ``/home/user``), and OSWorld's ``/home/user/...`` mapped into the desktop's HOME
+    (the path fields of OSWorld task configs hard-code the VM user's HOME)."""
+    path = expand_home(path, home)
+    if path == OSWORLD_HOME or path.startswith(OSWORLD_HOME + "/"):
+        path = home + path[len(OSWORLD_HOME) :]
+    return path if os.path.isabs(path) else os.path.join(home, path)
+
+
+def command_argv(command: list[str] | str, shell: bool, home: str) -> list[str] | str:
+    """The argv (or shell string) to run, as OSWorld's ``/execute`` builds it.
+
+    Raises ``ValueError`` for an empty command or a wrong type.
+    """
+    if isinstance(command, str):
+        if shell:
+            if not command.strip():
+                raise ValueError("field 'command' is empty")
+            return command
+        command = shlex.split(command)
+    if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
+        raise ValueError("field 'command' must be a non-empty string or list of strings")
+    return [expand_home(a, home) for a in command]
+
+
+def with_session_bus(argv: list[str] | str, shell: bool) -> tuple[list[str] | str, bool]:
+    """Wrap a launch in ``dbus-run-session --`` when it starts a bus-autolaunching app."""
+    words = shlex.split(argv) if isinstance(argv, str) else argv
+    programs = {os.path.basename(w) for w in words}
+    if not programs & DBUS_APPS or not shutil.which("dbus-run-session"):
+        return argv, shell
+    if shell or isinstance(argv, str):
+        return [
+            "dbus-run-session",
+            "--",
+            "sh",
+            "-c",
+            argv if isinstance(argv, str) else shlex.join(argv),
+        ], False
+    return ["dbus-run-session", "--", *argv], False
+
+
+def opener_for(path: str) -> list[str]:
+    """The command that opens ``path``: LibreOffice for office files, a text editor for text,
+    else ``xdg-open``. Raises ``ValueError`` when no installed app can open it."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext in OFFICE_EXTS and shutil.which("libreoffice"):
+        return ["libreoffice", OFFICE_EXTS[ext], path]
+    if ext in TEXT_EXTS or ext == "":
+        for editor in TEXT_EDITORS:
+            if shutil.which(editor):
+                return [editor, path]
+    if shutil.which("xdg-open"):
+        return ["xdg-open", path]
+    raise ValueError(
+        f"no installed app opens {ext or 'extensionless'} files (install libreoffice, l3afpad or xdg-utils)"
+    )

@@ -1,0 +1,384 @@
+"""The ``local`` backend: :class:`LocalDesktop` drives one desktop server through its client.
+
+Each desktop is a server process (``python -m legato_pipelines.desktops.local.server``) that
+this backend starts (and restarts in ``recover()`` when it died), or a server somebody else
+started (``legato desktop serve``) that it attaches to by URL. Per attempt::
+
+    reset(task)        POST /legato/reset {full}, then the task's setup steps (OSWorld format)
+    wait_after_reset   POST /legato/wait mode=reset       (or sleep fixed_wait)
+    observe            GET  /legato/observe -> Screenshot
+    act(action)        POST /legato/act                   (XTest input; never code)
+    wait_after_action  POST /legato/wait mode=action      (or sleep fixed_wait)
+    wait_before_eval   POST /legato/wait mode=eval        (or sleep fixed_wait)
+    evaluate(task)     postconfig + getters + metrics     (osworld_format.evaluate_task)
+
+``DesktopConfig.options`` of the local backend:
+  urls          list of server URLs to attach to instead of starting servers
+  token_env     environment variable with the token of attached servers (default LEGATO_DESKTOP_TOKEN)
+  base_port     first port of started servers (default: any free port)
+  host          address started servers listen on (default 127.0.0.1)
+  user          desktop user when the servers run as root (default legato-desktop)
+  template      directory copied into each baseline HOME (pre-built app profiles)
+  cache_dir     read-only file cache for ``download`` steps and ``cloud_file`` getters
+  start_timeout seconds a server may take to come up (default 30)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ...actions import Action
+from ...errors import ConfigError, DesktopError
+from ...images import Screenshot
+from ...tasks import Task
+from ..base import DesktopConfig, Evaluation, Wait
+from .client import DesktopClient
+from .wire import DEFAULT_TOKEN_ENV, READY_LINE
+
+OPTION_NAMES = frozenset(
+    {"urls", "token_env", "base_port", "host", "user", "template", "cache_dir", "start_timeout"}
+)
+SECRET_ENV = ("LEGATO_POLICY_KEY",)  # never handed to a desktop server or its apps
+DEFAULT_WAIT_ACTION_S = 1.0  # a ``wait`` action without ``seconds``
+
+
+class ServerProcess:
+    """A desktop server subprocess this process owns (its token, state directory and pid).
+
+    The token is ``token`` if given, else random per start (``secrets.token_urlsafe(32)``);
+    it is handed over in the child's environment only. Raises ``DesktopError(kind="crash")`` when the server does not
+    come up within ``start_timeout`` seconds.
+    """
+
+    def __init__(
+        self,
+        *,
+        width: int,
+        height: int,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        user: str | None = None,
+        template: str | None = None,
+        start_timeout: float = 30.0,
+        token: str | None = None,
+    ):
+        self.width, self.height, self.host, self.port = width, height, host, port
+        self.user, self.template, self.start_timeout = user, template, start_timeout
+        self.url: str | None = None
+        self._fixed_token = token
+        self.token: str = token or ""
+        self.state_dir: Path | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+
+    def __repr__(self) -> str:
+        return f"ServerProcess(url={self.url!r}, pid={self.pid})"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    async def start(self) -> str:
+        """Start the server; return its URL once it accepts connections."""
+        import secrets
+
+        self.token = self._fixed_token or secrets.token_urlsafe(32)
+        self.state_dir = Path(tempfile.mkdtemp(prefix="legato-desktop-"))
+        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        env[DEFAULT_TOKEN_ENV] = self.token
+        argv = [
+            sys.executable,
+            "-m",
+            "legato_pipelines.desktops.local.server",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--width",
+            str(self.width),
+            "--height",
+            str(self.height),
+            "--state-dir",
+            str(self.state_dir),
+            "--token-env",
+            DEFAULT_TOKEN_ENV,
+        ]
+        if self.user:
+            argv += ["--user", self.user]
+        if self.template:
+            argv += ["--template", str(self.template)]
+        self._proc = await asyncio.create_subprocess_exec(
+            *argv, env=env, stdout=asyncio.subprocess.PIPE, start_new_session=True
+        )
+        try:
+            line = await asyncio.wait_for(self._proc.stdout.readline(), self.start_timeout)
+        except TimeoutError:
+            await self.stop()
+            raise DesktopError(
+                f"desktop server did not come up within {self.start_timeout:g} s", kind="crash"
+            ) from None
+        if not line.startswith(READY_LINE.encode()):
+            code = await self._proc.wait()
+            await self.stop()
+            raise DesktopError(
+                f"desktop server exited with {code} before it was ready (see its stderr above)",
+                kind="crash",
+            )
+        self.url = json.loads(line[len(READY_LINE) :])["url"]
+        return self.url
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM (graceful: the server kills its desktop), SIGKILL after ``timeout`` s; remove state."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), timeout)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        if self.state_dir is not None:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+            self.state_dir = None
+
+    def kill(self) -> None:
+        """SIGKILL the server (tests use it to simulate a crash)."""
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.kill()
+
+
+class LocalDesktop:
+    """One local desktop (implements :class:`~legato_pipelines.desktops.base.Desktop`).
+
+    ``client`` talks to the server; ``server`` is the process this object owns, or ``None``
+    when attached to a URL (then ``recover()`` is a full reset plus a health check).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        client: DesktopClient,
+        config: DesktopConfig,
+        screen_size: tuple[int, int],
+        *,
+        server: ServerProcess | None = None,
+    ):
+        self.name = name
+        self.client = client
+        self.config = config
+        self.screen_size = screen_size
+        self.server = server
+        self.last_reset: dict[str, Any] | None = None
+        self._force_full = False
+        self._last_action_fail = False
+        self._work_dir: str | None = None
+        self._cache_dir = config.options.get("cache_dir")
+
+    def __repr__(self) -> str:
+        return f"LocalDesktop({self.name!r}, {self.client.url!r})"
+
+    # -- Desktop protocol ----------------------------------------------------------------------
+
+    async def reset(self, task: Task) -> str:
+        """Server reset (fast where allowed), then the task's setup steps. ``"fast"`` | ``"revert"``."""
+        from ...osworld_format import needs_full_reset, run_setup
+
+        full = self._force_full or not self.config.fast_reset or needs_full_reset(task)
+        self.last_reset = await self.client.reset(full=full)
+        self._force_full = False
+        self._last_action_fail = False
+        self._new_work_dir()
+        await run_setup(
+            task,
+            self.client,
+            cache_dir=self._cache_dir,
+            work_dir=self._work_dir,
+            screen_size=self.screen_size,
+        )
+        return "revert" if self.last_reset["kind"] == "full" else "fast"
+
+    async def wait_after_reset(self) -> Wait:
+        return await self._wait("reset")
+
+    async def observe(self) -> Screenshot:
+        return await self.client.observe()
+
+    async def act(self, action: Action) -> None:
+        """XTest input on the server; ``wait`` sleeps here, ``terminate`` does nothing."""
+        if action.action == "terminate":
+            self._last_action_fail = action.status == "failure"
+            return
+        self._last_action_fail = False
+        if action.action == "wait":
+            await asyncio.sleep(
+                action.seconds if action.seconds is not None else DEFAULT_WAIT_ACTION_S
+            )
+            return
+        await self.client.act(action)
+
+    async def wait_after_action(self, action: Action) -> Wait:
+        if action.action in ("terminate", "wait"):
+            return Wait(0.0, 0.0 if self.config.ready_signal else None)
+        return await self._wait("action")
+
+    async def wait_before_eval(self) -> Wait:
+        return await self._wait("eval")
+
+    async def evaluate(self, task: Task) -> Evaluation:
+        """Postconfig + OSWorld getters/metrics, within ``eval_timeout`` seconds.
+
+        ``last_action_fail`` (OSWorld's FAIL) is a ``terminate`` with status ``failure``.
+        Raises ``DesktopError(kind="evaluator")`` when the evaluation hangs.
+        """
+        from ...osworld_format import evaluate_task
+
+        try:
+            return await asyncio.wait_for(
+                evaluate_task(
+                    task,
+                    self.client,
+                    last_action_fail=self._last_action_fail,
+                    cache_dir=self._cache_dir,
+                    work_dir=self._work_dir,
+                    screen_size=self.screen_size,
+                ),
+                self.config.eval_timeout,
+            )
+        except TimeoutError:
+            self._force_full = True
+            raise DesktopError(
+                f"{self.name}: evaluating task {task.task_id!r} took over {self.config.eval_timeout:g} s",
+                kind="evaluator",
+            ) from None
+
+    async def recover(self) -> None:
+        """Make the desktop usable again: restart an owned server that died or does not answer,
+        else a full restart of its display; raise ``DesktopError(kind="crash")`` if that fails."""
+        self._force_full = False
+        if self.server is not None and not await self._healthy():
+            await self.client.aclose()
+            await self.server.stop()
+            await self.server.start()
+            self.client = DesktopClient(self.server.url, self.server.token)
+        try:
+            await self.client.reset(full=True)
+            health = await self.client.health()
+        except DesktopError as exc:
+            raise DesktopError(f"{self.name}: recovery failed: {exc}", kind="crash") from None
+        if not health.get("ok"):
+            raise DesktopError(
+                f"{self.name}: recovery failed: the display is not up after a full restart",
+                kind="crash",
+            )
+
+    async def close(self) -> None:
+        await self.client.aclose()
+        if self.server is not None:
+            await self.server.stop()
+        self._drop_work_dir()
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    async def _wait(self, mode: str) -> Wait:
+        t0 = time.perf_counter()
+        if self.config.ready_signal:
+            result = await self.client.wait(mode)
+            return Wait(time.perf_counter() - t0, float(result["ready_s"]))
+        await asyncio.sleep(self.config.fixed_wait or 0.0)
+        return Wait(time.perf_counter() - t0, None)
+
+    async def _healthy(self) -> bool:
+        if self.server is not None and not self.server.alive():
+            return False
+        try:
+            return bool((await self.client.health(timeout=5.0)).get("ok"))
+        except DesktopError:
+            return False
+
+    def _new_work_dir(self) -> None:
+        self._drop_work_dir()
+        self._work_dir = tempfile.mkdtemp(prefix=f"legato-{self.name}-work-")
+
+    def _drop_work_dir(self) -> None:
+        if self._work_dir is not None:
+            shutil.rmtree(self._work_dir, ignore_errors=True)
+            self._work_dir = None
+
+
+async def open_local_desktops(config: DesktopConfig, n: int) -> list[LocalDesktop]:
+    """Start ``n`` desktop servers concurrently (or attach to ``options["urls"]``).
+
+    Raises ``ConfigError`` for unknown options, too few URLs or a missing token variable, and
+    ``DesktopError(kind="crash")`` when a server does not come up (the others are stopped).
+    """
+    options = dict(config.options)
+    unknown = set(options) - OPTION_NAMES
+    if unknown:
+        raise ConfigError(
+            f"desktop options {sorted(unknown)} are not local-backend options; allowed: {sorted(OPTION_NAMES)}"
+        )
+    if n < 1:
+        raise ConfigError(f"desktops must be >= 1, got {n}")
+    urls = options.get("urls")
+    if urls:
+        return await _attach(config, list(urls), n, options.get("token_env", DEFAULT_TOKEN_ENV))
+    base_port = options.get("base_port")
+    servers = [
+        ServerProcess(
+            width=config.screen_width,
+            height=config.screen_height,
+            host=options.get("host", "127.0.0.1"),
+            port=(int(base_port) + i) if base_port else 0,
+            user=options.get("user"),
+            template=options.get("template"),
+            start_timeout=float(options.get("start_timeout", 30.0)),
+        )
+        for i in range(n)
+    ]
+    started = await asyncio.gather(*(s.start() for s in servers), return_exceptions=True)
+    failures = [r for r in started if isinstance(r, BaseException)]
+    if failures:
+        await asyncio.gather(*(s.stop() for s in servers))
+        raise DesktopError(
+            f"{len(failures)} of {n} desktop servers failed to start: {failures[0]}", kind="crash"
+        )
+    size = (config.screen_width, config.screen_height)
+    return [
+        LocalDesktop(f"local-{i}", DesktopClient(s.url, s.token), config, size, server=s)
+        for i, s in enumerate(servers)
+    ]
+
+
+async def _attach(
+    config: DesktopConfig, urls: list[str], n: int, token_env: str
+) -> list[LocalDesktop]:
+    if len(urls) < n:
+        raise ConfigError(
+            f"desktop option 'urls' lists {len(urls)} servers but {n} desktops were asked for"
+        )
+    token = os.environ.get(token_env, "")
+    if not token:
+        raise ConfigError(
+            f"attaching to desktop servers needs their token in the environment variable {token_env}"
+        )
+    clients = [DesktopClient(url, token) for url in urls[:n]]
+    try:
+        healths = await asyncio.gather(*(c.health(timeout=10.0) for c in clients))
+    except DesktopError:
+        await asyncio.gather(*(c.aclose() for c in clients))
+        raise
+    return [
+        LocalDesktop(f"local-{i}", c, config, (int(h["width"]), int(h["height"])))
+        for i, (c, h) in enumerate(zip(clients, healths, strict=True))
+    ]

@@ -1,0 +1,254 @@
+"""Async client of a desktop server: OSWorld's base API (``DesktopController``) plus ``/legato/``.
+
+Works against the local desktop server and, for the base routes, against any server of
+OSWorld's API by URL. Every transport failure, timeout, refused token or server error becomes
+a :class:`~legato_pipelines.errors.DesktopError` whose ``kind`` says which (``transport``,
+``timeout``, or the server's own ``kind``: ``reset``, ``crash``, ...). The token travels in
+the ``Authorization`` header only; it never appears in an error message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+import httpx
+
+from ...actions import Action
+from ...errors import DesktopError
+from ...images import Screenshot
+
+DEFAULT_TIMEOUT_S = 30.0
+EXECUTE_TIMEOUT_S = 120.0
+RESET_TIMEOUT_S = 60.0
+
+
+def action_json(action: Action) -> dict[str, Any]:
+    """The JSON body of ``POST /legato/act``: the :class:`Action` fields (``keys`` as a list)."""
+    data = {f.name: getattr(action, f.name) for f in fields(Action)}
+    data["keys"] = list(action.keys)
+    return data
+
+
+class DesktopClient:
+    """One desktop server at ``url`` with its ``token``.
+
+    Implements :class:`~legato_pipelines.desktops.controller.DesktopController`. ``timeout`` is
+    the default per-request timeout in seconds (commands and resets get longer ones).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
+        self.url = url.rstrip("/")
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=httpx.Timeout(timeout),
+            transport=transport,
+        )
+
+    def __repr__(self) -> str:
+        return f"DesktopClient({self.url!r})"
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        kind: str,
+        allow: tuple[int, ...] = (),
+        timeout: float | None = None,
+        **kwargs,
+    ) -> httpx.Response:
+        extra = {"timeout": timeout} if timeout is not None else {}
+        try:
+            response = await self._http.request(method, path, **kwargs, **extra)
+        except httpx.TimeoutException:
+            raise DesktopError(
+                f"{method} {self.url}{path}: no answer within the timeout", kind="timeout"
+            ) from None
+        except httpx.HTTPError as exc:
+            raise DesktopError(
+                f"{method} {self.url}{path}: {type(exc).__name__}: {exc}", kind="transport"
+            ) from None
+        if response.status_code < 400 or response.status_code in allow:
+            return response
+        if response.status_code == 401:
+            raise DesktopError(
+                f"{method} {self.url}{path}: the server refused the desktop token (401)",
+                kind="transport",
+            )
+        message, server_kind = response.text[:500], None
+        try:
+            body = response.json()
+            message, server_kind = body.get("message", message), body.get("kind")
+        except ValueError:
+            pass
+        raise DesktopError(
+            f"{method} {self.url}{path}: HTTP {response.status_code}: {message}",
+            kind=server_kind or kind,
+        )
+
+    # -- DesktopController (OSWorld's base API) --------------------------------------------------
+
+    async def execute(
+        self, command: list[str] | str, shell: bool = False, timeout: float = EXECUTE_TIMEOUT_S
+    ) -> dict[str, Any]:
+        """``POST /execute`` as the desktop user in its HOME; ``{status, output, error, returncode}``.
+
+        A command the server could not run or that timed out gives ``status "error"``,
+        ``returncode None`` and the reason in ``error`` (OSWorld answers 500 there).
+        """
+        response = await self._request(
+            "POST",
+            "/execute",
+            kind="setup",
+            allow=(500,),
+            timeout=timeout + 10.0,
+            json={"command": command, "shell": shell, "timeout": timeout},
+        )
+        body = response.json()
+        if response.status_code == 500:
+            return {
+                "status": "error",
+                "output": "",
+                "error": body.get("message", ""),
+                "returncode": None,
+            }
+        return body
+
+    async def launch(self, command: list[str] | str, shell: bool = False) -> None:
+        await self._request(
+            "POST", "/setup/launch", kind="setup", json={"command": command, "shell": shell}
+        )
+
+    async def open_file(self, path: str, timeout: float = 60.0) -> None:
+        await self._request(
+            "POST",
+            "/setup/open_file",
+            kind="setup",
+            timeout=timeout + 10.0,
+            json={"path": path, "timeout": timeout},
+        )
+
+    async def activate_window(
+        self, window_name: str, strict: bool = False, by_class: bool = False
+    ) -> None:
+        """Raises ``DesktopError`` (kind ``setup``) when no window matches (server answers 404)."""
+        await self._request(
+            "POST",
+            "/setup/activate_window",
+            kind="setup",
+            json={"window_name": window_name, "strict": strict, "by_class": by_class},
+        )
+
+    async def close_window(
+        self, window_name: str, strict: bool = False, by_class: bool = False
+    ) -> None:
+        """Raises ``DesktopError`` (kind ``setup``) when no window matches (server answers 404)."""
+        await self._request(
+            "POST",
+            "/setup/close_window",
+            kind="setup",
+            json={"window_name": window_name, "strict": strict, "by_class": by_class},
+        )
+
+    async def upload(self, path: str, data: bytes) -> None:
+        await self._request(
+            "POST",
+            "/setup/upload",
+            kind="setup",
+            timeout=120.0,
+            data={"file_path": path},
+            files={"file_data": ("file", data)},
+        )
+
+    async def file(self, path: str) -> bytes | None:
+        response = await self._request(
+            "POST", "/file", kind="evaluator", allow=(404,), data={"file_path": path}
+        )
+        return None if response.status_code == 404 else response.content
+
+    async def screen_size(self) -> tuple[int, int]:
+        body = (await self._request("POST", "/screen_size", kind="transport")).json()
+        return (int(body["width"]), int(body["height"]))
+
+    # -- more of OSWorld's API -----------------------------------------------------------------
+
+    async def screenshot(self) -> bytes:
+        """``GET /screenshot``: PNG bytes."""
+        return (await self._request("GET", "/screenshot", kind="observe")).content
+
+    async def platform(self) -> str:
+        return (await self._request("GET", "/platform", kind="transport")).text
+
+    async def cursor_position(self) -> tuple[int, int]:
+        x, y = (await self._request("GET", "/cursor_position", kind="transport")).json()
+        return (int(x), int(y))
+
+    async def terminal(self) -> dict[str, Any]:
+        return (await self._request("GET", "/terminal", kind="transport")).json()
+
+    async def accessibility(self) -> str:
+        return (await self._request("GET", "/accessibility", kind="transport")).json()["AT"]
+
+    # -- project endpoints -------------------------------------------------------------------------
+
+    async def observe(self) -> Screenshot:
+        """``/legato/observe``: the screen as a :class:`Screenshot` (size from the headers)."""
+        response = await self._request("GET", "/legato/observe", kind="observe")
+        return Screenshot(
+            response.content,
+            int(response.headers["x-screen-width"]),
+            int(response.headers["x-screen-height"]),
+        )
+
+    async def act(self, action: Action) -> float:
+        """``/legato/act``: perform ``action`` as XTest input; returns the server's act_s."""
+        timeout = DEFAULT_TIMEOUT_S + float(action.seconds or 0.0)
+        body = (
+            await self._request(
+                "POST", "/legato/act", kind="act", timeout=timeout, json=action_json(action)
+            )
+        ).json()
+        return float(body["act_s"])
+
+    async def wait(self, mode: str = "action", **overrides: float) -> dict[str, Any]:
+        """``/legato/wait``: wait server-side until the screen is ready.
+
+        ``mode``: ``action`` | ``launch`` | ``reset`` | ``eval``; ``overrides``: ``stable_s``,
+        ``timeout_s``, ``interval_s`` (seconds). Returns ``{mode, ready_s, frames, changed, timed_out}``.
+        """
+        timeout = DEFAULT_TIMEOUT_S + float(overrides.get("timeout_s") or 10.0)
+        return (
+            await self._request(
+                "POST",
+                "/legato/wait",
+                kind="observe",
+                timeout=timeout,
+                json={"mode": mode, **overrides},
+            )
+        ).json()
+
+    async def reset(self, full: bool = False) -> dict[str, Any]:
+        """``/legato/reset``: ``{kind: fast|full, reset_s, ...}`` (full when asked or needed)."""
+        return (
+            await self._request(
+                "POST", "/legato/reset", kind="reset", timeout=RESET_TIMEOUT_S, json={"full": full}
+            )
+        ).json()
+
+    async def health(self, timeout: float | None = None) -> dict[str, Any]:
+        return (await self._request("GET", "/legato/health", kind="crash", timeout=timeout)).json()
+
+    async def processes(self) -> dict[str, Any]:
+        return (await self._request("GET", "/legato/processes", kind="transport")).json()

@@ -1,0 +1,251 @@
+"""The processes of one desktop: spawn them as the desktop user, find them, kill them by PID.
+
+The desktop server makes itself a *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``), so
+every process the task starts stays in the server's process tree even when it daemonizes
+(dbus helpers, ``nohup app &``): orphans are re-parented to the server, not to PID 1. "The
+task's processes" are then simply the server's descendants minus its infrastructure (Xvfb,
+the window manager). They are killed by PID (SIGSTOP first so none can fork while the tree
+is being killed, then SIGKILL), never by name: other processes on the machine carry the same
+names (LOCAL_DESKTOP.md §9).
+
+Reaping: a ``Popen`` reaps its own child; every other zombie child (re-parented orphans) is
+reaped by PID with ``waitpid(pid, WNOHANG)``. A blanket ``waitpid(-1)`` would steal exit
+statuses from ``Popen`` objects (``/execute`` would report return code 0 for a failed
+command), so spawning and reaping share a lock and a zombie is reaped only when no ``Popen``
+owns it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def become_subreaper() -> None:
+    """Make this process the reaper of its orphaned descendants (Linux ``prctl``).
+
+    Raises ``OSError`` when the kernel refuses.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(err)}")
+
+
+@dataclass(frozen=True, slots=True)
+class ProcInfo:
+    """One row of ``/proc``: pid, parent pid, state letter (``Z`` = zombie) and ``comm``."""
+
+    pid: int
+    ppid: int
+    state: str
+    comm: str
+
+
+def process_table() -> dict[int, ProcInfo]:
+    """Every process visible in ``/proc``, by pid (processes that vanish mid-scan are skipped)."""
+    table: dict[int, ProcInfo] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
+        open_paren, close_paren = raw.index(b"("), raw.rindex(b")")
+        rest = raw[close_paren + 2 :].split(b" ", 2)
+        pid = int(name)
+        table[pid] = ProcInfo(
+            pid,
+            int(rest[1]),
+            rest[0].decode(),
+            raw[open_paren + 1 : close_paren].decode(errors="replace"),
+        )
+    return table
+
+
+def descendants(root: int, table: dict[int, ProcInfo]) -> set[int]:
+    """The pids below ``root`` in ``table`` (not ``root`` itself)."""
+    children: dict[int, list[int]] = {}
+    for info in table.values():
+        children.setdefault(info.ppid, []).append(info.pid)
+    found: set[int] = set()
+    stack = list(children.get(root, ()))
+    while stack:
+        pid = stack.pop()
+        if pid not in found:
+            found.add(pid)
+            stack.extend(children.get(pid, ()))
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class RunAs:
+    """Who a desktop process runs as: ``uid``/``gid`` (``None`` = the server's own), its
+    environment (built from scratch, never inherited from the server) and working directory."""
+
+    env: dict[str, str]
+    cwd: str
+    uid: int | None = None
+    gid: int | None = None
+
+    def popen_kwargs(self) -> dict:
+        kwargs: dict = {"env": self.env, "cwd": self.cwd, "umask": 0o022}
+        if self.uid is not None:
+            kwargs.update(user=self.uid, group=self.gid, extra_groups=[])
+        return kwargs
+
+
+@dataclass
+class ProcessTable:
+    """Spawns the desktop's processes and kills/reaps them by PID (thread-safe)."""
+
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _popens: dict[int, subprocess.Popen] = field(default_factory=dict)
+
+    def spawn(
+        self,
+        argv: Sequence[str] | str,
+        run_as: RunAs,
+        *,
+        shell: bool = False,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        pass_fds: Sequence[int] = (),
+    ) -> subprocess.Popen:
+        """Start ``argv`` in its own session (own process group) as ``run_as``; return the Popen.
+
+        Raises ``OSError`` (e.g. ``FileNotFoundError``) when it cannot be started.
+        """
+        with self._lock:
+            proc = subprocess.Popen(
+                argv,
+                shell=shell,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                pass_fds=tuple(pass_fds),
+                start_new_session=True,
+                close_fds=True,
+                **run_as.popen_kwargs(),
+            )
+            self._popens[proc.pid] = proc
+        return proc
+
+    def run(
+        self,
+        argv: Sequence[str] | str,
+        run_as: RunAs,
+        *,
+        shell: bool = False,
+        timeout: float,
+        input: bytes | None = None,
+    ) -> subprocess.CompletedProcess:
+        """Run to completion, capturing stdout and stderr (bytes).
+
+        Raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds (the process group is
+        killed first) and ``OSError`` when the program cannot be started.
+        """
+        proc = self.spawn(
+            argv,
+            run_as,
+            shell=shell,
+            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+        finally:
+            self.reap()
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def reap(self) -> list[int]:
+        """Collect finished children: ``Popen.poll()`` for ours, ``waitpid`` for orphans.
+
+        Returns the pids reaped by ``waitpid`` (re-parented orphans).
+        """
+        reaped: list[int] = []
+        with self._lock:
+            for pid, proc in list(self._popens.items()):
+                if proc.poll() is not None:
+                    del self._popens[pid]
+            me = os.getpid()
+            for info in process_table().values():
+                if info.ppid == me and info.state == "Z" and info.pid not in self._popens:
+                    try:
+                        os.waitpid(info.pid, os.WNOHANG)
+                        reaped.append(info.pid)
+                    except ChildProcessError:
+                        pass
+        return reaped
+
+    def kill(self, select, *, timeout: float = 3.0) -> set[int]:
+        """Kill every process ``select(table)`` returns, again and again until none is left.
+
+        ``select`` maps a fresh :func:`process_table` to the pids to kill (re-evaluated each
+        round, so children forked meanwhile and orphans re-parented to us are caught).
+        Returns the pids that were killed. Raises ``RuntimeError`` naming the survivors
+        when some are still alive (or unreaped) after ``timeout`` seconds.
+        """
+        killed: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while True:
+            table = process_table()
+            pids = set(select(table))
+            if not pids:
+                return killed
+            live = [pid for pid in pids if table[pid].state != "Z"]
+            _send(live, signal.SIGSTOP)
+            _send(live, signal.SIGKILL)
+            killed.update(pids)
+            time.sleep(0.003)
+            self.reap()
+            if time.monotonic() > deadline:
+                table = process_table()
+                left = sorted(set(select(table)))
+                if left:
+                    names = ", ".join(
+                        f"{pid} ({table[pid].comm}, {table[pid].state})"
+                        for pid in left
+                        if pid in table
+                    )
+                    raise RuntimeError(
+                        f"processes survived the kill after {timeout:.1f} s: {names}"
+                    )
+                return killed
+
+    def forget(self, pid: int) -> None:
+        """Stop tracking a Popen (its owner waits for it itself)."""
+        with self._lock:
+            self._popens.pop(pid, None)
+
+
+def _send(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

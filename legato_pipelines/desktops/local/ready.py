@@ -1,0 +1,187 @@
+"""The ready signal: sample the screen until it stops changing, tolerant of a blinking caret.
+
+Method (LOCAL_DESKTOP.md §6): successive full-resolution uint32 frames are compared by the
+number of changed pixels and their bounding box. A pair of frames is *quiet* when nothing
+changed, or when at most 64 pixels changed inside a box at most 4 px wide and 40 px tall (a
+caret blink; a typed glyph is wider). The screen is *ready* when the pairs of a whole stable
+window are quiet: 3 x 50 ms after an action (ready after ~0.17 s for typing, the measured
+floor), longer after a launch or reset of a heavy app (LibreOffice repaints its toolbars
+~280 ms after its first full paint, so >= 0.5 s there). After a launch the screen must first
+change, or a new window appear, before stability counts (else a cold LibreOffice is declared
+ready before its window exists). Every wait is capped; ``ready_s`` is reported either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+#: Process names (``/proc/<pid>/comm``) of apps that need the longer stable window.
+HEAVY_APPS = frozenset(
+    {
+        "soffice.bin",
+        "oosplash",
+        "chrome",
+        "chromium",
+        "gimp-2.10",
+        "gimp",
+        "thunderbird",
+        "code",
+        "vlc",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyPolicy:
+    """How to wait for a stable screen.
+
+    interval_s      seconds between frames
+    stable_s        seconds of quiet frame pairs that count as ready
+    timeout_s       cap: give up and report ``timed_out`` after this many seconds
+    require_change  first wait for a change against the reference frame, or a new window
+    blink_px, blink_w, blink_h   the caret tolerance (changed pixels, box width, box height)
+    """
+
+    interval_s: float = 0.05
+    stable_s: float = 0.15
+    timeout_s: float = 5.0
+    require_change: bool = False
+    blink_px: int = 64
+    blink_w: int = 4
+    blink_h: int = 40
+
+    @property
+    def stable_pairs(self) -> int:
+        return max(1, math.ceil(self.stable_s / self.interval_s - 1e-9))
+
+
+#: Defaults per wait mode. ``launch``/``reset`` require a change only when a launch is pending.
+MODES: dict[str, ReadyPolicy] = {
+    "action": ReadyPolicy(),
+    "eval": ReadyPolicy(stable_s=0.25),
+    "launch": ReadyPolicy(stable_s=0.2, timeout_s=10.0),
+    "reset": ReadyPolicy(stable_s=0.2, timeout_s=10.0),
+}
+HEAVY_STABLE_S = 0.5
+
+
+def policy_for(
+    mode: str, *, heavy: bool = False, launch_pending: bool = False, **overrides
+) -> ReadyPolicy:
+    """The policy of a wait ``mode`` (``action``, ``eval``, ``launch``, ``reset``).
+
+    ``heavy``: a heavy app runs, so launch/reset use a stable window of at least 0.5 s.
+    ``launch_pending``: an app was launched and has not shown yet (launch/reset only).
+    ``overrides``: fields of :class:`ReadyPolicy` (``None`` values are ignored).
+    Raises ``ValueError`` for an unknown mode.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown wait mode {mode!r}; use one of {sorted(MODES)}")
+    policy = MODES[mode]
+    if mode in ("launch", "reset"):
+        if heavy:
+            policy = replace(policy, stable_s=max(policy.stable_s, HEAVY_STABLE_S))
+        policy = replace(policy, require_change=launch_pending)
+    return replace(policy, **{k: v for k, v in overrides.items() if v is not None})
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """How two frames differ: changed pixel count and bounding box ``(x0, y0, x1, y1)``
+    (exclusive ends), ``None`` when nothing changed or the box was not needed."""
+
+    changed: int
+    bbox: tuple[int, int, int, int] | None = None
+
+
+def frame_delta(a: np.ndarray, b: np.ndarray, *, bbox_limit: int = 64) -> Delta:
+    """Compare two ``(h, w)`` uint32 frames. The box is computed only when at most
+    ``bbox_limit`` pixels changed (the caret test needs it; larger changes are changes)."""
+    if a.shape != b.shape:
+        return Delta(changed=a.size)
+    diff = a != b
+    changed = int(np.count_nonzero(diff))
+    if changed == 0 or changed > bbox_limit:
+        return Delta(changed)
+    ys, xs = np.nonzero(diff)
+    return Delta(changed, (int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1))
+
+
+def is_quiet(delta: Delta, policy: ReadyPolicy) -> bool:
+    """True for no change, or a caret-sized one (see :class:`ReadyPolicy`)."""
+    if delta.changed == 0:
+        return True
+    if delta.changed > policy.blink_px or delta.bbox is None:
+        return False
+    x0, y0, x1, y1 = delta.bbox
+    return (x1 - x0) <= policy.blink_w and (y1 - y0) <= policy.blink_h
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyResult:
+    """``ready_s``: seconds from the start of the wait until ready (or the cap);
+    ``frames``: frames grabbed; ``changed``: the screen changed during the wait;
+    ``timed_out``: the cap was hit."""
+
+    ready_s: float
+    frames: int
+    changed: bool
+    timed_out: bool
+
+    def to_json(self) -> dict:
+        return {
+            "ready_s": self.ready_s,
+            "frames": self.frames,
+            "changed": self.changed,
+            "timed_out": self.timed_out,
+        }
+
+
+async def wait_until_ready(
+    grab: Callable[[], Awaitable[np.ndarray]],
+    policy: ReadyPolicy,
+    *,
+    reference: np.ndarray | None = None,
+    new_window: Callable[[], Awaitable[bool]] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> ReadyResult:
+    """Grab frames every ``policy.interval_s`` until ``policy.stable_pairs`` quiet pairs in a row.
+
+    ``reference``: the screen before the action or launch; ``changed`` reports whether the
+    screen differs from it (or changed during the wait). With ``policy.require_change``, quiet
+    pairs count only once a frame differs (not quietly) from ``reference`` or ``new_window()``
+    returns True. Never raises on timeout: returns
+    ``timed_out=True`` with ``ready_s`` = the cap.
+    """
+    start = clock()
+    previous = await grab()
+    frames = 1
+    changed = False
+    armed = not policy.require_change
+    if reference is not None and not is_quiet(frame_delta(reference, previous), policy):
+        armed = changed = True
+    quiet = 0
+    while True:
+        if clock() - start >= policy.timeout_s:
+            return ReadyResult(clock() - start, frames, changed, True)
+        await sleep(policy.interval_s)
+        current = await grab()
+        frames += 1
+        if is_quiet(frame_delta(previous, current), policy):
+            quiet += 1
+        else:
+            quiet = 0
+            changed = armed = True
+        previous = current
+        if not armed and new_window is not None and await new_window():
+            armed = True
+            quiet = 0
+        if armed and quiet >= policy.stable_pairs:
+            return ReadyResult(clock() - start, frames, changed, False)

@@ -1,0 +1,6 @@
+"""Names the desktop server and the processes that start or call it agree on."""
+
+#: Environment variable holding a desktop server's token (never passed in argv).
+DEFAULT_TOKEN_ENV = "LEGATO_DESKTOP_TOKEN"
+#: First stdout line of a server once it is up: ``LEGATO_DESKTOP_READY {"url", "display", "pid", "home"}``.
+READY_LINE = "LEGATO_DESKTOP_READY"

@@ -1,0 +1,80 @@
+"""The one thread that talks to the X server, and the connections it owns.
+
+Xlib and mss connections are not thread-safe, and Xvfb/openbox get a parent-death signal
+tied to the thread that spawned them, so every X call and every (re)start of the display
+runs on one long-lived worker thread. The connections are reopened when the session's
+display generation changes (after a full restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+from Xlib.display import Display
+
+from .input import Input
+from .screen import Screen
+from .session import Session
+from .windows import Windows
+
+T = TypeVar("T")
+
+
+@dataclass
+class XContext:
+    """The connections of one display generation: Xlib (windows, input) and mss (screen)."""
+
+    generation: int
+    display: Display
+    windows: Windows
+    input: Input
+    screen: Screen
+
+    @classmethod
+    def open(cls, session: Session) -> XContext:
+        display = Display(session.display)
+        windows = Windows(display)
+        return cls(
+            session.generation, display, windows, Input(display, windows), Screen(session.display)
+        )
+
+    def close(self) -> None:
+        for close in (self.screen.close, self.display.close):
+            try:
+                close()
+            except Exception:  # the X server may already be gone
+                pass
+
+
+class XThread:
+    """Runs functions on the X thread; ``ctx()`` (inside them) is the current connection set."""
+
+    def __init__(self, session: Session):
+        self.session = session
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="legato-x")
+        self._ctx: XContext | None = None
+
+    async def run(self, fn: Callable[..., T], *args) -> T:
+        """Run ``fn(*args)`` on the X thread and return its result (exceptions propagate)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def ctx(self) -> XContext:
+        """The X connections for the session's current display (X thread only)."""
+        if self._ctx is None or self._ctx.generation != self.session.generation:
+            if self._ctx is not None:
+                self._ctx.close()
+            self._ctx = XContext.open(self.session)
+        return self._ctx
+
+    def drop_ctx(self) -> None:
+        """Close the connections (before the display is stopped; X thread only)."""
+        if self._ctx is not None:
+            self._ctx.close()
+            self._ctx = None
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=True)

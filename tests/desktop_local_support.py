@@ -1,0 +1,90 @@
+"""Shared pieces of the local-desktop tests: a real server process on loopback, /proc checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from legato_pipelines.desktops.local.client import DesktopClient
+from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV, READY_LINE
+
+needs_xvfb = pytest.mark.skipif(
+    shutil.which("Xvfb") is None or shutil.which("openbox") is None,
+    reason="Xvfb/openbox not installed (apt-get install xvfb openbox xterm l3afpad)",
+)
+needs_apps = pytest.mark.skipif(
+    shutil.which("l3afpad") is None or shutil.which("xterm") is None,
+    reason="l3afpad/xterm not installed (apt-get install xterm l3afpad)",
+)
+
+
+class RunningServer:
+    """A desktop server subprocess started with a fresh token; ``client()`` makes a client."""
+
+    def __init__(self, width: int = 1024, height: int = 768):
+        self.token = secrets.token_urlsafe(16)
+        self.state = tempfile.mkdtemp(prefix="legato-test-desktop-")
+        env = dict(os.environ, **{DEFAULT_TOKEN_ENV: self.token})
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "legato_pipelines.desktops.local.server",
+                "--width",
+                str(width),
+                "--height",
+                str(height),
+                "--state-dir",
+                self.state,
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = self.proc.stdout.readline()
+        if not line.startswith(READY_LINE):
+            self.proc.kill()
+            raise RuntimeError(f"desktop server did not start (exit {self.proc.wait()})")
+        self.info = json.loads(line[len(READY_LINE) :])
+        self.url = self.info["url"]
+
+    def client(self) -> DesktopClient:
+        return DesktopClient(self.url, self.token)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(10)
+        shutil.rmtree(self.state, ignore_errors=True)
+
+
+def proc_state(pid: int) -> str | None:
+    """The /proc state letter of ``pid`` (``Z`` zombie), or None when it does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def zombie_children(pid: int) -> list[int]:
+    """Zombie processes whose parent is ``pid``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] == "Z" and int(fields[1]) == pid:
+                found.append(int(name))
+    return found

@@ -1,0 +1,213 @@
+"""The local desktop server on a real Xvfb with real apps, through its HTTP API."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+
+import httpx
+import pytest
+
+from legato_pipelines.actions import Action
+from legato_pipelines.errors import DesktopError
+from legato_pipelines.images import png_size
+from tests.desktop_local_support import (
+    RunningServer,
+    needs_apps,
+    needs_xvfb,
+    proc_state,
+    zombie_children,
+)
+
+pytestmark = [needs_xvfb, pytest.mark.desktop]
+
+
+@pytest.fixture(scope="module")
+def server():
+    running = RunningServer(width=1024, height=768)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+async def client(server):
+    c = server.client()
+    await c.reset()
+    yield c
+    await c.aclose()
+
+
+async def test_screenshot_is_a_png_of_the_screen_size(client):
+    png = await client.screenshot()
+    assert png_size(png) == (1024, 768)
+    shot = await client.observe()
+    assert shot.size == (1024, 768) and png_size(shot.png) == (1024, 768)
+    assert await client.screen_size() == (1024, 768)
+    assert await client.platform() == "Linux"
+    assert (await client.terminal())["status"] == "success"
+
+
+async def test_every_route_needs_the_token(server):
+    async with httpx.AsyncClient(base_url=server.url) as raw:
+        for method, path in (
+            ("GET", "/screenshot"),
+            ("POST", "/execute"),
+            ("GET", "/legato/health"),
+            ("POST", "/legato/reset"),
+        ):
+            assert (await raw.request(method, path)).status_code == 401, path
+        assert (
+            await raw.get("/legato/health", headers={"Authorization": "Bearer wrong"})
+        ).status_code == 401
+        assert (
+            await raw.get("/legato/health", headers={"X-Legato-Token": server.token})
+        ).status_code == 200
+        assert (
+            await raw.get("/legato/health", headers={"Authorization": f"Bearer {server.token}"})
+        ).json()["ok"] is True
+
+
+async def test_execute_runs_as_the_desktop_user_in_its_home(client):
+    health = await client.health()
+    out = await client.execute(["sh", "-c", 'id -un; echo "$HOME"; pwd'])
+    user, home, cwd = out["output"].split()
+    assert out["status"] == "success" and out["returncode"] == 0
+    assert (user, home, cwd) == (health["user"], health["home"], health["home"])
+    if os.geteuid() == 0:
+        assert user != "root"
+    # ~/ is expanded in list arguments; a failing command keeps its own return code.
+    await client.execute(["touch", "~/made-by-execute"])
+    assert await client.file("~/made-by-execute") == b""
+    failed = await client.execute("exit 3", shell=True)
+    assert failed["returncode"] == 3
+    slow = await client.execute("sleep 5", shell=True, timeout=0.5)
+    assert slow["status"] == "error" and slow["returncode"] is None
+
+
+async def test_upload_and_file_round_trip(client):
+    await client.upload("~/Documents/deep/data.bin", bytes(range(256)))
+    assert await client.file("~/Documents/deep/data.bin") == bytes(range(256))
+    assert await client.file("/home/user/Documents/deep/data.bin") == bytes(
+        range(256)
+    )  # OSWorld's HOME
+    assert await client.file("~/missing.txt") is None
+
+
+@needs_apps
+async def test_type_unicode_and_save_in_l3afpad(client):
+    text = "Hello, World! é→ ü\nsecond line\tTAB"
+    await client.upload("~/notes.txt", b"")
+    await client.launch(["l3afpad", "~/notes.txt"])
+    launched = await client.wait("launch")
+    assert not launched["timed_out"] and launched["changed"]
+    await client.act(Action("type", text=text))
+    await client.wait("action")
+    await client.act(Action("key", keys=("ctrl", "s")))
+    await client.wait("action")
+    assert (await client.file("~/notes.txt")).decode() == text
+
+
+@needs_apps
+async def test_ready_signal_reports_a_finite_ready_time(client):
+    await client.launch(["l3afpad"])
+    await client.wait("launch")
+    await client.act(Action("type", text="some text to settle"))
+    ready = await client.wait("action")
+    assert not ready["timed_out"] and ready["changed"]
+    assert math.isfinite(ready["ready_s"]) and 0.15 <= ready["ready_s"] < 5.0
+    idle = await client.wait("action")  # nothing happens: the floor, 3 quiet pairs of 50 ms
+    assert not idle["changed"] and 0.15 <= idle["ready_s"] < 1.0
+
+
+@needs_apps
+async def test_newline_in_type_presses_return_in_xterm(client):
+    await client.launch(["xterm"])
+    await client.wait("launch")
+    await client.act(Action("type", text="echo hi > ~/x\n"))
+    for _ in range(50):  # the shell writes the file after Return
+        data = await client.file("~/x")
+        if data is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert data == b"hi\n"
+
+
+@needs_apps
+async def test_keys_reach_the_newest_window_after_a_click_on_the_empty_desktop(client):
+    await client.upload("~/focus.txt", b"")
+    await client.launch(["l3afpad", "~/focus.txt"])
+    await client.wait("launch")
+    await client.act(Action("left_click", x=1020, y=764))  # bottom-right corner: empty desktop
+    await client.wait("action")
+    await client.act(Action("type", text="kept"))
+    await client.act(Action("key", keys=("ctrl", "s")))
+    await client.wait("action")
+    assert await client.file("~/focus.txt") == b"kept"
+
+
+@needs_apps
+async def test_fast_reset_kills_every_task_process_and_restores_home(server, client):
+    await client.launch(["l3afpad"])
+    await client.launch(["xterm"])
+    await client.launch(
+        "setsid sh -c 'sleep 300 &' ; nohup sleep 301 >/dev/null 2>&1 &", shell=True
+    )
+    await client.wait("launch")
+    await client.execute(
+        "echo junk > ~/junk.txt && echo changed > ~/.config/gtk-3.0/settings.ini", shell=True
+    )
+    tracked = [p["pid"] for p in (await client.processes())["task"]]
+    assert len(tracked) >= 4  # l3afpad, xterm + its shell, the two sleeps
+
+    result = await client.reset()
+    assert result["kind"] == "fast" and result["killed"] >= len(tracked)
+    survivors = {pid: proc_state(pid) for pid in tracked if proc_state(pid) is not None}
+    assert survivors == {}
+    assert zombie_children(server.proc.pid) == []
+    assert (await client.processes())["task"] == []
+    assert await client.file("~/junk.txt") is None
+    assert b"gtk-cursor-blink=false" in await client.file("~/.config/gtk-3.0/settings.ini")
+    assert (await client.health())["ok"]
+
+
+async def test_full_reset_restarts_the_display(client):
+    before = await client.health()
+    infra = {p["pid"] for p in (await client.processes())["infra"]}
+    result = await client.reset(full=True)
+    after = await client.health()
+    assert result["kind"] == "full" and after["ok"]
+    assert after["generation"] == before["generation"] + 1
+    assert infra.isdisjoint(p["pid"] for p in (await client.processes())["infra"])
+    assert png_size(await client.screenshot()) == (1024, 768)
+
+
+@needs_apps
+async def test_window_routes_and_open_file(client):
+    with pytest.raises(DesktopError):
+        await client.activate_window("no such window")
+    await client.upload("~/Documents/report.txt", b"quarterly report")
+    await client.open_file("~/Documents/report.txt")
+    assert "report.txt" in await client.accessibility()
+    await client.activate_window("REPORT", strict=False)
+    await client.close_window("l3afpad.L3afpad", by_class=True)
+    for _ in range(40):
+        if "report.txt" not in await client.accessibility():
+            break
+        await asyncio.sleep(0.05)
+    assert "report.txt" not in await client.accessibility()
+
+
+async def test_pointer_actions_and_bad_input(client):
+    await client.act(Action("mouse_move", x=100, y=200))
+    assert await client.cursor_position() == (100, 200)
+    await client.act(Action("left_click_drag", x=300, y=250))
+    assert await client.cursor_position() == (300, 250)
+    await client.act(Action("scroll", x=50, y=60, pixels=-3))
+    assert await client.cursor_position() == (50, 60)
+    with pytest.raises(DesktopError, match="unknown key name"):
+        await client.act(Action("key", keys=("ctrl", "nosuchkey")))
+    with pytest.raises(DesktopError, match="needs screen coordinates"):
+        await client.act(Action("left_click"))
+    with pytest.raises(DesktopError, match="unknown wait mode"):
+        await client.wait("sometime")
