@@ -1,0 +1,142 @@
+"""Asset checks guarding the storage contract, evaluated by the asset they check, on the
+partition it just wrote (``check_specs`` on the asset; results in the same materialization).
+
+``no_attempt_unaccounted`` (rollouts)  every scheduled logical attempt has exactly one final
+    record, every ``retried`` execution is followed by one, and
+    ``records == scheduled + retries`` (ARCHITECTURE §3 accounting)
+``logprobs_coverage`` (training_samples)  the shares of samples with logprobs and with token
+    ids are at least a floor (run config ``logprobs_floor``, default 0.95 or
+    ``LEGATO_LOGPROBS_FLOOR``): a trainer needs the behaviour policy's logprobs
+``advantages_centered`` (training_samples)  within each group whose rewards vary, the rollouts'
+    GRPO advantages sum to ~0 (|sum| <= 1e-6 per rollout); groups without variance have 0
+``success_rate_reported`` (profile_summary)  the profile reports a success rate in [0, 1]
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+import dagster as dg
+import pyarrow as pa
+
+ADVANTAGE_TOLERANCE = 1e-6
+"""Allowed |sum of advantages| per rollout of a group (float rounding of (r - mean) / std)."""
+
+DEFAULT_LOGPROBS_FLOOR = float(os.environ.get("LEGATO_LOGPROBS_FLOOR", "0.95"))
+
+NO_ATTEMPT_UNACCOUNTED = dg.AssetCheckSpec(
+    "no_attempt_unaccounted",
+    asset="rollouts",
+    description="Every scheduled attempt has exactly one final record; records == scheduled + retries.",
+)
+LOGPROBS_COVERAGE = dg.AssetCheckSpec(
+    "logprobs_coverage",
+    asset="training_samples",
+    description="Shares of samples with logprobs and with token ids are at least the floor.",
+)
+ADVANTAGES_CENTERED = dg.AssetCheckSpec(
+    "advantages_centered",
+    asset="training_samples",
+    description="GRPO advantages sum to ~0 within each group whose rewards vary; 0 where they do not.",
+)
+SUCCESS_RATE_REPORTED = dg.AssetCheckSpec(
+    "success_rate_reported",
+    asset="profile_summary",
+    description="The profile reports a success rate in [0, 1].",
+)
+
+
+def no_attempt_unaccounted(rollouts: pa.Table, scheduled: int | None) -> dg.AssetCheckResult:
+    """Accounting of the ``rollouts`` partition against the batch's ``scheduled`` attempts."""
+    rows = rollouts.select(["task_id", "attempt", "status"]).to_pylist()
+    finals = Counter((r["task_id"], r["attempt"]) for r in rows if r["status"] != "retried")
+    retried = {(r["task_id"], r["attempt"]) for r in rows if r["status"] == "retried"}
+    duplicated = sorted(k for k, n in finals.items() if n > 1)
+    orphaned = sorted(retried - set(finals))
+    scheduled = len(finals) if scheduled is None else scheduled
+    retries = len(rows) - sum(finals.values())
+    missing = max(0, scheduled - len(finals))
+    passed = not duplicated and not orphaned and missing == 0 and len(rows) == scheduled + retries
+    return dg.AssetCheckResult(
+        check_name=NO_ATTEMPT_UNACCOUNTED.name,
+        passed=passed,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={
+            "scheduled": scheduled,
+            "records": len(rows),
+            "retries": retries,
+            "missing": missing,
+            "duplicated_attempts": dg.MetadataValue.json([list(k) for k in duplicated[:10]]),
+            "retried_without_final": dg.MetadataValue.json([list(k) for k in orphaned[:10]]),
+        },
+    )
+
+
+def logprobs_coverage(samples: pa.Table, floor: float) -> dg.AssetCheckResult:
+    """Shares of ``samples`` rows with non-empty ``response_logprobs`` / ``response_token_ids``."""
+    n = samples.num_rows
+    logprobs = sum(1 for v in samples.column("response_logprobs").to_pylist() if v)
+    token_ids = sum(1 for v in samples.column("response_token_ids").to_pylist() if v)
+    logprobs_share = logprobs / n if n else 0.0
+    token_ids_share = token_ids / n if n else 0.0
+    return dg.AssetCheckResult(
+        check_name=LOGPROBS_COVERAGE.name,
+        passed=bool(n) and logprobs_share >= floor and token_ids_share >= floor,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={
+            "samples": n,
+            "logprobs_share": logprobs_share,
+            "token_ids_share": token_ids_share,
+            "floor": floor,
+        },
+    )
+
+
+def advantages_centered(samples: pa.Table) -> dg.AssetCheckResult:
+    """GRPO: per group, advantages (one per rollout) sum to ~0 if rewards vary, else are 0."""
+    rows = samples.select(["group_id", "rollout_id", "reward", "advantage"]).to_pylist()
+    per_rollout = {r["rollout_id"]: r for r in rows}  # a rollout's steps share reward/advantage
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in per_rollout.values():
+        groups[r["group_id"]].append(r)
+    bad: dict[str, float] = {}
+    varied = 0
+    for group_id, members in groups.items():
+        total = math.fsum(m["advantage"] or 0.0 for m in members)
+        if len({m["reward"] for m in members}) > 1:
+            varied += 1
+            if abs(total) > ADVANTAGE_TOLERANCE * len(members):
+                bad[group_id] = total
+        elif any(m["advantage"] for m in members):
+            bad[group_id] = total
+    return dg.AssetCheckResult(
+        check_name=ADVANTAGES_CENTERED.name,
+        passed=not bad,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={
+            "groups": len(groups),
+            "groups_with_variance": varied,
+            "bad_groups": dg.MetadataValue.json(dict(list(bad.items())[:10])),
+        },
+    )
+
+
+def success_rate_reported(summary: Mapping[str, Any]) -> dg.AssetCheckResult:
+    """The summary's ``success_rate`` is a number in [0, 1] (a WARN when it is missing)."""
+    rate = summary.get("success_rate")
+    counts = summary.get("counts") or {}
+    return dg.AssetCheckResult(
+        check_name=SUCCESS_RATE_REPORTED.name,
+        passed=rate is not None and 0.0 <= float(rate) <= 1.0,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={
+            "success_rate": dg.MetadataValue.float(float(rate))
+            if rate is not None
+            else dg.MetadataValue.text("n/a"),
+            "final_attempts": int(counts.get("ok", 0)) + int(counts.get("truncated", 0)),
+        },
+    )

@@ -1,0 +1,88 @@
+"""The deployment's resources, configured once from the environment.
+
+=========================  =====================================================  ==========
+variable                   sets                                                   default
+=========================  =====================================================  ==========
+LEGATO_POLICY_URL          ``policy.base_url``                                    http://127.0.0.1:8000
+LEGATO_POLICY_MODEL        ``policy.model``                                       scripted-qwen
+LEGATO_POLICY_KEY          ``policy.api_key`` (secret: ``EnvVar``, never shown)   none
+LEGATO_BACKEND             ``desktops.backend``                                   fake
+LEGATO_DESKTOPS            ``desktops.desktops``                                  4
+LEGATO_BACKEND_OPTIONS     ``desktops.options`` (JSON object)                     {}
+LEGATO_OSWORLD             ``desktops.osworld``                                   none
+LEGATO_LAKE                ``lake.root``                                          ./lake
+LEGATO_CHECKPOINTS         ``checkpoints.directory``                              none
+LEGATO_CHECKPOINT_SOURCE   ``checkpoints.source`` (directory | models)            directory
+LEGATO_CHECKPOINT_GLOB     ``checkpoints.pattern``                                step-* / *
+LEGATO_CHECKPOINT_READY    ``checkpoints.ready_marker``                           none
+=========================  =====================================================  ==========
+
+String and integer settings that are set become ``EnvVar`` references (resolved when a run
+starts, shown as the variable's name in the UI); unset ones take the default. The task list
+(``LEGATO_TASKS``) is run config: see :class:`~legato_pipelines.assets.config.CollectConfig`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from ..errors import ConfigError
+from ..policy.config import API_KEY_ENV
+from .checkpoints import CheckpointSourceResource
+from .desktops import DesktopPoolResource
+from .lake import LakeResource
+from .policy import PolicyResource
+
+DEFAULT_POLICY_URL = "http://127.0.0.1:8000"
+DEFAULT_POLICY_MODEL = "scripted-qwen"
+
+
+def _env(name: str, default: Any) -> Any:
+    """``EnvVar(name)`` when the variable is set, else ``default``."""
+    return dg.EnvVar(name) if os.environ.get(name) else default
+
+
+def _env_int(name: str, default: int) -> Any:
+    return dg.EnvVar.int(name) if os.environ.get(name) else default
+
+
+def _env_json(name: str) -> dict[str, Any]:
+    raw = os.environ.get(name)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{name} must be a JSON object ({exc})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f'{name} must be a JSON object, e.g. \'{{"latency": {{"act": 0.1}}}}\'')
+    return value
+
+
+def default_resources() -> dict[str, dg.ConfigurableResource]:
+    """``policy``, ``desktops``, ``lake`` and ``checkpoints`` from the environment (table above)."""
+    return {
+        "policy": PolicyResource(
+            base_url=_env("LEGATO_POLICY_URL", DEFAULT_POLICY_URL),
+            model=_env("LEGATO_POLICY_MODEL", DEFAULT_POLICY_MODEL),
+            api_key=dg.EnvVar(API_KEY_ENV) if os.environ.get(API_KEY_ENV) else None,
+        ),
+        "desktops": DesktopPoolResource(
+            backend=os.environ.get("LEGATO_BACKEND") or "fake",
+            desktops=_env_int("LEGATO_DESKTOPS", 4),
+            options=_env_json("LEGATO_BACKEND_OPTIONS"),
+            osworld=_env("LEGATO_OSWORLD", None),
+        ),
+        "lake": LakeResource(root=_env("LEGATO_LAKE", str(Path.cwd() / "lake"))),
+        "checkpoints": CheckpointSourceResource(
+            source=os.environ.get("LEGATO_CHECKPOINT_SOURCE") or "directory",
+            directory=_env("LEGATO_CHECKPOINTS", None),
+            pattern=_env("LEGATO_CHECKPOINT_GLOB", None),
+            ready_marker=_env("LEGATO_CHECKPOINT_READY", None),
+        ),
+    }

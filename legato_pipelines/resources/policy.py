@@ -1,0 +1,97 @@
+"""``PolicyResource``: the OpenAI-compatible policy server a batch calls.
+
+The API key is a resource field set with ``EnvVar("LEGATO_POLICY_KEY")`` (Dagster resolves it
+when a run starts; the UI and the run config show only the variable's name). It never goes
+into metadata, logs or ``repr``. The engine reads the key from ``LEGATO_POLICY_KEY`` only
+(:mod:`legato_pipelines.policy.config`), so :meth:`PolicyResource.credentials` exposes the
+resolved key there for the duration of a collection, whatever variable the deployment used.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import dagster as dg
+import httpx
+from pydantic import Field
+
+from ..policy.config import API_KEY_ENV, PolicyConfig
+
+
+class PolicyResource(dg.ConfigurableResource):
+    """Where the policy is served.
+
+    Fields: ``base_url`` (server root, ``http://HOST:PORT`` or ``.../v1``), ``model`` (the
+    ``/v1/models`` id), ``api_key`` (secret: ``EnvVar`` only), sampling (``temperature``,
+    ``top_p``, ``max_tokens`` [tokens]) and ``extra_body`` (server-specific request fields).
+    The policy *version* is not a field: it is the partition key of the run.
+    """
+
+    base_url: str = Field(
+        description="Policy server root, e.g. http://127.0.0.1:8000 (LEGATO_POLICY_URL)."
+    )
+    model: str = Field(
+        description="Served model id, as listed by /v1/models (LEGATO_POLICY_MODEL)."
+    )
+    api_key: str | None = Field(
+        default=None,
+        repr=False,
+        description="Bearer key; set it with EnvVar('LEGATO_POLICY_KEY'), never as a literal.",
+    )
+    temperature: float = Field(
+        default=1.0, ge=0, description="Sampling temperature (RL: 1.0, the behaviour policy)."
+    )
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_tokens: int = Field(default=2048, ge=1, description="Completion tokens per step.")
+    extra_body: dict[str, Any] = Field(
+        default_factory=dict, description="Server-specific request fields."
+    )
+
+    def config(self, version: str, *, model: str | None = None) -> PolicyConfig:
+        """The engine's :class:`PolicyConfig` for one policy version (the partition key).
+
+        ``model`` overrides the resource's model (the checkpoint sensor's ``models`` mode runs
+        a newly loaded adapter). Raises ``pydantic.ValidationError`` naming the bad field.
+        """
+        return PolicyConfig(
+            base_url=self.base_url,
+            model=model or self.model,
+            version=version,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_tokens=self.max_tokens,
+            extra_body=dict(self.extra_body),
+        )
+
+    @contextmanager
+    def credentials(self) -> Iterator[None]:
+        """Expose :attr:`api_key` as ``LEGATO_POLICY_KEY`` (where the engine reads it) while the
+        block runs; restore the previous environment afterwards. No key: nothing changes."""
+        if not self.api_key:
+            yield
+            return
+        previous = os.environ.get(API_KEY_ENV)
+        os.environ[API_KEY_ENV] = self.api_key
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop(API_KEY_ENV, None)
+            else:
+                os.environ[API_KEY_ENV] = previous
+
+    def list_models(self, timeout: float = 10.0) -> list[str]:
+        """Model ids served at ``GET <base>/v1/models`` (one HTTP call, ``timeout`` seconds).
+
+        Raises ``httpx.HTTPError`` on a transport failure or an error status; the message
+        names the URL, never the key.
+        """
+        api_base = self.base_url.rstrip("/")
+        api_base = api_base if api_base.endswith("/v1") else api_base + "/v1"
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        response = httpx.get(f"{api_base}/models", headers=headers, timeout=timeout)
+        response.raise_for_status()
+        return [str(item["id"]) for item in response.json().get("data", []) if "id" in item]
