@@ -92,6 +92,11 @@ NEEDS_NETWORK_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 URL_RE = re.compile(r"https?://[^\s'\"<>]+")
+# A URL in a command counts as fetched only in a launch step or next to a network client
+# (an XML namespace in a printf is not a download).
+NETWORK_CLIENT_RE = re.compile(
+    r"\b(wget|curl|git\s+clone|google-chrome|chromium|firefox|xdg-open|requests|urllib|httpx|aria2c)\b"
+)
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "0.0.0.0", "[::1]")
 
 # related_apps spellings -> one app name.
@@ -301,10 +306,18 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
                         urls.append(url)
             elif getter and getter.get("type") == "googledrive_file":
                 reasons.append("googledrive_file getter (Google account)")
+    launched = {
+        _command_text(s.get("parameters", {}).get("command"))
+        for s in all_steps
+        if s.get("type") == "launch"
+    }
     for text in commands:
-        urls.extend(
-            u for u in URL_RE.findall(text) if not any(h in u.split("/")[2] for h in LOCAL_HOSTS)
-        )
+        if text in launched or NETWORK_CLIENT_RE.search(text):
+            urls.extend(
+                u
+                for u in URL_RE.findall(text)
+                if not any(h in u.split("/")[2] for h in LOCAL_HOSTS)
+            )
         reasons.extend(reason for reason, pattern in NEEDS_NETWORK_PATTERNS if pattern.search(text))
     if config.get("proxy"):
         reasons.append("proxy")
