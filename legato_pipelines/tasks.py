@@ -77,7 +77,9 @@ def task_set_id(tasks: list[Task] | tuple[Task, ...]) -> str:
     """Hash (SHA-256, first 16 hex digits) of the canonical resolved configs, in list order."""
     h = hashlib.sha256()
     for task in tasks:
-        h.update(canonical_json({"task_id": task.task_id, "domain": task.domain, "config": task.config}))
+        h.update(
+            canonical_json({"task_id": task.task_id, "domain": task.domain, "config": task.config})
+        )
         h.update(b"\n")
     return h.hexdigest()[:16]
 
@@ -93,7 +95,9 @@ def load_tasks(source: str | Path | list, *, osworld: str | Path | None = None) 
         path = str(source)
         p = Path(source)
         if not p.is_file():
-            raise TaskListError(f"tasks: file {path!r} does not exist (fix: pass --tasks PATH to a JSON task list)")
+            raise TaskListError(
+                f"tasks: file {path!r} does not exist (fix: pass --tasks PATH to a JSON task list)"
+            )
         try:
             data = orjson.loads(p.read_bytes())
         except orjson.JSONDecodeError as exc:
@@ -148,7 +152,9 @@ def osworld_task_path(root: Path, domain: str, task_id: str) -> Path:
 def _resolve(index: int, entry: Any, root: Path | None) -> Task:
     where = f"tasks[{index}]"
     if not isinstance(entry, dict):
-        raise TaskListError(f"{where}: must be an object with 'task_id' and 'domain' or 'config', got {type(entry).__name__}")
+        raise TaskListError(
+            f"{where}: must be an object with 'task_id' and 'domain' or 'config', got {type(entry).__name__}"
+        )
     task_id = entry.get("task_id")
     if not isinstance(task_id, str) or not task_id:
         raise TaskListError(f"{where}: field 'task_id' must be a non-empty string")
@@ -160,15 +166,23 @@ def _resolve(index: int, entry: Any, root: Path | None) -> Task:
         config = entry["config"]
         source = "inline"
         if not isinstance(config, dict):
-            raise TaskListError(f"{where}: field 'config' must be an object in OSWorld's task format")
+            raise TaskListError(
+                f"{where}: field 'config' must be an object in OSWorld's task format"
+            )
     else:
         if domain is None:
-            raise TaskListError(f"{where}: needs field 'domain' (an OSWorld task) or field 'config' (an inline task)")
+            raise TaskListError(
+                f"{where}: needs field 'domain' (an OSWorld task) or field 'config' (an inline task)"
+            )
         if root is None:
-            raise TaskListError(f"{where}: an OSWorld task needs --osworld DIR (an OSWorld checkout) to resolve it")
+            raise TaskListError(
+                f"{where}: an OSWorld task needs --osworld DIR (an OSWorld checkout) to resolve it"
+            )
         path = osworld_task_path(root, domain, task_id)
         if not path.is_file():
-            raise TaskListError(f"{where}: field 'domain': no task config at {path} (check --osworld and the domain)")
+            raise TaskListError(
+                f"{where}: field 'domain': no task config at {path} (check --osworld and the domain)"
+            )
         try:
             config = orjson.loads(path.read_bytes())
         except orjson.JSONDecodeError as exc:
@@ -187,7 +201,9 @@ def _validate_config(where: str, config: dict) -> None:
         raise TaskListError(f"{where}: field 'config.config' (setup steps) must be a list")
     for i, step in enumerate(setup):
         if not isinstance(step, dict) or not isinstance(step.get("type"), str):
-            raise TaskListError(f"{where}: field 'config.config[{i}].type' must be a string (a setup step type)")
+            raise TaskListError(
+                f"{where}: field 'config.config[{i}].type' must be a string (a setup step type)"
+            )
         if not isinstance(step.get("parameters", {}), dict):
             raise TaskListError(f"{where}: field 'config.config[{i}].parameters' must be an object")
     evaluator = config.get("evaluator")
@@ -195,5 +211,10 @@ def _validate_config(where: str, config: dict) -> None:
         if not isinstance(evaluator, dict):
             raise TaskListError(f"{where}: field 'config.evaluator' must be an object")
         func = evaluator.get("func")
-        if not (isinstance(func, str) or (isinstance(func, list) and func and all(isinstance(f, str) for f in func))):
-            raise TaskListError(f"{where}: field 'config.evaluator.func' must be a metric name or a list of them")
+        if not (
+            isinstance(func, str)
+            or (isinstance(func, list) and func and all(isinstance(f, str) for f in func))
+        ):
+            raise TaskListError(
+                f"{where}: field 'config.evaluator.func' must be a metric name or a list of them"
+            )

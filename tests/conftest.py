@@ -22,8 +22,13 @@ def policy_server():
 def fake_tasks(n: int, success: float = 0.5, prefix: str = "fake") -> list[dict]:
     """``n`` inline tasks for the fake backend, each with success probability ``success``."""
     return [
-        {"task_id": f"{prefix}-{i:03d}", "config": {"instruction": f"Fake task number {i}: open the file and save it.",
-                                                    "fake": {"success": success}}}
+        {
+            "task_id": f"{prefix}-{i:03d}",
+            "config": {
+                "instruction": f"Fake task number {i}: open the file and save it.",
+                "fake": {"success": success},
+            },
+        }
         for i in range(n)
     ]
 

@@ -19,8 +19,14 @@ from tests.conftest import SECRET, fake_tasks
 
 
 def legato(*args, env=None, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "legato_pipelines", *map(str, args)], capture_output=True, text=True,
-                          env=env or os.environ.copy(), timeout=120, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "legato_pipelines", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env or os.environ.copy(),
+        timeout=120,
+        **kw,
+    )
 
 
 def write_tasks(path: Path, n: int, success: float = 0.5) -> Path:
@@ -29,17 +35,44 @@ def write_tasks(path: Path, n: int, success: float = 0.5) -> Path:
 
 
 def collect_args(server, tasks, out, *extra):
-    return ["collect", "--tasks", tasks, "--policy-url", server.url, "--model", server.model, "--version", "step-3",
-            "--out", out, "--no-progress", *extra]
+    return [
+        "collect",
+        "--tasks",
+        tasks,
+        "--policy-url",
+        server.url,
+        "--model",
+        server.model,
+        "--version",
+        "step-3",
+        "--out",
+        out,
+        "--no-progress",
+        *extra,
+    ]
 
 
 def test_kill_9_mid_batch_then_resume(policy_server, tmp_path):
     tasks = write_tasks(tmp_path / "tasks.json", 8)
     out = tmp_path / "run"
-    args = collect_args(policy_server, tasks, out, "--desktops", "2", "--group", "3", "--max-steps", "4",
-                        "--desktop-option", 'latency={"act": 0.05, "reset": 0.05}')
-    proc = subprocess.Popen([sys.executable, "-m", "legato_pipelines", *map(str, args)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    args = collect_args(
+        policy_server,
+        tasks,
+        out,
+        "--desktops",
+        "2",
+        "--group",
+        "3",
+        "--max-steps",
+        "4",
+        "--desktop-option",
+        'latency={"act": 0.05, "reset": 0.05}',
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "legato_pipelines", *map(str, args)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 60
     while time.time() < deadline and len(read_records(out)) < 6:
         time.sleep(0.05)
@@ -60,16 +93,30 @@ def test_kill_9_mid_batch_then_resume(policy_server, tmp_path):
 def test_export_and_profile_commands(policy_server, tmp_path):
     tasks = write_tasks(tmp_path / "tasks.json", 2)
     out = tmp_path / "run"
-    assert legato(*collect_args(policy_server, tasks, out, "--group", "2", "--max-steps", "3")).returncode == 0
+    assert (
+        legato(
+            *collect_args(policy_server, tasks, out, "--group", "2", "--max-steps", "3")
+        ).returncode
+        == 0
+    )
     for ext in ("parquet", "jsonl"):
         res = legato("export", out, "--out", tmp_path / f"samples.{ext}")
         assert res.returncode == 0, res.stderr
     table = pq.read_table(tmp_path / "samples.parquet")
     lines = (tmp_path / "samples.jsonl").read_text().splitlines()
     assert table.num_rows == len(lines) == sum(r["n_steps"] for r in read_records(out))
-    assert {"response_token_ids", "response_logprobs", "advantage", "policy_version", "messages"} <= set(table.column_names)
+    assert {
+        "response_token_ids",
+        "response_logprobs",
+        "advantage",
+        "policy_version",
+        "messages",
+    } <= set(table.column_names)
     inline = legato("export", out, "--out", tmp_path / "inline.jsonl", "--inline-images")
-    assert inline.returncode == 0 and "data:image/png;base64," in (tmp_path / "inline.jsonl").read_text()
+    assert (
+        inline.returncode == 0
+        and "data:image/png;base64," in (tmp_path / "inline.jsonl").read_text()
+    )
     prof = legato("profile", out, "--json")
     assert prof.returncode == 0
     assert json.loads(prof.stdout)["counts"]["ok"] == 4
@@ -81,17 +128,37 @@ def test_export_and_profile_commands(policy_server, tmp_path):
 
 def test_bad_input_names_the_field(policy_server, tmp_path):
     tasks = tmp_path / "tasks.json"
-    tasks.write_text(json.dumps([{"task_id": "a", "config": {"instruction": "x"}}, {"task_id": "b", "config": {}}]))
+    tasks.write_text(
+        json.dumps(
+            [{"task_id": "a", "config": {"instruction": "x"}}, {"task_id": "b", "config": {}}]
+        )
+    )
     res = legato(*collect_args(policy_server, tasks, tmp_path / "run"))
     assert res.returncode == 2
     assert "tasks[1]" in res.stderr and "'b'" in res.stderr and "instruction" in res.stderr
     assert not (tmp_path / "run").exists()
-    res = legato(*collect_args(policy_server, write_tasks(tmp_path / "ok.json", 1), tmp_path / "run", "--group", "0"))
+    res = legato(
+        *collect_args(
+            policy_server, write_tasks(tmp_path / "ok.json", 1), tmp_path / "run", "--group", "0"
+        )
+    )
     assert res.returncode == 2 and "group" in res.stderr
-    res = legato(*collect_args(policy_server, tmp_path / "ok.json", tmp_path / "run", "--fixed-wait", "2"))
+    res = legato(
+        *collect_args(policy_server, tmp_path / "ok.json", tmp_path / "run", "--fixed-wait", "2")
+    )
     assert res.returncode == 2 and "ready" in res.stderr.lower()
-    res = legato("collect", "--tasks", tmp_path / "ok.json", "--policy-url", "http://127.0.0.1:9", "--model", "m",
-                 "--out", tmp_path / "run2", "--no-progress")
+    res = legato(
+        "collect",
+        "--tasks",
+        tmp_path / "ok.json",
+        "--policy-url",
+        "http://127.0.0.1:9",
+        "--model",
+        "m",
+        "--out",
+        tmp_path / "run2",
+        "--no-progress",
+    )
     assert res.returncode == 2 and "127.0.0.1:9" in res.stderr
     assert "Traceback" not in res.stderr
 
@@ -101,19 +168,40 @@ def test_secret_key_never_written(tmp_path):
 
     env = os.environ | {"LEGATO_POLICY_KEY": SECRET}
     tasks = write_tasks(tmp_path / "tasks.json", 2)
-    with ScriptedPolicyServer(flavor="vllm", faults=Faults(error_every=3), api_key=SECRET) as server:
-        res = legato(*collect_args(server, tasks, tmp_path / "run", "--group", "2", "--retries", "0",
-                                   "--desktop-option", 'faults={"reset_failure": 0.3}'), env=env)
+    with ScriptedPolicyServer(
+        flavor="vllm", faults=Faults(error_every=3), api_key=SECRET
+    ) as server:
+        res = legato(
+            *collect_args(
+                server,
+                tasks,
+                tmp_path / "run",
+                "--group",
+                "2",
+                "--retries",
+                "0",
+                "--desktop-option",
+                'faults={"reset_failure": 0.3}',
+            ),
+            env=env,
+        )
         assert res.returncode == 0, res.stderr
-        assert all(r.authorized for r in server.requests)  # the key did go to the server, as a Bearer header
-        assert legato("export", tmp_path / "run", "--out", tmp_path / "s.jsonl", env=env).returncode == 0
+        assert all(
+            r.authorized for r in server.requests
+        )  # the key did go to the server, as a Bearer header
+        assert (
+            legato("export", tmp_path / "run", "--out", tmp_path / "s.jsonl", env=env).returncode
+            == 0
+        )
         prof = legato("profile", tmp_path / "run", env=env)
     outputs = [res.stdout, res.stderr, prof.stdout, prof.stderr]
     for path in tmp_path.rglob("*"):
         if path.is_file():
             outputs.append(path.read_bytes().decode("latin-1"))
     assert not any(SECRET in text for text in outputs)
-    assert any(r["status"] == "error" for r in read_records(tmp_path / "run"))  # failing calls were exercised
+    assert any(
+        r["status"] == "error" for r in read_records(tmp_path / "run")
+    )  # failing calls were exercised
 
 
 def test_hung_calls_are_cut_and_profiled(tmp_path):
@@ -122,8 +210,22 @@ def test_hung_calls_are_cut_and_profiled(tmp_path):
     tasks = write_tasks(tmp_path / "tasks.json", 3)
     step_timeout, retries = 0.5, 1
     with ScriptedPolicyServer(flavor="vllm", faults=Faults(hang_every=7)) as server:
-        res = legato(*collect_args(server, tasks, tmp_path / "run", "--group", "3", "--max-steps", "6",
-                                   "--step-timeout", step_timeout, "--retries", retries, "--json"))
+        res = legato(
+            *collect_args(
+                server,
+                tasks,
+                tmp_path / "run",
+                "--group",
+                "3",
+                "--max-steps",
+                "6",
+                "--step-timeout",
+                step_timeout,
+                "--retries",
+                retries,
+                "--json",
+            )
+        )
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
     assert summary["missing"] == 0 and summary["hung_calls"] > 0

@@ -29,7 +29,9 @@ from tests.conftest import fake_tasks
 
 
 def policy(server, **kw) -> PolicyConfig:
-    return PolicyConfig(base_url=server.url, model=server.model, version=kw.pop("version", "step-1"), **kw)
+    return PolicyConfig(
+        base_url=server.url, model=server.model, version=kw.pop("version", "step-1"), **kw
+    )
 
 
 def fake(**options) -> DesktopConfig:
@@ -47,7 +49,9 @@ def assert_accounted(records, summary):
 
 def test_ok_batch_records_contract(policy_server, tmp_path):
     tasks = load_tasks(fake_tasks(3, success=0.5))
-    summary = collect(tasks, policy(policy_server), tmp_path, desktops=3, desktop=fake(), group=4, max_steps=8)
+    summary = collect(
+        tasks, policy(policy_server), tmp_path, desktops=3, desktop=fake(), group=4, max_steps=8
+    )
     records = read_records(tmp_path)
     assert_accounted(records, summary)
     assert summary["counts"]["ok"] == 12 and summary["groups"] == {"total": 3, "closed": 3}
@@ -58,7 +62,9 @@ def test_ok_batch_records_contract(policy_server, tmp_path):
         assert r["outcome"] in ("done", "fail", "max_steps")
         assert 1 <= r["n_steps"] == len(r["steps"]) <= 8
         for s in r["steps"]:
-            assert s["response"]["token_ids"] and len(s["response"]["token_ids"]) == len(s["response"]["logprobs"])
+            assert s["response"]["token_ids"] and len(s["response"]["token_ids"]) == len(
+                s["response"]["logprobs"]
+            )
             assert s["model"]["completion_tokens"] == len(s["response"]["token_ids"])
             assert all(isinstance(h, str) and len(h) == 64 for h in s["request"])
             for a in s["actions"]:
@@ -71,16 +77,35 @@ def test_rewards_are_seeded_and_deterministic(policy_server, tmp_path):
     tasks = load_tasks(fake_tasks(4, success=0.5))
     rewards = []
     for run in ("a", "b"):
-        collect(tasks, policy(policy_server), tmp_path / run, desktops=2, desktop=fake(), group=3, max_steps=3, seed=7)
-        rewards.append(sorted((r["task_id"], r["attempt"], r["reward"]) for r in read_records(tmp_path / run)))
+        collect(
+            tasks,
+            policy(policy_server),
+            tmp_path / run,
+            desktops=2,
+            desktop=fake(),
+            group=3,
+            max_steps=3,
+            seed=7,
+        )
+        rewards.append(
+            sorted((r["task_id"], r["attempt"], r["reward"]) for r in read_records(tmp_path / run))
+        )
     assert rewards[0] == rewards[1]
     assert {r for _, _, r in rewards[0]} == {0.0, 1.0}
 
 
 def test_skipped_when_group_full_before_start(policy_server, tmp_path):
     # group 1 + 2 oversampled attempts on one desktop: the first ok closes the group.
-    summary = collect(load_tasks(fake_tasks(2)), policy(policy_server), tmp_path, desktops=1, desktop=fake(),
-                      group=1, oversample=2.0, max_steps=3)
+    summary = collect(
+        load_tasks(fake_tasks(2)),
+        policy(policy_server),
+        tmp_path,
+        desktops=1,
+        desktop=fake(),
+        group=1,
+        oversample=2.0,
+        max_steps=3,
+    )
     records = read_records(tmp_path)
     assert_accounted(records, summary)
     assert summary["counts"]["ok"] == 2 and summary["counts"]["skipped"] == 4
@@ -92,9 +117,16 @@ def test_skipped_when_group_full_before_start(policy_server, tmp_path):
 def test_cancelled_and_surplus(policy_server, tmp_path):
     # group 1 of 4 attempts on 4 desktops with varying act latency: the fastest closes the group;
     # the others are cancelled at their next step, or surplus if already grading.
-    summary = collect(load_tasks(fake_tasks(1)), policy(policy_server), tmp_path / "c", desktops=4,
-                      desktop=fake(latency={"act": {"dist": "uniform", "low": 0.01, "high": 0.3}}, seed=3),
-                      group=1, oversample=3.0, max_steps=15)
+    summary = collect(
+        load_tasks(fake_tasks(1)),
+        policy(policy_server),
+        tmp_path / "c",
+        desktops=4,
+        desktop=fake(latency={"act": {"dist": "uniform", "low": 0.01, "high": 0.3}}, seed=3),
+        group=1,
+        oversample=3.0,
+        max_steps=15,
+    )
     records = read_records(tmp_path / "c")
     assert_accounted(records, summary)
     assert summary["counts"]["ok"] == 1 and summary["counts"]["cancelled"] >= 1
@@ -102,9 +134,16 @@ def test_cancelled_and_surplus(policy_server, tmp_path):
         if r["status"] == "cancelled":
             assert r["reward"] is None
     # Everyone grading at once (slow evaluator, identical scripts): the first graded closes the group.
-    summary = collect(load_tasks(fake_tasks(1)), policy(policy_server), tmp_path / "s", desktops=2,
-                      desktop=fake(latency={"evaluate": {"dist": "uniform", "low": 0.1, "high": 0.4}}, seed=1),
-                      group=1, oversample=1.0, max_steps=15)
+    summary = collect(
+        load_tasks(fake_tasks(1)),
+        policy(policy_server),
+        tmp_path / "s",
+        desktops=2,
+        desktop=fake(latency={"evaluate": {"dist": "uniform", "low": 0.1, "high": 0.4}}, seed=1),
+        group=1,
+        oversample=1.0,
+        max_steps=15,
+    )
     records = read_records(tmp_path / "s")
     assert_accounted(records, summary)
     assert Counter(r["status"] for r in records) == {"ok": 1, "surplus": 1}
@@ -113,19 +152,36 @@ def test_cancelled_and_surplus(policy_server, tmp_path):
 
 
 def test_truncated_by_rollout_timeout(policy_server, tmp_path):
-    summary = collect(load_tasks(fake_tasks(2)), policy(policy_server), tmp_path, desktops=2,
-                      desktop=fake(latency={"act": 0.15}), group=2, max_steps=15, rollout_timeout=0.3)
+    summary = collect(
+        load_tasks(fake_tasks(2)),
+        policy(policy_server),
+        tmp_path,
+        desktops=2,
+        desktop=fake(latency={"act": 0.15}),
+        group=2,
+        max_steps=15,
+        rollout_timeout=0.3,
+    )
     records = read_records(tmp_path)
     assert_accounted(records, summary)
     truncated = [r for r in records if r["status"] == "truncated"]
-    assert truncated and all(r["outcome"] == "timeout" and r["reward"] is not None for r in truncated)
+    assert truncated and all(
+        r["outcome"] == "timeout" and r["reward"] is not None for r in truncated
+    )
     assert all(r["timing"]["total_s"] < 0.3 + 0.15 * 3 + 1.0 for r in truncated)
 
 
 def test_retried_and_env_error(policy_server, tmp_path):
     # every reset fails: each attempt is retried env_retries times, then ends as an env error
-    summary = collect(load_tasks(fake_tasks(2)), policy(policy_server), tmp_path, desktops=2,
-                      desktop=fake(faults={"reset_failure": 1.0}), group=2, env_retries=2)
+    summary = collect(
+        load_tasks(fake_tasks(2)),
+        policy(policy_server),
+        tmp_path,
+        desktops=2,
+        desktop=fake(faults={"reset_failure": 1.0}),
+        group=2,
+        env_retries=2,
+    )
     records = read_records(tmp_path)
     assert_accounted(records, summary)
     assert summary["counts"]["retried"] == 8 and summary["counts"]["error"] == 4
@@ -143,8 +199,14 @@ def test_policy_error_kind(tmp_path):
 
     with ScriptedPolicyServer(flavor="vllm", faults=Faults(error_every=1)) as server:
         # the server answers 500 to every completion: after retries, an error record of kind policy
-        summary = collect(load_tasks(fake_tasks(1)), PolicyConfig(base_url=server.url, model=server.model, retries=1, backoff=0.01),
-                          tmp_path, desktops=1, desktop=fake(), group=2)
+        summary = collect(
+            load_tasks(fake_tasks(1)),
+            PolicyConfig(base_url=server.url, model=server.model, retries=1, backoff=0.01),
+            tmp_path,
+            desktops=1,
+            desktop=fake(),
+            group=2,
+        )
     records = read_records(tmp_path)
     assert_accounted(records, summary)
     assert summary["counts"]["error"] == 2 and summary["policy_errors"] == 2
@@ -153,22 +215,48 @@ def test_policy_error_kind(tmp_path):
 
 @pytest.mark.parametrize("fault", ["reset_failure", "act_failure", "crash", "hung_evaluator"])
 def test_faults_at_ten_percent_nothing_unaccounted(policy_server, tmp_path, fault):
-    desktop = DesktopConfig(backend="fake", eval_timeout=0.2, options={"faults": {fault: 0.1}, "seed": 5})
-    summary = collect(load_tasks(fake_tasks(6)), policy(policy_server), tmp_path, desktops=4, desktop=desktop,
-                      group=4, max_steps=6, env_retries=3)
+    desktop = DesktopConfig(
+        backend="fake", eval_timeout=0.2, options={"faults": {fault: 0.1}, "seed": 5}
+    )
+    summary = collect(
+        load_tasks(fake_tasks(6)),
+        policy(policy_server),
+        tmp_path,
+        desktops=4,
+        desktop=desktop,
+        group=4,
+        max_steps=6,
+        env_retries=3,
+    )
     records = read_records(tmp_path)
     assert_accounted(records, summary)
     assert summary["retries"] > 0
     kinds = {r["error"]["type"] for r in records if r["status"] == "retried"}
-    assert kinds == {{"reset_failure": "reset", "act_failure": "act", "crash": "crash", "hung_evaluator": "evaluator"}[fault]}
+    assert kinds == {
+        {
+            "reset_failure": "reset",
+            "act_failure": "act",
+            "crash": "crash",
+            "hung_evaluator": "evaluator",
+        }[fault]
+    }
 
 
 def test_advantages_hand_computed():
     def rec(rid, group, reward, status="ok"):
         return {"rollout_id": rid, "group_id": group, "reward": reward, "status": status}
 
-    records = [rec("a", "g", 1.0), rec("b", "g", 0.0), rec("c", "g", 0.0), rec("d", "g", 1.0), rec("x", "g", 1.0, "cancelled"),
-               rec("e", "h", 0.5), rec("f", "h", 0.5), rec("t", "k", 1.0, "truncated"), rec("u", "k", 0.0)]
+    records = [
+        rec("a", "g", 1.0),
+        rec("b", "g", 0.0),
+        rec("c", "g", 0.0),
+        rec("d", "g", 1.0),
+        rec("x", "g", 1.0, "cancelled"),
+        rec("e", "h", 0.5),
+        rec("f", "h", 0.5),
+        rec("t", "k", 1.0, "truncated"),
+        rec("u", "k", 0.0),
+    ]
     adv = group_advantages(records)
     # group g: rewards 1,0,0,1 -> mean .5, population std .5 -> +1, -1, -1, +1; cancelled excluded
     assert adv["a"] == pytest.approx(1.0) and adv["b"] == pytest.approx(-1.0) and "x" not in adv
@@ -177,7 +265,16 @@ def test_advantages_hand_computed():
 
 
 def test_export_advantages_match_records(policy_server, tmp_path):
-    collect(load_tasks(fake_tasks(3, success=0.5)), policy(policy_server), tmp_path, desktops=3, desktop=fake(), group=4, max_steps=4, seed=11)
+    collect(
+        load_tasks(fake_tasks(3, success=0.5)),
+        policy(policy_server),
+        tmp_path,
+        desktops=3,
+        desktop=fake(),
+        group=4,
+        max_steps=4,
+        seed=11,
+    )
     records = [r for r in read_records(tmp_path) if r["status"] == "ok"]
     table = export_steps(tmp_path)
     assert table.num_rows == sum(r["n_steps"] for r in records)
@@ -189,7 +286,11 @@ def test_export_advantages_match_records(policy_server, tmp_path):
         rewards = np.array(by_group[row["group_id"]])
         expect = 0.0 if rewards.std() == 0 else (row["reward"] - rewards.mean()) / rewards.std()
         assert row["advantage"] == pytest.approx(expect)
-        assert row["policy_version"] == "step-1" and row["response_token_ids"] and row["response_logprobs"]
+        assert (
+            row["policy_version"] == "step-1"
+            and row["response_token_ids"]
+            and row["response_logprobs"]
+        )
         assert orjson.loads(row["messages"])[0]["role"] == "system"
     for group in by_group:
         advs = {row["rollout_id"]: row["advantage"] for row in rows if row["group_id"] == group}
@@ -197,7 +298,15 @@ def test_export_advantages_match_records(policy_server, tmp_path):
 
 
 def test_images_and_messages_stored_once(policy_server, tmp_path):
-    collect(load_tasks(fake_tasks(2)), policy(policy_server), tmp_path, desktops=2, desktop=fake(), group=2, max_steps=10)
+    collect(
+        load_tasks(fake_tasks(2)),
+        policy(policy_server),
+        tmp_path,
+        desktops=2,
+        desktop=fake(),
+        group=2,
+        max_steps=10,
+    )
     records = read_records(tmp_path)
     shas = {s["observation"] for r in records for s in r["steps"]}
     assert {p.stem for p in (tmp_path / "images").glob("*.png")} == shas
@@ -215,7 +324,15 @@ def test_load_request_is_what_the_server_received(tmp_path):
     from legato_pipelines.policy.scripted import ScriptedPolicyServer
 
     with ScriptedPolicyServer(flavor="vllm", record_bodies=True) as server:
-        collect(load_tasks(fake_tasks(1)), policy(server), tmp_path, desktops=1, desktop=fake(), group=1, max_steps=4)
+        collect(
+            load_tasks(fake_tasks(1)),
+            policy(server),
+            tmp_path,
+            desktops=1,
+            desktop=fake(),
+            group=1,
+            max_steps=4,
+        )
     record = read_records(tmp_path)[0]
     sent = [orjson.loads(r.body)["messages"] for r in server.chat_requests]
     for step in range(record["n_steps"]):
@@ -230,30 +347,55 @@ def test_load_request_is_what_the_server_received(tmp_path):
 
 def test_wrong_model_fails_fast_before_desktops(policy_server, tmp_path):
     with pytest.raises(PolicyConfigError) as info:
-        collect(load_tasks(fake_tasks(1)), PolicyConfig(base_url=policy_server.url, model="no-such-model"), tmp_path,
-                desktops=1, desktop=fake())
+        collect(
+            load_tasks(fake_tasks(1)),
+            PolicyConfig(base_url=policy_server.url, model="no-such-model"),
+            tmp_path,
+            desktops=1,
+            desktop=fake(),
+        )
     assert policy_server.model in str(info.value)
     assert read_records(tmp_path) == []
 
 
 def test_resume_refuses_other_version_or_task_set(policy_server, tmp_path):
     tasks = load_tasks(fake_tasks(1))
-    collect(tasks, policy(policy_server), tmp_path, desktops=1, desktop=fake(), group=1, max_steps=2)
+    collect(
+        tasks, policy(policy_server), tmp_path, desktops=1, desktop=fake(), group=1, max_steps=2
+    )
     with pytest.raises(ResumeError, match="policy version"):
-        collect(tasks, policy(policy_server, version="step-2"), tmp_path, desktops=1, desktop=fake(), group=1)
+        collect(
+            tasks,
+            policy(policy_server, version="step-2"),
+            tmp_path,
+            desktops=1,
+            desktop=fake(),
+            group=1,
+        )
     with pytest.raises(ResumeError, match="task set"):
-        collect(load_tasks(fake_tasks(2)), policy(policy_server), tmp_path, desktops=1, desktop=fake(), group=1)
+        collect(
+            load_tasks(fake_tasks(2)),
+            policy(policy_server),
+            tmp_path,
+            desktops=1,
+            desktop=fake(),
+            group=1,
+        )
 
 
 def test_resume_drops_torn_line_and_reruns_missing(policy_server, tmp_path):
     tasks = load_tasks(fake_tasks(3))
-    collect(tasks, policy(policy_server), tmp_path, desktops=2, desktop=fake(), group=2, max_steps=3)
+    collect(
+        tasks, policy(policy_server), tmp_path, desktops=2, desktop=fake(), group=2, max_steps=3
+    )
     path = Path(tmp_path) / "rollouts.jsonl"
     lines = path.read_bytes().splitlines(keepends=True)
     # lose the last two records (in flight at a crash) and tear the one before
     path.write_bytes(b"".join(lines[:-3]) + lines[-3][: len(lines[-3]) // 2])
     assert len(read_records(tmp_path)) == len(lines) - 3
-    summary = collect(tasks, policy(policy_server), tmp_path, desktops=2, desktop=fake(), group=2, max_steps=3)
+    summary = collect(
+        tasks, policy(policy_server), tmp_path, desktops=2, desktop=fake(), group=2, max_steps=3
+    )
     records = read_records(tmp_path)
     assert_accounted(records, summary)
     assert summary["groups"]["closed"] == 3

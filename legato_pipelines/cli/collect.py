@@ -26,29 +26,75 @@ def fail(message: str, code: int = 2) -> None:
 
 @app.command("collect")
 def collect_command(
-    tasks: Annotated[Path, typer.Option("--tasks", help="Task list JSON (or an OSWorld index such as test_all.json).")],
-    policy_url: Annotated[str, typer.Option("--policy-url", help="OpenAI-compatible server root, e.g. http://127.0.0.1:8000.")],
+    tasks: Annotated[
+        Path,
+        typer.Option("--tasks", help="Task list JSON (or an OSWorld index such as test_all.json)."),
+    ],
+    policy_url: Annotated[
+        str,
+        typer.Option(
+            "--policy-url", help="OpenAI-compatible server root, e.g. http://127.0.0.1:8000."
+        ),
+    ],
     model: Annotated[str, typer.Option("--model", help="Served model name.")],
     out: Annotated[Path, typer.Option("--out", help="Run directory (re-running resumes it).")],
-    version: Annotated[str, typer.Option("--version", help="Policy version every record is tied to.")] = "v0",
-    backend: Annotated[str, typer.Option("--backend", help="Desktops: fake | local | osworld.")] = "fake",
-    desktops: Annotated[int, typer.Option("--desktops", help="Number of desktops (one worker each).")] = 4,
+    version: Annotated[
+        str, typer.Option("--version", help="Policy version every record is tied to.")
+    ] = "v0",
+    backend: Annotated[
+        str, typer.Option("--backend", help="Desktops: fake | local | osworld.")
+    ] = "fake",
+    desktops: Annotated[
+        int, typer.Option("--desktops", help="Number of desktops (one worker each).")
+    ] = 4,
     group: Annotated[int, typer.Option("--group", help="Attempts per task (one GRPO group).")] = 4,
-    oversample: Annotated[float, typer.Option("--oversample", help="Extra attempts per group, as a fraction of --group.")] = 0.0,
+    oversample: Annotated[
+        float,
+        typer.Option("--oversample", help="Extra attempts per group, as a fraction of --group."),
+    ] = 0.0,
     max_steps: Annotated[int, typer.Option("--max-steps", help="Policy calls per attempt.")] = 15,
-    max_inflight: Annotated[int | None, typer.Option("--max-inflight", help="Cap on concurrent model requests.")] = None,
-    step_timeout: Annotated[float, typer.Option("--step-timeout", help="Seconds per model call (hard deadline).")] = 60.0,
+    max_inflight: Annotated[
+        int | None, typer.Option("--max-inflight", help="Cap on concurrent model requests.")
+    ] = None,
+    step_timeout: Annotated[
+        float, typer.Option("--step-timeout", help="Seconds per model call (hard deadline).")
+    ] = 60.0,
     retries: Annotated[int, typer.Option("--retries", help="Re-tries of a failed model call.")] = 1,
-    rollout_timeout: Annotated[float | None, typer.Option("--rollout-timeout", help="Seconds per attempt; then graded as truncated.")] = None,
-    env_retries: Annotated[int, typer.Option("--env-retries", help="New executions after a desktop failure.")] = 1,
-    no_ready_signal: Annotated[bool, typer.Option("--no-ready-signal", help="Do not wait for a stable screen.")] = False,
-    fixed_wait: Annotated[float | None, typer.Option("--fixed-wait", help="Seconds to sleep after actions (with --no-ready-signal).")] = None,
-    no_fast_reset: Annotated[bool, typer.Option("--no-fast-reset", help="Full restart / snapshot revert before every attempt.")] = False,
-    image_max: Annotated[int, typer.Option("--image-max", help="Screenshots kept in the prompt.")] = 20,
-    osworld: Annotated[Path | None, typer.Option("--osworld", help="OSWorld checkout to resolve {task_id, domain} entries.")] = None,
+    rollout_timeout: Annotated[
+        float | None,
+        typer.Option("--rollout-timeout", help="Seconds per attempt; then graded as truncated."),
+    ] = None,
+    env_retries: Annotated[
+        int, typer.Option("--env-retries", help="New executions after a desktop failure.")
+    ] = 1,
+    no_ready_signal: Annotated[
+        bool, typer.Option("--no-ready-signal", help="Do not wait for a stable screen.")
+    ] = False,
+    fixed_wait: Annotated[
+        float | None,
+        typer.Option(
+            "--fixed-wait", help="Seconds to sleep after actions (with --no-ready-signal)."
+        ),
+    ] = None,
+    no_fast_reset: Annotated[
+        bool,
+        typer.Option(
+            "--no-fast-reset", help="Full restart / snapshot revert before every attempt."
+        ),
+    ] = False,
+    image_max: Annotated[
+        int, typer.Option("--image-max", help="Screenshots kept in the prompt.")
+    ] = 20,
+    osworld: Annotated[
+        Path | None,
+        typer.Option("--osworld", help="OSWorld checkout to resolve {task_id, domain} entries."),
+    ] = None,
     harness: Annotated[str, typer.Option("--harness", help="qwen3vl | qwen25vl.")] = "qwen3vl",
     history: Annotated[str, typer.Option("--history", help="window | hysteresis.")] = "window",
-    desktop_option: Annotated[list[str] | None, typer.Option("--desktop-option", help="Backend option KEY=JSON (repeatable).")] = None,
+    desktop_option: Annotated[
+        list[str] | None,
+        typer.Option("--desktop-option", help="Backend option KEY=JSON (repeatable)."),
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seeds attempt seeds (fake rewards).")] = 0,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
@@ -74,9 +120,20 @@ def collect_command(
                 options[key] = json.loads(value)
             except json.JSONDecodeError:
                 options[key] = value
-        policy = PolicyConfig(base_url=policy_url, model=model, version=version, step_timeout=step_timeout, retries=retries)
-        desktop = DesktopConfig(backend=backend, ready_signal=not no_ready_signal, fixed_wait=fixed_wait,
-                                fast_reset=not no_fast_reset, options=options)
+        policy = PolicyConfig(
+            base_url=policy_url,
+            model=model,
+            version=version,
+            step_timeout=step_timeout,
+            retries=retries,
+        )
+        desktop = DesktopConfig(
+            backend=backend,
+            ready_signal=not no_ready_signal,
+            fixed_wait=fixed_wait,
+            fast_reset=not no_fast_reset,
+            options=options,
+        )
         task_set = load_tasks(tasks, osworld=osworld)
     except ValidationError as exc:
         fail(_pydantic_message(exc))
@@ -88,14 +145,42 @@ def collect_command(
     try:
         if progress:
             with progress:
-                summary = collect(task_set, policy, out, desktops=desktops, desktop=desktop, group=group, oversample=oversample,
-                                  max_steps=max_steps, max_inflight=max_inflight, rollout_timeout=rollout_timeout,
-                                  env_retries=env_retries, image_max=image_max, harness=harness, history=history,
-                                  seed=seed, on_record=progress.on_record)
+                summary = collect(
+                    task_set,
+                    policy,
+                    out,
+                    desktops=desktops,
+                    desktop=desktop,
+                    group=group,
+                    oversample=oversample,
+                    max_steps=max_steps,
+                    max_inflight=max_inflight,
+                    rollout_timeout=rollout_timeout,
+                    env_retries=env_retries,
+                    image_max=image_max,
+                    harness=harness,
+                    history=history,
+                    seed=seed,
+                    on_record=progress.on_record,
+                )
         else:
-            summary = collect(task_set, policy, out, desktops=desktops, desktop=desktop, group=group, oversample=oversample,
-                              max_steps=max_steps, max_inflight=max_inflight, rollout_timeout=rollout_timeout,
-                              env_retries=env_retries, image_max=image_max, harness=harness, history=history, seed=seed)
+            summary = collect(
+                task_set,
+                policy,
+                out,
+                desktops=desktops,
+                desktop=desktop,
+                group=group,
+                oversample=oversample,
+                max_steps=max_steps,
+                max_inflight=max_inflight,
+                rollout_timeout=rollout_timeout,
+                env_retries=env_retries,
+                image_max=image_max,
+                harness=harness,
+                history=history,
+                seed=seed,
+            )
     except LegatoError as exc:
         fail(str(exc))
     if json_out:
@@ -117,7 +202,9 @@ def _pydantic_message(exc: ValidationError) -> str:
 def export_command(
     run_dir: Annotated[Path, typer.Argument(help="A run directory written by collect.")],
     out: Annotated[Path, typer.Option("--out", help="Output file: .parquet or .jsonl.")],
-    inline_images: Annotated[bool, typer.Option("--inline-images", help="Images as data URLs instead of refs.")] = False,
+    inline_images: Annotated[
+        bool, typer.Option("--inline-images", help="Images as data URLs instead of refs.")
+    ] = False,
 ) -> None:
     """Write one row per step of every ok/truncated rollout, with rewards and advantages."""
     from ..errors import LegatoError
@@ -160,23 +247,37 @@ def _fmt(value, pct: bool = False) -> str:
 
 def print_profile(summary: dict) -> None:
     """The profile as a readable table."""
-    table = Table(title=f"policy {summary['policy']['model']} @ {summary['policy']['version']}  task set {summary['task_set']}",
-                  show_header=False, title_justify="left")
+    table = Table(
+        title=f"policy {summary['policy']['model']} @ {summary['policy']['version']}  task set {summary['task_set']}",
+        show_header=False,
+        title_justify="left",
+    )
     table.add_column(style="bold")
     table.add_column()
     counts = summary["counts"]
     table.add_row("statuses", "  ".join(f"{k} {v}" for k, v in counts.items() if v) or "-")
-    table.add_row("records", f"{summary['records']} = scheduled {summary['scheduled']} - missing {summary['missing']} + retries {summary['retries']}")
+    table.add_row(
+        "records",
+        f"{summary['records']} = scheduled {summary['scheduled']} - missing {summary['missing']} + retries {summary['retries']}",
+    )
     table.add_row("groups closed", f"{summary['groups']['closed']}/{summary['groups']['total']}")
     table.add_row("success rate", _fmt(summary["success_rate"], pct=True))
     table.add_row("rollouts / hour", _fmt(summary["rollouts_per_hour"]))
     table.add_row("wall time", f"{summary['wall_s']:.1f} s, {summary['steps']} steps")
     table.add_row("time share", "  ".join(f"{k} {v:.0%}" for k, v in summary["time_share"].items()))
     m = summary["model_call_s"]
-    table.add_row("model call s", f"p50 {_fmt(m['p50'])}  p95 {_fmt(m['p95'])}  p99 {_fmt(m['p99'])}")
+    table.add_row(
+        "model call s", f"p50 {_fmt(m['p50'])}  p95 {_fmt(m['p95'])}  p99 {_fmt(m['p99'])}"
+    )
     table.add_row("retried / hung calls", f"{summary['retried_calls']} / {summary['hung_calls']}")
-    table.add_row("errors", f"policy {summary['policy_errors']}  env {summary['env_errors']}  (desktop failures {summary['env_failures']})")
+    table.add_row(
+        "errors",
+        f"policy {summary['policy_errors']}  env {summary['env_errors']}  (desktop failures {summary['env_failures']})",
+    )
     table.add_row("prefix cache hit", _fmt(summary["prefix_cache_hit_rate"], pct=True))
-    table.add_row("steps with logprobs / ids", f"{_fmt(summary['logprobs_share'], pct=True)} / {_fmt(summary['token_ids_share'], pct=True)}")
+    table.add_row(
+        "steps with logprobs / ids",
+        f"{_fmt(summary['logprobs_share'], pct=True)} / {_fmt(summary['token_ids_share'], pct=True)}",
+    )
     table.add_row("parse errors", str(summary.get("parse_errors", 0)))
     console.print(table)

@@ -16,8 +16,13 @@ class CollectProgress:
     def __init__(self, total_groups: int, console: Console | None = None):
         self.console = console or Console(stderr=True)
         self.progress = Progress(
-            TextColumn("[bold]groups"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[stats]}"),
-            TimeElapsedColumn(), console=self.console, transient=False,
+            TextColumn("[bold]groups"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=False,
         )
         self.task = self.progress.add_task("collect", total=total_groups, stats="")
         self.counts: Counter[str] = Counter()
@@ -47,5 +52,8 @@ class CollectProgress:
         elapsed = max(1e-9, time.perf_counter() - self.started)
         success = sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
         statuses = " ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
-        self.progress.update(self.task, completed=len(self.closed),
-                             stats=f"{statuses} | success {success:.0%} | {self.steps / elapsed:.1f} steps/s")
+        self.progress.update(
+            self.task,
+            completed=len(self.closed),
+            stats=f"{statuses} | success {success:.0%} | {self.steps / elapsed:.1f} steps/s",
+        )

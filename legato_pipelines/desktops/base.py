@@ -111,7 +111,9 @@ class DesktopConfig(BaseModel):
     @model_validator(mode="after")
     def _wait_mode(self) -> DesktopConfig:
         if self.fixed_wait is not None and self.ready_signal:
-            raise ValueError("fixed_wait is the baseline without the ready signal: set ready_signal=False (--no-ready-signal) too")
+            raise ValueError(
+                "fixed_wait is the baseline without the ready signal: set ready_signal=False (--no-ready-signal) too"
+            )
         return self
 
     @property

@@ -50,7 +50,9 @@ class Latency:
             self.mean_hint = float(spec)
             return
         if not isinstance(spec, dict) or "dist" not in spec:
-            raise ConfigError(f"{field}: a latency is seconds >= 0 or {{'dist': 'lognormal'|'uniform'|'exponential', ...}}")
+            raise ConfigError(
+                f"{field}: a latency is seconds >= 0 or {{'dist': 'lognormal'|'uniform'|'exponential', ...}}"
+            )
         dist = spec["dist"]
         try:
             if dist == "lognormal":
@@ -65,9 +67,13 @@ class Latency:
                 mean = float(spec["mean"])
                 self._draw = lambda rng: rng.expovariate(1.0 / mean)
             else:
-                raise ConfigError(f"{field}.dist: unknown distribution {dist!r} (lognormal, uniform, exponential)")
+                raise ConfigError(
+                    f"{field}.dist: unknown distribution {dist!r} (lognormal, uniform, exponential)"
+                )
         except (KeyError, ValueError) as exc:
-            raise ConfigError(f"{field}: missing or bad parameter {exc} for dist {dist!r}") from None
+            raise ConfigError(
+                f"{field}: missing or bad parameter {exc} for dist {dist!r}"
+            ) from None
 
     def draw(self, rng: random.Random) -> float:
         return self._draw(rng)
@@ -91,7 +97,10 @@ def frame_pool(width: int, height: int, frames: int = 32) -> tuple[Screenshot, .
         x1, y1 = rng.randint(width // 2, width - 20), rng.randint(height // 2, height - 20)
         draw.rectangle([x0, y0, x1, y1], fill=(245, 245, 245), outline=(0, 0, 0))
         for line in range(max(1, (y1 - y0 - 30) // 18)):
-            words = " ".join(hashlib.sha1(f"{i}-{line}-{k}".encode()).hexdigest()[: rng.randint(3, 9)] for k in range(rng.randint(3, 12)))
+            words = " ".join(
+                hashlib.sha1(f"{i}-{line}-{k}".encode()).hexdigest()[: rng.randint(3, 9)]
+                for k in range(rng.randint(3, 12))
+            )
             draw.text((x0 + 10, y0 + 10 + line * 18), words, fill=(20, 20, 20))
         buf = io.BytesIO()
         img.save(buf, format="PNG", compress_level=1)
@@ -107,23 +116,31 @@ class FakeDesktop:
         opts = dict(config.options)
         unknown = set(opts) - {"latency", "faults", "frames", "seed"}
         if unknown:
-            raise ConfigError(f"desktop.options: unknown fake-backend option(s) {sorted(unknown)} (latency, faults, frames, seed)")
+            raise ConfigError(
+                f"desktop.options: unknown fake-backend option(s) {sorted(unknown)} (latency, faults, frames, seed)"
+            )
         latency = opts.get("latency") or {}
         if not isinstance(latency, dict) or set(latency) - set(PHASES):
             raise ConfigError(f"desktop.options.latency: a mapping with keys among {PHASES}")
-        self.latency = {p: Latency(latency.get(p, 0.0), f"desktop.options.latency.{p}") for p in PHASES}
+        self.latency = {
+            p: Latency(latency.get(p, 0.0), f"desktop.options.latency.{p}") for p in PHASES
+        }
         faults = opts.get("faults") or {}
         if not isinstance(faults, dict) or set(faults) - set(FAULTS):
             raise ConfigError(f"desktop.options.faults: a mapping with keys among {FAULTS}")
         self.faults = {f: float(faults.get(f, 0.0)) for f in FAULTS}
         for name, p in self.faults.items():
             if not 0.0 <= p <= 1.0:
-                raise ConfigError(f"desktop.options.faults.{name}: a probability in [0, 1], got {p}")
+                raise ConfigError(
+                    f"desktop.options.faults.{name}: a probability in [0, 1], got {p}"
+                )
         self.config = config
         self.name = f"fake-{index}"
         self.screen_size = config.screen_size
         self._rng = random.Random(f"{opts.get('seed', 0)}:{index}")
-        self._frames = frame_pool(config.screen_width, config.screen_height, int(opts.get("frames", 32)))
+        self._frames = frame_pool(
+            config.screen_width, config.screen_height, frames=int(opts.get("frames", 32))
+        )
         self._crashed = False
         self._frame = 0
         self._task_offset = 0
@@ -171,9 +188,13 @@ class FakeDesktop:
         await self._sleep("act")
         if self._rng.random() < self.faults["crash"]:
             self._crashed = True
-            raise DesktopError(f"{self.name}: injected desktop crash during {action.action}", kind="crash")
+            raise DesktopError(
+                f"{self.name}: injected desktop crash during {action.action}", kind="crash"
+            )
         if self._rng.random() < self.faults["act_failure"]:
-            raise DesktopError(f"{self.name}: injected action failure ({action.action})", kind="act")
+            raise DesktopError(
+                f"{self.name}: injected action failure ({action.action})", kind="act"
+            )
         self._frame += 1
 
     async def wait_after_action(self, action: Action) -> Wait:

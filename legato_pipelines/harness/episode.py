@@ -37,7 +37,7 @@ from .prompt import (
     user_text,
 )
 from .render import render_pyautogui
-from .resize import QWEN3VL_RESIZE, QWEN25VL_RESIZE, ResizeRule, resize_screenshot
+from .resize import QWEN3VL_RESIZE, QWEN25VL_RESIZE, ResizeRule, needs_resize, resize_screenshot
 
 _RESIZE = {"qwen3vl": QWEN3VL_RESIZE, "qwen25vl": QWEN25VL_RESIZE}
 
@@ -145,6 +145,10 @@ class Episode:
         with ``compress_level=1`` otherwise. Raises ``ConfigError`` for degenerate sizes.
         """
         return resize_screenshot(screenshot, self.harness.resize_rule)
+
+    def needs_resize(self, screenshot: Screenshot) -> bool:
+        """Whether :meth:`prepare` has pixel work to do (the engine then runs it off the loop)."""
+        return needs_resize(screenshot, self.harness.resize_rule)
 
     @property
     def images(self) -> dict[str, Screenshot]:

@@ -103,7 +103,9 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> d
         timing["reset_s"] = time.perf_counter() - t0
         episode = ctx.harness.episode(task.instruction, desktop.screen_size)
         steps = record["steps"]
-        hashes: dict[int, tuple[dict, str]] = {}  # id(message) -> (message, sha): hash each message once
+        hashes: dict[
+            int, tuple[dict, str]
+        ] = {}  # id(message) -> (message, sha): hash each message once
         for step in range(ctx.max_steps):
             if group.closed:
                 outcome = "cancelled"
@@ -112,7 +114,11 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> d
                 raise _Truncated
             phase = "observe"
             t = time.perf_counter()
-            shot = episode.prepare(await desktop.observe())
+            raw = await desktop.observe()
+            # resizing is CPU work (decode, resize, encode): keep it off the event loop
+            shot = (
+                await asyncio.to_thread(episode.prepare, raw) if episode.needs_resize(raw) else raw
+            )
             obs_s = time.perf_counter() - t
             timing["obs_s"] += obs_s
             messages = episode.request(shot)
@@ -131,7 +137,9 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> d
                 response = await call
             else:
                 try:
-                    response = await asyncio.wait_for(call, max(0.0, deadline - time.perf_counter()))
+                    response = await asyncio.wait_for(
+                        call, max(0.0, deadline - time.perf_counter())
+                    )
                 except TimeoutError:
                     timing["policy_s"] += time.perf_counter() - t
                     raise _Truncated from None
@@ -180,7 +188,12 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> d
         raise
     except PolicyError as exc:
         record["status"] = st.ERROR
-        record["error"] = {"kind": "policy", "type": type(exc).__name__, "message": str(exc), "phase": phase}
+        record["error"] = {
+            "kind": "policy",
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "phase": phase,
+        }
         return _close(record, start, t0)
     except DesktopError as exc:
         return _desktop_failure(ctx, record, ex, exc, phase, start, t0)
@@ -189,10 +202,15 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> d
     t = time.perf_counter()
     try:
         await desktop.wait_before_eval()
-        evaluation = await asyncio.wait_for(desktop.evaluate(task, last_action_fail=outcome == "fail"), ctx.eval_timeout)
+        evaluation = await asyncio.wait_for(
+            desktop.evaluate(task, last_action_fail=outcome == "fail"), ctx.eval_timeout
+        )
     except TimeoutError:
         timing["eval_s"] = time.perf_counter() - t
-        exc = DesktopError(f"evaluation took longer than eval_timeout={ctx.eval_timeout:g} s (hung evaluator)", kind="evaluator")
+        exc = DesktopError(
+            f"evaluation took longer than eval_timeout={ctx.eval_timeout:g} s (hung evaluator)",
+            kind="evaluator",
+        )
         return _desktop_failure(ctx, record, ex, exc, phase, start, t0)
     except DesktopError as exc:
         timing["eval_s"] = time.perf_counter() - t
@@ -204,7 +222,9 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> d
     return _close(record, start, t0)
 
 
-def _desktop_failure(ctx, record, ex: Execution, exc: DesktopError, phase: str, start: float, t0: float) -> dict[str, Any]:
+def _desktop_failure(
+    ctx, record, ex: Execution, exc: DesktopError, phase: str, start: float, t0: float
+) -> dict[str, Any]:
     record["error"] = {"kind": "env", "type": exc.kind, "message": str(exc), "phase": phase}
     record["status"] = st.RETRIED if ex.execution < ctx.env_retries else st.ERROR
     return _close(record, start, t0)

@@ -25,14 +25,16 @@ from ..tasks import TaskSet, load_tasks
 from . import statuses as st
 from .attempt import AttemptContext, run_attempt, settled_record
 from .profile import summarize
-from .scheduler import Execution, Group, Scheduler, group_attempts
+from .scheduler import Group, Scheduler, group_attempts
 
 log = logging.getLogger("legato_pipelines.collect")
 
 OnRecord = Callable[[dict[str, Any]], None]
 
 
-def collect(tasks: TaskSet | str | Path | list, policy: PolicyConfig, out: str | Path, **kwargs: Any) -> dict[str, Any]:
+def collect(
+    tasks: TaskSet | str | Path | list, policy: PolicyConfig, out: str | Path, **kwargs: Any
+) -> dict[str, Any]:
     """Collect one batch (blocking). See :func:`collect_async` for the arguments."""
     return asyncio.run(collect_async(tasks, policy, out, **kwargs))
 
@@ -84,30 +86,76 @@ async def collect_async(
     from ..harness import Harness
     from ..policy.client import PolicyClient
 
-    _check_knobs(group=group, oversample=oversample, max_steps=max_steps, max_inflight=max_inflight,
-                 rollout_timeout=rollout_timeout, env_retries=env_retries, image_max=image_max, desktops=desktops)
+    _check_knobs(
+        group=group,
+        oversample=oversample,
+        max_steps=max_steps,
+        max_inflight=max_inflight,
+        rollout_timeout=rollout_timeout,
+        env_retries=env_retries,
+        image_max=image_max,
+        desktops=desktops,
+    )
     task_set = tasks if isinstance(tasks, TaskSet) else load_tasks(tasks, osworld=osworld)
-    policy = policy.model_copy(update={k: v for k, v in (("step_timeout", step_timeout), ("retries", retries)) if v is not None})
+    policy = policy.model_copy(
+        update={
+            k: v for k, v in (("step_timeout", step_timeout), ("retries", retries)) if v is not None
+        }
+    )
     desktop = (desktop or DesktopConfig()).model_copy()
-    updates = {k: v for k, v in (("ready_signal", ready_signal), ("fixed_wait", fixed_wait), ("fast_reset", fast_reset)) if v is not None}
+    updates = {
+        k: v
+        for k, v in (
+            ("ready_signal", ready_signal),
+            ("fixed_wait", fixed_wait),
+            ("fast_reset", fast_reset),
+        )
+        if v is not None
+    }
     if updates:
         desktop = DesktopConfig.model_validate(desktop.model_dump() | updates)
     knobs = {
-        "group": group, "oversample": oversample, "max_steps": max_steps, "max_inflight": max_inflight,
-        "step_timeout": policy.step_timeout, "retries": policy.retries, "rollout_timeout": rollout_timeout,
-        "env_retries": env_retries, "ready_signal": desktop.ready_signal, "fixed_wait": desktop.fixed_wait,
-        "fast_reset": desktop.fast_reset, "image_max": image_max, "harness": harness, "history": history,
-        "backend": desktop.backend, "desktops": len(desktop_pool) if desktop_pool else desktops, "seed": seed,
+        "group": group,
+        "oversample": oversample,
+        "max_steps": max_steps,
+        "max_inflight": max_inflight,
+        "step_timeout": policy.step_timeout,
+        "retries": policy.retries,
+        "rollout_timeout": rollout_timeout,
+        "env_retries": env_retries,
+        "ready_signal": desktop.ready_signal,
+        "fixed_wait": desktop.fixed_wait,
+        "fast_reset": desktop.fast_reset,
+        "image_max": image_max,
+        "harness": harness,
+        "history": history,
+        "backend": desktop.backend,
+        "desktops": len(desktop_pool) if desktop_pool else desktops,
+        "seed": seed,
     }
     harness_obj = Harness(variant=harness, history=history, image_max=image_max)
     policy_info = {"model": policy.model, "version": policy.version}
-    meta = {"format": FORMAT, "policy": policy_info, "task_set": task_set.task_set,
-            "tasks_path": task_set.path, "n_tasks": len(task_set), "knobs": knobs, "created_at": time.time()}
+    meta = {
+        "format": FORMAT,
+        "policy": policy_info,
+        "task_set": task_set.task_set,
+        "tasks_path": task_set.path,
+        "n_tasks": len(task_set),
+        "knobs": knobs,
+        "created_at": time.time(),
+    }
 
     writer = RunWriter(out)
     previous = writer.open(meta)
     sched = Scheduler()
-    _plan(sched, task_set, previous, group=group, per_group=group_attempts(group, oversample), seed=seed)
+    _plan(
+        sched,
+        task_set,
+        previous,
+        group=group,
+        per_group=group_attempts(group, oversample),
+        seed=seed,
+    )
     started = time.time()
     owned = desktop_pool is None
     pool: list[Desktop] = []
@@ -120,15 +168,32 @@ async def collect_async(
             on_record(record)
 
     try:
-        async with PolicyClient(policy, max_inflight=max_inflight or len(desktop_pool or []) or desktops) as client:
+        async with PolicyClient(
+            policy, max_inflight=max_inflight or len(desktop_pool or []) or desktops
+        ) as client:
             if sched.pending() and check_policy:
                 await client.check()  # a wrong URL or model fails here, in seconds
-            ctx = AttemptContext(policy=client, harness=harness_obj, writer=writer, policy_info=policy_info,
-                                 task_set=task_set.task_set, max_steps=max_steps, rollout_timeout=rollout_timeout,
-                                 eval_timeout=desktop.eval_timeout, env_retries=env_retries)
+            ctx = AttemptContext(
+                policy=client,
+                harness=harness_obj,
+                writer=writer,
+                policy_info=policy_info,
+                task_set=task_set.task_set,
+                max_steps=max_steps,
+                rollout_timeout=rollout_timeout,
+                eval_timeout=desktop.eval_timeout,
+                env_retries=env_retries,
+            )
             if sched.pending():
-                pool = desktop_pool if desktop_pool is not None else await open_desktops(desktop, min(desktops, sched.pending()))
-                workers = [asyncio.create_task(_worker(ctx, sched, d, emit), name=f"worker-{d.name}") for d in pool]
+                pool = (
+                    desktop_pool
+                    if desktop_pool is not None
+                    else await open_desktops(desktop, min(desktops, sched.pending()))
+                )
+                workers = [
+                    asyncio.create_task(_worker(ctx, sched, d, emit), name=f"worker-{d.name}")
+                    for d in pool
+                ]
                 try:
                     results = await asyncio.gather(*workers, return_exceptions=True)
                 finally:
@@ -141,7 +206,12 @@ async def collect_async(
                 # every desktop is gone: what is left in the queue ends as an env error
                 while (ex := sched.next()) is not None:
                     record = settled_record(ctx, ex, st.ERROR)
-                    record["error"] = {"kind": "env", "type": "no_desktop", "message": "no working desktop left", "phase": "queue"}
+                    record["error"] = {
+                        "kind": "env",
+                        "type": "no_desktop",
+                        "message": "no working desktop left",
+                        "phase": "queue",
+                    }
                     emit(record)
     finally:
         if owned:
@@ -177,7 +247,15 @@ async def _worker(ctx: AttemptContext, sched: Scheduler, desktop: Desktop, emit)
             broken = True
 
 
-def _plan(sched: Scheduler, task_set: TaskSet, previous: list[dict], *, group: int, per_group: int, seed: int) -> None:
+def _plan(
+    sched: Scheduler,
+    task_set: TaskSet,
+    previous: list[dict],
+    *,
+    group: int,
+    per_group: int,
+    seed: int,
+) -> None:
     """Queue what is missing: all of a new batch, or on resume every logical attempt of an
     unfinished group that has no final record (finished groups are kept as they are)."""
     by_attempt: dict[tuple[str, int], list[dict]] = defaultdict(list)

@@ -16,8 +16,14 @@ from . import statuses as st
 TIME_PHASES = ("reset_s", "policy_s", "act_s", "wait_s", "obs_s", "eval_s")
 
 
-def summarize(records: list[dict[str, Any]], meta: dict[str, Any], *, wall_s: float | None = None,
-              scheduled: int | None = None, groups: list | None = None) -> dict[str, Any]:
+def summarize(
+    records: list[dict[str, Any]],
+    meta: dict[str, Any],
+    *,
+    wall_s: float | None = None,
+    scheduled: int | None = None,
+    groups: list | None = None,
+) -> dict[str, Any]:
     """The summary of a batch.
 
     Definitions: ``success_rate`` is the mean reward over ``ok``+``truncated`` attempts
@@ -37,10 +43,18 @@ def summarize(records: list[dict[str, Any]], meta: dict[str, Any], *, wall_s: fl
     rewards = [r["reward"] for r in final if r.get("reward") is not None]
     logical_done = {(r["task_id"], r["attempt"]) for r in records if r["status"] != st.RETRIED}
     if scheduled is None:
-        per_group = knobs.get("group", 0) + int(np.ceil(knobs.get("group", 0) * knobs.get("oversample", 0) - 1e-9))
-        scheduled = per_group * meta.get("n_tasks", 0) or len({(r["task_id"], r["attempt"]) for r in records})
+        per_group = knobs.get("group", 0) + int(
+            np.ceil(knobs.get("group", 0) * knobs.get("oversample", 0) - 1e-9)
+        )
+        scheduled = per_group * meta.get("n_tasks", 0) or len(
+            {(r["task_id"], r["attempt"]) for r in records}
+        )
     if wall_s is None:
-        wall_s = (max(r["ended_at"] for r in records) - min(r["started_at"] for r in records)) if records else 0.0
+        wall_s = (
+            (max(r["ended_at"] for r in records) - min(r["started_at"] for r in records))
+            if records
+            else 0.0
+        )
     phase_totals = dict.fromkeys(TIME_PHASES, 0.0)
     steps = []
     for r in records:
@@ -49,15 +63,28 @@ def summarize(records: list[dict[str, Any]], meta: dict[str, Any], *, wall_s: fl
         steps.extend(r.get("steps") or [])
     phase_sum = sum(phase_totals.values())
     call_s = np.array([s["model"]["seconds"] for s in steps], dtype=float)
-    cache = [(s["model"]["cached_tokens"], s["model"]["prompt_tokens"]) for s in steps
-             if s["model"].get("cached_tokens") is not None and s["model"].get("prompt_tokens")]
-    errors = Counter(r["error"]["kind"] for r in records if r["status"] == st.ERROR and r.get("error"))
+    cache = [
+        (s["model"]["cached_tokens"], s["model"]["prompt_tokens"])
+        for s in steps
+        if s["model"].get("cached_tokens") is not None and s["model"].get("prompt_tokens")
+    ]
+    errors = Counter(
+        r["error"]["kind"] for r in records if r["status"] == st.ERROR and r.get("error")
+    )
     env_failures = sum(1 for r in records if r.get("error") and r["error"]["kind"] == "env")
     group_final = defaultdict(int)
     for r in final:
         group_final[r["task_id"]] += 1
-    n_groups = len(groups) if groups is not None else meta.get("n_tasks") or len({r["task_id"] for r in records})
-    closed = sum(1 for g in groups if g.closed) if groups is not None else sum(1 for n in group_final.values() if n >= knobs.get("group", 1))
+    n_groups = (
+        len(groups)
+        if groups is not None
+        else meta.get("n_tasks") or len({r["task_id"] for r in records})
+    )
+    closed = (
+        sum(1 for g in groups if g.closed)
+        if groups is not None
+        else sum(1 for n in group_final.values() if n >= knobs.get("group", 1))
+    )
     return {
         "format": meta.get("format"),
         "policy": meta.get("policy"),
@@ -74,14 +101,18 @@ def summarize(records: list[dict[str, Any]], meta: dict[str, Any], *, wall_s: fl
         "rollouts_per_hour": (len(final) / wall_s * 3600.0) if wall_s > 0 else None,
         "wall_s": round(wall_s, 3),
         "steps": len(steps),
-        "time_share": {p[:-2]: (phase_totals[p] / phase_sum if phase_sum else 0.0) for p in TIME_PHASES},
+        "time_share": {
+            p[:-2]: (phase_totals[p] / phase_sum if phase_sum else 0.0) for p in TIME_PHASES
+        },
         "model_call_s": _percentiles(call_s),
         "retried_calls": sum(1 for s in steps if s["model"].get("attempts", 1) > 1),
         "hung_calls": sum(s["model"].get("timeouts", 0) for s in steps),
         "policy_errors": errors.get("policy", 0),
         "env_errors": errors.get("env", 0),
         "env_failures": env_failures,
-        "prefix_cache_hit_rate": (sum(c for c, _ in cache) / sum(p for _, p in cache)) if cache else None,
+        "prefix_cache_hit_rate": (sum(c for c, _ in cache) / sum(p for _, p in cache))
+        if cache
+        else None,
         "logprobs_share": _share(steps, "logprobs"),
         "token_ids_share": _share(steps, "token_ids"),
         "parse_errors": sum(1 for s in steps if s.get("parse_error")),

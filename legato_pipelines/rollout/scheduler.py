@@ -51,12 +51,26 @@ class Scheduler:
     scheduled: int = 0  # logical attempts
     retries: int = 0
 
-    def add_group(self, group: Group, attempts: list[int], *, seed: int, now: float, executions: dict[int, int] | None = None) -> None:
+    def add_group(
+        self,
+        group: Group,
+        attempts: list[int],
+        *,
+        seed: int,
+        now: float,
+        executions: dict[int, int] | None = None,
+    ) -> None:
         """Queue ``attempts`` (attempt numbers) of ``group``; ``executions`` gives the next
         execution number per attempt when resuming."""
         self.groups.append(group)
         for attempt in attempts:
-            ex = Execution(group, attempt, (executions or {}).get(attempt, 0), attempt_seed(seed, group.task.task_id, attempt), now)
+            ex = Execution(
+                group,
+                attempt,
+                (executions or {}).get(attempt, 0),
+                attempt_seed(seed, group.task.task_id, attempt),
+                now,
+            )
             self.queue.append(ex)
             self.scheduled += 1
 

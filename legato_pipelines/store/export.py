@@ -16,25 +16,27 @@ import pyarrow.parquet as pq
 from ..errors import ConfigError
 from .rundir import iter_final, load_messages, read_meta, read_records
 
-SAMPLE_SCHEMA = pa.schema([
-    ("rollout_id", pa.string()),
-    ("group_id", pa.string()),
-    ("task_id", pa.string()),
-    ("attempt", pa.int32()),
-    ("step", pa.int32()),
-    ("messages", pa.string()),  # JSON list of the exact messages sent (image refs or data URLs)
-    ("response_text", pa.string()),
-    ("response_reasoning", pa.string()),
-    ("response_token_ids", pa.list_(pa.int64())),
-    ("response_logprobs", pa.list_(pa.float64())),
-    ("response_tokens", pa.list_(pa.string())),
-    ("finish_reason", pa.string()),
-    ("reward", pa.float64()),
-    ("advantage", pa.float64()),
-    ("status", pa.string()),
-    ("policy_version", pa.string()),
-    ("task_set", pa.string()),
-])
+SAMPLE_SCHEMA = pa.schema(
+    [
+        ("rollout_id", pa.string()),
+        ("group_id", pa.string()),
+        ("task_id", pa.string()),
+        ("attempt", pa.int32()),
+        ("step", pa.int32()),
+        ("messages", pa.string()),  # JSON list of the exact messages sent (image refs or data URLs)
+        ("response_text", pa.string()),
+        ("response_reasoning", pa.string()),
+        ("response_token_ids", pa.list_(pa.int64())),
+        ("response_logprobs", pa.list_(pa.float64())),
+        ("response_tokens", pa.list_(pa.string())),
+        ("finish_reason", pa.string()),
+        ("reward", pa.float64()),
+        ("advantage", pa.float64()),
+        ("status", pa.string()),
+        ("policy_version", pa.string()),
+        ("task_set", pa.string()),
+    ]
+)
 
 
 def group_advantages(records: list[dict[str, Any]]) -> dict[str, float]:
@@ -51,7 +53,9 @@ def group_advantages(records: list[dict[str, Any]]) -> dict[str, float]:
         groups[record["group_id"]].append(record)
     out: dict[str, float] = {}
     for members in groups.values():
-        rewards = np.array([m["reward"] if m["reward"] is not None else 0.0 for m in members], dtype=float)
+        rewards = np.array(
+            [m["reward"] if m["reward"] is not None else 0.0 for m in members], dtype=float
+        )
         mean, std = rewards.mean(), rewards.std()
         for member, reward in zip(members, rewards, strict=True):
             out[member["rollout_id"]] = 0.0 if std < 1e-12 else float((reward - mean) / std)
@@ -78,7 +82,9 @@ def export_steps(run_dir: str | Path, *, inline_images: bool = False) -> pa.Tabl
             rows["task_id"].append(record["task_id"])
             rows["attempt"].append(record["attempt"])
             rows["step"].append(step["step"])
-            rows["messages"].append(_messages_json(run_dir, step["request"], inline_images, message_cache))
+            rows["messages"].append(
+                _messages_json(run_dir, step["request"], inline_images, message_cache)
+            )
             rows["response_text"].append(response.get("content"))
             rows["response_reasoning"].append(response.get("reasoning"))
             rows["response_token_ids"].append(response.get("token_ids"))
@@ -98,7 +104,9 @@ def _messages_json(run_dir, shas: list[str], inline: bool, cache: dict[str, str]
     parts = []
     for sha in shas:
         if sha not in cache:
-            cache[sha] = orjson.dumps(load_messages(run_dir, [sha], inline_images=inline)[0]).decode()
+            cache[sha] = orjson.dumps(
+                load_messages(run_dir, [sha], inline_images=inline)[0]
+            ).decode()
         parts.append(cache[sha])
     return "[" + ",".join(parts) + "]"
 

@@ -83,7 +83,9 @@ class RunWriter:
             for knob in ("group", "oversample"):
                 a, b = old.get("knobs", {}).get(knob), meta.get("knobs", {}).get(knob)
                 if a is not None and a != b:
-                    raise ResumeError(f"out: {self.root} was collected with {knob}={a}, not {b} (fix: same --{knob}, or another --out)")
+                    raise ResumeError(
+                        f"out: {self.root} was collected with {knob}={a}, not {b} (fix: same --{knob}, or another --out)"
+                    )
         else:
             atomic_write(meta_path, orjson.dumps(meta, option=orjson.OPT_INDENT_2))
         records = read_records(self.root, repair=True)
@@ -132,7 +134,9 @@ def read_meta(run_dir: str | Path) -> dict[str, Any]:
     """``run.json`` of a run directory; raises ``ConfigError`` when it is not one."""
     path = Path(run_dir) / RUN_META
     if not path.is_file():
-        raise ConfigError(f"{run_dir}: not a legato run directory (no {RUN_META}); pass the --out of a collect")
+        raise ConfigError(
+            f"{run_dir}: not a legato run directory (no {RUN_META}); pass the --out of a collect"
+        )
     return orjson.loads(path.read_bytes())
 
 
@@ -164,7 +168,9 @@ def iter_final(records: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
     return (r for r in records if r["status"] in ("ok", "truncated"))
 
 
-def load_messages(run_dir: str | Path, shas: list[str], *, inline_images: bool = True) -> list[dict[str, Any]]:
+def load_messages(
+    run_dir: str | Path, shas: list[str], *, inline_images: bool = True
+) -> list[dict[str, Any]]:
     """The messages with these hashes, images inlined as the data URLs that went over the wire
     (``inline_images``) or left as ``legato-image://<sha>`` refs."""
     root = Path(run_dir)
@@ -201,7 +207,9 @@ def load_request(run_dir: str | Path, rollout_id: str, step: int) -> list[dict[s
         if record["rollout_id"] == rollout_id:
             steps = record.get("steps") or []
             if not 0 <= step < len(steps):
-                raise KeyError(f"rollout {rollout_id} has {len(steps)} steps; step {step} does not exist (steps count from 0)")
+                raise KeyError(
+                    f"rollout {rollout_id} has {len(steps)} steps; step {step} does not exist (steps count from 0)"
+                )
             return load_messages(run_dir, steps[step]["request"])
     raise KeyError(f"no rollout {rollout_id!r} in {run_dir}")
 
