@@ -77,7 +77,7 @@ def _summary(batch: Batch) -> dict:
 )
 def rollouts(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
     store = lake.lake
-    batch = find_batch(context.instance, context.partition_key, store, context.run_id)
+    batch = find_batch(context.instance, context.partition_key, store, context.run.run_id)
     records = read_records(batch.run_dir)
     table = rollouts_table(records, batch.lineage)
     steps = steps_table(records, batch.lineage)
@@ -125,7 +125,7 @@ def training_samples(
     context: dg.AssetExecutionContext, config: SamplesConfig, lake: LakeResource
 ) -> dg.MaterializeResult:
     store = lake.lake
-    batch = find_batch(context.instance, context.partition_key, store, context.run_id)
+    batch = find_batch(context.instance, context.partition_key, store, context.run.run_id)
     table = samples_table(export_steps(batch.run_dir), batch.lineage)
     path = store.write("samples", batch.lineage.policy_version, table)
     store.refresh_views()
@@ -167,7 +167,7 @@ def training_samples(
 )
 def profile_summary(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
     store = lake.lake
-    batch = find_batch(context.instance, context.partition_key, store, context.run_id)
+    batch = find_batch(context.instance, context.partition_key, store, context.run.run_id)
     summary = _summary(batch)
     table = profile_table(summary, batch.lineage)
     version = batch.lineage.policy_version
