@@ -641,7 +641,13 @@ def main(argv: list[str] | None = None) -> None:
         template=args.template,
     )
     server = DesktopServer(session, remove_state=own_state)
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so (else Nagle +
+    # delayed ACK add ~40 ms to every response).
+    sock = socket.socket(
+        socket.AF_INET6 if ":" in args.host else socket.AF_INET,
+        socket.SOCK_STREAM,
+        socket.IPPROTO_TCP,
+    )
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
     sock.listen(128)

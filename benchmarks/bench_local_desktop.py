@@ -1,0 +1,176 @@
+"""Benchmark the local desktop: ready-signal cost, action/observe latency, reset-to-ready.
+
+    python benchmarks/bench_local_desktop.py [--width 1280 --height 720] [--n 10] [--json out.json]
+
+Starts one real desktop server (Xvfb + openbox) and measures, with real apps:
+  probe      one ready-signal probe in-process: raw grab + frame comparison (ms)
+  act        POST /legato/act round trip for a click, a 20-character type, a key chord (ms)
+  ready      POST /legato/wait after typing into l3afpad: ready_s and the whole wait (s)
+  observe    GET /legato/observe: PNG grab + encode + transfer (ms) and PNG size (KB)
+  reset      reset-to-ready for an editor task (l3afpad on a file) and a terminal task (xterm):
+             LocalDesktop.reset (server fast reset + setup steps) + wait_after_reset (s)
+Numbers are medians with (min-max). Needs Xvfb, openbox, l3afpad and xterm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from legato_pipelines.actions import Action
+from legato_pipelines.desktops.base import DesktopConfig
+from legato_pipelines.desktops.local import open_local_desktops
+from legato_pipelines.tasks import Task
+
+
+def summary(values: list[float], scale: float = 1.0) -> dict:
+    values = [v * scale for v in values]
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+def task(task_id: str, steps: list[dict]) -> Task:
+    return Task(
+        task_id,
+        None,
+        {"instruction": task_id, "config": steps, "evaluator": {"func": "infeasible"}},
+        "inline",
+    )
+
+
+EDITOR = task(
+    "editor",
+    [
+        {
+            "type": "execute",
+            "parameters": {"command": "printf 'draft\\n' > ~/todo.txt", "shell": True},
+        },
+        {"type": "launch", "parameters": {"command": ["l3afpad", "~/todo.txt"]}},
+    ],
+)
+TERMINAL = task("terminal", [{"type": "launch", "parameters": {"command": ["xterm"]}}])
+
+
+def probe_cost(display: str, n: int = 200) -> dict:
+    from legato_pipelines.desktops.local.ready import frame_delta
+    from legato_pipelines.desktops.local.screen import Screen
+
+    screen = Screen(display)
+    previous = screen.frame()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        current = screen.frame()
+        frame_delta(previous, current)
+        times.append(time.perf_counter() - t0)
+        previous = current
+    screen.close()
+    return summary(times, 1000)
+
+
+async def bench(width: int, height: int, n: int) -> dict:
+    (desktop,) = await open_local_desktops(
+        DesktopConfig(backend="local", screen_width=width, screen_height=height), 1
+    )
+    client = desktop.client
+    results: dict = {"screen": [width, height]}
+    try:
+        health = await client.health()
+        results["probe_ms"] = await asyncio.to_thread(probe_cost, health["display"])
+
+        await desktop.reset(EDITOR)
+        await desktop.wait_after_reset()
+        acts: dict[str, list[float]] = {"click": [], "type20": [], "key": []}
+        ready, waits = [], []
+        for i in range(n):
+            for name, action in (
+                ("click", Action("left_click", x=width // 2, y=height // 2)),
+                ("type20", Action("type", text=f"line {i:02d} of the bench\n"[:20])),
+                ("key", Action("key", keys=("ctrl", "s"))),
+            ):
+                t0 = time.perf_counter()
+                await desktop.act(action)
+                acts[name].append(time.perf_counter() - t0)
+                waited = await desktop.wait_after_action(action)
+                if name == "type20":
+                    ready.append(waited.ready_s)
+                    waits.append(waited.wait_s)
+        results["act_ms"] = {name: summary(v, 1000) for name, v in acts.items()}
+        results["ready_after_type"] = {"ready_s": summary(ready), "wait_s": summary(waits)}
+
+        obs, sizes = [], []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            shot = await desktop.observe()
+            obs.append(time.perf_counter() - t0)
+            sizes.append(len(shot.png) / 1024)
+        results["observe_ms"] = summary(obs, 1000)
+        results["png_kb"] = summary(sizes)
+
+        for t in (EDITOR, TERMINAL):
+            totals, server_reset, ready_s = [], [], []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                await desktop.reset(t)
+                waited = await desktop.wait_after_reset()
+                totals.append(time.perf_counter() - t0)
+                server_reset.append(desktop.last_reset["reset_s"])
+                ready_s.append(waited.ready_s)
+            results[f"reset_{t.task_id}"] = {
+                "reset_to_ready_s": summary(totals),
+                "server_reset_s": summary(server_reset),
+                "ready_s": summary(ready_s),
+            }
+    finally:
+        await desktop.close()
+    return results
+
+
+def show(results: dict) -> None:
+    def fmt(s: dict, unit: str) -> str:
+        return f"{s['median']:.3g} {unit} ({s['min']:.3g}-{s['max']:.3g}, n={s['n']})"
+
+    table = Table(title=f"local desktop {results['screen'][0]}x{results['screen'][1]}")
+    table.add_column("measure")
+    table.add_column("median (min-max)")
+    table.add_row("ready probe (grab + compare)", fmt(results["probe_ms"], "ms"))
+    for name, s in results["act_ms"].items():
+        table.add_row(f"act {name} (HTTP round trip)", fmt(s, "ms"))
+    table.add_row("ready_s after typing", fmt(results["ready_after_type"]["ready_s"], "s"))
+    table.add_row("wait after typing (client)", fmt(results["ready_after_type"]["wait_s"], "s"))
+    table.add_row("observe (grab + PNG + HTTP)", fmt(results["observe_ms"], "ms"))
+    table.add_row("PNG size", fmt(results["png_kb"], "KB"))
+    for name in ("editor", "terminal"):
+        r = results[f"reset_{name}"]
+        table.add_row(f"reset-to-ready, {name} task", fmt(r["reset_to_ready_s"], "s"))
+        table.add_row(f"  server fast reset ({name})", fmt(r["server_reset_s"], "s"))
+        table.add_row(f"  ready_s after reset ({name})", fmt(r["ready_s"], "s"))
+    Console().print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--width", type=int, default=1280)
+    parser.add_argument("--height", type=int, default=720)
+    parser.add_argument("--n", type=int, default=10)
+    parser.add_argument("--json", default=None, help="also write the numbers to this file")
+    args = parser.parse_args()
+    results = asyncio.run(bench(args.width, args.height, args.n))
+    show(results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
