@@ -49,3 +49,9 @@ def policy_server_process(*args: str):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(10)
+
+
+DONE = (
+    'Action: The task is done.\n<tool_call>\n{"name": "computer_use", "arguments": '
+    '{"action": "terminate", "status": "success"}}\n</tool_call>'
+)
