@@ -129,7 +129,7 @@ def check_command(
         path = _resolve_tasks_path(tasks, osworld)
         task_set = load_tasks(path, osworld=osworld)
     except TaskListError as exc:
-        _err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        _err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     support = BackendSupport(cache_dir=cache_dir)
     classes = [classify_task(task, backend_support=support) for task in task_set]
