@@ -20,6 +20,7 @@ from . import collect as _collect  # noqa: E402,F401
 from . import policy as _policy  # noqa: E402,F401
 from . import tasks as _tasks  # noqa: E402,F401
 from . import desktop as _desktop  # noqa: E402,F401
+from . import demo as _demo  # noqa: E402,F401
 
 
 def main() -> None:

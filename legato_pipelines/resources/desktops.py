@@ -25,7 +25,8 @@ class DesktopPoolResource(dg.ConfigurableResource):
     backend: Literal["fake", "local", "osworld"] = Field(
         default="fake", description="Desktop backend (LEGATO_BACKEND)."
     )
-    desktops: int = Field(default=4, ge=1, description="Desktops run at once (LEGATO_DESKTOPS).")
+    # No ge=1 here: an EnvVar.int placeholder is validated as 0; the engine checks the count.
+    desktops: int = Field(default=4, description="Desktops run at once (LEGATO_DESKTOPS).")
     screen_width: int = Field(default=1280, ge=64, le=8192, description="Pixels.")
     screen_height: int = Field(default=720, ge=64, le=8192, description="Pixels.")
     eval_timeout: float = Field(default=120.0, gt=0, description="Seconds an evaluation may take.")
