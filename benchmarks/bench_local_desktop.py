@@ -9,6 +9,8 @@ Starts one real desktop server (Xvfb + openbox) and measures, with real apps:
   observe    GET /legato/observe: PNG grab + encode + transfer (ms) and PNG size (KB)
   reset      reset-to-ready for an editor task (l3afpad on a file) and a terminal task (xterm):
              LocalDesktop.reset (server fast reset + setup steps) + wait_after_reset (s)
+  calc       (--calc) the same for a LibreOffice Calc task (open a CSV), with a fresh profile
+             per attempt vs a profile pre-built into the baseline HOME
 Numbers are medians with (min-max). Needs Xvfb, openbox, l3afpad and xterm.
 """
 
@@ -59,6 +61,39 @@ EDITOR = task(
     ],
 )
 TERMINAL = task("terminal", [{"type": "launch", "parameters": {"command": ["xterm"]}}])
+CALC = task(
+    "calc",
+    [
+        {"type": "execute", "parameters": {"command": "printf 'item,qty\\napples,3\\n' > ~/data.csv", "shell": True}},
+        {"type": "open", "parameters": {"path": "~/data.csv"}},
+    ],
+)
+
+
+async def bench_calc(width: int, height: int, n: int) -> dict:
+    """Reset-to-ready of a LibreOffice Calc task, with and without a pre-built profile
+    (alternating desktops, so machine load hits both alike)."""
+    results = {}
+    desktops = {}
+    for name, prebuild in (("fresh_profile", ()), ("prebuilt_profile", ("libreoffice",))):
+        config = DesktopConfig(
+            backend="local", screen_width=width, screen_height=height, options={"prebuild": list(prebuild)}
+        )
+        (desktops[name],) = await open_local_desktops(config, 1)
+        results[name] = {"reset_to_ready_s": [], "ready_s": []}
+    try:
+        for _ in range(n):
+            for name, desktop in desktops.items():
+                t0 = time.perf_counter()
+                await desktop.reset(CALC)
+                waited = await desktop.wait_after_reset()
+                results[name]["reset_to_ready_s"].append(time.perf_counter() - t0)
+                results[name]["ready_s"].append(waited.ready_s)
+    finally:
+        for desktop in desktops.values():
+            await desktop.reset(TERMINAL)
+            await desktop.close()
+    return {name: {k: summary(v) for k, v in r.items()} for name, r in results.items()}
 
 
 def probe_cost(display: str, n: int = 200) -> dict:
@@ -155,6 +190,9 @@ def show(results: dict) -> None:
         table.add_row(f"reset-to-ready, {name} task", fmt(r["reset_to_ready_s"], "s"))
         table.add_row(f"  server fast reset ({name})", fmt(r["server_reset_s"], "s"))
         table.add_row(f"  ready_s after reset ({name})", fmt(r["ready_s"], "s"))
+    for name, r in results.get("calc", {}).items():
+        table.add_row(f"reset-to-ready, calc task, {name}", fmt(r["reset_to_ready_s"], "s"))
+        table.add_row(f"  ready_s after reset (calc, {name})", fmt(r["ready_s"], "s"))
     Console().print(table)
 
 
@@ -164,8 +202,11 @@ def main() -> None:
     parser.add_argument("--height", type=int, default=720)
     parser.add_argument("--n", type=int, default=10)
     parser.add_argument("--json", default=None, help="also write the numbers to this file")
+    parser.add_argument("--calc", action="store_true", help="also LibreOffice Calc (needs libreoffice-calc)")
     args = parser.parse_args()
     results = asyncio.run(bench(args.width, args.height, args.n))
+    if args.calc:
+        results["calc"] = asyncio.run(bench_calc(args.width, args.height, args.n))
     show(results)
     if args.json:
         with open(args.json, "w") as f:

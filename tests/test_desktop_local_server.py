@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import shutil
 
 import httpx
 import pytest
@@ -211,3 +212,37 @@ async def test_pointer_actions_and_bad_input(client):
         await client.act(Action("left_click"))
     with pytest.raises(DesktopError, match="unknown wait mode"):
         await client.wait("sometime")
+
+
+async def test_a_dead_display_is_restarted_by_the_next_reset(client):
+    xvfb = next(p["pid"] for p in (await client.processes())["infra"] if p["comm"] == "Xvfb")
+    os.kill(xvfb, 9)
+    for _ in range(100):
+        if not (await client.health())["ok"]:
+            break
+        await asyncio.sleep(0.02)
+    assert not (await client.health())["ok"]
+    with pytest.raises(DesktopError) as failure:
+        await client.screenshot()
+    assert failure.value.kind == "crash"
+    result = await client.reset()  # asked for fast, but the display is gone: full restart
+    assert result["kind"] == "full" and (await client.health())["ok"]
+    assert png_size(await client.screenshot()) == (1024, 768)
+
+
+@pytest.mark.skipif(shutil.which("soffice") is None, reason="libreoffice not installed")
+async def test_prebuilt_libreoffice_profile_is_in_the_baseline():
+    server = RunningServer(width=640, height=480, prebuild=("libreoffice",))
+    try:
+        client = server.client()
+        registry = await client.file("~/.config/libreoffice/4/user/registrymodifications.xcu")
+        assert b'"ShowTipOfTheDay"' in registry and b'"FirstRun"' in registry
+        await client.execute("rm -rf ~/.config/libreoffice", shell=True)
+        await client.reset()
+        assert (
+            await client.file("~/.config/libreoffice/4/user/registrymodifications.xcu") == registry
+        )
+        assert (await client.processes())["task"] == []  # the headless soffice is gone
+        await client.aclose()
+    finally:
+        server.stop()

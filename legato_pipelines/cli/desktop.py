@@ -69,6 +69,10 @@ def serve(
     user: Annotated[
         str, typer.Option(help="Unprivileged desktop user when run as root (created if missing).")
     ] = "legato-desktop",
+    prebuild: Annotated[
+        list[str] | None,
+        typer.Option(help="Build this app's profile into each baseline HOME (libreoffice)."),
+    ] = None,
     token_file: Annotated[
         Path,
         typer.Option(help=f"Where a generated token is written when {DEFAULT_TOKEN_ENV} is unset."),
@@ -80,7 +84,9 @@ def serve(
         _err.print(
             f"[yellow]warning:[/] listening on {host}: plain HTTP, the token is the only protection"
         )
-    asyncio.run(_serve(count, host, port_start, width, height, user, token, written))
+    asyncio.run(
+        _serve(count, host, port_start, width, height, user, tuple(prebuild or ()), token, written)
+    )
 
 
 async def _serve(
@@ -90,12 +96,19 @@ async def _serve(
     width: int,
     height: int,
     user: str,
+    prebuild: tuple[str, ...],
     token: str,
     written: Path | None,
 ) -> None:
     servers = [
         ServerProcess(
-            width=width, height=height, host=host, port=port_start + i, user=user, token=token
+            width=width,
+            height=height,
+            host=host,
+            port=port_start + i,
+            user=user,
+            prebuild=prebuild,
+            token=token,
         )
         for i in range(count)
     ]

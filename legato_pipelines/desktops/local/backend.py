@@ -19,6 +19,7 @@ started (``legato desktop serve``) that it attaches to by URL. Per attempt::
   host          address started servers listen on (default 127.0.0.1)
   user          desktop user when the servers run as root (default legato-desktop)
   template      directory copied into each baseline HOME (pre-built app profiles)
+  prebuild      apps whose profile each server builds into its baseline HOME: ["libreoffice"]
   cache_dir     read-only file cache for ``download`` steps and ``cloud_file`` getters
   start_timeout seconds a server may take to come up (default 30)
 """
@@ -45,7 +46,17 @@ from .client import DesktopClient
 from .wire import DEFAULT_TOKEN_ENV, READY_LINE
 
 OPTION_NAMES = frozenset(
-    {"urls", "token_env", "base_port", "host", "user", "template", "cache_dir", "start_timeout"}
+    {
+        "urls",
+        "token_env",
+        "base_port",
+        "host",
+        "user",
+        "template",
+        "prebuild",
+        "cache_dir",
+        "start_timeout",
+    }
 )
 SECRET_ENV = ("LEGATO_POLICY_KEY",)  # never handed to a desktop server or its apps
 DEFAULT_WAIT_ACTION_S = 1.0  # a ``wait`` action without ``seconds``
@@ -68,11 +79,13 @@ class ServerProcess:
         port: int = 0,
         user: str | None = None,
         template: str | None = None,
+        prebuild: tuple[str, ...] = (),
         start_timeout: float = 30.0,
         token: str | None = None,
     ):
         self.width, self.height, self.host, self.port = width, height, host, port
         self.user, self.template, self.start_timeout = user, template, start_timeout
+        self.prebuild = tuple(prebuild)
         self.url: str | None = None
         self._fixed_token = token
         self.token: str = token or ""
@@ -118,6 +131,8 @@ class ServerProcess:
             argv += ["--user", self.user]
         if self.template:
             argv += ["--template", str(self.template)]
+        for app in self.prebuild:
+            argv += ["--prebuild", app]
         self._proc = await asyncio.create_subprocess_exec(
             *argv, env=env, stdout=asyncio.subprocess.PIPE, start_new_session=True
         )
@@ -342,6 +357,7 @@ async def open_local_desktops(config: DesktopConfig, n: int) -> list[LocalDeskto
             port=(int(base_port) + i) if base_port else 0,
             user=options.get("user"),
             template=options.get("template"),
+            prebuild=tuple(options.get("prebuild", ())),
             start_timeout=float(options.get("start_timeout", 30.0)),
         )
         for i in range(n)

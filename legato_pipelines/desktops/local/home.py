@@ -61,6 +61,25 @@ def build_baseline(
         _chown_tree(baseline, uid, gid if gid is not None else uid)
 
 
+#: LibreOffice settings for a pre-built profile: no first-run wizard, no tip-of-the-day dialog.
+LIBREOFFICE_ITEMS = (
+    '<item oor:path="/org.openoffice.Office.Common/Misc"><prop oor:name="ShowTipOfTheDay" oor:op="fuse"><value>false</value></prop></item>',
+    '<item oor:path="/org.openoffice.Office.Common/Misc"><prop oor:name="FirstRun" oor:op="fuse"><value>false</value></prop></item>',
+)
+LIBREOFFICE_REGISTRY = ".config/libreoffice/4/user/registrymodifications.xcu"
+
+
+def add_libreoffice_settings(home: Path) -> None:
+    """Write :data:`LIBREOFFICE_ITEMS` into the profile's ``registrymodifications.xcu``.
+
+    Raises ``FileNotFoundError`` when the profile has not been built.
+    """
+    registry = home / LIBREOFFICE_REGISTRY
+    text = registry.read_text()
+    missing = "".join(item for item in LIBREOFFICE_ITEMS if item not in text)
+    registry.write_text(text.replace("</oor:items>", missing + "</oor:items>"))
+
+
 def restore(baseline: Path, home: Path) -> None:
     """Make ``home`` an exact copy of ``baseline`` (owner, modes and links kept).
 

@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import os
 import shutil
 import socket
@@ -59,7 +60,6 @@ from starlette.routing import Route
 
 from ...actions import Action
 from . import apps
-from .input import InputError
 from .procs import become_subreaper, process_table
 from .ready import HEAVY_APPS, ReadyResult, policy_for, wait_until_ready
 from .session import Session, SessionError
@@ -71,6 +71,7 @@ OPEN_FILE_TIMEOUT_S = 60.0
 FILE_TIMEOUT_S = 60.0
 REAP_INTERVAL_S = 1.0
 ACTION_FIELDS = {f.name for f in fields(Action)}
+log = logging.getLogger("legato.desktop")
 
 
 class BadRequest(ValueError):
@@ -494,36 +495,46 @@ def build_app(server: DesktopServer, token: str, *, manage_lifecycle: bool = Tru
 
         return JSONResponse(await asyncio.to_thread(collect))
 
+    def guarded(endpoint):
+        """Errors become JSON answers here: bad input -> 400, anything else -> 500 with ``kind``
+        ``crash`` when the display is gone. (Starlette's catch-all handler re-raises, and
+        uvicorn then drops the keep-alive connection under the client's next request.)"""
+
+        async def handler(request: Request) -> Response:
+            try:
+                return await endpoint(request)
+            except ValueError as exc:  # BadRequest, InputError, bad commands
+                return _error(400, str(exc))
+            except Exception as exc:
+                log.exception("%s %s failed", request.method, request.url.path)
+                kind = "crash" if not s.session.alive() else "server"
+                return _error(500, f"{type(exc).__name__}: {exc}", kind)
+
+        return handler
+
     routes = [
-        Route("/screenshot", screenshot, methods=["GET"]),
-        Route("/execute", execute, methods=["POST"]),
-        Route("/setup/execute", execute, methods=["POST"]),
-        Route("/setup/launch", launch, methods=["POST"]),
-        Route("/setup/open_file", open_file, methods=["POST"]),
-        Route("/setup/activate_window", window_route(close=False), methods=["POST"]),
-        Route("/setup/close_window", window_route(close=True), methods=["POST"]),
-        Route("/setup/upload", upload, methods=["POST"]),
-        Route("/file", file, methods=["POST"]),
-        Route("/platform", platform, methods=["GET"]),
-        Route("/screen_size", screen_size, methods=["GET", "POST"]),
-        Route("/cursor_position", cursor_position, methods=["GET"]),
-        Route("/terminal", terminal, methods=["GET"]),
-        Route("/accessibility", accessibility, methods=["GET"]),
-        Route("/desktop_path", desktop_path, methods=["POST", "GET"]),
-        Route("/legato/act", act, methods=["POST"]),
-        Route("/legato/wait", wait, methods=["POST"]),
-        Route("/legato/observe", observe, methods=["GET", "POST"]),
-        Route("/legato/reset", reset, methods=["POST"]),
-        Route("/legato/health", health, methods=["GET"]),
-        Route("/legato/processes", processes, methods=["GET"]),
+        Route("/screenshot", guarded(screenshot), methods=["GET"]),
+        Route("/execute", guarded(execute), methods=["POST"]),
+        Route("/setup/execute", guarded(execute), methods=["POST"]),
+        Route("/setup/launch", guarded(launch), methods=["POST"]),
+        Route("/setup/open_file", guarded(open_file), methods=["POST"]),
+        Route("/setup/activate_window", guarded(window_route(close=False)), methods=["POST"]),
+        Route("/setup/close_window", guarded(window_route(close=True)), methods=["POST"]),
+        Route("/setup/upload", guarded(upload), methods=["POST"]),
+        Route("/file", guarded(file), methods=["POST"]),
+        Route("/platform", guarded(platform), methods=["GET"]),
+        Route("/screen_size", guarded(screen_size), methods=["GET", "POST"]),
+        Route("/cursor_position", guarded(cursor_position), methods=["GET"]),
+        Route("/terminal", guarded(terminal), methods=["GET"]),
+        Route("/accessibility", guarded(accessibility), methods=["GET"]),
+        Route("/desktop_path", guarded(desktop_path), methods=["POST", "GET"]),
+        Route("/legato/act", guarded(act), methods=["POST"]),
+        Route("/legato/wait", guarded(wait), methods=["POST"]),
+        Route("/legato/observe", guarded(observe), methods=["GET", "POST"]),
+        Route("/legato/reset", guarded(reset), methods=["POST"]),
+        Route("/legato/health", guarded(health), methods=["GET"]),
+        Route("/legato/processes", guarded(processes), methods=["GET"]),
     ]
-
-    async def bad_request(request: Request, exc: Exception) -> Response:
-        return _error(400, str(exc))
-
-    async def failed(request: Request, exc: Exception) -> Response:
-        kind = "crash" if not s.session.alive() else "server"
-        return _error(500, f"{type(exc).__name__}: {exc}", kind)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -537,12 +548,6 @@ def build_app(server: DesktopServer, token: str, *, manage_lifecycle: bool = Tru
 
     app = Starlette(
         routes=routes,
-        exception_handlers={
-            BadRequest: bad_request,
-            InputError: bad_request,
-            ValueError: bad_request,
-            Exception: failed,
-        },
         lifespan=lifespan,
     )
     return TokenAuth(app, token)
@@ -612,6 +617,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--template", type=Path, default=None, help="directory copied into the baseline HOME"
     )
+    parser.add_argument(
+        "--prebuild",
+        action="append",
+        default=[],
+        choices=["libreoffice"],
+        help="build this app's profile into the baseline HOME at start (repeatable)",
+    )
     parser.add_argument("--log-level", default="warning")
     return parser.parse_args(argv)
 
@@ -639,6 +651,7 @@ def main(argv: list[str] | None = None) -> None:
         state_dir=state,
         user=args.user,
         template=args.template,
+        prebuild=tuple(args.prebuild),
     )
     server = DesktopServer(session, remove_state=own_state)
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so (else Nagle +
