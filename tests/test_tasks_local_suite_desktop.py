@@ -1,0 +1,71 @@
+"""The local suite's scripts on real local desktops (Xvfb + apps): correct scores 1, wrong < 1.
+
+Drives the ``local`` backend through the Desktop protocol with the scripted responses parsed
+by the harness parser, one task per app plus an infeasible one (the whole suite: run
+``legato collect --backend local`` with ``scripts/correct.json``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+from pathlib import Path
+
+import orjson
+import pytest
+
+from legato_pipelines.desktops import open_desktops
+from legato_pipelines.desktops.base import DesktopConfig
+from legato_pipelines.harness.parse import CoordinateMap, parse_response
+from legato_pipelines.tasks import load_tasks
+
+SUITE = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "local"
+TASKS = ("local-term-sort", "local-edit-append", "local-calc-edit-cell", "local-term-infeasible")
+APPS = ("Xvfb", "openbox", "xterm", "l3afpad", "libreoffice", "wmctrl")
+
+pytestmark = [
+    pytest.mark.desktop,
+    pytest.mark.slow,
+    pytest.mark.skipif(not all(shutil.which(a) for a in APPS), reason=f"needs {', '.join(APPS)}"),
+]
+
+
+async def run_script(desktop, task, responses):
+    await desktop.reset(task, seed=0)
+    await desktop.wait_after_reset()
+    coords = CoordinateMap.relative(desktop.screen_size)
+    terminal = None
+    for text in responses:
+        parsed = parse_response(text, "stop", variant="qwen3vl", coords=coords)
+        for action in parsed.actions:
+            await desktop.act(action)
+            await desktop.wait_after_action(action)
+        if parsed.terminal:
+            terminal = parsed.terminal
+            break
+    await desktop.wait_before_eval()
+    return await desktop.evaluate(task, last_action_fail=terminal == "fail")
+
+
+async def test_correct_scripts_score_one_and_wrong_ones_less():
+    config = DesktopConfig(backend="local", options={"prebuild": ["libreoffice"]})
+    [desktop] = await open_desktops(config, 1)
+    try:
+        for method, keyword in (("reset", "seed"), ("evaluate", "last_action_fail")):
+            if keyword not in inspect.signature(getattr(desktop, method)).parameters:
+                pytest.skip(
+                    f"the local backend's {method}() does not take the protocol's {keyword!r} yet"
+                )
+        tasks = {t.task_id: t for t in load_tasks(SUITE / "tasks.json")}
+        scripts = {
+            n: orjson.loads((SUITE / "scripts" / f"{n}.json").read_bytes())["tasks"]
+            for n in ("correct", "wrong")
+        }
+        for task_id in TASKS:
+            task = tasks[task_id]
+            good = await run_script(desktop, task, scripts["correct"][task.instruction])
+            assert (good.reward, good.error) == (1.0, None), task_id
+            bad = await run_script(desktop, task, scripts["wrong"][task.instruction])
+            assert bad.reward < 1.0 and bad.error is None, task_id
+    finally:
+        await desktop.close()
