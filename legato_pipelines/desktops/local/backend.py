@@ -196,7 +196,6 @@ class LocalDesktop:
         self.server = server
         self.last_reset: dict[str, Any] | None = None
         self._force_full = False
-        self._last_action_fail = False
         self._work_dir: str | None = None
         self._cache_dir = config.options.get("cache_dir")
 
@@ -205,14 +204,16 @@ class LocalDesktop:
 
     # -- Desktop protocol ----------------------------------------------------------------------
 
-    async def reset(self, task: Task) -> str:
-        """Server reset (fast where allowed), then the task's setup steps. ``"fast"`` | ``"revert"``."""
+    async def reset(self, task: Task, *, seed: int = 0) -> str:
+        """Server reset (fast where allowed), then the task's setup steps. ``"fast"`` | ``"revert"``.
+
+        ``seed`` is ignored: a real desktop has no randomness of its own to seed.
+        """
         from ...osworld_format import needs_full_reset, run_setup
 
         full = self._force_full or not self.config.fast_reset or needs_full_reset(task)
         self.last_reset = await self.client.reset(full=full)
         self._force_full = False
-        self._last_action_fail = False
         self._new_work_dir()
         await run_setup(
             task,
@@ -232,9 +233,7 @@ class LocalDesktop:
     async def act(self, action: Action) -> None:
         """XTest input on the server; ``wait`` sleeps here, ``terminate`` does nothing."""
         if action.action == "terminate":
-            self._last_action_fail = action.status == "failure"
             return
-        self._last_action_fail = False
         if action.action == "wait":
             await asyncio.sleep(
                 action.seconds if action.seconds is not None else DEFAULT_WAIT_ACTION_S
@@ -250,10 +249,10 @@ class LocalDesktop:
     async def wait_before_eval(self) -> Wait:
         return await self._wait("eval")
 
-    async def evaluate(self, task: Task) -> Evaluation:
+    async def evaluate(self, task: Task, *, last_action_fail: bool = False) -> Evaluation:
         """Postconfig + OSWorld getters/metrics, within ``eval_timeout`` seconds.
 
-        ``last_action_fail`` (OSWorld's FAIL) is a ``terminate`` with status ``failure``.
+        ``last_action_fail``: the agent's last action was FAIL (OSWorld ``infeasible``).
         Raises ``DesktopError(kind="evaluator")`` when the evaluation hangs.
         """
         from ...osworld_format import evaluate_task
@@ -263,7 +262,7 @@ class LocalDesktop:
                 evaluate_task(
                     task,
                     self.client,
-                    last_action_fail=self._last_action_fail,
+                    last_action_fail=last_action_fail,
                     cache_dir=self._cache_dir,
                     work_dir=self._work_dir,
                     screen_size=self.screen_size,
