@@ -52,30 +52,27 @@ def _yes(value: bool) -> str:
 
 
 def _table(classes: list[TaskClass]) -> Table:
-    table = Table(title="tasks", header_style="bold", show_lines=False)
-    for name in (
-        "task",
-        "domain",
-        "backends",
-        "reset",
-        "internet",
-        "evaluator local",
-        "apps",
-        "local blockers",
-    ):
-        table.add_column(name, overflow="fold")
+    table = Table(title="tasks", header_style="bold")
+    table.add_column("task", overflow="fold")
+    table.add_column("domain", overflow="fold")
+    for name in ("run on", "reset", "net", "eval"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("apps", overflow="fold")
+    table.add_column("local blockers", overflow="fold", ratio=1)
     for c in classes:
-        internet = f"[yellow]yes[/] ({len(c.internet_urls)} url)" if c.needs_internet else "no"
         table.add_row(
             c.task_id if len(c.task_id) <= 24 else c.task_id[:8],
             c.domain or "-",
-            ",".join(c.backends),
+            " ".join(
+                b[0].upper() if b in c.backends else "-" for b in ("local", "osworld", "fake")
+            ),
             "fast" if c.fast_reset_eligible else "[yellow]revert[/]",
-            internet,
+            f"[yellow]yes[/] {len(c.internet_urls)}" if c.needs_internet else "no",
             _yes(c.evaluator_supported_locally),
             ",".join(c.apps) or "-",
             "; ".join(c.local_blockers[:3]) + (" ..." if len(c.local_blockers) > 3 else ""),
         )
+    table.caption = "run on: L local, O osworld, F fake; net: needs the internet (URLs); eval: evaluator runs locally"
     return table
 
 
