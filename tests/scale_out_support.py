@@ -1,0 +1,231 @@
+"""Shared pieces of the scale-out tests: real Postgres and Redis on loopback, and processes
+started in their own process groups (``start_new_session``: the ``set -m`` of
+shared/design/SCALE_OUT.md), each stopped by its group id.
+
+Nothing here listens on anything but 127.0.0.1. Every process a test starts goes through
+:class:`Processes`, whose ``stop_all`` sends SIGTERM to each group, SIGKILL after a grace
+period, and reports which groups needed it.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+PG_BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
+
+
+def pg_tool(name: str) -> str | None:
+    """Path of a PostgreSQL server tool (``initdb``, ``pg_ctl``): PATH, else Debian's
+    ``/usr/lib/postgresql/<major>/bin``."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for d in PG_BIN_DIRS:
+        if (d / name).is_file():
+            return str(d / name)
+    return None
+
+
+needs_postgres = pytest.mark.skipif(
+    pg_tool("initdb") is None or pg_tool("pg_ctl") is None,
+    reason="PostgreSQL server not installed (apt-get install postgresql)",
+)
+needs_redis = pytest.mark.skipif(
+    shutil.which("redis-server") is None,
+    reason="redis-server not installed (apt-get install redis-server)",
+)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    """Block until 127.0.0.1:``port`` accepts connections; ``RuntimeError`` after ``timeout`` s
+    or when ``proc`` exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before port {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout:g} s")
+
+
+@dataclass
+class Processes:
+    """Processes a test started, each the leader of its own process group."""
+
+    procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+
+    def start(self, name: str, argv: list[str], *, log: Path, **kwargs) -> subprocess.Popen:
+        """Start ``argv`` in a new session (own process group), output to ``log``."""
+        log.parent.mkdir(parents=True, exist_ok=True)
+        out = open(log, "ab")  # noqa: SIM115 - kept open for the child's lifetime
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **kwargs
+        )
+        out.close()
+        self.procs.append((name, proc))
+        return proc
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 20.0) -> bool:
+        """Signal the group of process ``name``; SIGKILL it after ``timeout`` s. True when
+        SIGTERM was enough."""
+        for n, proc in self.procs:
+            if n == name:
+                return _stop_group(proc, sig, timeout)
+        raise KeyError(name)
+
+    def stop_all(self, timeout: float = 20.0) -> list[str]:
+        """Stop every group (newest first); return the names that needed SIGKILL."""
+        killed = []
+        for name, proc in reversed(self.procs):
+            if not _stop_group(proc, signal.SIGTERM, timeout):
+                killed.append(name)
+        return killed
+
+    def alive(self) -> list[str]:
+        """Names whose process group still has a member."""
+        return [n for n, p in self.procs if _group_alive(p.pid)]
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a group of zombies only: treat as gone once the leader is reaped
+    return True
+
+
+def _stop_group(proc: subprocess.Popen, sig: int, timeout: float) -> bool:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        proc.poll()
+        return True
+    deadline = time.monotonic() + timeout
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    while time.monotonic() < deadline and _group_alive(proc.pid):
+        time.sleep(0.1)
+    if _group_alive(proc.pid):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+        return False
+    return True
+
+
+class Postgres:
+    """A private PostgreSQL cluster on 127.0.0.1 (``initdb`` + ``pg_ctl``, trust auth, run as
+    the ``postgres`` user when this process is root). ``create_db(name)`` adds a database."""
+
+    user = "postgres"
+
+    def __init__(self):
+        # its own directory under /tmp (not pytest's 0700 tree): the postgres user must reach it
+        self.base = Path(tempfile.mkdtemp(prefix="legato-pg-"))
+        self.data = self.base / "pgdata"
+        self.port = free_port()
+        self.log = self.base / "postgres.log"
+
+    def _as_owner(self, argv: list[str]) -> list[str]:
+        if os.geteuid() == 0:
+            return ["runuser", "-u", "postgres", "--", *argv]
+        return argv
+
+    def start(self) -> Postgres:
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam("postgres")
+            os.chown(self.base, pw.pw_uid, pw.pw_gid)
+        subprocess.run(
+            self._as_owner(
+                [
+                    pg_tool("initdb"),
+                    "-D",
+                    str(self.data),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                ]
+            ),
+            check=True,
+            capture_output=True,
+        )
+        opts = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.base} -c fsync=off"
+        subprocess.run(
+            self._as_owner(
+                [
+                    pg_tool("pg_ctl"),
+                    "-D",
+                    str(self.data),
+                    "-o",
+                    opts,
+                    "-l",
+                    str(self.log),
+                    "-w",
+                    "start",
+                ]
+            ),
+            check=True,
+            capture_output=True,
+        )
+        return self
+
+    def create_db(self, name: str) -> None:
+        import psycopg2
+
+        con = psycopg2.connect(host="127.0.0.1", port=self.port, user=self.user, dbname="postgres")
+        try:
+            con.autocommit = True
+            with con.cursor() as cur:
+                cur.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            con.close()
+
+    def env(self, db: str) -> dict[str, str]:
+        """The ``DAGSTER_PG_*`` variables of deploy/*/dagster.yaml for database ``db``."""
+        return {
+            "DAGSTER_PG_HOST": "127.0.0.1",
+            "DAGSTER_PG_PORT": str(self.port),
+            "DAGSTER_PG_USER": self.user,
+            "DAGSTER_PG_PASSWORD": "unused-trust-auth",
+            "DAGSTER_PG_DB": db,
+        }
+
+    def stop(self) -> None:
+        subprocess.run(
+            self._as_owner([pg_tool("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"]),
+            capture_output=True,
+        )
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def running(self) -> bool:
+        return (self.data / "postmaster.pid").exists()
