@@ -14,6 +14,7 @@ import asyncio
 import ipaddress
 import os
 import secrets
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -112,6 +113,15 @@ async def _serve(
         )
         for i in range(count)
     ]
+    if written is not None:
+        _err.print(
+            f"token written to {written} (mode 0600): export {DEFAULT_TOKEN_ENV}=$(cat {written})"
+        )
+    else:
+        _err.print(f"token: from {DEFAULT_TOKEN_ENV}")
+    # SIGINT cancels the main task already (asyncio.run); SIGTERM should too, so servers stop.
+    main = asyncio.current_task()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
     try:
         await asyncio.gather(*(s.start() for s in servers))
         table = Table(title=f"{count} local desktop(s), {width}x{height}")
@@ -121,12 +131,6 @@ async def _serve(
         for i, s in enumerate(servers):
             table.add_row(f"local-{i}", s.url, str(s.pid))
         Console().print(table)
-        if written is not None:
-            _err.print(
-                f"token written to {written} (mode 0600): export {DEFAULT_TOKEN_ENV}=$(cat {written})"
-            )
-        else:
-            _err.print(f"token: from {DEFAULT_TOKEN_ENV}")
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             for i, s in enumerate(servers):

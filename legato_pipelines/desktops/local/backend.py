@@ -110,7 +110,11 @@ class ServerProcess:
         self.state_dir = Path(tempfile.mkdtemp(prefix="legato-desktop-"))
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
         env[DEFAULT_TOKEN_ENV] = self.token
+        # A parent-death signal: if this process dies (even by SIGKILL), the server gets SIGTERM
+        # and shuts its desktop down instead of leaking it.
+        guard = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
         argv = [
+            *guard,
             sys.executable,
             "-m",
             "legato_pipelines.desktops.local.server",
