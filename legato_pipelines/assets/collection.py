@@ -53,14 +53,14 @@ def rollout_batch(
 
     context.log.info(
         f"collecting {len(task_set)} tasks x {config.group} (task set {task_set.task_set}) with {policy_config.model} "
-        f"at version {version} on {desktops.desktops} {desktops.backend} desktops into {run_dir}"
+        f"at version {version} on {desktops.count()} {desktops.backend} desktops into {run_dir}"
     )
     with policy.credentials():
         summary = collect(
             task_set,
             policy_config,
             run_dir,
-            desktops=desktops.desktops,
+            desktops=desktops.count(),
             desktop=desktops.config(),
             osworld=desktops.osworld,
             on_record=progress,
