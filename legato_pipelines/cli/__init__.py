@@ -21,6 +21,8 @@ from . import policy as _policy  # noqa: E402,F401
 from . import tasks as _tasks  # noqa: E402,F401
 from . import desktop as _desktop  # noqa: E402,F401
 from . import demo as _demo  # noqa: E402,F401
+from . import lake as _lake  # noqa: E402,F401
+from . import osworld as _osworld  # noqa: E402,F401
 
 
 def main() -> None:

@@ -1,0 +1,95 @@
+"""``legato lake query SQL``, ``legato lake views``: the DuckDB read layer from the shell.
+
+The lake root is ``--lake``, else ``$LEGATO_LAKE``, else ``./lake`` (the code location's
+default). The DuckDB file is opened read-only, so queries run while partitions materialize.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import duckdb
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from . import app
+
+lake_app = typer.Typer(
+    help="Query the Parquet lake through its DuckDB views (read-only).", no_args_is_help=True
+)
+app.add_typer(lake_app, name="lake")
+
+console = Console()
+err = Console(stderr=True)
+
+LakeOption = Annotated[
+    Path | None, typer.Option("--lake", help="Lake root; default $LEGATO_LAKE or ./lake.")
+]
+
+
+def _lake(root: Path | None):
+    from ..store.lake import Lake
+
+    return Lake(root or os.environ.get("LEGATO_LAKE") or Path.cwd() / "lake")
+
+
+@lake_app.command("query")
+def query_command(
+    sql: Annotated[
+        str,
+        typer.Argument(
+            help="One SQL statement over rollouts, steps, samples, profile, time_share."
+        ),
+    ],
+    lake: LakeOption = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object per row instead of a table.")
+    ] = False,
+    limit: Annotated[
+        int, typer.Option("--limit", help="Rows shown at most (the table view).")
+    ] = 50,
+) -> None:
+    """Run SQL on the lake's DuckDB views and print the result."""
+    store = _lake(lake)
+    try:
+        result = store.query(sql)
+    except FileNotFoundError as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    except duckdb.Error as exc:
+        err.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+        raise typer.Exit(2) from None
+    rows = result.to_pylist()
+    if as_json:
+        for row in rows:
+            typer.echo(json.dumps(row, default=str))
+        return
+    table = Table()
+    for name in result.column_names:
+        table.add_column(name)
+    for row in rows[:limit]:
+        table.add_row(*["" if v is None else str(v) for v in row.values()])
+    console.print(table)
+    if len(rows) > limit:
+        console.print(f"[dim]{len(rows) - limit} more rows (--limit, or --json for all)[/]")
+
+
+@lake_app.command("views")
+def views_command(lake: LakeOption = None) -> None:
+    """Where the lake is, its views and the policy versions each table holds."""
+    from ..store.lake import TABLES
+
+    store = _lake(lake)
+    console.print(f"lake:   {store.root}\nduckdb: {store.duckdb_path}")
+    table = Table("table", "partitions (policy_version)")
+    for name in TABLES:
+        versions = store.versions(name)
+        table.add_row(
+            name,
+            ", ".join(versions[:10]) + (f" (+{len(versions) - 10})" if len(versions) > 10 else ""),
+        )
+    console.print(table)
