@@ -95,6 +95,20 @@ def collect_command(
         list[str] | None,
         typer.Option("--desktop-option", help="Backend option KEY=JSON (repeatable)."),
     ] = None,
+    osworld_python: Annotated[
+        Path | None,
+        typer.Option(
+            "--osworld-python",
+            help="Backend osworld: interpreter with desktop-env (default: `legato osworld install`'s).",
+        ),
+    ] = None,
+    osworld_provider: Annotated[
+        str | None,
+        typer.Option(
+            "--osworld-provider",
+            help="Backend osworld: DesktopEnv provider (docker | local | vmware | aws | ...; default docker).",
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seeds attempt seeds (fake rewards).")] = 0,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
@@ -120,6 +134,10 @@ def collect_command(
                 options[key] = json.loads(value)
             except json.JSONDecodeError:
                 options[key] = value
+        if osworld_python is not None:
+            options["osworld_python"] = str(osworld_python)
+        if osworld_provider is not None:
+            options["provider"] = osworld_provider
         policy = PolicyConfig(
             base_url=policy_url,
             model=model,

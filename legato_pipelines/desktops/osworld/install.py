@@ -1,0 +1,129 @@
+"""Create the interpreter the ``osworld`` backend's workers run under (``legato osworld install``).
+
+``desktop-env`` 1.0.2 pins numpy<2, pandas<2.3 and torch 2.5 (OSWORLD.md §7), so it lives in
+its own virtual environment, never in the project's. A plain ``pip install desktop-env`` pulls
+torch with CUDA (3.6 GB download, 7.3 GB venv, OSWORLD.md §8); instead the package is installed
+with ``--no-deps`` and then one of two measured recipes:
+
+``core``   (default) what DesktopEnv, SetupController, the getters that read files and run
+           commands, and the general/text/table metrics import. With the worker's lazy metric
+           loader, any getter or metric whose own imports are present works.
+``full``   core plus the no-torch evaluator packages (documents, images, audio, PDF): every
+           metric but ``compare_image_text`` (3 tasks; needs torch and downloads OCR weights).
+
+The VM side (pyautogui inside the VM) is not part of this venv: OSWorld's VM image has it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+DESKTOP_ENV = "desktop-env==1.0.2"
+#: OSWORLD.md §8 "core", plus pandas and PyPDF2: ``getters/file.py`` (vm_file, cloud_file)
+#: imports pandas and ``metrics/vscode.py`` (compare_text_file) imports PyPDF2 at module level.
+CORE = (
+    "gymnasium~=0.28.1",
+    "numpy==1.26.4",
+    "requests",
+    "requests-toolbelt",
+    "python-dotenv",
+    "playwright",
+    "pydrive",
+    "formulas",
+    "lxml",
+    "cssselect",
+    "openpyxl",
+    "tldextract",
+    "xmltodict",
+    "python-docx",
+    "pdfplumber",
+    "PyYAML",
+    "rapidfuzz",
+    "pytz",
+    "pandas==2.2.3",
+    "PyPDF2",
+)
+#: OSWORLD.md §8 "no-torch" on top of core.
+FULL = (
+    "Pillow==11.0.0",
+    "opencv-python-headless==4.11.0.86",
+    "python-pptx",
+    "pypdf",
+    "pymupdf<1.27",
+    "ImageHash",
+    "scikit-image",
+    "librosa",
+    "borb",
+    "beautifulsoup4",
+    "odfpy",
+    "mutagen",
+    "pyacoustid",
+    "fastdtw",
+    "chardet",
+    "psutil",
+    "tqdm",
+)
+FULL_NO_DEPS = ("easyocr==1.7.2",)  # imported lazily; its torch dependency stays out
+
+
+def default_venv() -> Path:
+    """``$LEGATO_OSWORLD_VENV``, else ``$XDG_CACHE_HOME/legato/osworld-venv`` (``~/.cache/...``)."""
+    if os.environ.get("LEGATO_OSWORLD_VENV"):
+        return Path(os.environ["LEGATO_OSWORLD_VENV"]).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "legato" / "osworld-venv"
+
+
+def venv_python(path: Path) -> Path:
+    """The interpreter of the venv at ``path`` (``bin/python``)."""
+    return Path(path) / "bin" / "python"
+
+
+def is_installed(path: Path) -> bool:
+    """True when ``path`` holds a venv whose python imports ``desktop_env`` and its controllers."""
+    python = venv_python(path)
+    if not python.exists():
+        return False
+    probe = "import desktop_env.controllers.python, gymnasium, pandas, requests"
+    return subprocess.run([str(python), "-c", probe], capture_output=True).returncode == 0
+
+
+def install(path: Path | None = None, *, full: bool = False, quiet: bool = True) -> dict:
+    """Create (or complete) the venv at ``path`` and install desktop-env plus a recipe.
+
+    Returns ``{"venv", "python", "recipe", "seconds", "size_mb"}``. Idempotent: pip skips what
+    is there. Raises ``RuntimeError`` naming the failing pip command when an install fails.
+    """
+    path = Path(path or default_venv()).expanduser().resolve()
+    t0 = time.perf_counter()
+    if not venv_python(path).exists():
+        venv.EnvBuilder(with_pip=True, clear=False).create(path)
+    pip = [str(venv_python(path)), "-m", "pip", "install", "--disable-pip-version-check"]
+    if quiet:
+        pip.append("-q")
+    steps = [[*pip, "--no-deps", DESKTOP_ENV], [*pip, *CORE]]
+    if full:
+        steps += [[*pip, *FULL], [*pip, "--no-deps", *FULL_NO_DEPS]]
+    for argv in steps:
+        done = subprocess.run(argv)
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"osworld venv: `{' '.join(argv[2:])}` failed with {done.returncode}"
+            )
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+    return {
+        "venv": str(path),
+        "python": str(venv_python(path)),
+        "recipe": "full" if full else "core",
+        "seconds": round(time.perf_counter() - t0, 1),
+        "size_mb": round(size / 2**20),
+    }
+
+
+if __name__ == "__main__":  # python -m legato_pipelines.desktops.osworld.install [PATH]
+    print(install(Path(sys.argv[1]) if len(sys.argv) > 1 else None, quiet=False))

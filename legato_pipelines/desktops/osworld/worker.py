@@ -1,0 +1,582 @@
+"""The ``osworld`` backend's worker: one OSWorld ``DesktopEnv`` driven over JSON lines.
+
+Runs under the OSWorld interpreter (``legato osworld install``), never the project's: it
+imports only the standard library and ``desktop_env`` (and what desktop_env itself depends
+on). The backend starts it as ``<osworld-python> -I worker.py`` in an empty working directory
+with a clean environment (OSWORLD.md §8: ``dotenv.load_dotenv()`` runs at import and would
+read a ``.env`` from the working directory or a folder above the package; it is also turned
+off with ``PYTHON_DOTENV_DISABLED=1``).
+
+Protocol: one JSON object per line on stdin, one answer per line on stdout (the real stdout
+is kept for the protocol; anything desktop_env prints goes to stderr)::
+
+    -> {"id": 1, "op": "start", "provider": "docker", "screen": [1920, 1080], "cache_dir": "/abs", ...}
+    <- {"id": 1, "ok": true, "result": {...}}
+    <- {"id": 1, "ok": false, "error": {"kind": "setup|vm|evaluator|transport|protocol", "message": "..."}}
+
+Operations (``result`` shapes):
+  plan      the DesktopEnv keyword arguments ``start`` would use (nothing is constructed)
+  start     construct DesktopEnv once (boots the VM); {vm, screen:[w,h], import_s, start_s}
+  reset     {task_config, fast, domain?, kill?}: fast reset (kill the task's apps, verify, restore the
+            baseline HOME) or snapshot revert, then the task's own setup through
+            ``DesktopEnv.reset`` (which no longer reverts); {kind: fast|revert, revert_s, clean_s, setup_s}
+  observe   {png: base64}
+  step      {code, pause?}: ``DesktopEnv.step(code, pause)`` (pause 0 unless given);
+            {done, info, returncode, error}
+  evaluate  {last_action_fail}: ``DesktopEnv.evaluate()``; {reward, error}. An exception from
+            the evaluator is a reward 0 with its reason, not a failure.
+  close     ``DesktopEnv.close()`` (stops the VM), then the worker exits.
+
+Silent failures of DesktopEnv become errors here (OSWORLD.md §8): a dead server before
+reset/step/evaluate (``vm``: probed with a short timeout instead of DesktopEnv's 20 x 5 s
+retries), a screenshot of ``None`` (``vm``), a setup that returned False (``setup``), an
+action the server never answered (``vm``). Setup steps that raise are ``setup``. The
+backend puts a deadline on every request and kills the worker when one passes.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import importlib
+import importlib.machinery
+import importlib.util
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+import urllib.error
+import urllib.request
+
+#: Providers ``DesktopEnv.__init__`` accepts; the first group starts "clean" (OSWORLD.md §8).
+CLEAN_START = ("docker", "aws", "gcp", "azure", "aliyun", "volcengine")
+KNOWN_PROVIDERS = CLEAN_START + ("vmware", "virtualbox")
+PROBE_TIMEOUT_S = 5.0
+
+#: Per-domain task processes a fast reset kills (OSWORLD.md §6). Names are process names
+#: (``comm``, at most 15 characters: ``gnome-terminal-server`` is ``gnome-terminal-``).
+DOMAIN_PROCESSES = {
+    "chrome": ("chrome", "google-chrome", "chromium", "socat"),
+    "gimp": ("gimp", "gimp-2.10"),
+    "libreoffice_calc": ("soffice.bin", "oosplash"),
+    "libreoffice_impress": ("soffice.bin", "oosplash"),
+    "libreoffice_writer": ("soffice.bin", "oosplash"),
+    "thunderbird": ("thunderbird",),
+    "vlc": ("vlc",),
+    "vs_code": ("code",),
+    "os": ("gnome-terminal-", "nautilus"),
+}
+#: multi_apps: all of the above plus nautilus and the default .pdf/.mp4/.txt handlers.
+DOMAIN_PROCESSES["multi_apps"] = tuple(
+    sorted({p for names in DOMAIN_PROCESSES.values() for p in names} | {"evince", "totem", "gedit"})
+)
+BASELINE_DIR = "/var/tmp/legato-home-baseline"
+
+
+class WorkerError(Exception):
+    """A request failed; ``kind`` is the failure kind the backend records."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+# -- lazy evaluator packages -----------------------------------------------------------------------
+
+
+def install_lazy_evaluators() -> None:
+    """Make ``desktop_env.evaluators.metrics`` and ``.getters`` lazy packages.
+
+    OSWORLD.md §8: their ``__init__`` imports every metric module (easyocr -> torch, librosa,
+    cv2, ...). Here each package module is created without running its ``__init__``'s imports;
+    a name the ``__init__`` imports ``from .sub import name`` is imported from ``sub`` on first
+    access, so a task pulls in only the modules of the functions it names. Other statements of
+    the ``__init__`` (e.g. ``def infeasible()``) run as written. Must run before
+    ``desktop_env.desktop_env`` or ``desktop_env.controllers.setup`` is imported.
+    """
+    evaluators = importlib.import_module("desktop_env.evaluators")
+    for name in ("metrics", "getters"):
+        full = f"desktop_env.evaluators.{name}"
+        if full in sys.modules:
+            continue
+        directory = os.path.join(os.path.dirname(evaluators.__file__), name)
+        init = os.path.join(directory, "__init__.py")
+        with open(init, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), init)
+        where: dict[str, str] = {}
+        rest = []
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                for alias in node.names:
+                    where[alias.asname or alias.name] = node.module
+            else:
+                rest.append(node)
+        spec = importlib.machinery.ModuleSpec(full, None, is_package=True)
+        spec.submodule_search_locations = [directory]
+        module = importlib.util.module_from_spec(spec)
+        module.__file__ = init
+
+        def lazy(attr: str, _module=module, _where=where, _full=full):
+            sub = _where.get(attr)
+            if sub is None:
+                raise AttributeError(f"module {_full!r} has no attribute {attr!r}")
+            value = getattr(importlib.import_module(f"{_full}.{sub}"), attr)
+            setattr(_module, attr, value)
+            return value
+
+        module.__getattr__ = lazy
+        sys.modules[full] = module
+        setattr(evaluators, name, module)
+        exec(compile(ast.Module(body=rest, type_ignores=[]), init, "exec"), module.__dict__)
+
+
+# -- transport ------------------------------------------------------------------------------------
+
+
+def add_vm_token(base_url: str, token: str) -> None:
+    """Send ``Authorization: Bearer <token>`` on every ``requests`` call to ``base_url``.
+
+    DesktopEnv's controllers call OSWorld's in-VM server with plain ``requests``; a project
+    local desktop server wants its token. Only requests to ``base_url`` carry it.
+    """
+    import requests.sessions
+
+    original = requests.sessions.Session.request
+    if getattr(original, "_legato_token", False):
+        return
+
+    def request(self, method, url, *args, headers=None, **kwargs):
+        if isinstance(url, str) and url.startswith(base_url):
+            headers = dict(headers or {})
+            headers.setdefault("Authorization", f"Bearer {token}")
+        return original(self, method, url, *args, headers=headers, **kwargs)
+
+    request._legato_token = True
+    requests.sessions.Session.request = request
+
+
+def http_probe(url: str, token: str | None, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """GET ``url`` once; raise ``WorkerError("vm")`` unless it answers 200 within ``timeout`` s."""
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as response:
+            response.read()
+    except urllib.error.HTTPError as exc:
+        raise WorkerError("vm", f"the VM server answered {exc.code} to GET {url}") from None
+    except (OSError, urllib.error.URLError) as exc:
+        raise WorkerError("vm", f"the VM server does not answer GET {url}: {exc}") from None
+
+
+def http_post_json(url: str, body: dict, token: str | None, timeout: float) -> dict:
+    """POST JSON, return the JSON answer; ``WorkerError("vm")`` on any failure."""
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as response:
+            return json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        detail = exc.read()[:500].decode(errors="replace")
+        raise WorkerError("vm", f"POST {url}: HTTP {exc.code}: {detail}") from None
+    except (OSError, urllib.error.URLError, ValueError) as exc:
+        raise WorkerError("vm", f"POST {url}: {exc}") from None
+
+
+# -- fast reset inside a VM -------------------------------------------------------------------------
+
+
+def fast_reset_script(processes: list[str] | tuple[str, ...], baseline: str = BASELINE_DIR) -> str:
+    """The shell script a fast reset runs in the VM through ``/setup/execute``.
+
+    Kills ``processes`` (exact process names), verifies none survived (exit 3 names the
+    survivor), then restores ``$HOME`` from ``baseline`` (made by :func:`baseline_script` on
+    the clean VM). Exit 4: no baseline (the caller reverts instead).
+    """
+    names = " ".join(sorted(set(processes)))
+    return f"""set -u
+names="{names}"
+for n in $names; do pkill -KILL -x -U "$(id -u)" -- "$n" 2>/dev/null; done
+for i in 1 2 3 4 5 6 7 8 9 10; do
+  left=""
+  for n in $names; do pgrep -x -U "$(id -u)" -- "$n" >/dev/null 2>&1 && left="$left $n"; done
+  [ -z "$left" ] && break
+  sleep 0.1
+done
+[ -n "$left" ] && {{ echo "survived:$left"; exit 3; }}
+[ -d "{baseline}" ] || {{ echo "no baseline"; exit 4; }}
+find "$HOME" -mindepth 1 -maxdepth 1 -exec rm -rf -- {{}} + 2>/dev/null
+cp -a "{baseline}/." "$HOME/" || exit 5
+echo clean
+"""
+
+
+def baseline_script(baseline: str = BASELINE_DIR) -> str:
+    """Shell script that snapshots the clean ``$HOME`` into ``baseline`` once (after a boot or revert)."""
+    return (
+        f'rm -rf "{baseline}.tmp" && mkdir -p "{baseline}.tmp" && cp -a "$HOME/." "{baseline}.tmp/" '
+        f'&& rm -rf "{baseline}" && mv "{baseline}.tmp" "{baseline}" && echo baseline'
+    )
+
+
+# -- the worker ------------------------------------------------------------------------------------
+
+
+class Worker:
+    """Owns one DesktopEnv. Methods take the request dict and return the result dict."""
+
+    def __init__(self) -> None:
+        self.env = None
+        self.request: dict = {}
+        self.provider = None
+        self.vm_token: str | None = None
+        self.base_url = ""
+        self.baseline_ready = False
+        self.last_execute: list = []
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def plan(self, req: dict) -> dict:
+        """DesktopEnv keyword arguments for a ``start`` request (a pure function of it)."""
+        provider = req.get("provider") or "docker"
+        if provider != "local" and provider not in KNOWN_PROVIDERS:
+            raise WorkerError(
+                "protocol",
+                f"provider {provider!r} is not one of DesktopEnv's {list(KNOWN_PROVIDERS)} or 'local'",
+            )
+        screen = req.get("screen") or [1920, 1080]
+        cache_dir = req.get("cache_dir")
+        if not cache_dir or not os.path.isabs(cache_dir):
+            raise WorkerError("protocol", f"cache_dir must be an absolute path, got {cache_dir!r}")
+        kwargs = {
+            # the local provider stands in for a clean-starting one (docker's lifecycle)
+            "provider_name": "docker" if provider == "local" else provider,
+            "region": req.get("region"),
+            "path_to_vm": req.get("path_to_vm"),
+            "snapshot_name": req.get("snapshot_name") or "init_state",
+            "action_space": "pyautogui",
+            "cache_dir": cache_dir,
+            "screen_size": (int(screen[0]), int(screen[1])),
+            "headless": bool(req.get("headless", True)),
+            "require_a11y_tree": False,
+            "require_terminal": False,
+            "os_type": req.get("os_type") or "Ubuntu",
+            "enable_proxy": bool(req.get("enable_proxy", False)),
+            "client_password": req.get("client_password") or "",
+        }
+        if provider == "local":
+            if not req.get("vm_url"):
+                raise WorkerError(
+                    "protocol", "provider 'local' needs vm_url (the desktop server's URL)"
+                )
+            kwargs["path_to_vm"] = req["vm_url"]
+        return {"kwargs": {**kwargs, "screen_size": list(kwargs["screen_size"])}}
+
+    def start(self, req: dict) -> dict:
+        if self.env is not None:
+            raise WorkerError("protocol", "start: the DesktopEnv is already started")
+        kwargs = self.plan(req)["kwargs"]
+        kwargs["screen_size"] = tuple(kwargs["screen_size"])
+        self.request = req
+        t0 = time.perf_counter()
+        install_lazy_evaluators()
+        import desktop_env.desktop_env as de
+
+        import_s = time.perf_counter() - t0
+        if req.get("provider") == "local":
+            self._use_local_provider(de, req)
+        t1 = time.perf_counter()
+        try:
+            self.env = de.DesktopEnv(**kwargs)
+        except Exception as exc:
+            raise WorkerError(
+                "vm", f"DesktopEnv could not start the VM: {_describe(exc)}"
+            ) from None
+        self.provider = self.env.provider
+        self._watch_controllers()
+        self.base_url = self.env.controller.http_server
+        self._probe()
+        screen = self.env.vm_screen_size
+        self._make_baseline()
+        return {
+            "vm": f"{self.env.vm_ip}:{self.env.server_port}:{self.env.chromium_port}:"
+            f"{self.env.vnc_port}:{self.env.vlc_port}",
+            "server": self.base_url,
+            "screen": [int(screen["width"]), int(screen["height"])] if screen else None,
+            "import_s": import_s,
+            "start_s": time.perf_counter() - t1,
+        }
+
+    def _use_local_provider(self, de, req: dict) -> None:
+        """Swap the factory DesktopEnv calls for one returning the project-local provider."""
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "provider_local.py")
+        spec = importlib.util.spec_from_file_location("legato_osworld_provider_local", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        self.vm_token = os.environ.get(req.get("vm_token_env") or "LEGATO_OSWORLD_VM_TOKEN") or None
+        url = req["vm_url"].rstrip("/")
+        ports = req.get("ports") or {}
+        if self.vm_token:
+            add_vm_token(url, self.vm_token)
+        # DesktopEnv uses the name imported into desktop_env.desktop_env (OSWORLD.md §8).
+        de.create_vm_manager_and_provider = lambda name, region, use_proxy=False: (
+            module.LocalVMManager(url),
+            module.LocalProvider(url, self.vm_token, **ports),
+        )
+
+    def _watch_controllers(self) -> None:
+        """Record what ``execute_python_command`` and ``setup`` return (DesktopEnv drops it)."""
+        env = self.env
+        execute = env.controller.execute_python_command
+        setup = env.setup_controller.setup
+
+        def watched_execute(command, _execute=execute):
+            result = _execute(command)
+            self.last_execute.append(result)
+            return result
+
+        def watched_setup(config, use_proxy=False, _setup=setup):
+            ok = _setup(config, use_proxy)
+            if not ok:
+                raise WorkerError(
+                    "setup", "SetupController.setup returned False (the VM server is unreachable)"
+                )
+            return ok
+
+        env.controller.execute_python_command = watched_execute
+        env.setup_controller.setup = watched_setup
+
+    def _probe(self) -> None:
+        http_probe(self.base_url + "/screenshot", self.vm_token)
+
+    def _run_in_vm(self, script: str, timeout: float = 60.0) -> dict:
+        return http_post_json(
+            self.base_url + "/setup/execute",
+            {"command": ["bash", "-c", script], "shell": False},
+            self.vm_token,
+            timeout,
+        )
+
+    def _make_baseline(self) -> None:
+        if self.request.get("provider") == "local":
+            self.baseline_ready = True  # the local desktop server keeps its own baseline
+            return
+        out = self._run_in_vm(baseline_script(self.request.get("baseline_dir") or BASELINE_DIR))
+        self.baseline_ready = out.get("returncode") == 0
+
+    # -- reset ---------------------------------------------------------------------------------
+
+    def reset(self, req: dict) -> dict:
+        env = self._env()
+        task = req.get("task_config")
+        if not isinstance(task, dict) or "id" not in task:
+            raise WorkerError(
+                "protocol", "reset: task_config must be an OSWorld task object with an 'id'"
+            )
+        fast = bool(req.get("fast")) and self.baseline_ready
+        t0 = time.perf_counter()
+        revert_s = clean_s = 0.0
+        kind = "fast"
+        detail: dict = {}
+        if fast:
+            try:
+                self._probe()
+                kill = req.get("kill") or DOMAIN_PROCESSES.get(req.get("domain") or "", ())
+                detail = self._fast_clean(list(kill))
+            except WorkerError as exc:
+                detail = {"fast_error": str(exc)}
+                fast = False
+            clean_s = time.perf_counter() - t0
+        if not fast:
+            kind = "revert"
+            t1 = time.perf_counter()
+            try:
+                env._revert_to_snapshot()
+                env._start_emulator()
+            except Exception as exc:
+                raise WorkerError("vm", f"snapshot revert failed: {_describe(exc)}") from None
+            self._watch_controllers()
+            self.base_url = env.controller.http_server
+            self._probe()
+            self._make_baseline()
+            revert_s = time.perf_counter() - t1
+        env.is_environment_used = False  # the VM is clean now: reset must not revert again
+        self._probe()
+        t2 = time.perf_counter()
+        try:
+            obs = env.reset(task_config=task)
+        except WorkerError:
+            raise
+        except Exception as exc:
+            raise WorkerError("setup", f"task setup failed: {_describe(exc)}") from None
+        if obs.get("screenshot") is None:
+            raise WorkerError(
+                "vm", "no screenshot after the task's setup (the VM server stopped answering)"
+            )
+        return {
+            "kind": kind,
+            "revert_s": revert_s,
+            "clean_s": clean_s,
+            "setup_s": time.perf_counter() - t2,
+            "reset_s": time.perf_counter() - t0,
+            **detail,
+        }
+
+    def _fast_clean(self, kill: list[str]) -> dict:
+        """Kill the task's apps, verify, restore the clean HOME. Raises ``WorkerError`` if not clean."""
+        fast_reset = getattr(self.provider, "fast_reset", None)
+        if fast_reset is not None:  # the local desktop server's own /legato/reset fast path
+            try:
+                detail = fast_reset()
+            except Exception as exc:
+                raise WorkerError("vm", f"fast reset failed: {_describe(exc)}") from None
+            if detail.get("kind") != "fast":
+                raise WorkerError(
+                    "vm", f"the desktop server did a {detail.get('kind')} reset instead"
+                )
+            return {}
+        baseline = self.request.get("baseline_dir") or BASELINE_DIR
+        out = self._run_in_vm(fast_reset_script(kill, baseline))
+        if out.get("returncode") != 0:
+            raise WorkerError(
+                "vm", f"fast reset in the VM failed: {(out.get('output') or '').strip()[:300]}"
+            )
+        return {}
+
+    # -- acting, observing, grading -------------------------------------------------------------
+
+    def observe(self, req: dict) -> dict:
+        png = self._env().render()
+        if png is None:
+            raise WorkerError("vm", "no screenshot (the VM server stopped answering)")
+        return {"png": base64.b64encode(png).decode("ascii")}
+
+    def step(self, req: dict) -> dict:
+        env = self._env()
+        code = req.get("code")
+        if not isinstance(code, str) or not code:
+            raise WorkerError("protocol", "step: code must be pyautogui code or WAIT/DONE/FAIL")
+        pause = float(req.get("pause") or 0.0)
+        if code not in ("WAIT", "DONE", "FAIL"):
+            self._probe()
+        self.last_execute.clear()
+        try:
+            obs, _reward, done, info = env.step(code, pause=pause)
+        except Exception as exc:
+            raise WorkerError("vm", f"step failed: {_describe(exc)}") from None
+        result: dict = {"done": bool(done), "info": info, "returncode": None, "error": None}
+        if code not in ("WAIT", "DONE", "FAIL"):
+            answer = self.last_execute[-1] if self.last_execute else None
+            if answer is None:
+                raise WorkerError(
+                    "vm", "the VM server did not run the action (no answer from /execute)"
+                )
+            result["returncode"] = answer.get("returncode")
+            result["error"] = (answer.get("error") or "")[-2000:] or None
+        if obs.get("screenshot") is None:
+            raise WorkerError(
+                "vm", "no screenshot after the action (the VM server stopped answering)"
+            )
+        return result
+
+    def evaluate(self, req: dict) -> dict:
+        env = self._env()
+        if getattr(env, "evaluator", None) is None:
+            raise WorkerError("protocol", "evaluate before reset")
+        self._probe()
+        if req.get("last_action_fail"):
+            env.step("FAIL", pause=0)  # OSWorld's FAIL: infeasible scores 1, other metrics 0
+        t0 = time.perf_counter()
+        try:
+            reward = float(env.evaluate())
+            error = None
+        except WorkerError:
+            raise
+        except Exception as exc:
+            reward, error = 0.0, _describe(exc)
+        return {"reward": reward, "error": error, "eval_s": time.perf_counter() - t0}
+
+    def close(self, req: dict) -> dict:
+        env, self.env = self.env, None
+        if env is not None:
+            env.close()
+        return {}
+
+    def _env(self):
+        if self.env is None:
+            raise WorkerError("protocol", "the DesktopEnv is not started (send start first)")
+        return self.env
+
+
+def _describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 1000 else text[:1000] + "..."
+
+
+OPS = ("plan", "start", "reset", "observe", "step", "evaluate", "close")
+
+
+def serve(inp, out) -> None:
+    """Answer requests from ``inp`` (binary lines) on ``out`` until EOF or ``close``."""
+    worker = Worker()
+    try:
+        for line in inp:
+            if not line.strip():
+                continue
+            rid = None
+            try:
+                req = json.loads(line)
+                rid = req.get("id")
+                op = req.get("op")
+                if op not in OPS:
+                    raise WorkerError("protocol", f"unknown op {op!r}; one of {list(OPS)}")
+                answer = {"id": rid, "ok": True, "result": getattr(worker, op)(req)}
+            except WorkerError as exc:
+                answer = {"id": rid, "ok": False, "error": {"kind": exc.kind, "message": str(exc)}}
+            except Exception as exc:  # a bug or an unexpected DesktopEnv failure
+                traceback.print_exc(file=sys.stderr)
+                answer = {
+                    "id": rid,
+                    "ok": False,
+                    "error": {"kind": "vm", "message": _describe(exc)},
+                }
+            out.write(json.dumps(answer).encode() + b"\n")
+            out.flush()
+            if answer["ok"] and req.get("op") == "close":
+                return
+    finally:
+        if worker.env is not None:
+            try:
+                worker.env.close()
+            except Exception:
+                traceback.print_exc(file=sys.stderr)
+
+
+def main() -> None:
+    """Keep the real stdout for the protocol; everything else printed goes to stderr."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def terminate(signum, frame):  # the backend's deadline: stop the VM on the way out
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+    import logging
+
+    logging.basicConfig(
+        level=os.environ.get("LEGATO_OSWORLD_LOG", "WARNING"),
+        stream=sys.stderr,
+        format="osworld-worker %(levelname)s %(name)s: %(message)s",
+    )
+    serve(sys.stdin.buffer, out)
+
+
+if __name__ == "__main__":
+    main()

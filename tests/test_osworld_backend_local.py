@@ -1,0 +1,107 @@
+"""The osworld backend end to end: real DesktopEnv, SetupController and OSWorld's evaluators
+in a worker under the OSWorld venv, against a real local desktop (provider ``local``).
+
+Rewards must equal the ``local`` backend's on the same tasks with the same scripts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from legato_pipelines.desktops import open_desktops
+from legato_pipelines.desktops.base import DesktopConfig
+from legato_pipelines.errors import DesktopError
+
+from .osworld_backend_support import (
+    needs_desktop_apps,
+    needs_vm_python,
+    osworld_python,
+    run_script,
+    suite_scripts,
+    suite_tasks,
+)
+
+#: Terminal and text-editor tasks (vm_file / vm_command_line getters; check_include_exclude,
+#: exact_match, compare_text_file metrics; infeasible).
+TASKS = (
+    "local-term-mkdir",
+    "local-term-count-lines",
+    "local-term-sort",
+    "local-edit-append",
+    "local-term-infeasible",
+)
+
+pytestmark = [pytest.mark.desktop, pytest.mark.slow, needs_desktop_apps, needs_vm_python]
+
+
+def osworld_config(**options) -> DesktopConfig:
+    return DesktopConfig(
+        backend="osworld",
+        options={"osworld_python": osworld_python(), "provider": "local", **options},
+    )
+
+
+async def rewards_of(config: DesktopConfig, tasks, scripts) -> dict[tuple[str, str], float]:
+    [desktop] = await open_desktops(config, 1)
+    out = {}
+    try:
+        for task_id in TASKS:
+            task = tasks[task_id]
+            for name in ("correct", "wrong"):
+                _, evaluation = await run_script(desktop, task, scripts[name][task.instruction])
+                assert evaluation.error is None, (task_id, name, evaluation.error)
+                out[task_id, name] = evaluation.reward
+    finally:
+        await desktop.close()
+    return out
+
+
+async def test_osworld_rewards_equal_local_rewards():
+    tasks, scripts = suite_tasks(), suite_scripts()
+    osworld = await rewards_of(osworld_config(), tasks, scripts)
+    local = await rewards_of(DesktopConfig(backend="local"), tasks, scripts)
+    assert osworld == local
+    assert {osworld[t, "correct"] for t in TASKS} == {1.0}
+    assert all(osworld[t, "wrong"] < 1.0 for t in TASKS)
+
+
+async def test_fast_reset_and_revert_both_restore_a_clean_home():
+    tasks = suite_tasks()
+    task = tasks["local-term-mkdir"]
+    correct = suite_scripts()["correct"][task.instruction]
+    [desktop] = await open_desktops(osworld_config(), 1)
+    try:
+        kind, first = await run_script(desktop, task, correct)
+        assert (kind, first.reward) == ("fast", 1.0)
+        # after a fast reset the folder the last attempt made is gone: doing nothing scores 0
+        assert await desktop.reset(task) == "fast"
+        assert (await desktop.evaluate(task)).reward == 0.0
+        kind, again = await run_script(desktop, task, correct)
+        assert (kind, again.reward) == ("fast", 1.0)
+        desktop.config = desktop.config.model_copy(update={"fast_reset": False})
+        assert await desktop.reset(task) == "revert"
+        assert desktop.last_reset["revert_s"] > 0
+        assert (await desktop.evaluate(task)).reward == 0.0
+    finally:
+        await desktop.close()
+
+
+async def test_dead_vm_is_a_desktop_error_and_recover_brings_it_back():
+    task = suite_tasks()["local-term-mkdir"]
+    [desktop] = await open_desktops(osworld_config(call_timeout=20, reset_timeout=30), 1)
+    try:
+        await desktop.reset(task)
+        desktop.vm_server.kill()  # the "VM" dies
+        with pytest.raises(DesktopError) as err:
+            await desktop.observe()
+        assert err.value.kind == "vm"
+        with pytest.raises(DesktopError) as err:
+            await desktop.reset(task)
+        assert err.value.kind in ("vm", "setup")
+        await desktop.recover()
+        assert await desktop.reset(task) == "revert"  # first reset after a failure reverts
+        shot = await desktop.observe()
+        assert (shot.width, shot.height) == desktop.screen_size
+        assert (await desktop.evaluate(task)).reward == 0.0
+    finally:
+        await desktop.close()
