@@ -64,7 +64,13 @@ TERMINAL = task("terminal", [{"type": "launch", "parameters": {"command": ["xter
 CALC = task(
     "calc",
     [
-        {"type": "execute", "parameters": {"command": "printf 'item,qty\\napples,3\\n' > ~/data.csv", "shell": True}},
+        {
+            "type": "execute",
+            "parameters": {
+                "command": "printf 'item,qty\\napples,3\\n' > ~/data.csv",
+                "shell": True,
+            },
+        },
         {"type": "open", "parameters": {"path": "~/data.csv"}},
     ],
 )
@@ -77,7 +83,10 @@ async def bench_calc(width: int, height: int, n: int) -> dict:
     desktops = {}
     for name, prebuild in (("fresh_profile", ()), ("prebuilt_profile", ("libreoffice",))):
         config = DesktopConfig(
-            backend="local", screen_width=width, screen_height=height, options={"prebuild": list(prebuild)}
+            backend="local",
+            screen_width=width,
+            screen_height=height,
+            options={"prebuild": list(prebuild)},
         )
         (desktops[name],) = await open_local_desktops(config, 1)
         results[name] = {"reset_to_ready_s": [], "ready_s": []}
@@ -202,7 +211,9 @@ def main() -> None:
     parser.add_argument("--height", type=int, default=720)
     parser.add_argument("--n", type=int, default=10)
     parser.add_argument("--json", default=None, help="also write the numbers to this file")
-    parser.add_argument("--calc", action="store_true", help="also LibreOffice Calc (needs libreoffice-calc)")
+    parser.add_argument(
+        "--calc", action="store_true", help="also LibreOffice Calc (needs libreoffice-calc)"
+    )
     args = parser.parse_args()
     results = asyncio.run(bench(args.width, args.height, args.n))
     if args.calc:

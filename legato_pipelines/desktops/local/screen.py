@@ -29,7 +29,8 @@ class Screen:
         """The screen as a ``(height, width)`` uint32 array (BGRX pixels), without the cursor."""
         shot = self._frames.grab(self.monitor)
         width, height = self.size
-        return np.frombuffer(shot.raw, dtype=np.uint32).reshape(height, width).copy()
+        # ``raw`` is a fresh bytearray per grab: no copy needed.
+        return np.frombuffer(shot.raw, dtype=np.uint32).reshape(height, width)
 
     def png(self) -> bytes:
         """The screen (with the cursor) as PNG bytes, zlib level 1."""
