@@ -230,11 +230,6 @@ class ProcessTable:
                     )
                 return killed
 
-    def forget(self, pid: int) -> None:
-        """Stop tracking a Popen (its owner waits for it itself)."""
-        with self._lock:
-            self._popens.pop(pid, None)
-
 
 def _send(pids: Iterable[int], sig: int) -> None:
     for pid in pids:
