@@ -286,6 +286,7 @@ class WorkerProcess:
         if proc.stdin is not None:
             proc.stdin.close()
         proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGCONT)  # a stopped worker gets to handle the SIGTERM
         try:
             await asyncio.wait_for(proc.wait(), grace)
         except TimeoutError:

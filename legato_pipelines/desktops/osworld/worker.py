@@ -194,8 +194,9 @@ def http_post_json(url: str, body: dict, token: str | None, timeout: float) -> d
 def fast_reset_script(processes: list[str] | tuple[str, ...], baseline: str = BASELINE_DIR) -> str:
     """The shell script a fast reset runs in the VM through ``/setup/execute``.
 
-    Kills ``processes`` (exact process names), verifies none survived (exit 3 names the
-    survivor), then restores ``$HOME`` from ``baseline`` (made by :func:`baseline_script` on
+    Kills ``processes`` (exact process names) of the VM user, verifies none survived
+    (zombies not counted: OSWorld's server never reaps what ``/setup/launch`` started; exit 3
+    names the survivor), then restores ``$HOME`` from ``baseline`` (made by :func:`baseline_script` on
     the clean VM). Exit 4: no baseline (the caller reverts instead).
     """
     names = " ".join(sorted(set(processes)))
@@ -204,7 +205,8 @@ names="{names}"
 for n in $names; do pkill -KILL -x -U "$(id -u)" -- "$n" 2>/dev/null; done
 for i in 1 2 3 4 5 6 7 8 9 10; do
   left=""
-  for n in $names; do pgrep -x -U "$(id -u)" -- "$n" >/dev/null 2>&1 && left="$left $n"; done
+  alive="$(ps -u "$(id -u)" -o stat=,comm= | awk '$1 !~ /^Z/ {{print $2}}')"
+  for n in $names; do printf '%s\n' "$alive" | grep -qx -- "$n" && left="$left $n"; done
   [ -z "$left" ] && break
   sleep 0.1
 done

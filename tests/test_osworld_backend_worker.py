@@ -1,0 +1,244 @@
+"""The osworld worker and backend without a desktop: the real worker process under the OSWorld
+venv, its protocol, the DesktopEnv arguments per provider (the Docker provider is tested at
+this level only: there is no Docker engine or OSWorld image here), the lazy evaluator
+loader, deadlines and dead workers, options, and the ``<`` fix on rendered actions.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from legato_pipelines.actions import Action
+from legato_pipelines.desktops.base import DesktopConfig
+from legato_pipelines.desktops.osworld import backend as ob
+from legato_pipelines.desktops.osworld.worker import DOMAIN_PROCESSES, fast_reset_script
+from legato_pipelines.errors import ConfigError, DesktopError
+
+from .osworld_backend_support import osworld_python
+
+
+@pytest.fixture(scope="module")
+def python() -> str:
+    return osworld_python()
+
+
+async def started_worker(python: str, tmp_path, **env) -> ob.WorkerProcess:
+    worker = ob.WorkerProcess(python, env=ob.worker_env(env), cwd=str(tmp_path), name="t")
+    await worker.start()
+    return worker
+
+
+async def test_plan_docker_provider_is_what_desktop_env_gets(python, tmp_path):
+    config = DesktopConfig(
+        backend="osworld",
+        screen_width=1920,
+        screen_height=1080,
+        options={"osworld_python": python, "cache_dir": str(tmp_path / "c"), "region": "x"},
+    )
+    requests = ob.plan_desktops(config, 2)
+    assert [r["cache_dir"] for r in requests] == [
+        str(tmp_path / "c" / "desktop-0"),
+        str(tmp_path / "c" / "desktop-1"),
+    ]
+    worker = await started_worker(python, tmp_path)
+    try:
+        plan = await worker.call("plan", 30, **requests[0])
+    finally:
+        await worker.stop()
+    assert plan["kwargs"] == {
+        "provider_name": "docker",
+        "region": "x",
+        "path_to_vm": None,
+        "snapshot_name": "init_state",
+        "action_space": "pyautogui",
+        "cache_dir": str(tmp_path / "c" / "desktop-0"),
+        "screen_size": [1920, 1080],
+        "headless": True,
+        "require_a11y_tree": False,
+        "require_terminal": False,
+        "os_type": "Ubuntu",
+        "enable_proxy": False,
+        "client_password": "",
+    }
+
+
+async def test_plan_local_stands_in_for_a_clean_start_provider(python, tmp_path):
+    worker = await started_worker(python, tmp_path)
+    try:
+        plan = await worker.call(
+            "plan", 30, provider="local", vm_url="http://127.0.0.1:9", cache_dir=str(tmp_path)
+        )
+        assert plan["kwargs"]["provider_name"] == "docker"
+        assert plan["kwargs"]["path_to_vm"] == "http://127.0.0.1:9"
+        with pytest.raises(DesktopError, match="absolute") as err:
+            await worker.call("plan", 30, provider="docker", cache_dir="cache")
+        assert err.value.kind == "transport"
+        with pytest.raises(DesktopError, match="nimbus"):
+            await worker.call("plan", 30, provider="nimbus", cache_dir=str(tmp_path))
+        with pytest.raises(DesktopError, match="unknown op"):
+            await worker.call("teleport", 30)
+        with pytest.raises(DesktopError, match="not started") as err:
+            await worker.call("observe", 30)
+        assert worker.alive()  # errors are answers, not crashes
+    finally:
+        await worker.stop()
+
+
+def test_lazy_loader_imports_only_the_modules_a_task_names(python, tmp_path):
+    worker_py = str(ob.WORKER_SCRIPT)
+    probe = f"""
+import sys, time, runpy
+t0 = time.perf_counter()
+w = runpy.run_path({worker_py!r})
+w["install_lazy_evaluators"]()
+import desktop_env.desktop_env as de
+from desktop_env.evaluators import metrics, getters
+loaded = lambda: sorted(m.rsplit(".", 1)[1] for m in sys.modules
+                        if m.startswith(("desktop_env.evaluators.metrics.", "desktop_env.evaluators.getters.")))
+before = loaded()
+f = metrics.check_include_exclude
+g = getters.get_vm_command_line
+print(repr((before, loaded(), f.__module__, g.__module__, metrics.infeasible() is None,
+            "torch" in sys.modules, "cv2" in sys.modules, round(time.perf_counter() - t0, 2))))
+"""
+    env = {"PATH": "/usr/bin:/bin", "PYTHON_DOTENV_DISABLED": "1"}
+    done = subprocess.run(
+        [python, "-I", "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    before, after, fmod, gmod, infeasible, torch, cv2, seconds = eval(done.stdout.strip())
+    assert before == ["utils"]  # controllers/setup.py imports metrics.utils itself
+    assert after == ["general", "general", "utils"]  # metrics.general and getters.general
+    assert fmod == "desktop_env.evaluators.metrics.general"
+    assert gmod == "desktop_env.evaluators.getters.general"
+    assert infeasible and not torch and not cv2
+    unknown = probe.replace("metrics.check_include_exclude", "metrics.no_such_metric")
+    done = subprocess.run(
+        [python, "-I", "-c", unknown], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert done.returncode != 0
+    assert "AttributeError" in done.stderr and "no_such_metric" in done.stderr
+
+
+async def test_missed_deadline_stops_the_worker(python, tmp_path):
+    worker = await started_worker(python, tmp_path)
+    pid = worker.pid
+    # SIGSTOP: the worker is alive but never answers (as when stuck in DesktopEnv's sleeps)
+    os.kill(pid, 19)
+    t0 = time.perf_counter()
+    with pytest.raises(DesktopError, match="no answer within 0.5 s") as err:
+        await worker.call("evaluate", 0.5)
+    assert err.value.kind == "evaluator"
+    assert time.perf_counter() - t0 < 15
+    assert not worker.alive()
+    assert not os.path.exists(f"/proc/{pid}")  # stopped and reaped
+
+
+async def test_dead_worker_is_a_transport_error(python, tmp_path):
+    worker = await started_worker(python, tmp_path)
+    os.kill(worker.pid, 9)
+    with pytest.raises(DesktopError) as err:
+        await worker.call("plan", 5, provider="docker", cache_dir=str(tmp_path))
+    assert err.value.kind == "transport"
+
+
+def test_worker_env_is_a_pass_list(monkeypatch):
+    monkeypatch.setenv("LEGATO_POLICY_KEY", "sk-secret")
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/docker.sock")
+    monkeypatch.setenv("PYTHONPATH", "/somewhere")
+    env = ob.worker_env({"X": "1"})
+    assert "LEGATO_POLICY_KEY" not in env and "PYTHONPATH" not in env
+    assert env["DOCKER_HOST"] == "unix:///run/docker.sock"
+    assert env["PYTHON_DOTENV_DISABLED"] == "1" and env["X"] == "1"
+
+
+def test_options_are_validated(tmp_path):
+    def plan(**options):
+        return ob.plan_desktops(DesktopConfig(backend="osworld", options=options), 1)
+
+    with pytest.raises(ConfigError, match="urls"):
+        plan(urls=["http://x"])
+    with pytest.raises(ConfigError, match="--osworld-provider"):
+        plan(provider="nimbus")
+    with pytest.raises(ConfigError, match="ready"):
+        plan(provider="docker", ready="server")
+    assert plan(provider="AWS")[0]["provider"] == "aws"
+    with pytest.raises(ConfigError, match="legato osworld install"):
+        ob.resolve_python(
+            DesktopConfig(backend="osworld", options={"osworld_python": str(tmp_path / "nope")})
+        )
+
+
+def test_less_than_is_typed_as_osworld_fixes_it():
+    code = ob.render_code(Action(action="type", text="a<b\n<"))
+    assert code.splitlines() == [
+        "pyautogui.typewrite('a', interval=0.03)",
+        ob.LESS_THAN,
+        "pyautogui.typewrite('b', interval=0.03)",
+        "pyautogui.press('enter')",
+        ob.LESS_THAN,
+    ]
+    assert ob.render_code(Action(action="type", text="ab")) == (
+        "pyautogui.typewrite('ab', interval=0.03)"
+    )
+
+
+def test_fast_reset_script_kills_verifies_and_restores(tmp_path):
+    """The in-VM fast reset, run here with bash on a fake HOME and a real process."""
+    home, base = tmp_path / "home", tmp_path / "base"
+    home.mkdir()
+    base.mkdir()
+    (base / "keep.txt").write_text("clean")
+    (home / "junk.txt").write_text("task state")
+    (home / ".hidden").mkdir()
+    # a process name of our own (never pkill a name other processes on this machine share)
+    name = f"lgt{os.getpid() % 100000}"
+    binary = tmp_path / name
+    shutil.copy("/bin/sleep", binary)
+    sleeper = subprocess.Popen([str(binary), "60"])  # not reaped until we wait: a zombie
+    env = {**os.environ, "HOME": str(home)}
+    try:
+        done = subprocess.run(
+            ["bash", "-c", fast_reset_script([name], str(base))],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert sleeper.wait(5) == -9
+        assert sorted(p.name for p in home.iterdir()) == ["keep.txt"]
+        missing = subprocess.run(
+            ["bash", "-c", fast_reset_script([], str(tmp_path / "none"))],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert missing.returncode == 4
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert "gnome-terminal-" in DOMAIN_PROCESSES["os"]
+    assert set(DOMAIN_PROCESSES["chrome"]) <= set(DOMAIN_PROCESSES["multi_apps"])
+    assert all(len(name) <= 15 for names in DOMAIN_PROCESSES.values() for name in names)
+
+
+def test_worker_script_needs_no_project_dependency():
+    """worker.py and provider_local.py import only the standard library and desktop_env."""
+    import ast
+
+    allowed = set(sys.stdlib_module_names) | {"desktop_env", "requests", "__future__"}
+    for path in (ob.WORKER_SCRIPT, ob.WORKER_SCRIPT.with_name("provider_local.py")):
+        tree = ast.parse(path.read_text())
+        names = {
+            (n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Import, ast.ImportFrom)) and getattr(n, "level", 0) == 0
+            for a in (n.names if isinstance(n, ast.Import) else [n])
+        }
+        assert names <= allowed, (path.name, names - allowed)
