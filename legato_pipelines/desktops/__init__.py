@@ -20,8 +20,11 @@ async def open_desktops(config: DesktopConfig, n: int) -> list[Desktop]:
     if config.backend == "local":
         try:
             from .local.backend import open_local_desktops
+            from .remote import open_remote_pool
         except ImportError as exc:
             raise ConfigError(f"backend 'local' is not available: {exc}") from None
+        if config.options.get("urls"):  # servers on other hosts, health-checked (remote.py)
+            return list(await open_remote_pool(config, n))
         return list(await open_local_desktops(config, n))
     if config.backend == "osworld":
         try:

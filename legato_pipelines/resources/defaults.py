@@ -8,6 +8,7 @@ LEGATO_POLICY_MODEL        ``policy.model``                                     
 LEGATO_POLICY_KEY          ``policy.api_key`` (secret: ``EnvVar``, never shown)   none
 LEGATO_BACKEND             ``desktops.backend``                                   fake
 LEGATO_DESKTOPS            ``desktops.desktops``                                  4
+LEGATO_DESKTOP_URLS        ``desktops.urls`` (space/comma-separated URLs)         none
 LEGATO_BACKEND_OPTIONS     ``desktops.options`` (JSON object)                     {}
 LEGATO_OSWORLD             ``desktops.osworld``                                   none
 LEGATO_LAKE                ``lake.root``                                          ./lake
@@ -77,6 +78,7 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:
             desktops=_env_int("LEGATO_DESKTOPS", 4),
             options=_env_json("LEGATO_BACKEND_OPTIONS"),
             osworld=_env("LEGATO_OSWORLD", None),
+            urls=os.environ.get("LEGATO_DESKTOP_URLS", "").replace(",", " ").split(),
         ),
         "lake": LakeResource(root=_env("LEGATO_LAKE", str(Path.cwd() / "lake"))),
         "checkpoints": CheckpointSourceResource(

@@ -4,6 +4,12 @@ One resource for the three backends of the desktop protocol (``fake``: no VMs, t
 transport; ``local``: Xvfb desktops on this host; ``osworld``: OSWorld's DesktopEnv), chosen
 by ``backend``; backend-specific knobs go in ``options`` (see each backend's module). The
 engine starts and closes the desktops within the run.
+
+Desktops on other hosts (``local`` backend): ``urls`` lists desktop servers (``legato desktop
+serve`` on desktop hosts, http://HOST:PORT) that the run attaches to, health-checked before
+the batch and before every attempt (:mod:`legato_pipelines.desktops.remote`); ``desktops``
+then counts the desktops started on the run's own host besides them (0 on a worker without a
+display). Their token is read from ``token_env`` in the run's environment, never from config.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import dagster as dg
 from pydantic import Field
 
 from ..desktops.base import DesktopConfig
+from ..desktops.local.wire import DEFAULT_TOKEN_ENV
+from ..errors import ConfigError
 
 
 class DesktopPoolResource(dg.ConfigurableResource):
@@ -26,7 +34,17 @@ class DesktopPoolResource(dg.ConfigurableResource):
         default="fake", description="Desktop backend (LEGATO_BACKEND)."
     )
     # No ge=1 here: an EnvVar.int placeholder is validated as 0; the engine checks the count.
-    desktops: int = Field(default=4, description="Desktops run at once (LEGATO_DESKTOPS).")
+    desktops: int = Field(
+        default=4,
+        description="Desktops run at once; with urls, those started here besides them (LEGATO_DESKTOPS).",
+    )
+    urls: list[str] = Field(
+        default_factory=list,
+        description="Desktop server URLs on other hosts, backend local (LEGATO_DESKTOP_URLS).",
+    )
+    token_env: str = Field(
+        default=DEFAULT_TOKEN_ENV, description="Variable holding the token of the servers at urls."
+    )
     screen_width: int = Field(default=1280, ge=64, le=8192, description="Pixels.")
     screen_height: int = Field(default=720, ge=64, le=8192, description="Pixels.")
     eval_timeout: float = Field(default=120.0, gt=0, description="Seconds an evaluation may take.")
@@ -37,13 +55,26 @@ class DesktopPoolResource(dg.ConfigurableResource):
         default=None, description="OSWorld checkout for domain/id task lists (LEGATO_OSWORLD)."
     )
 
+    def count(self) -> int:
+        """Desktops a batch runs at once: ``desktops`` plus the ``urls``. Raises ``ConfigError``
+        when ``urls`` is set for a backend other than ``local`` (the engine rejects a count < 1)."""
+        if self.urls and self.backend != "local":
+            raise ConfigError(
+                f"desktops.urls: desktop servers by URL need backend 'local', not {self.backend!r}"
+                " (fix: LEGATO_BACKEND=local)"
+            )
+        return self.desktops + len(self.urls)
+
     def config(self) -> DesktopConfig:
         """The engine's :class:`DesktopConfig` (the run's wait and reset knobs are passed to
         ``collect`` separately and override its defaults)."""
+        options = dict(self.options)
+        if self.urls:
+            options.update(urls=list(self.urls), token_env=self.token_env, local=self.desktops)
         return DesktopConfig(
             backend=self.backend,
             screen_width=self.screen_width,
             screen_height=self.screen_height,
             eval_timeout=self.eval_timeout,
-            options=dict(self.options),
+            options=options,
         )

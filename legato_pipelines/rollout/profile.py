@@ -116,6 +116,37 @@ def summarize(
         "logprobs_share": _share(steps, "logprobs"),
         "token_ids_share": _share(steps, "token_ids"),
         "parse_errors": sum(1 for s in steps if s.get("parse_error")),
+        "desktops": desktop_health(records),
+    }
+
+
+def desktop_health(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Which desktops a batch used, lost and recovered, from the records alone.
+
+    ``used``: desktops that ran at least one execution. ``env_failures``: per desktop, its
+    executions that ended in a desktop (``env``) error. ``recovered``: desktops that ran
+    another execution after such a failure. ``lost``: desktops whose last execution was such a
+    failure (the desktop was given up, or the batch ended before it got more work). Records are
+    in the order they were written, which per desktop is the order its executions ran.
+    """
+    last_failed: dict[str, bool] = {}
+    failures: Counter = Counter()
+    recovered: set[str] = set()
+    for r in records:
+        name = r.get("desktop")
+        if not name:
+            continue
+        if last_failed.get(name):
+            recovered.add(name)
+        failed = bool(r.get("error") and r["error"].get("kind") == "env")
+        if failed:
+            failures[name] += 1
+        last_failed[name] = failed
+    return {
+        "used": len(last_failed),
+        "env_failures": dict(sorted(failures.items())),
+        "recovered": sorted(recovered),
+        "lost": sorted(n for n, failed in last_failed.items() if failed),
     }
 
 
