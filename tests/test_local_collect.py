@@ -1,0 +1,84 @@
+"""Issue 6 acceptance through the engine: ``legato collect --backend local`` against the scripted
+policy server on real Xvfb desktops (correct scripts score 1, wrong ones 0, every action has a
+``ready_s``), and a desktop server killed mid-batch is recovered with the attempt ``retried``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from legato_pipelines import DesktopConfig, PolicyConfig, collect_async, load_tasks, read_records
+from legato_pipelines.desktops import open_desktops
+from legato_pipelines.policy.scripted import ScriptedPolicyServer
+
+SUITE = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "local"
+TASKS = ["local-term-sort", "local-term-mkdir", "local-edit-append", "local-edit-replace"]
+
+pytestmark = [
+    pytest.mark.desktop,
+    pytest.mark.slow,
+    pytest.mark.skipif(not all(shutil.which(a) for a in ("Xvfb", "openbox", "xterm", "l3afpad")), reason="needs Xvfb and apps"),
+]
+
+
+def subset(tmp_path: Path) -> Path:
+    tasks = [t for t in orjson.loads((SUITE / "tasks.json").read_bytes()) if t["task_id"] in TASKS]
+    path = tmp_path / "tasks.json"
+    path.write_bytes(orjson.dumps(tasks))
+    return path
+
+
+@pytest.mark.parametrize("script,reward", [("correct", 1.0), ("wrong", 0.0)])
+def test_collect_local_scores_scripts(tmp_path, script, reward):
+    with ScriptedPolicyServer(flavor="vllm", script=SUITE / "scripts" / f"{script}.json") as server:
+        res = subprocess.run(
+            [sys.executable, "-m", "legato_pipelines", "collect", "--backend", "local", "--tasks", subset(tmp_path),
+             "--policy-url", server.url, "--model", server.model, "--out", tmp_path / "run", "--desktops", "2",
+             "--group", "1", "--max-steps", "8", "--json"],
+            capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    records = read_records(tmp_path / "run")
+    assert summary["missing"] == 0 and summary["counts"]["ok"] == len(TASKS)
+    assert {r["task_id"]: r["reward"] for r in records} == dict.fromkeys(TASKS, reward)
+    actions = [a for r in records for s in r["steps"] for a in s["actions"]]
+    assert actions and all(a["ready_s"] is not None and 0 <= a["ready_s"] < 10 for a in actions)
+    assert all(r["reset"]["ready_s"] is not None for r in records)
+
+
+async def test_killed_desktop_server_is_recovered_and_attempt_retried(tmp_path):
+    tasks = load_tasks(subset(tmp_path))
+    config = DesktopConfig(backend="local")
+    pool = await open_desktops(config, 2)
+    victim = pool[0]
+    killed = asyncio.Event()
+
+    def on_record(record):
+        if not killed.is_set() and len(read_records(tmp_path / "run")) >= 1:
+            os.kill(victim.server.pid, signal.SIGKILL)  # the desktop server dies between attempts
+            killed.set()
+
+    try:
+        with ScriptedPolicyServer(flavor="vllm", script=SUITE / "scripts" / "correct.json") as server:
+            summary = await collect_async(tasks, PolicyConfig(base_url=server.url, model=server.model), tmp_path / "run",
+                                          desktop_pool=pool, desktop=config, group=2, max_steps=8, env_retries=2,
+                                          on_record=on_record)
+    finally:
+        await asyncio.gather(*(d.close() for d in pool))
+    records = read_records(tmp_path / "run")
+    assert killed.is_set()
+    assert summary["missing"] == 0 and summary["groups"]["closed"] == len(TASKS)
+    retried = [r for r in records if r["status"] == "retried"]
+    assert retried and all(r["error"]["kind"] == "env" and r["desktop"] == victim.name for r in retried)
+    # the recovered desktop took work again and scored
+    assert any(r["desktop"] == victim.name and r["status"] == "ok" and r["reward"] == 1.0 for r in records)
+    assert len(records) == summary["scheduled"] + summary["retries"]
