@@ -2,8 +2,9 @@
 ``workspace.yaml``, partitioned runs of ``collect_job`` launched through GraphQL (fake
 desktops, the scripted policy server), and the asset page loaded in headless Chromium.
 
-Two partitions run at the same time (the pool allows two collections), so both write the lake
-and rebuild ``legato.duckdb`` concurrently.
+Two partitions are launched at once with the collection pool set to one slot: their
+``rollout_batch`` steps must not overlap (the pool works), while their lake steps write the
+lake and rebuild ``legato.duckdb`` at the same time.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import httpx
 import pytest
 
 from legato_pipelines import export_steps
+from legato_pipelines.assets import COLLECTION_POOL
 from legato_pipelines.store.lake import Lake
 from tests.conftest import fake_tasks
 
@@ -116,6 +118,7 @@ def test_ui_launches_partitioned_runs_and_shows_the_materialization(tmp_path, po
     (home / ".nux" / "nux.yaml").write_text("seen: 1\n")  # no first-visit dialog over the page
     with dg.DagsterInstance.from_config(str(home)) as instance:
         instance.get_runs()  # create the SQLite schema once, before two processes race to
+        instance.event_log_storage.set_concurrency_slots(COLLECTION_POOL, 1)
     tasks = tmp_path / "tasks.json"
     tasks.write_text(json.dumps(fake_tasks(3)))
     lake_root = tmp_path / "lake"
@@ -184,6 +187,19 @@ def test_ui_launches_partitioned_runs_and_shows_the_materialization(tmp_path, po
         assert status == dict.fromkeys(versions, "SUCCESS"), (tmp_path / "daemon.log").read_text()[
             -3000:
         ]
+
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            spans = []
+            for run_id in run_ids.values():
+                events = instance.all_logs(
+                    run_id,
+                    of_type={dg.DagsterEventType.STEP_START, dg.DagsterEventType.STEP_SUCCESS},
+                )
+                times = [e.timestamp for e in events if e.step_key == "rollout_batch"]
+                assert len(times) == 2
+                spans.append(sorted(times))
+        first, second = sorted(spans)
+        assert second[0] >= first[1], f"collections overlapped despite a pool of 1: {spans}"
 
         lake = Lake(lake_root)
         for version in versions:
