@@ -232,7 +232,8 @@ class ScriptedPolicyServer:
 
     ``start()`` runs it in a background thread and returns once it listens; ``stop()`` ends it;
     also a context manager. ``serve_forever()`` runs it in the calling thread until
-    SIGINT/SIGTERM (the CLI). :attr:`requests` logs every request (bounded).
+    SIGINT/SIGTERM (the CLI). :attr:`requests` logs every request (bounded);
+    :attr:`peak_inflight` is the most chat requests it answered at once.
     """
 
     def __init__(
@@ -267,6 +268,8 @@ class ScriptedPolicyServer:
         self.record_bodies = record_bodies
         self.requests: collections.deque[RequestLog] = collections.deque(maxlen=max_log)
         self.request_count = 0  # chat requests
+        self.inflight = 0  # chat requests being answered now
+        self.peak_inflight = 0  # most chat requests answered at once
         self.tokenizer = SyntheticTokenizer()
         self.prefix_cache = PrefixCache()
         self._fault_rng = random.Random(self.faults.seed)
@@ -424,6 +427,14 @@ class ScriptedPolicyServer:
         return Response(orjson.dumps(body), status_code=rej.status, media_type="application/json")
 
     async def _chat(self, request: Request) -> Response:
+        self.inflight += 1
+        self.peak_inflight = max(self.peak_inflight, self.inflight)
+        try:
+            return await self._chat_inner(request)
+        finally:
+            self.inflight -= 1
+
+    async def _chat_inner(self, request: Request) -> Response:
         self.request_count += 1
         seq = self.request_count
         entry = RequestLog(seq=seq, path="/v1/chat/completions")
