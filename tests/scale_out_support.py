@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
+
+from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV
 
 PG_BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
 
@@ -229,3 +234,74 @@ class Postgres:
 
     def running(self) -> bool:
         return (self.data / "postmaster.pid").exists()
+
+
+SERVE_ROW = re.compile(r"(http://127\.0\.0\.1:\d+)\D+?(\d+)\s*│?\s*$", re.M)
+
+
+def tasks(n: int) -> list[dict]:
+    """``n`` quick inline tasks: no setup, graded by OSWorld's ``infeasible`` metric."""
+    return [
+        {
+            "task_id": f"remote-{i:02d}",
+            "config": {
+                "instruction": f"Task {i}: look at the screen, then stop.",
+                "config": [],
+                "evaluator": {"func": "infeasible"},
+            },
+        }
+        for i in range(n)
+    ]
+
+
+class Host:
+    """``legato desktop serve --count N`` in its own process group: one stand-in host."""
+
+    def __init__(self, procs: Processes, name: str, count: int, token: str, log_dir: Path):
+        self.name, self.count = name, count
+        self.port_start = free_port()
+        while any(_busy(self.port_start + i) for i in range(count)):
+            self.port_start = free_port()
+        self.log = log_dir / f"{name}.log"
+        env = dict(os.environ, **{DEFAULT_TOKEN_ENV: token})
+        env.pop("LEGATO_POLICY_KEY", None)
+        self.proc = procs.start(
+            name,
+            [
+                sys.executable, "-m", "legato_pipelines", "desktop", "serve",
+                "--count", str(count), "--host", "127.0.0.1",
+                "--port-start", str(self.port_start), "--width", "640", "--height", "480",
+            ],
+            log=self.log,
+            env=env,
+        )  # fmt: skip
+        self.urls = [f"http://127.0.0.1:{self.port_start + i}" for i in range(count)]
+
+    def wait_ready(self, timeout: float = 60.0) -> dict[str, int]:
+        """Block until the CLI printed its table; return {url: server pid}."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: {self.log.read_text()[-2000:]}")
+            rows = dict(SERVE_ROW.findall(self.log.read_text(errors="replace")))
+            if len(rows) >= self.count:
+                return {u: int(p) for u, p in rows.items()}
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.name} not ready: {self.log.read_text()[-2000:]}")
+
+
+def _busy(port: int) -> bool:
+    try:
+        with httpx.Client() as c:
+            c.get(f"http://127.0.0.1:{port}/", timeout=0.2)
+        return True
+    except httpx.HTTPError:
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

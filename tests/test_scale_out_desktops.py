@@ -9,15 +9,12 @@ Real parts: Xvfb desktop servers started by the CLI, the scripted policy server,
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import signal
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import pytest
 
 from legato_pipelines import PolicyConfig, collect_async, profile, read_records
@@ -29,79 +26,9 @@ from legato_pipelines.errors import ConfigError, DesktopError
 from legato_pipelines.resources import DesktopPoolResource
 from legato_pipelines.rollout import statuses as st
 from tests.desktop_local_support import needs_xvfb
-from tests.scale_out_support import Processes, free_port
+from tests.scale_out_support import Host, Processes, free_port, pid_alive, tasks
 
 pytestmark = [needs_xvfb, pytest.mark.desktop]
-
-SERVE_ROW = re.compile(r"(http://127\.0\.0\.1:\d+)\D+?(\d+)\s*│?\s*$", re.M)
-
-
-def tasks(n: int) -> list[dict]:
-    """``n`` quick inline tasks: no setup, graded by OSWorld's ``infeasible`` metric."""
-    return [
-        {
-            "task_id": f"remote-{i:02d}",
-            "config": {
-                "instruction": f"Task {i}: look at the screen, then stop.",
-                "config": [],
-                "evaluator": {"func": "infeasible"},
-            },
-        }
-        for i in range(n)
-    ]
-
-
-class Host:
-    """``legato desktop serve --count N`` in its own process group: one stand-in host."""
-
-    def __init__(self, procs: Processes, name: str, count: int, token: str, log_dir: Path):
-        self.name, self.count = name, count
-        self.port_start = free_port()
-        while any(_busy(self.port_start + i) for i in range(count)):
-            self.port_start = free_port()
-        self.log = log_dir / f"{name}.log"
-        env = dict(os.environ, **{DEFAULT_TOKEN_ENV: token})
-        env.pop("LEGATO_POLICY_KEY", None)
-        self.proc = procs.start(
-            name,
-            [
-                sys.executable, "-m", "legato_pipelines", "desktop", "serve",
-                "--count", str(count), "--host", "127.0.0.1",
-                "--port-start", str(self.port_start), "--width", "640", "--height", "480",
-            ],
-            log=self.log,
-            env=env,
-        )  # fmt: skip
-        self.urls = [f"http://127.0.0.1:{self.port_start + i}" for i in range(count)]
-
-    def wait_ready(self, timeout: float = 60.0) -> dict[str, int]:
-        """Block until the CLI printed its table; return {url: server pid}."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited: {self.log.read_text()[-2000:]}")
-            rows = dict(SERVE_ROW.findall(self.log.read_text(errors="replace")))
-            if len(rows) >= self.count:
-                return {u: int(p) for u, p in rows.items()}
-            time.sleep(0.2)
-        raise RuntimeError(f"{self.name} not ready: {self.log.read_text()[-2000:]}")
-
-
-def _busy(port: int) -> bool:
-    try:
-        with httpx.Client() as c:
-            c.get(f"http://127.0.0.1:{port}/", timeout=0.2)
-        return True
-    except httpx.HTTPError:
-        return False
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.fixture
@@ -128,9 +55,9 @@ def two_hosts(tmp_path, token):
         leftover = procs.alive()
         procs.stop_all()
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and any(_pid_alive(p) for p in pids.values()):
+        while time.monotonic() < deadline and any(pid_alive(p) for p in pids.values()):
             time.sleep(0.2)
-        stray = [p for p in pids.values() if _pid_alive(p)]
+        stray = [p for p in pids.values() if pid_alive(p)]
         for pid in stray:
             os.killpg(pid, signal.SIGKILL)
         assert not leftover and not stray, f"left running: {leftover} servers {stray}"
