@@ -522,7 +522,7 @@ class ScriptedPolicyServer:
         if req.get("n", 1) != 1:
             raise _Reject(400, "the scripted policy server answers n=1 only", param="n")
 
-        keys, instruction, n_images, step = self._prompt(messages)
+        keys, prompt_ids, instruction, n_images, step = self._prompt(messages)
         entry.n_images = n_images
         entry.step = step
         limit = self.faults.image_limit
@@ -550,12 +550,20 @@ class ScriptedPolicyServer:
         ids = [token_id(t) for t in tokens]
         cached = self.prefix_cache.lookup_and_insert(keys)
         entry.cached_tokens = cached
-        return orjson.dumps(self._body(req, keys, content, reasoning, tokens, ids, finish, cached))
+        return orjson.dumps(
+            self._body(req, prompt_ids, content, reasoning, tokens, ids, finish, cached)
+        )
 
-    def _prompt(self, messages: list[Any]) -> tuple[list[int], str, int, int]:
-        """(prompt keys, instruction text, image count, step) of a request's messages."""
+    def _prompt(self, messages: list[Any]) -> tuple[list[int], list[int], str, int, int]:
+        """(prompt keys, prompt token ids, instruction text, image count, step) of a request.
+
+        Keys are the token ids with each image's tokens replaced by its negative image key
+        (what the prefix cache hashes); ids have ``<|image_pad|>`` there (what vLLM returns).
+        """
         encode = self.tokenizer.encode
         keys: list[int] = []
+        ids: list[int] = []
+        pad = [IMAGE_PAD_ID] * self.image_tokens
         instruction: str | None = None
         n_images = 0
         step = 0
@@ -565,27 +573,34 @@ class ScriptedPolicyServer:
             role = msg.get("role")
             if role == "assistant":
                 step += 1
-            keys.extend(encode(f"<|im_start|>{role}\n"))
+            text_ids = encode(f"<|im_start|>{role}\n")
+            keys.extend(text_ids)
+            ids.extend(text_ids)
             content = msg.get("content")
             texts: list[str] = []
             if isinstance(content, str):
                 texts.append(content)
-                keys.extend(encode(content))
+                text_ids = encode(content)
+                keys.extend(text_ids)
+                ids.extend(text_ids)
             elif isinstance(content, list):
                 for part in content:
                     kind = part.get("type") if isinstance(part, dict) else None
                     if kind == "text":
                         texts.append(part.get("text") or "")
-                        keys.extend(encode(part.get("text") or ""))
+                        text_ids = encode(part.get("text") or "")
+                        keys.extend(text_ids)
+                        ids.extend(text_ids)
                     elif kind == "image_url":
                         url = (part.get("image_url") or {}).get("url")
                         if not isinstance(url, str):
                             raise _Reject(400, "image_url.url must be a string", param="messages")
                         n_images += 1
                         keys.extend([-1 - image_key(url)] * self.image_tokens)
+                        ids.extend(pad)
             if role == "user" and instruction is None:
                 instruction = "\n".join(texts)
-        return keys, instruction or "", n_images, step
+        return keys, ids, instruction or "", n_images, step
 
     def _script_step(self, instruction: str, step: int) -> tuple[str, str | None]:
         tasks = self.script["tasks"]
@@ -610,7 +625,7 @@ class ScriptedPolicyServer:
     def _body(
         self,
         req: dict[str, Any],
-        keys: list[int],
+        prompt_ids: list[int],
         content: str,
         reasoning: str | None,
         tokens: list[str],
@@ -651,9 +666,7 @@ class ScriptedPolicyServer:
             "logprobs": logprobs,
             "finish_reason": finish,
         }
-        prompt_ids = None
         if want_ids and fl.ids is not None:
-            prompt_ids = [k if k >= 0 else IMAGE_PAD_ID for k in keys]
             if fl.ids == "choice":
                 choice["prompt_token_ids"] = prompt_ids
             choice["token_ids"] = None if faults.token_ids_null else ids
@@ -661,9 +674,9 @@ class ScriptedPolicyServer:
             choice["token_ids"] = None  # vLLM serializes the unset field as null
 
         usage: dict[str, Any] = {
-            "prompt_tokens": len(keys),
+            "prompt_tokens": len(prompt_ids),
             "completion_tokens": len(ids) + faults.completion_tokens_offset,
-            "total_tokens": len(keys) + len(ids) + faults.completion_tokens_offset,
+            "total_tokens": len(prompt_ids) + len(ids) + faults.completion_tokens_offset,
         }
         if not faults.cache_report:
             usage["prompt_tokens_details"] = None
@@ -684,12 +697,12 @@ class ScriptedPolicyServer:
             "system_fingerprint": "legato-scripted-not-a-model",
         }
         if fl.ids == "top":
-            body["prompt_token_ids"] = prompt_ids
+            body["prompt_token_ids"] = prompt_ids if want_ids else None
         if fl.sglext and (req.get("return_output_ids") or req.get("return_input_ids")):
             ext: dict[str, Any] = {}
             if req.get("return_output_ids"):
                 ext["output_ids"] = ids
             if req.get("return_input_ids"):
-                ext["input_ids"] = [k if k >= 0 else IMAGE_PAD_ID for k in keys]
+                ext["input_ids"] = prompt_ids
             body["sglext"] = ext
         return body

@@ -17,6 +17,7 @@ import json
 import random
 import re
 import zlib
+from array import array
 from itertools import islice
 
 VOCAB_SIZE = 151_643  # Qwen2.5 text vocabulary size
@@ -28,12 +29,15 @@ class SyntheticTokenizer:
     """Deterministic stand-in tokenizer (whitespace-led word pieces of <= 8 chars, punctuation).
 
     ``tokenize(text)`` joins back to ``text`` exactly; ``token_id`` is ``crc32(token) %
-    VOCAB_SIZE``; ``logprob(id, position)`` is in (-4, 0). Id lookups are memoized (bounded).
+    VOCAB_SIZE``; ``logprob(id, position)`` is in (-4, 0). Token ids and whole encoded texts
+    are memoized (bounded): prompts repeat their system text and history every step.
     """
 
-    def __init__(self, cache_size: int = 200_000):
+    def __init__(self, cache_size: int = 200_000, text_cache_size: int = 20_000):
         self._ids: dict[str, int] = {}
+        self._texts: dict[str, list[int]] = {}
         self._cache_size = cache_size
+        self._text_cache_size = text_cache_size
 
     @staticmethod
     def tokenize(text: str) -> list[str]:
@@ -49,8 +53,15 @@ class SyntheticTokenizer:
         return tid
 
     def encode(self, text: str) -> list[int]:
-        token_id = self.token_id
-        return [token_id(t) for t in _TOKEN_RE.findall(text)]
+        """Token ids of ``text`` (a shared cached list: do not mutate)."""
+        ids = self._texts.get(text)
+        if ids is None:
+            token_id = self.token_id
+            ids = [token_id(t) for t in _TOKEN_RE.findall(text)]
+            if len(self._texts) >= self._text_cache_size:
+                self._texts.clear()
+            self._texts[text] = ids
+        return ids
 
     @staticmethod
     def logprob(token_id: int, position: int) -> float:
@@ -61,14 +72,12 @@ def image_key(url: str) -> int:
     """A 62-bit key of an image URL without decoding it.
 
     Data URLs longer than 4 KiB are fingerprinted from their length, first and last 512
-    characters and 32 strided 16-character samples: a PNG's tail holds the CRC-32 of its last
-    IDAT chunk, so two different screenshots differ there. O(1) per image, whatever its size.
+    characters and 512 characters sampled at an even stride: a PNG's tail holds the CRC-32 of
+    its last IDAT chunk, so two different screenshots differ there. O(1) per image.
     """
     n = len(url)
     if n > 4096:
-        step = (n - 1024) // 32 or 1
-        sample = "".join(url[i : i + 16] for i in range(512, n - 512, step))
-        url = f"{n}|{url[:512]}|{url[-512:]}|{sample}"
+        url = f"{n}|{url[:512]}|{url[-512:]}|{url[512 : n - 512 : (n - 1024) // 512 or 1]}"
     return int.from_bytes(hashlib.blake2b(url.encode(), digest_size=8).digest(), "big") >> 2
 
 
@@ -93,8 +102,10 @@ class PrefixCache:
         h = 0
         cached = 0
         hitting = True
-        for start in range(0, len(keys) - bs + 1, bs):
-            h = hash((h, *keys[start : start + bs]))
+        data = array("q", keys).tobytes()  # int64: token ids and negative image keys
+        width = bs * 8
+        for start in range(0, len(data) - width + 1, width):
+            h = hash((h, data[start : start + width]))
             if hitting and h in seen:
                 cached += bs
             else:
