@@ -170,7 +170,7 @@ def _writer(root: str, version: str, rounds: int) -> None:
 
 def test_concurrent_partitions_never_collide_on_duckdb(tmp_path):
     lake = Lake(tmp_path / "lake")
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("fork")
     procs = [ctx.Process(target=_writer, args=(str(lake.root), f"v{i}", 15)) for i in range(4)]
     for p in procs:
         p.start()
