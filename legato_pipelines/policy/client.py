@@ -1,7 +1,8 @@
 """The async policy client: the only way the product talks to a model.
 
-One pooled ``httpx.AsyncClient`` (created lazily inside the running event loop), an optional
-global semaphore bounding requests in flight, a hard deadline per HTTP request
+Pooled keep-alive ``httpx.AsyncClient``s (created lazily inside the running event loop; one
+per :data:`POOL_SHARD` in-flight slots, see there why), an optional global bound on requests
+in flight (``max_inflight``), a hard deadline per HTTP request
 (``step_timeout``, enforced with ``asyncio.timeout`` around the whole request *and* body read,
 so a server that trickles bytes cannot hold a rollout), re-tries with exponential backoff and
 full jitter for timeouts, connection errors, 429 and 5xx, and fail-fast configuration errors

@@ -361,7 +361,7 @@ class ScriptedPolicyServer:
     @property
     def chat_requests(self) -> list[RequestLog]:
         """The logged chat-completion requests, oldest first."""
-        return [r for r in self.requests if r.path == "/v1/chat/completions"]
+        return [r for r in list(self.requests) if r.path == "/v1/chat/completions"]
 
     # -- endpoints -------------------------------------------------------------------------
 
