@@ -34,7 +34,13 @@ def run(tmp_path, script: str, desktop: DesktopConfig, *, desktops: int, group: 
 
 def test_collect_on_osworld_desktops_matches_local(tmp_path):
     osworld = DesktopConfig(
-        backend="osworld", options={"osworld_python": osworld_python(), "provider": "local"}
+        backend="osworld",
+        options={
+            "osworld_python": osworld_python(),
+            "provider": "local",
+            "cache_dir": str(tmp_path / "cache"),
+            "work_dir": str(tmp_path / "work"),
+        },
     )
     good = run(tmp_path, "correct", osworld, desktops=2, group=2)
     assert len(good) == 2 * len(TASKS)
@@ -43,6 +49,8 @@ def test_collect_on_osworld_desktops_matches_local(tmp_path):
     assert {r["desktop"] for r in good} == {"osworld-0", "osworld-1"}
     assert {r["reset"]["kind"] for r in good} == {"fast"}
     assert all(r["reset"]["ready_s"] is not None and r["n_steps"] >= 2 for r in good)
+    logs = sorted(p.name for p in (tmp_path / "work").iterdir() if p.suffix == ".log")
+    assert logs == ["osworld-0.log", "osworld-1.log"]  # DesktopEnv's output, not the console
 
     bad = {r["task_id"]: r["reward"] for r in run(tmp_path, "wrong", osworld, desktops=2, group=1)}
     local = DesktopConfig(backend="local")

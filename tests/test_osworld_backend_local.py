@@ -34,10 +34,16 @@ TASKS = (
 pytestmark = [pytest.mark.desktop, pytest.mark.slow, needs_desktop_apps, needs_vm_python]
 
 
-def osworld_config(**options) -> DesktopConfig:
+def osworld_config(tmp_path, **options) -> DesktopConfig:
     return DesktopConfig(
         backend="osworld",
-        options={"osworld_python": osworld_python(), "provider": "local", **options},
+        options={
+            "osworld_python": osworld_python(),
+            "provider": "local",
+            "cache_dir": str(tmp_path / "cache"),
+            "work_dir": str(tmp_path / "work"),
+            **options,
+        },
     )
 
 
@@ -56,20 +62,20 @@ async def rewards_of(config: DesktopConfig, tasks, scripts) -> dict[tuple[str, s
     return out
 
 
-async def test_osworld_rewards_equal_local_rewards():
+async def test_osworld_rewards_equal_local_rewards(tmp_path):
     tasks, scripts = suite_tasks(), suite_scripts()
-    osworld = await rewards_of(osworld_config(), tasks, scripts)
+    osworld = await rewards_of(osworld_config(tmp_path), tasks, scripts)
     local = await rewards_of(DesktopConfig(backend="local"), tasks, scripts)
     assert osworld == local
     assert {osworld[t, "correct"] for t in TASKS} == {1.0}
     assert all(osworld[t, "wrong"] < 1.0 for t in TASKS)
 
 
-async def test_fast_reset_and_revert_both_restore_a_clean_home():
+async def test_fast_reset_and_revert_both_restore_a_clean_home(tmp_path):
     tasks = suite_tasks()
     task = tasks["local-term-mkdir"]
     correct = suite_scripts()["correct"][task.instruction]
-    [desktop] = await open_desktops(osworld_config(), 1)
+    [desktop] = await open_desktops(osworld_config(tmp_path), 1)
     try:
         kind, first = await run_script(desktop, task, correct)
         assert (kind, first.reward) == ("fast", 1.0)
@@ -86,9 +92,9 @@ async def test_fast_reset_and_revert_both_restore_a_clean_home():
         await desktop.close()
 
 
-async def test_dead_vm_is_a_desktop_error_and_recover_brings_it_back():
+async def test_dead_vm_is_a_desktop_error_and_recover_brings_it_back(tmp_path):
     task = suite_tasks()["local-term-mkdir"]
-    [desktop] = await open_desktops(osworld_config(call_timeout=20, reset_timeout=30), 1)
+    [desktop] = await open_desktops(osworld_config(tmp_path, call_timeout=20, reset_timeout=30), 1)
     try:
         await desktop.reset(task)
         desktop.vm_server.kill()  # the "VM" dies

@@ -27,7 +27,8 @@ HOME, OSWORLD.md §6), and the first reset after a failure.
   path_to_vm, region, snapshot_name, os_type, client_password, headless, enable_proxy
                   passed to DesktopEnv as they are
   cache_dir       root of the per-desktop DesktopEnv cache dirs (default ~/.cache/legato/osworld-cache)
-  work_dir        the workers' working directory (docker keeps ``docker_vm_data/`` there)
+  work_dir        the workers' working directory (docker keeps ``docker_vm_data/`` there) and
+                  their logs (``osworld-<i>.log``: DesktopEnv's logging and prints)
   ready           ``screenshot`` (default: poll the VM server's /screenshot) | ``server``
                   (provider local only: the local desktop server's own /legato/wait)
   start_timeout   seconds a worker may take to start its VM (default 120; docker boots: 600)
@@ -192,8 +193,17 @@ class WorkerProcess:
     working directory. :meth:`call` sends one request and waits at most ``timeout`` seconds.
     """
 
-    def __init__(self, python: str, *, env: dict[str, str], cwd: str, name: str = "osworld"):
+    def __init__(
+        self,
+        python: str,
+        *,
+        env: dict[str, str],
+        cwd: str,
+        name: str = "osworld",
+        log_path: str | None = None,
+    ):
         self.python, self.env, self.cwd, self.name = python, env, cwd, name
+        self.log_path = log_path
         self._proc: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
         self._next_id = 0
@@ -206,8 +216,12 @@ class WorkerProcess:
         return self._proc is not None and self._proc.returncode is None
 
     async def start(self) -> None:
-        """Spawn the worker (``<python> -I worker.py``; isolated mode: no user site, no PYTHON* env)."""
+        """Spawn the worker (``<python> -I worker.py``; isolated mode: no user site, no PYTHON* env).
+
+        Its stderr (DesktopEnv's logging and prints) is appended to ``log_path`` when given.
+        """
         os.makedirs(self.cwd, exist_ok=True)
+        log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 self.python,
@@ -217,6 +231,7 @@ class WorkerProcess:
                 stdout=asyncio.subprocess.PIPE,
                 env=self.env,
                 cwd=self.cwd,
+                stderr=log,
                 limit=PROTOCOL_LINE_LIMIT,
                 start_new_session=True,
             )
@@ -225,6 +240,9 @@ class WorkerProcess:
                 f"cannot run the OSWorld interpreter {self.python!r}: {exc} "
                 "(fix: legato osworld install, or --osworld-python PATH)"
             ) from None
+        finally:
+            if log is not None:
+                log.close()  # the child has its own descriptor
 
     async def call(self, op: str, timeout: float, **fields: Any) -> dict[str, Any]:
         """Send ``{op, **fields}``; return the worker's ``result``.
@@ -259,7 +277,7 @@ class WorkerProcess:
             if not raw:
                 code = await self._proc.wait()
                 raise DesktopError(
-                    f"{self.name}: the OSWorld worker exited ({code}) during {op} (see its stderr)",
+                    f"{self.name}: the OSWorld worker exited ({code}) during {op} (log: {self.log_path or 'stderr'})",
                     kind="transport",
                 )
             answer = json.loads(raw)
@@ -325,6 +343,7 @@ class OSWorldDesktop:
         self._force_revert = False
         self._last_action_fail = False
         self._http = None
+        self._last_png: tuple[bytes, np.ndarray] | None = None
         opts = config.options
         self.ready_mode = opts.get("ready", "screenshot")
         self.start_timeout = float(
@@ -354,7 +373,11 @@ class OSWorldDesktop:
             extra[VM_TOKEN_ENV] = self.vm_server.token
             headers["Authorization"] = f"Bearer {self.vm_server.token}"
         self.worker = WorkerProcess(
-            self.python, env=worker_env(extra), cwd=self.work_dir, name=self.name
+            self.python,
+            env=worker_env(extra),
+            cwd=self.work_dir,
+            name=self.name,
+            log_path=os.path.join(self.work_dir, f"{self.name}.log"),
         )
         await self.worker.start()
         try:
@@ -494,7 +517,8 @@ class OSWorldDesktop:
             raise
 
     async def grab_frame(self) -> np.ndarray:
-        """One frame of ``GET /screenshot`` from the VM server, decoded off the event loop."""
+        """One frame of ``GET /screenshot`` from the VM server, decoded off the event loop
+        (not at all when the PNG bytes equal the previous frame's)."""
         import httpx
 
         try:
@@ -505,7 +529,12 @@ class OSWorldDesktop:
             raise DesktopError(
                 f"{self.name}: GET /screenshot: HTTP {response.status_code}", kind="vm"
             )
-        return await asyncio.to_thread(png_frame, response.content)
+        png = response.content
+        if self._last_png is not None and png == self._last_png[0]:
+            return self._last_png[1]  # same bytes, same frame: skip the decode
+        frame = await asyncio.to_thread(png_frame, png)
+        self._last_png = (png, frame)
+        return frame
 
     async def _wait(self, mode: str) -> Wait:
         t0 = time.perf_counter()
