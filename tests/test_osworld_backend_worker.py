@@ -68,6 +68,47 @@ async def test_plan_docker_provider_is_what_desktop_env_gets(python, tmp_path):
     }
 
 
+def test_the_venv_imports_the_docker_provider(python, tmp_path):
+    """The Docker provider's modules (docker SDK, psutil, filelock, tqdm) import in the venv."""
+    probe = (
+        "from desktop_env.providers.base import Provider, VMManager;"
+        "from desktop_env.providers.docker.provider import DockerProvider;"
+        "from desktop_env.providers.docker.manager import DockerVMManager;"
+        "print(issubclass(DockerProvider, Provider), issubclass(DockerVMManager, VMManager))"
+    )
+    done = subprocess.run(
+        [python, "-I", "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHON_DOTENV_DISABLED": "1", "HOME": str(tmp_path)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]
+
+
+@pytest.mark.skipif(
+    os.path.exists("/var/run/docker.sock"), reason="a Docker engine is here: start would boot a VM"
+)
+async def test_docker_start_without_an_engine_is_a_vm_error(python, tmp_path):
+    """DesktopEnv's real Docker provider, no engine on this machine: a clear ``vm`` failure
+    (``path_to_vm`` given, so the manager never downloads the image)."""
+    worker = await started_worker(python, tmp_path, HOME=str(tmp_path))
+    try:
+        with pytest.raises(DesktopError, match="DesktopEnv could not start the VM") as err:
+            await worker.call(
+                "start",
+                60,
+                provider="docker",
+                path_to_vm=str(tmp_path / "Ubuntu.qcow2"),
+                cache_dir=str(tmp_path / "cache"),
+            )
+        assert err.value.kind == "vm"
+        assert "docker" in str(err.value).lower()
+    finally:
+        await worker.stop()
+
+
 async def test_plan_local_stands_in_for_a_clean_start_provider(python, tmp_path):
     worker = await started_worker(python, tmp_path)
     try:

@@ -24,8 +24,10 @@ import venv
 from pathlib import Path
 
 DESKTOP_ENV = "desktop-env==1.0.2"
-#: OSWORLD.md §8 "core", plus pandas and PyPDF2: ``getters/file.py`` (vm_file, cloud_file)
-#: imports pandas and ``metrics/vscode.py`` (compare_text_file) imports PyPDF2 at module level.
+#: OSWORLD.md §8 "core", plus pandas and PyPDF2 (``getters/file.py`` — vm_file, cloud_file —
+#: imports pandas and ``metrics/vscode.py`` — compare_text_file — PyPDF2 at module level),
+#: plus what the docker and vmware providers import (docker, psutil, filelock, tqdm). Cloud
+#: providers need their SDK on top (e.g. ``<venv>/bin/pip install boto3`` for aws).
 CORE = (
     "gymnasium~=0.28.1",
     "numpy==1.26.4",
@@ -47,6 +49,10 @@ CORE = (
     "pytz",
     "pandas==2.2.3",
     "PyPDF2",
+    "docker",
+    "psutil",
+    "filelock",
+    "tqdm",
 )
 #: OSWORLD.md §8 "no-torch" on top of core.
 FULL = (
@@ -89,7 +95,7 @@ def is_installed(path: Path) -> bool:
     python = venv_python(path)
     if not python.exists():
         return False
-    probe = "import desktop_env.controllers.python, gymnasium, pandas, requests"
+    probe = "import desktop_env.controllers.python, gymnasium, pandas, requests, docker, filelock"
     return subprocess.run([str(python), "-c", probe], capture_output=True).returncode == 0
 
 
