@@ -17,12 +17,17 @@ import tempfile
 import time
 from pathlib import Path
 
+import orjson
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import CLICK, policy_server_process  # noqa: E402
 
 from legato_pipelines import DesktopConfig, PolicyConfig, collect, load_tasks  # noqa: E402
 from legato_pipelines.desktops.fake import frame_pool  # noqa: E402
+
+BASELINE_RSS = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
 
 BASELINE_RSS = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
@@ -57,19 +62,36 @@ def run(url: str, desktops: int, steps: int, image_max: int, attempts_per_deskto
             max_inflight=desktops,
         )
         wall, cpu = time.perf_counter() - t0, cpu_s() - c0
-        disk = sum(p.stat().st_size for p in Path(out).rglob("*") if p.is_file())
+        storage = storage_report(Path(out))
     n = summary["steps"]
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    window = image_max * (60_000 * 7 // 3)  # a window's images: ~60 KB PNG + its base64 data URL
+    per_rollout = (peak_rss - BASELINE_RSS) / desktops - window
     return {
-        "bench": "engine_ceiling",
-        "desktops": desktops,
-        "steps": n,
-        "wall_s": round(wall, 2),
-        "steps_per_s": round(n / wall, 1),
-        "collector_cpu_ms_per_step": round(cpu / n * 1000, 3),
-        "model_call_p50_s": summary["model_call_s"]["p50"],
-        "records": summary["records"],
-        "disk_bytes_per_step": int(disk / n),
-    }
+        "bench": "engine_ceiling", "desktops": desktops, "steps": n, "wall_s": round(wall, 2),
+        "steps_per_s": round(n / wall, 1), "collector_cpu_ms_per_step": round(cpu / n * 1000, 3),
+        "model_call_p50_s": summary["model_call_s"]["p50"], "records": summary["records"],
+        "peak_rss_mb": round(peak_rss / 2**20, 1),
+        "rss_mb_per_inflight_rollout_beyond_window": round(per_rollout / 2**20, 3),
+        **storage,
+    }  # fmt: skip
+
+
+def storage_report(run_dir: Path) -> dict:
+    """Bytes on disk per step vs storing every request whole (inline data URLs), and the
+    overhead over the unique screenshot bytes."""
+    from legato_pipelines import read_records
+    from legato_pipelines.store.rundir import load_messages
+
+    disk = sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file())
+    images = sum(p.stat().st_size for p in (run_dir / "images").glob("*.png"))
+    steps = [s for r in read_records(run_dir) for s in r["steps"]]
+    sample = steps[:: max(1, len(steps) // 200)]  # whole requests measured on <= 200 steps, scaled
+    whole = sum(len(orjson.dumps(load_messages(run_dir, s["request"]))) for s in sample) / max(1, len(sample))
+    return {
+        "disk_bytes_per_step": int(disk / len(steps)), "whole_request_bytes_per_step": int(whole),
+        "unique_image_bytes": images, "disk_bytes": disk, "overhead_over_images": round(disk / images - 1, 4),
+    }  # fmt: skip
 
 
 def main() -> None:
