@@ -11,6 +11,8 @@ APT_PACKAGES=(
   xterm l3afpad libreoffice-calc
   # headless browser for the Dagster UI end-to-end test
   chromium
+  # scale-out proof (Postgres run storage, Redis broker for Celery run workers)
+  postgresql redis-server
 )
 
 missing=()
@@ -25,3 +27,7 @@ if ((${#missing[@]})); then
 fi
 
 python3 -m pip install -q -e '.[dev]'
+
+# The osworld backend: OSWorld's desktop-env in its own venv, and pyautogui for the local
+# desktops' "VM python" (see scripts/osworld_venv.sh).
+scripts/osworld_venv.sh
