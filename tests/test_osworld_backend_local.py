@@ -111,3 +111,25 @@ async def test_dead_vm_is_a_desktop_error_and_recover_brings_it_back(tmp_path):
         assert (await desktop.evaluate(task)).reward == 0.0
     finally:
         await desktop.close()
+
+
+async def test_fixed_wait_baseline_and_the_servers_own_ready_endpoint(tmp_path):
+    from legato_pipelines.actions import Action
+
+    task = suite_tasks()["local-term-mkdir"]
+    action = Action(action="type", text="echo ready\n")
+    fixed = osworld_config(tmp_path).model_copy(update={"ready_signal": False, "fixed_wait": 0.3})
+    server = osworld_config(tmp_path, ready="server")
+    for config in (fixed, server):
+        [desktop] = await open_desktops(config, 1)
+        try:
+            await desktop.reset(task)
+            await desktop.wait_after_reset()
+            await desktop.act(action)
+            wait = await desktop.wait_after_action(action)
+            if config is fixed:
+                assert wait.ready_s is None and wait.wait_s >= 0.3
+            else:
+                assert 0 < wait.ready_s <= wait.wait_s < 5
+        finally:
+            await desktop.close()

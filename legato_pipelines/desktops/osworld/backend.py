@@ -68,6 +68,22 @@ from .install import default_venv, venv_python
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 PROVIDERS = ("docker", "local", "vmware", "virtualbox", "aws", "azure", "aliyun", "volcengine")
 REVERT_DOMAINS = frozenset({"os", "multi_apps"})  # state outside /home/user (OSWORLD.md §6)
+#: Setup steps that start an app (OSWORLD.md §3): the reset wait first waits for it to show.
+LAUNCH_STEPS = frozenset({"launch", "open", "chrome_open_tabs"})
+#: Domains of apps that repaint for a while after their first paint (the 0.5 s window).
+HEAVY_DOMAINS = frozenset(
+    {
+        "chrome",
+        "gimp",
+        "libreoffice_calc",
+        "libreoffice_impress",
+        "libreoffice_writer",
+        "thunderbird",
+        "vlc",
+        "vs_code",
+        "multi_apps",
+    }
+)
 OPTION_NAMES = frozenset(
     {
         "osworld_python",
@@ -344,6 +360,9 @@ class OSWorldDesktop:
         self._last_action_fail = False
         self._http = None
         self._last_png: tuple[bytes, np.ndarray] | None = None
+        self._blank: np.ndarray | None = None
+        self._launching = self._heavy = False
+        self._ready_client = None
         opts = config.options
         self.ready_mode = opts.get("ready", "screenshot")
         self.start_timeout = float(
@@ -393,6 +412,17 @@ class OSWorldDesktop:
         self._http = httpx.AsyncClient(
             base_url=self.server_url, headers=headers, timeout=httpx.Timeout(10.0)
         )
+        if self.ready_mode == "server":
+            from ..local.client import DesktopClient
+
+            if self._ready_client is not None:
+                await self._ready_client.aclose()
+            self._ready_client = DesktopClient(self.vm_server.url, self.vm_server.token)
+        self._last_png = None
+        try:  # the clean desktop: a launch during setup counts once the screen differs from it
+            self._blank = await self.grab_frame()
+        except DesktopError:
+            self._blank = None
 
     async def reset(self, task: Task, *, seed: int = 0) -> str:
         """Fast reset where allowed, else a snapshot revert; then the task's setup. ``"fast"`` | ``"revert"``."""
@@ -406,6 +436,8 @@ class OSWorldDesktop:
         )
         task_config = {**task.config, "id": task.config.get("id") or task.task_id}
         self._last_action_fail = False
+        self._launching = any(step.get("type") in LAUNCH_STEPS for step in task.setup)
+        self._heavy = task.domain in HEAVY_DOMAINS
         try:
             self.last_reset = await self._call(
                 "reset",
@@ -421,6 +453,9 @@ class OSWorldDesktop:
         return self.last_reset["kind"]
 
     async def wait_after_reset(self) -> Wait:
+        """Stable screen after the task's setup. When the setup launched or opened something,
+        the screen must first differ from the clean desktop (the app showed), as the local
+        server's launch wait does; heavy domains get the 0.5 s stable window."""
         return await self._wait("reset")
 
     async def observe(self) -> Screenshot:
@@ -501,6 +536,9 @@ class OSWorldDesktop:
         if self._http is not None:
             await self._http.aclose()
             self._http = None
+        if self._ready_client is not None:
+            await self._ready_client.aclose()
+            self._ready_client = None
         if self.vm_server is not None:
             await self.vm_server.stop()
 
@@ -542,17 +580,18 @@ class OSWorldDesktop:
             await asyncio.sleep(self.config.fixed_wait or 0.0)
             return Wait(time.perf_counter() - t0, None)
         if self.ready_mode == "server":
-            from ..local.client import DesktopClient
-
-            client = DesktopClient(self.vm_server.url, self.vm_server.token)
-            try:
-                result = await client.wait(mode)
-            finally:
-                await client.aclose()
+            result = await self._ready_client.wait(mode)
             return Wait(time.perf_counter() - t0, float(result["ready_s"]))
         from ..local.ready import policy_for, wait_until_ready
 
-        result = await wait_until_ready(self.grab_frame, policy_for(mode))
+        reference = None
+        if mode == "reset":
+            pending = self._launching and self._blank is not None
+            policy = policy_for(mode, heavy=self._heavy, launch_pending=pending)
+            reference = self._blank if pending else None
+        else:
+            policy = policy_for(mode)
+        result = await wait_until_ready(self.grab_frame, policy, reference=reference)
         return Wait(time.perf_counter() - t0, result.ready_s)
 
 
