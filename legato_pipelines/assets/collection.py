@@ -40,7 +40,8 @@ def rollout_batch(
     version = context.partition_key
     task_set = load_tasks(config.tasks, osworld=desktops.osworld)
     policy_config = policy.config(version, model=config.model)
-    run_dir = lake.lake.run_dir(version)
+    store = lake.lake
+    run_dir = store.pull_run(version)  # a URL lake: its copy, to resume on any worker host
     seen = 0
 
     def progress(record: dict) -> None:
@@ -55,17 +56,20 @@ def rollout_batch(
         f"collecting {len(task_set)} tasks x {config.group} (task set {task_set.task_set}) with {policy_config.model} "
         f"at version {version} on {desktops.count()} {desktops.backend} desktops into {run_dir}"
     )
-    with policy.credentials():
-        summary = collect(
-            task_set,
-            policy_config,
-            run_dir,
-            desktops=desktops.count(),
-            desktop=desktops.config(),
-            osworld=desktops.osworld,
-            on_record=progress,
-            **config.knobs(),
-        )
+    try:
+        with policy.credentials():
+            summary = collect(
+                task_set,
+                policy_config,
+                run_dir,
+                desktops=desktops.count(),
+                desktop=desktops.config(),
+                osworld=desktops.osworld,
+                on_record=progress,
+                **config.knobs(),
+            )
+    finally:
+        store.push_run(version)  # a URL lake: upload what was collected, even after a failure
     counts = summary.get("counts") or {}
     return dg.MaterializeResult(
         metadata={
@@ -82,6 +86,6 @@ def rollout_batch(
             "success_rate": number(summary.get("success_rate")),
             "rollouts_per_hour": number(summary.get("rollouts_per_hour")),
             "wall_s": number(summary.get("wall_s")),
-            "run_dir": dg.MetadataValue.path(str(run_dir)),
+            "run_dir": dg.MetadataValue.path(str(store.run_location(version))),
         }
     )

@@ -43,14 +43,14 @@ def find_batch(instance: dg.DagsterInstance, version: str, lake: Lake, run_id: s
 
     Raises ``ConfigError`` when the directory is not a run of this policy version (e.g.
     ``rollout_batch`` was never materialized for it)."""
-    run_dir = lake.run_dir(version)
+    run_dir = lake.pull_run(version)  # a URL lake: fetched when this host lacks it
     records = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=rollout_batch.key, asset_partitions=[version]), limit=1
     ).records
     if records:
         run_id = records[0].run_id
         recorded = records[0].asset_materialization.metadata.get("run_dir")
-        if recorded is not None:
+        if recorded is not None and not lake.remote:
             run_dir = Path(recorded.value)
     meta = read_meta(run_dir)
     if (meta.get("policy") or {}).get("version") != version:
@@ -178,11 +178,11 @@ def profile_summary(context: dg.AssetExecutionContext, lake: LakeResource) -> dg
     charts = {}
     if time_share:
         png = time_share_chart(time_share, f"Time share by phase, {version}")
-        (path.parent / "time_share.png").write_bytes(png)
+        store.write_file("profile", version, "time_share.png", png)
         charts["time_share_chart"] = dg.MetadataValue.md(markdown_image(png, "time share by phase"))
     if per_task:
         png = success_chart(per_task, f"Success by task, {version}")
-        (path.parent / "success_by_task.png").write_bytes(png)
+        store.write_file("profile", version, "success_by_task.png", png)
         charts["success_by_task_chart"] = dg.MetadataValue.md(
             markdown_image(png, "success by task")
         )

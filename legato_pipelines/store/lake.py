@@ -19,12 +19,27 @@ after the views were built shows up without a rebuild.
 
 Every Parquet write is atomic too: a temp file in the partition directory, then
 ``os.replace``; a reader sees the old partition or the new one, never half of one.
+
+**Shared lakes.** The root may be an fsspec URL (``s3://bucket/lake``, ``gs://...``; object
+store credentials and endpoint from the usual variables, e.g. ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``) so runs on any worker host write where the
+trainer reads; a shared filesystem is just a local path. On an object store a partition is one
+object ``PUT`` (visible whole or not at all: atomic without a rename), ``legato.duckdb`` is a
+per-host file in the local cache (``LEGATO_LAKE_CACHE``, default ``~/.cache/legato/lakes``)
+whose views read the same ``s3://`` URLs through fsspec (:meth:`Lake.connect` registers the
+filesystem), and run directories are staged: the engine writes a local copy
+(:meth:`Lake.run_dir`), :meth:`Lake.push_run` uploads it to ``<lake>/runs/policy_version=<key>/``
+and :meth:`Lake.pull_run` brings it to a host that lacks it (a resume, or a later step on
+another worker). Local roots behave exactly as without this.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
+import re
+import shutil
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,6 +59,10 @@ DUCKDB_FILE = "legato.duckdb"
 LOCK_FILE = ".legato.duckdb.lock"
 PART_FILE = "part-0.parquet"
 RUNS_DIR = "runs"
+RECORDS_FILE = "rollouts.jsonl"
+CACHE_ENV = "LEGATO_LAKE_CACHE"
+OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "az", "abfss"})
+"""fsspec protocols whose writes are single atomic PUTs (no rename needed, none available)."""
 
 _EXTRA_VIEWS = {
     # One row per (version, phase): the profile's time share unnested, for plots and SQL.
@@ -77,45 +96,139 @@ def check_partition_key(key: str) -> str:
     return key
 
 
-class Lake:
-    """A lake root directory (created on first write).
+def is_url(root: str | Path) -> bool:
+    """True for an fsspec URL (``s3://...``); local paths and ``file://`` URLs are not."""
+    text = str(root)
+    return bool(re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text)) and not text.startswith("file://")
 
-    ``root`` is resolved to an absolute path once, so every process that opens the DuckDB
-    file finds the same Parquet files whatever its working directory.
+
+class Lake:
+    """A lake root directory (created on first write), or an fsspec URL (module doc).
+
+    A local ``root`` is resolved to an absolute path once, so every process that opens the
+    DuckDB file finds the same Parquet files whatever its working directory. A URL root stays
+    a string (``self.root``, without a trailing ``/``); ``self.fs`` is its fsspec filesystem
+    (``None`` for local roots). Raises ``ConfigError`` for an empty root or a URL whose
+    protocol fsspec does not know (or whose driver, e.g. ``s3fs``, is not installed).
     """
 
     def __init__(self, root: str | Path):
         if not str(root).strip():
             raise ConfigError("lake: the lake root is empty (fix: set LEGATO_LAKE to a directory)")
-        self.root = Path(root).expanduser().resolve()
+        self.fs = None
+        if is_url(root):
+            import fsspec
+
+            text = str(root).strip().rstrip("/")
+            try:
+                self.fs, _ = fsspec.core.url_to_fs(text)
+            except (ImportError, ValueError) as exc:
+                raise ConfigError(
+                    f"lake: cannot open {text!r} ({exc}) (fix: pip install 'legato-pipelines[scale]' "
+                    "for s3://, or use a shared filesystem path)"
+                ) from None
+            self.root: Path | str = text
+            base = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "legato" / "lakes")
+            name = re.sub(r"[^A-Za-z0-9_.-]+", "-", text.split("://", 1)[1]).strip("-")[:60]
+            digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+            self._cache = base.expanduser().resolve() / f"{name}-{digest}"
+        else:
+            text = str(root)[len("file://") :] if str(root).startswith("file://") else root
+            self.root = Path(text).expanduser().resolve()
 
     def __repr__(self) -> str:
         return f"Lake({str(self.root)!r})"
 
     @property
+    def remote(self) -> bool:
+        """True when the root is an fsspec URL (run directories are staged locally)."""
+        return self.fs is not None
+
+    def _join(self, *parts: str) -> Path | str:
+        if self.fs is None:
+            return self.root.joinpath(*parts)
+        return "/".join([self.root, *parts])
+
+    @property
+    def cache_dir(self) -> Path:
+        """This host's local directory for a URL lake (views file, staged run directories):
+        ``$LEGATO_LAKE_CACHE/<readable name>-<hash of the URL>``, fixed when the lake is
+        opened. Local lakes: the root."""
+        return self.root if self.fs is None else self._cache
+
+    @property
     def duckdb_path(self) -> Path:
-        """``<lake>/legato.duckdb``: the views; open it with :meth:`connect` (read-only)."""
-        return self.root / DUCKDB_FILE
+        """``<lake>/legato.duckdb``: the views; open it with :meth:`connect` (read-only).
+        For a URL lake the file is in this host's :attr:`cache_dir`."""
+        return self.cache_dir / DUCKDB_FILE
 
     def run_dir(self, version: str) -> Path:
         """The run directory of ``version``'s collection: ``<lake>/runs/policy_version=<key>``.
 
-        Collecting the same version again resumes it (the engine's resume rule)."""
-        return self.root / RUNS_DIR / f"{PARTITION_COLUMN}={check_partition_key(version)}"
+        Collecting the same version again resumes it (the engine's resume rule). For a URL
+        lake this is the local staging copy in :attr:`cache_dir` (see :meth:`pull_run`)."""
+        return self.cache_dir / RUNS_DIR / f"{PARTITION_COLUMN}={check_partition_key(version)}"
 
-    def partition_dir(self, table: str, version: str) -> Path:
+    def run_location(self, version: str) -> Path | str:
+        """Where ``version``'s run directory is kept: :meth:`run_dir`, or its URL in the lake."""
+        return self._join(RUNS_DIR, f"{PARTITION_COLUMN}={check_partition_key(version)}")
+
+    def pull_run(self, version: str) -> Path:
+        """The local run directory of ``version``, brought up to date from a URL lake: the
+        lake's copy replaces the local one when it holds more records (records are only ever
+        appended, so the longer ``rollouts.jsonl`` is the newer run). Local lakes: :meth:`run_dir`."""
+        local = self.run_dir(version)
+        if self.fs is None:
+            return local
+        remote = self.run_location(version)
+        remote_records = f"{remote}/{RECORDS_FILE}"
+        self.fs.invalidate_cache()
+        if not self.fs.exists(remote_records):
+            return local
+        local_records = local / RECORDS_FILE
+        local_size = local_records.stat().st_size if local_records.is_file() else -1
+        if self.fs.size(remote_records) > local_size:
+            tmp = local.with_name(f".{local.name}.{uuid.uuid4().hex}.pull")
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.fs.get(f"{remote}/", f"{tmp}/", recursive=True)
+                shutil.rmtree(local, ignore_errors=True)
+                os.replace(tmp, local)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return local
+
+    def push_run(self, version: str) -> Path | str:
+        """Upload the local run directory of ``version`` to a URL lake (every file; each file
+        is one atomic object write); return where it is kept. Local lakes: nothing to do."""
+        local = self.run_dir(version)
+        remote = self.run_location(version)
+        if self.fs is None or not local.is_dir():
+            return remote
+        for path in sorted(local.rglob("*")):
+            if path.is_file():
+                self.fs.put_file(str(path), f"{remote}/{path.relative_to(local).as_posix()}")
+        return remote
+
+    def partition_dir(self, table: str, version: str) -> Path | str:
         """``<lake>/<table>/policy_version=<key>``; ``ConfigError`` for an unknown table."""
         if table not in TABLES:
             raise ConfigError(f"lake: unknown table {table!r} (one of {', '.join(TABLES)})")
-        return self.root / table / f"{PARTITION_COLUMN}={check_partition_key(version)}"
+        return self._join(table, f"{PARTITION_COLUMN}={check_partition_key(version)}")
 
-    def partition_file(self, table: str, version: str) -> Path:
+    def partition_file(self, table: str, version: str) -> Path | str:
+        if self.fs is not None:
+            return f"{self.partition_dir(table, version)}/{PART_FILE}"
         return self.partition_dir(table, version) / PART_FILE
 
     def versions(self, table: str) -> list[str]:
         """Policy versions with a written partition of ``table``, sorted."""
-        base = self.root / table
         prefix = f"{PARTITION_COLUMN}="
+        if self.fs is not None:
+            self.fs.invalidate_cache()  # other hosts write here too: no stale listings
+            found = self.fs.glob(f"{self._join(table)}/{prefix}*/{PART_FILE}")
+            return sorted(p.rstrip("/").split("/")[-2][len(prefix) :] for p in found)
+        base = self.root / table
         if not base.is_dir():
             return []
         return sorted(
@@ -138,6 +251,8 @@ class Lake:
                 f"lake.write({table!r}, {version!r}): rows of other versions {sorted(map(str, values - {version}))}"
             )
         target = self.partition_file(table, version)
+        if self.fs is not None:
+            return self._write_remote(target, data)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
         try:
@@ -147,9 +262,55 @@ class Lake:
             tmp.unlink(missing_ok=True)
         return target
 
+    def write_file(self, table: str, version: str, name: str, data: bytes) -> Path | str:
+        """Write a side file (a chart, ``name`` without ``/``) into a partition's directory,
+        atomically like :meth:`write`; return its path. Views read only ``*.parquet``."""
+        if not name or "/" in name or name.endswith(".parquet"):
+            raise ValueError(f"lake.write_file: {name!r} must be a plain, non-Parquet file name")
+        directory = self.partition_dir(table, version)
+        if self.fs is not None:
+            target = f"{directory}/{name}"
+            self.fs.pipe_file(target, data)  # one PUT: atomic on object stores
+            return target
+        directory.mkdir(parents=True, exist_ok=True)
+        target = directory / name
+        tmp = directory / f".{name}.{uuid.uuid4().hex}.tmp"
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return target
+
+    def _write_remote(self, target: str, data: pa.Table) -> str:
+        """The file is encoded in memory first (a failed encode writes nothing), then sent as
+        one object store PUT (atomic); elsewhere as a temp object, then ``mv``."""
+        sink = pa.BufferOutputStream()
+        pq.write_table(data, sink, compression="zstd")
+        payload = sink.getvalue().to_pybytes()
+        protocol = self.root.split("://", 1)[0]
+        if protocol in OBJECT_STORES:
+            self.fs.pipe_file(target, payload)
+            return target
+        tmp = target.rsplit("/", 1)[0] + f"/.{PART_FILE}.{uuid.uuid4().hex}.tmp"
+        try:
+            self.fs.pipe_file(tmp, payload)
+            self.fs.mv(tmp, target)
+        finally:
+            if self.fs.exists(tmp):
+                self.fs.rm(tmp)
+        return target
+
     def read(self, table: str, version: str) -> pa.Table:
         """One partition as Arrow; ``FileNotFoundError`` when it was never written."""
         path = self.partition_file(table, version)
+        if self.fs is not None:
+            if not self.fs.exists(path):
+                raise FileNotFoundError(
+                    f"lake: no {table} partition for policy_version {version!r} at {path}"
+                )
+            with self.fs.open(path, "rb") as fh:
+                return pq.read_table(fh)
         if not path.is_file():
             raise FileNotFoundError(
                 f"lake: no {table} partition for policy_version {version!r} at {path}"
@@ -158,8 +319,8 @@ class Lake:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / LOCK_FILE, "a+b") as fh:
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.cache_dir / LOCK_FILE, "a+b") as fh:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
             try:
                 yield
@@ -172,7 +333,7 @@ class Lake:
         for table in TABLES:
             if not self.versions(table):
                 continue
-            pattern = str(self.root / table / "*" / "*.parquet").replace("'", "''")
+            pattern = str(self._join(table, "*", "*.parquet")).replace("'", "''")
             statements[table] = (
                 f"CREATE VIEW {table} AS SELECT * FROM read_parquet('{pattern}', "
                 f"hive_partitioning = true, hive_types = {{'{PARTITION_COLUMN}': VARCHAR}}, "
@@ -191,10 +352,12 @@ class Lake:
         """
         with self._locked():
             statements = self.view_sql()
-            tmp = self.root / f".{DUCKDB_FILE}.{uuid.uuid4().hex}.tmp"
+            tmp = self.cache_dir / f".{DUCKDB_FILE}.{uuid.uuid4().hex}.tmp"
             try:
                 con = duckdb.connect(str(tmp))
                 try:
+                    if self.fs is not None:  # views over URLs bind through fsspec
+                        con.register_filesystem(self.fs)
                     for sql in statements.values():
                         con.execute(sql)
                     con.execute("CHECKPOINT")
@@ -209,12 +372,19 @@ class Lake:
     def connect(self) -> duckdb.DuckDBPyConnection:
         """A read-only connection to ``legato.duckdb`` (any number of readers at once).
 
-        Raises ``FileNotFoundError`` before the first materialization built it."""
+        Raises ``FileNotFoundError`` before the first materialization built it. A URL lake
+        builds this host's views file on first use (the data is in the lake, not here)."""
+        if self.fs is not None and not self.duckdb_path.is_file():
+            self.refresh_views()
         if not self.duckdb_path.is_file():
             raise FileNotFoundError(
                 f"lake: {self.duckdb_path} does not exist yet (materialize a partition first)"
             )
-        return duckdb.connect(str(self.duckdb_path), read_only=True)
+        con = duckdb.connect(str(self.duckdb_path), read_only=True)
+        if self.fs is not None:
+            self.fs.invalidate_cache()
+            con.register_filesystem(self.fs)
+        return con
 
     def query(self, sql: str, params: list | None = None) -> pa.Table:
         """Run one SQL query on the views (read-only) and return the result as Arrow."""
