@@ -133,3 +133,52 @@ async def test_fixed_wait_baseline_and_the_servers_own_ready_endpoint(tmp_path):
                 assert 0 < wait.ready_s <= wait.wait_s < 5
         finally:
             await desktop.close()
+
+
+async def test_the_vm_screen_wins_over_the_requested_size(tmp_path):
+    """The VM's own screen (docker's image: 1920x1080) sets the desktop size and DesktopEnv's
+    setup placeholders, whatever size was asked for."""
+    from legato_pipelines.desktops.local.backend import ServerProcess
+    from legato_pipelines.desktops.osworld.backend import OSWorldDesktop
+    from legato_pipelines.tasks import Task
+
+    config = osworld_config(tmp_path)
+    request = {"provider": "local", "screen": [1920, 1080], "cache_dir": str(tmp_path / "c")}
+    desktop = OSWorldDesktop(
+        "osworld-size",
+        config,
+        python=config.options["osworld_python"],
+        start_request=request,
+        work_dir=str(tmp_path / "work"),
+        vm_server=ServerProcess(width=800, height=600),
+    )
+    task = Task(
+        task_id="screen-size",
+        domain=None,
+        source="inline",
+        config={
+            "instruction": "nothing",
+            "config": [
+                {
+                    "type": "execute",
+                    "parameters": {
+                        "command": "echo {SCREEN_WIDTH}x{SCREEN_HEIGHT} > s.txt",
+                        "shell": True,
+                    },
+                }
+            ],
+            "evaluator": {
+                "func": "exact_match",
+                "result": {"type": "vm_command_line", "command": "cat s.txt", "shell": True},
+                "expected": {"type": "rule", "rules": {"expected": "800x600\n"}},
+            },
+        },
+    )
+    await desktop.start()
+    try:
+        assert desktop.screen_size == (800, 600)
+        assert (await desktop.observe()).width == 800
+        await desktop.reset(task)
+        assert (await desktop.evaluate(task)).reward == 1.0
+    finally:
+        await desktop.close()

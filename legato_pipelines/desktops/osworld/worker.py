@@ -304,6 +304,12 @@ class Worker:
         self.base_url = self.env.controller.http_server
         self._probe()
         screen = self.env.vm_screen_size
+        if screen and (screen["width"], screen["height"]) != kwargs["screen_size"]:
+            # the image fixes the screen (docker: 1920x1080); the setup placeholders
+            # {SCREEN_WIDTH}/{SCREEN_HEIGHT} must use the real one (kept across reverts)
+            self.env.screen_width, self.env.screen_height = screen["width"], screen["height"]
+            self.env.setup_controller.screen_width = screen["width"]
+            self.env.setup_controller.screen_height = screen["height"]
         self._make_baseline()
         return {
             "vm": f"{self.env.vm_ip}:{self.env.server_port}:{self.env.chromium_port}:"
