@@ -6,6 +6,7 @@ loader, deadlines and dead workers, options, and the ``<`` fix on rendered actio
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -283,3 +284,22 @@ def test_worker_script_needs_no_project_dependency():
             for a in (n.names if isinstance(n, ast.Import) else [n])
         }
         assert names <= allowed, (path.name, names - allowed)
+
+
+async def test_a_cancelled_call_retires_the_worker(python, tmp_path):
+    """The engine's own deadline cancels a call: the late answer must never be taken as the
+    next request's, so the worker is stopped and counts as not running."""
+    worker = await started_worker(python, tmp_path)
+    pid = worker.pid
+    os.kill(pid, 19)  # never answers
+    call = asyncio.create_task(worker.call("plan", 60, provider="docker", cache_dir="/x"))
+    await asyncio.sleep(0.2)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert not worker.alive()
+    with pytest.raises(DesktopError) as err:
+        await worker.call("plan", 5, provider="docker", cache_dir="/x")
+    assert err.value.kind == "transport"
+    await worker.stop()
+    assert not os.path.exists(f"/proc/{pid}")

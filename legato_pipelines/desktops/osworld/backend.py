@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import os
@@ -223,13 +224,14 @@ class WorkerProcess:
         self._proc: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
         self._next_id = 0
+        self._broken = False  # a call was cancelled mid-way: the channel is out of step
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.returncode is None
+        return self._proc is not None and self._proc.returncode is None and not self._broken
 
     async def start(self) -> None:
         """Spawn the worker (``<python> -I worker.py``; isolated mode: no user site, no PYTHON* env).
@@ -279,6 +281,14 @@ class WorkerProcess:
                 self._proc.stdin.write(line)
                 await self._proc.stdin.drain()
                 raw = await asyncio.wait_for(self._proc.stdout.readline(), timeout)
+            except asyncio.CancelledError:
+                # the caller gave up (e.g. the engine's own eval deadline): the answer would
+                # arrive for the next request, so this worker is done; stop() reaps it
+                self._broken = True
+                with contextlib.suppress(ProcessLookupError):
+                    self._proc.send_signal(signal.SIGTERM)
+                    self._proc.send_signal(signal.SIGCONT)
+                raise
             except TimeoutError:
                 await self.stop(grace=5.0)
                 raise DesktopError(
@@ -315,6 +325,7 @@ class WorkerProcess:
     async def stop(self, grace: float = STOP_GRACE_S) -> None:
         """SIGTERM (the worker closes its DesktopEnv), SIGKILL after ``grace`` seconds."""
         proc, self._proc = self._proc, None
+        self._broken = False
         if proc is None or proc.returncode is not None:
             return
         if proc.stdin is not None:
