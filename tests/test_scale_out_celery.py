@@ -1,9 +1,10 @@
 """Scale-out proof on one machine: every "host" is a process on loopback.
 
-Started here (each in its own process group, all stopped at the end): Postgres, Redis, a gRPC
-code server, the Dagster daemon, two Celery workers (each with its own DAGSTER_HOME and working
-directory, standing in for worker hosts, each driving the desktops of "its" desktop host), and
-two ``legato desktop serve`` desktop hosts. The deployment is deploy/celery as shipped.
+Started here (each in its own process group, all stopped at the end): Postgres, Redis, an
+S3-compatible object store (moto's server) holding the lake, a gRPC code server, the Dagster
+daemon, two Celery workers (each with its own DAGSTER_HOME, working directory and lake cache,
+standing in for worker hosts, each driving the desktops of "its" desktop host), and two
+``legato desktop serve`` desktop hosts. The deployment is deploy/celery as shipped.
 
 Asserted: two new checkpoints in the watched directory give two collection runs that succeed
 concurrently on different workers; both versions' samples are in the one shared lake and in
@@ -23,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+import fsspec
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
@@ -43,6 +45,8 @@ from tests.scale_out_support import (
     wait_port,
 )
 
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
 pytestmark = [needs_xvfb, needs_postgres, needs_redis, pytest.mark.slow, pytest.mark.desktop]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,7 +143,24 @@ def test_two_versions_collect_concurrently_on_two_workers(tmp_path, monkeypatch)
         for h in desk:
             server_pids.update(h.wait_ready())
 
-        lake = tmp_path / "shared" / "lake"
+        s3_port = free_port()
+        moto = procs.start(
+            "s3",
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_port)],
+            log=tmp_path / "logs" / "s3.log",
+        )
+        wait_port(s3_port, 30, moto)
+        aws = {
+            "AWS_ACCESS_KEY_ID": "legato-test",
+            "AWS_SECRET_ACCESS_KEY": "legato-test-secret",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{s3_port}",
+            "LEGATO_LAKE_CACHE": str(tmp_path / "observer" / "lake-cache"),
+        }
+        for k, v in aws.items():
+            monkeypatch.setenv(k, v)
+        fsspec.filesystem("s3", skip_instance_cache=True).mkdir("legato-lake")
+        lake = "s3://legato-lake/lake"
         checkpoints = tmp_path / "shared" / "checkpoints"
         checkpoints.mkdir(parents=True)
         task_file = tmp_path / "shared" / "tasks.json"
@@ -157,7 +178,8 @@ def test_two_versions_collect_concurrently_on_two_workers(tmp_path, monkeypatch)
             "LEGATO_BACKEND": "local",
             "LEGATO_DESKTOPS": "0",
             "LEGATO_DESKTOP_TOKEN": token,
-            "LEGATO_LAKE": str(lake),
+            "LEGATO_LAKE": lake,
+            **aws,
             "LEGATO_CHECKPOINTS": str(checkpoints),
             "LEGATO_TASKS": str(task_file),
         }
@@ -173,7 +195,12 @@ def test_two_versions_collect_concurrently_on_two_workers(tmp_path, monkeypatch)
         workers = {}
         for name, host in (("w1", desk[0]), ("w2", desk[1])):
             wh = home(tmp_path, name)
-            env = {**common, "DAGSTER_HOME": str(wh), "LEGATO_DESKTOP_URLS": " ".join(host.urls)}
+            env = {
+                **common,
+                "DAGSTER_HOME": str(wh),
+                "LEGATO_DESKTOP_URLS": " ".join(host.urls),
+                "LEGATO_LAKE_CACHE": str(wh.parent / "lake-cache"),  # this host's local disk
+            }
             workers[name] = procs.start(
                 name,
                 [script("dagster-celery"), "worker", "start",
@@ -214,7 +241,7 @@ def test_two_versions_collect_concurrently_on_two_workers(tmp_path, monkeypatch)
         def kill_mid_batch():
             if killed:
                 return
-            for f in lake.glob("runs/*/rollouts.jsonl"):
+            for f in tmp_path.glob("w*/lake-cache/*/runs/*/rollouts.jsonl"):
                 if desktop_name(victim) in f.read_text(errors="replace"):
                     os.killpg(server_pids[victim], signal.SIGKILL)
                     killed.append(time.time())
@@ -242,8 +269,9 @@ def test_two_versions_collect_concurrently_on_two_workers(tmp_path, monkeypatch)
         assert run3.dagster_run.status == DagsterRunStatus.SUCCESS
         assert worker_of(run3.dagster_run, worker_logs) == "w2"
 
-        # one lake: every version's samples, in Parquet and through DuckDB
+        # one lake: every version's samples, in Parquet and through DuckDB, read by another host
         store = Lake(lake)
+        assert store.remote and not store.duckdb_path.exists()
         assert store.versions("samples") == ["step-1", "step-2", "step-3"]
         rows = store.query("SELECT policy_version, count(*) AS n FROM samples GROUP BY 1")
         counts = {r["policy_version"]: r["n"] for r in rows.to_pylist()}
@@ -251,11 +279,11 @@ def test_two_versions_collect_concurrently_on_two_workers(tmp_path, monkeypatch)
         # nothing lost: every attempt of every version accounted for; the loss is recorded
         killed_name = desktop_name(victim)
         for version in ("step-1", "step-2", "step-3"):
-            summary = json.loads((store.run_dir(version) / "summary.json").read_text())
+            summary = json.loads(store.fs.cat(f"{store.run_location(version)}/summary.json"))
             assert summary["missing"] == 0 and summary["counts"]["error"] == 0, summary["counts"]
             assert summary["records"] == summary["scheduled"] + summary["retries"]
         host_a_version = next(v for v, w in placed.items() if w == "w1")
-        health = json.loads((store.run_dir(host_a_version) / "summary.json").read_text())[
+        health = json.loads(store.fs.cat(f"{store.run_location(host_a_version)}/summary.json"))[
             "desktops"
         ]
         assert health["env_failures"].get(killed_name, 0) >= 1, health
