@@ -138,33 +138,44 @@ def test_a_typo_in_a_deployment_fails(tmp_path, deploy_env, name, path):
             instance.dispose()
 
 
-@needs_postgres
-def test_dagster_instance_info_and_definitions_under_the_celery_instance(tmp_path, postgres):
-    home = instance_home(tmp_path, "celery")
-    env = {
-        **os.environ,
-        **postgres.env("legato_celery"),
-        **BROKER_ENV,
-        "DAGSTER_HOME": str(home),
-        "LEGATO_LAKE": str(tmp_path / "lake"),
-    }
-    info = subprocess.run(
-        [sys.executable, "-m", "dagster", "instance", "info"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", *argv], env=env, capture_output=True, text=True, timeout=180
     )
+
+
+@needs_postgres
+def test_dagster_instance_info_under_the_celery_instance(tmp_path, postgres):
+    home = instance_home(tmp_path, "celery")
+    env = {**os.environ, **postgres.env("legato_celery"), **BROKER_ENV, "DAGSTER_HOME": str(home)}
+    info = _run(["dagster", "instance", "info"], env)
     assert info.returncode == 0, info.stderr[-2000:]
     assert "PostgresRunStorage" in info.stdout and "CeleryRunLauncher" in info.stdout
-    validate = subprocess.run(
-        [sys.executable, "-m", "dagster", "definitions", "validate", "-m", CODE_MODULE],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+
+
+@needs_postgres
+@pytest.mark.parametrize("name", DEPLOYMENTS)
+def test_definitions_load_under_each_deployment(tmp_path, postgres, name):
+    """The code location loads with each instance and a multi-host environment: desktops
+    by URL only, the lake on an object store (nothing is contacted at load time)."""
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("LEGATO_")},
+        **postgres.env(f"legato_{name}"),
+        **BROKER_ENV,
+        "DAGSTER_HOME": str(instance_home(tmp_path, name)),
+        "LEGATO_BACKEND": "local",
+        "LEGATO_DESKTOPS": "0",
+        "LEGATO_DESKTOP_URLS": "http://127.0.0.1:5000 http://127.0.0.1:5001",
+        "LEGATO_LAKE": "s3://legato-ci/lake",
+    }
+    validate = _run(["dagster", "definitions", "validate", "-m", CODE_MODULE], env)
     assert validate.returncode == 0, validate.stderr[-2000:]
+    if name == "celery":  # a typo in the deployment's environment fails the same check
+        typo = _run(
+            ["dagster", "definitions", "validate", "-m", CODE_MODULE],
+            {**env, "LEGATO_BACKEND": "locl"},
+        )
+        assert typo.returncode != 0 and "locl" in typo.stdout + typo.stderr
 
 
 @pytest.mark.parametrize("name", ["celery", "docker"])
