@@ -86,6 +86,7 @@ def rollout_batch(
             "success_rate": number(summary.get("success_rate")),
             "rollouts_per_hour": number(summary.get("rollouts_per_hour")),
             "wall_s": number(summary.get("wall_s")),
+            "desktops": dg.MetadataValue.json(summary.get("desktops") or {}),  # lost/recovered
             "run_dir": dg.MetadataValue.path(str(store.run_location(version))),
         }
     )
