@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from legato_pipelines import PolicyConfig, collect_async, profile, read_records
+from legato_pipelines import PolicyConfig, collect_async, export_steps, profile, read_records
 from legato_pipelines.desktops import open_desktops
 from legato_pipelines.desktops.base import DesktopConfig
 from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV
@@ -98,6 +98,28 @@ async def test_one_batch_over_two_hosts_keeps_the_local_contract(
     assert used == {desktop_name(u) for u in urls}  # both hosts did work
     assert summary["desktops"] == {"used": 4, "env_failures": {}, "recovered": [], "lost": []}
     assert profile(tmp_path / "run")["desktops"] == summary["desktops"]
+
+    # the same batch on desktops started here: the same contract, record for record
+    here = await collect_async(
+        tasks(8),
+        policy(policy_server, "step-remote"),
+        tmp_path / "run-here",
+        desktops=2,
+        desktop=DesktopConfig(backend="local", screen_width=640, screen_height=480),
+        group=2,
+        max_steps=2,
+    )
+    local_records = assert_every_attempt_accounted_for(tmp_path / "run-here", here, 8, 2)
+    for key in ("scheduled", "missing", "groups", "counts"):
+        assert summary[key] == here[key], key
+    assert set(summary) == set(here)
+    assert sorted(set(records[0])) == sorted(set(local_records[0]))
+    logical = sorted((r["task_id"], r["attempt"], r["status"]) for r in records)
+    assert logical == sorted((r["task_id"], r["attempt"], r["status"]) for r in local_records)
+    remote_steps, local_steps = export_steps(tmp_path / "run"), export_steps(tmp_path / "run-here")
+    assert (
+        remote_steps.schema == local_steps.schema and remote_steps.num_rows == local_steps.num_rows
+    )
 
 
 async def test_a_host_that_disappears_has_its_attempts_retried_on_the_other(
