@@ -199,15 +199,27 @@ class Lake:
         return local
 
     def push_run(self, version: str) -> Path | str:
-        """Upload the local run directory of ``version`` to a URL lake (every file; each file
-        is one atomic object write); return where it is kept. Local lakes: nothing to do."""
+        """Upload the local run directory of ``version`` to a URL lake; return where it is kept.
+
+        Each file is one atomic object write. Content-addressed files (``images/``,
+        ``messages/``: named by their sha) already in the lake are skipped; the top-level
+        files (records, summary, run metadata) are always sent. Local lakes: nothing to do."""
         local = self.run_dir(version)
         remote = self.run_location(version)
         if self.fs is None or not local.is_dir():
             return remote
+        self.fs.invalidate_cache()
+        prefix = self.fs._strip_protocol(remote).rstrip("/") + "/"
+        present = (
+            {p[len(prefix) :] for p in self.fs.find(remote)} if self.fs.exists(remote) else set()
+        )
         for path in sorted(local.rglob("*")):
-            if path.is_file():
-                self.fs.put_file(str(path), f"{remote}/{path.relative_to(local).as_posix()}")
+            if not path.is_file() or path.name.startswith("."):
+                continue
+            name = path.relative_to(local).as_posix()
+            if "/" in name and name in present:
+                continue
+            self.fs.put_file(str(path), f"{remote}/{name}")
         return remote
 
     def partition_dir(self, table: str, version: str) -> Path | str:
@@ -237,8 +249,9 @@ class Lake:
             if p.name.startswith(prefix) and (p / PART_FILE).is_file()
         )
 
-    def write(self, table: str, version: str, data: pa.Table) -> Path:
-        """Write one partition atomically (temp file, then ``os.replace``); return its path.
+    def write(self, table: str, version: str, data: pa.Table) -> Path | str:
+        """Write one partition atomically (temp file, then ``os.replace``; on an object store
+        one PUT); return its path (a URL string for a URL lake).
 
         The table must carry a ``policy_version`` column equal to ``version`` in every row
         (``ValueError`` otherwise), so a file read on its own still says which version it is.
