@@ -6,10 +6,13 @@ Rewards must equal the ``local`` backend's on the same tasks with the same scrip
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from legato_pipelines.desktops import open_desktops
 from legato_pipelines.desktops.base import DesktopConfig
+from legato_pipelines.desktops.local.client import DesktopClient
 from legato_pipelines.errors import DesktopError
 
 from .osworld_backend_support import (
@@ -181,4 +184,37 @@ async def test_the_vm_screen_wins_over_the_requested_size(tmp_path):
         await desktop.reset(task)
         assert (await desktop.evaluate(task)).reward == 1.0
     finally:
+        await desktop.close()
+
+
+@pytest.mark.skipif(shutil.which("soffice") is None, reason="needs LibreOffice Calc")
+async def test_vm_fast_reset_kills_the_domains_apps_and_restores_home(tmp_path):
+    """``fast_mode=vm``, the fast reset every VM provider uses (kill the domain's apps through
+    ``/setup/execute``, verify, restore the HOME baseline), on a real desktop with LibreOffice."""
+    tasks, scripts = suite_tasks(), suite_scripts()
+    task = tasks["local-calc-edit-cell"]
+    [desktop] = await open_desktops(osworld_config(tmp_path, fast_mode="vm"), 1)
+    client = desktop.vm_server and DesktopClient(desktop.vm_server.url, desktop.vm_server.token)
+    try:
+        kind, good = await run_script(desktop, task, scripts["correct"][task.instruction])
+        assert (kind, good.reward, good.error) == ("fast", 1.0, None)
+        await client.execute("touch ~/left-behind", shell=True)
+
+        async def soffice() -> set[int]:
+            return {
+                p["pid"] for p in (await client.processes())["task"] if p["comm"] == "soffice.bin"
+            }
+
+        before = await soffice()
+        assert len(before) == 1
+        assert await desktop.reset(task) == "fast"
+        assert desktop.last_reset["clean_s"] > 0
+        after = await soffice()
+        assert len(after) == 1 and not after & before  # killed; the setup opened a new one
+        left = await client.execute("test -e ~/left-behind && echo yes || echo no", shell=True)
+        assert left["output"].strip() == "no"
+        _, bad = await run_script(desktop, task, scripts["wrong"][task.instruction])
+        assert bad.reward < 1.0 and bad.error is None
+    finally:
+        await client.aclose()
         await desktop.close()

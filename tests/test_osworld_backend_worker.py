@@ -210,7 +210,13 @@ def test_options_are_validated(tmp_path):
         plan(provider="nimbus")
     with pytest.raises(ConfigError, match="ready"):
         plan(provider="docker", ready="server")
+    with pytest.raises(ConfigError, match="fast_mode"):
+        plan(provider="docker", fast_mode="server")
     assert plan(provider="AWS")[0]["provider"] == "aws"
+    assert plan(provider="docker")[0]["fast_mode"] == "vm"
+    assert plan(provider="local")[0]["fast_mode"] == "server"
+    local_vm = plan(provider="local", fast_mode="vm")[0]
+    assert local_vm["baseline_dir"] == ob.LOCAL_VM_BASELINE
     with pytest.raises(ConfigError, match="legato osworld install"):
         ob.resolve_python(
             DesktopConfig(backend="osworld", options={"osworld_python": str(tmp_path / "nope")})

@@ -31,6 +31,9 @@ HOME, OSWORLD.md §6), and the first reset after a failure.
                   their logs (``osworld-<i>.log``: DesktopEnv's logging and prints)
   ready           ``screenshot`` (default: poll the VM server's /screenshot) | ``server``
                   (provider local only: the local desktop server's own /legato/wait)
+  fast_mode       how a fast reset cleans: ``vm`` (kill the domain's apps and restore a HOME
+                  baseline through the VM server's ``/setup/execute``: every VM provider) or
+                  ``server`` (provider local only, its default: the server's ``/legato/reset``)
   start_timeout   seconds a worker may take to start its VM (default 120; docker boots: 600)
   call_timeout    seconds for observe/act (default 120, OSWorld's execute allows 90)
   reset_timeout   seconds for a reset with the task's setup (default 300)
@@ -99,6 +102,7 @@ OPTION_NAMES = frozenset(
         "cache_dir",
         "work_dir",
         "ready",
+        "fast_mode",
         "start_timeout",
         "call_timeout",
         "reset_timeout",
@@ -122,6 +126,8 @@ PASS_ENV_PREFIXES = (
 PASS_ENV = ("HOME", "PATH", "LANG", "LC_ALL", "TMPDIR", "http_proxy", "https_proxy", "no_proxy")
 SECRET_ENV = ("LEGATO_POLICY_KEY",)
 VM_TOKEN_ENV = "LEGATO_OSWORLD_VM_TOKEN"
+#: The HOME baseline of a local desktop in ``fast_mode`` ``vm`` (expanded by the desktop's shell).
+LOCAL_VM_BASELINE = "$TMPDIR/legato-home-baseline"
 PROTOCOL_LINE_LIMIT = 64 * 2**20  # bytes: a base64 screenshot fits on one line
 STOP_GRACE_S = 30.0  # a worker closing a docker VM needs a while
 DEFAULT_WAIT_ACTION_S = 1.0
@@ -667,8 +673,19 @@ def plan_desktops(config: DesktopConfig, n: int) -> list[dict[str, Any]]:
         raise ConfigError(
             f"desktop option ready={ready!r}: use 'screenshot', or 'server' with provider 'local'"
         )
+    fast_mode = options.get("fast_mode", "server" if provider == "local" else "vm")
+    if fast_mode not in ("vm", "server") or (fast_mode == "server" and provider != "local"):
+        raise ConfigError(
+            f"desktop option fast_mode={fast_mode!r}: use 'vm', or 'server' with provider 'local'"
+        )
     root = Path(options.get("cache_dir") or default_cache_root()).expanduser().resolve()
-    return [_start_request(config, provider, root / f"desktop-{i}") for i in range(n)]
+    requests = [_start_request(config, provider, root / f"desktop-{i}") for i in range(n)]
+    for request in requests:
+        request["fast_mode"] = fast_mode
+        if provider == "local" and fast_mode == "vm":
+            # several local desktops share one user: each keeps its baseline in its own TMPDIR
+            request["baseline_dir"] = LOCAL_VM_BASELINE
+    return requests
 
 
 async def open_osworld_desktops(config: DesktopConfig, n: int) -> list[OSWorldDesktop]:

@@ -191,22 +191,41 @@ def http_post_json(url: str, body: dict, token: str | None, timeout: float) -> d
 # -- fast reset inside a VM -------------------------------------------------------------------------
 
 
-def fast_reset_script(processes: list[str] | tuple[str, ...], baseline: str = BASELINE_DIR) -> str:
+def fast_reset_script(
+    processes: list[str] | tuple[str, ...],
+    baseline: str = BASELINE_DIR,
+    *,
+    same_display: bool = False,
+) -> str:
     """The shell script a fast reset runs in the VM through ``/setup/execute``.
 
-    Kills ``processes`` (exact process names) of the VM user, verifies none survived
-    (zombies not counted: OSWorld's server never reaps what ``/setup/launch`` started; exit 3
-    names the survivor), then restores ``$HOME`` from ``baseline`` (made by :func:`baseline_script` on
-    the clean VM). Exit 4: no baseline (the caller reverts instead).
+    Kills the VM user's processes named ``processes`` (exact ``comm`` names), verifies none
+    survived (exit 3 names the survivor; zombies do not count: OSWorld's server never reaps
+    what ``/setup/launch`` started), then restores ``$HOME`` from ``baseline`` (made by
+    :func:`baseline_script` on the clean VM; exit 4 when there is none: the caller reverts).
+    ``same_display``: only processes whose environment has this ``$DISPLAY`` (several
+    desktops share one user on a host; a VM has one display, so it is off there).
     """
     names = " ".join(sorted(set(processes)))
+    scope = "1" if same_display else ""
     return f"""set -u
 names="{names}"
-for n in $names; do pkill -KILL -x -U "$(id -u)" -- "$n" 2>/dev/null; done
+scope="{scope}"
+me="$(id -u)"
+pids_of() {{  # live processes of ours named $1 (zombies have no environ: never listed)
+  for p in $(pgrep -x -U "$me" -- "$1"); do
+    [ "$(awk '{{print $3}}' "/proc/$p/stat" 2>/dev/null)" = Z ] && continue
+    if [ -n "$scope" ]; then
+      tr '\\0' '\\n' < "/proc/$p/environ" 2>/dev/null | grep -qx -- "DISPLAY=${{DISPLAY:-}}" || continue
+    fi
+    echo "$p"
+  done
+}}
+for n in $names; do for p in $(pids_of "$n"); do kill -KILL "$p" 2>/dev/null; done; done
+left=""
 for i in 1 2 3 4 5 6 7 8 9 10; do
   left=""
-  alive="$(ps -u "$(id -u)" -o stat=,comm= | awk '$1 !~ /^Z/ {{print $2}}')"
-  for n in $names; do printf '%s\n' "$alive" | grep -qx -- "$n" && left="$left $n"; done
+  for n in $names; do [ -n "$(pids_of "$n")" ] && left="$left $n"; done
   [ -z "$left" ] && break
   sleep 0.1
 done
@@ -371,8 +390,15 @@ class Worker:
             timeout,
         )
 
+    def _vm_fast_reset(self) -> bool:
+        """True: fast resets run in the VM (kill + HOME baseline); False: the local desktop
+        server's own ``/legato/reset`` (provider local, ``fast_mode`` ``server``)."""
+        return not (
+            self.request.get("provider") == "local" and self.request.get("fast_mode") != "vm"
+        )
+
     def _make_baseline(self) -> None:
-        if self.request.get("provider") == "local":
+        if not self._vm_fast_reset():
             self.baseline_ready = True  # the local desktop server keeps its own baseline
             return
         out = self._run_in_vm(baseline_script(self.request.get("baseline_dir") or BASELINE_DIR))
@@ -438,10 +464,9 @@ class Worker:
 
     def _fast_clean(self, kill: list[str]) -> dict:
         """Kill the task's apps, verify, restore the clean HOME. Raises ``WorkerError`` if not clean."""
-        fast_reset = getattr(self.provider, "fast_reset", None)
-        if fast_reset is not None:  # the local desktop server's own /legato/reset fast path
+        if not self._vm_fast_reset():  # the local desktop server's own /legato/reset fast path
             try:
-                detail = fast_reset()
+                detail = self.provider.fast_reset()
             except Exception as exc:
                 raise WorkerError("vm", f"fast reset failed: {_describe(exc)}") from None
             if detail.get("kind") != "fast":
@@ -450,7 +475,8 @@ class Worker:
                 )
             return {}
         baseline = self.request.get("baseline_dir") or BASELINE_DIR
-        out = self._run_in_vm(fast_reset_script(kill, baseline))
+        same_display = self.request.get("provider") == "local"
+        out = self._run_in_vm(fast_reset_script(kill, baseline, same_display=same_display))
         if out.get("returncode") != 0:
             raise WorkerError(
                 "vm", f"fast reset in the VM failed: {(out.get('output') or '').strip()[:300]}"
