@@ -218,3 +218,30 @@ async def test_vm_fast_reset_kills_the_domains_apps_and_restores_home(tmp_path):
     finally:
         await client.aclose()
         await desktop.close()
+
+
+async def test_stopping_a_worker_stuck_in_a_desktop_env_sleep_is_prompt(tmp_path):
+    """SIGTERM during one of DesktopEnv's sleeps (here WAIT's): the worker closes its VM and
+    exits at once (no waiting out the grace period), and the desktop recovers."""
+    import asyncio
+    import time
+
+    task = suite_tasks()["local-term-mkdir"]
+    [desktop] = await open_desktops(osworld_config(tmp_path), 1)
+    try:
+        await desktop.reset(task)
+        worker = desktop.worker
+        stuck = asyncio.create_task(worker.call("step", 60, code="WAIT", pause=30))
+        await asyncio.sleep(0.5)
+        t0 = time.perf_counter()
+        await worker.stop(grace=20)
+        assert time.perf_counter() - t0 < 3
+        with pytest.raises(DesktopError) as err:
+            await stuck
+        assert err.value.kind == "transport"
+        await desktop.recover()
+        assert desktop.worker.pid != worker.pid
+        assert await desktop.reset(task) == "revert"
+        assert (await desktop.evaluate(task)).reward == 0.0
+    finally:
+        await desktop.close()

@@ -280,20 +280,21 @@ class WorkerProcess:
                 raise DesktopError(
                     f"{self.name}: the OSWorld worker is not running", kind="transport"
                 )
+            proc = self._proc  # stop() may run meanwhile and drop self._proc
             self._next_id += 1
             rid = self._next_id
             line = json.dumps({"id": rid, "op": op, **fields}).encode() + b"\n"
             try:
-                self._proc.stdin.write(line)
-                await self._proc.stdin.drain()
-                raw = await asyncio.wait_for(self._proc.stdout.readline(), timeout)
+                proc.stdin.write(line)
+                await proc.stdin.drain()
+                raw = await asyncio.wait_for(proc.stdout.readline(), timeout)
             except asyncio.CancelledError:
                 # the caller gave up (e.g. the engine's own eval deadline): the answer would
                 # arrive for the next request, so this worker is done; stop() reaps it
                 self._broken = True
                 with contextlib.suppress(ProcessLookupError):
-                    self._proc.send_signal(signal.SIGTERM)
-                    self._proc.send_signal(signal.SIGCONT)
+                    proc.send_signal(signal.SIGTERM)
+                    proc.send_signal(signal.SIGCONT)
                 raise
             except TimeoutError:
                 await self.stop(grace=5.0)
@@ -307,7 +308,7 @@ class WorkerProcess:
                     kind="transport",
                 ) from None
             if not raw:
-                code = await self._proc.wait()
+                code = await proc.wait()
                 raise DesktopError(
                     f"{self.name}: the OSWorld worker exited ({code}) during {op} (log: {self.log_path or 'stderr'})",
                     kind="transport",

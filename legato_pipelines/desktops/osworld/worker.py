@@ -556,9 +556,9 @@ def _describe(exc: BaseException) -> str:
 OPS = ("plan", "start", "reset", "observe", "step", "evaluate", "close")
 
 
-def serve(inp, out) -> None:
+def serve(inp, out, worker: Worker | None = None) -> None:
     """Answer requests from ``inp`` (binary lines) on ``out`` until EOF or ``close``."""
-    worker = Worker()
+    worker = worker or Worker()
     try:
         for line in inp:
             if not line.strip():
@@ -598,8 +598,21 @@ def main() -> None:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
 
-    def terminate(signum, frame):  # the backend's deadline: stop the VM on the way out
-        raise SystemExit(128 + signum)
+    worker = Worker()
+
+    def terminate(signum, frame):
+        """The backend's deadline: stop the VM (``DesktopEnv.close``), then exit at once.
+
+        Done here rather than by raising: desktop_env has bare ``except:`` clauses (its
+        liveness loops) that would swallow a ``SystemExit`` and keep the worker going.
+        """
+        try:
+            if worker.env is not None:
+                worker.env.close()
+        except BaseException:
+            traceback.print_exc(file=sys.stderr)
+        finally:
+            os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, terminate)
     import logging
@@ -609,7 +622,7 @@ def main() -> None:
         stream=sys.stderr,
         format="osworld-worker %(levelname)s %(name)s: %(message)s",
     )
-    serve(sys.stdin.buffer, out)
+    serve(sys.stdin.buffer, out, worker)
 
 
 if __name__ == "__main__":
