@@ -21,11 +21,16 @@ from pathlib import Path
 from legato_pipelines.actions import Action
 from legato_pipelines.desktops import open_desktops
 from legato_pipelines.desktops.base import DesktopConfig
+from legato_pipelines.desktops.local.client import DesktopClient
 from legato_pipelines.desktops.osworld.install import default_venv, venv_python
 from legato_pipelines.tasks import load_tasks
 
+NOOP_ACTION = "import pyautogui; import time; pyautogui.FAILSAFE = False; pass"
 SUITE = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "local"
-RESET_TASKS = ("local-term-mkdir", "local-edit-append")  # xterm launch; l3afpad open_file
+#: xterm launch; l3afpad open_file; LibreOffice Calc open_file (a heavy app)
+RESET_TASKS = ("local-term-mkdir", "local-edit-append", "local-calc-edit-cell")
+#: fast_mode vm kills by OSWorld domain: only the Calc task has one (libreoffice_calc)
+VM_RESET_TASKS = ("local-calc-edit-cell",)
 
 
 def stats(values: list[float]) -> dict:
@@ -37,11 +42,11 @@ def stats(values: list[float]) -> dict:
     }
 
 
-async def bench_resets(desktop, tasks, repeats: int) -> dict:
+async def bench_resets(desktop, tasks, repeats: int, task_ids, kinds=(True, False)) -> dict:
     out: dict = {}
-    for task_id in RESET_TASKS:
+    for task_id in task_ids:
         task = tasks[task_id]
-        for fast in (True, False):
+        for fast in kinds:
             desktop.config = desktop.config.model_copy(update={"fast_reset": fast})
             totals, parts, ready = [], {"clean_s": [], "revert_s": [], "setup_s": []}, []
             for _ in range(repeats):
@@ -79,7 +84,19 @@ async def bench_action_wait(desktop, task, repeats: int) -> dict:
         t0 = time.perf_counter()
         await desktop.grab_frame()
         polls.append(time.perf_counter() - t0)
+    # what every OSWorld action pays before typing: a fresh `python -c "import pyautogui..."`
+    client = DesktopClient(desktop.vm_server.url, desktop.vm_server.token)
+    noop = []
+    try:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            done = await client.execute(["python", "-c", NOOP_ACTION])
+            noop.append(time.perf_counter() - t0)
+            assert done["returncode"] == 0, done
+    finally:
+        await client.aclose()
     return {
+        "noop_action_execute_s": stats(noop),
         "act_s": stats(act),
         "wait_s": stats(wait),
         "ready_s": stats(ready),
@@ -102,12 +119,23 @@ async def main_async(args) -> dict:
             if ready == "screenshot":
                 result["open_s"] = round(time.perf_counter() - t0, 3)
                 result["worker_import_s"] = round(desktop.last_start["import_s"], 3)
-                result["resets"] = await bench_resets(desktop, tasks, args.repeats)
+                result["resets"] = await bench_resets(desktop, tasks, args.repeats, RESET_TASKS)
             result[f"action_wait/{ready}"] = await bench_action_wait(
                 desktop, tasks["local-term-mkdir"], args.repeats * 2
             )
         finally:
             await desktop.close()
+    config = DesktopConfig(
+        backend="osworld",
+        options={"osworld_python": python, "provider": "local", "fast_mode": "vm"},
+    )
+    [desktop] = await open_desktops(config, 1)
+    try:
+        result["resets_fast_mode_vm"] = await bench_resets(
+            desktop, tasks, args.repeats, VM_RESET_TASKS, kinds=(True,)
+        )
+    finally:
+        await desktop.close()
     return result
 
 
