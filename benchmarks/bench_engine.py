@@ -37,7 +37,15 @@ def cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def run(url: str, desktops: int, steps: int, image_max: int, attempts_per_desktop: int) -> dict:
+def run(
+    url: str,
+    desktops: int,
+    steps: int,
+    image_max: int,
+    attempts_per_desktop: int,
+    unique: bool = False,
+    height: int = 720,
+) -> dict:
     tasks = load_tasks(
         [
             {
@@ -47,7 +55,7 @@ def run(url: str, desktops: int, steps: int, image_max: int, attempts_per_deskto
             for i in range(desktops * attempts_per_desktop // 4)
         ]
     )
-    frame_pool(1280, 720, frames=32)  # pre-render outside the measurement
+    frame_pool(1280, height, frames=32)  # pre-render outside the measurement
     with tempfile.TemporaryDirectory() as out:
         t0, c0 = time.perf_counter(), cpu_s()
         summary = collect(
@@ -55,7 +63,7 @@ def run(url: str, desktops: int, steps: int, image_max: int, attempts_per_deskto
             PolicyConfig(base_url=url, model="scripted-qwen", version="bench"),
             out,
             desktops=desktops,
-            desktop=DesktopConfig(backend="fake"),
+            desktop=DesktopConfig(backend="fake", screen_height=height, options={"unique": unique}),
             group=4,
             max_steps=steps,
             image_max=image_max,
@@ -68,7 +76,7 @@ def run(url: str, desktops: int, steps: int, image_max: int, attempts_per_deskto
     window = image_max * (60_000 * 7 // 3)  # a window's images: ~60 KB PNG + its base64 data URL
     per_rollout = (peak_rss - BASELINE_RSS) / desktops - window
     return {
-        "bench": "engine_ceiling", "desktops": desktops, "steps": n, "wall_s": round(wall, 2),
+        "bench": "engine_ceiling", "unique_frames": unique, "screen": [1280, height], "desktops": desktops, "steps": n, "wall_s": round(wall, 2),
         "steps_per_s": round(n / wall, 1), "collector_cpu_ms_per_step": round(cpu / n * 1000, 3),
         "model_call_p50_s": summary["model_call_s"]["p50"], "records": summary["records"],
         "peak_rss_mb": round(peak_rss / 2**20, 1),
@@ -87,7 +95,9 @@ def storage_report(run_dir: Path) -> dict:
     images = sum(p.stat().st_size for p in (run_dir / "images").glob("*.png"))
     steps = [s for r in read_records(run_dir) for s in r["steps"]]
     sample = steps[:: max(1, len(steps) // 200)]  # whole requests measured on <= 200 steps, scaled
-    whole = sum(len(orjson.dumps(load_messages(run_dir, s["request"]))) for s in sample) / max(1, len(sample))
+    whole = sum(len(orjson.dumps(load_messages(run_dir, s["request"]))) for s in sample) / max(
+        1, len(sample)
+    )
     return {
         "disk_bytes_per_step": int(disk / len(steps)), "whole_request_bytes_per_step": int(whole),
         "unique_image_bytes": images, "disk_bytes": disk, "overhead_over_images": round(disk / images - 1, 4),
@@ -102,6 +112,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--image-max", type=int, default=20)
     ap.add_argument("--attempts-per-desktop", type=int, default=4)
+    ap.add_argument(
+        "--height", type=int, default=720, help="screen height (704 is qwen3vl-native: no resize)"
+    )
+    ap.add_argument(
+        "--unique-frames",
+        action="store_true",
+        help="every screenshot distinct (storage runs; each is resized)",
+    )
     args = ap.parse_args()
     script = Path(tempfile.mkdtemp()) / "script.json"
     script.write_text(
@@ -110,7 +128,17 @@ def main() -> None:
     with policy_server_process("--script", str(script)) as url:
         for n in args.desktops:
             print(
-                json.dumps(run(url, n, args.steps, args.image_max, args.attempts_per_desktop)),
+                json.dumps(
+                    run(
+                        url,
+                        n,
+                        args.steps,
+                        args.image_max,
+                        args.attempts_per_desktop,
+                        args.unique_frames,
+                        args.height,
+                    )
+                ),
                 flush=True,
             )
 

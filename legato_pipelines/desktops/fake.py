@@ -11,6 +11,8 @@ Options (``DesktopConfig.options``):
             dies during an action and stays dead until ``recover()``), ``hung_evaluator``
             (``evaluate`` never returns; the engine's ``eval_timeout`` cuts it)
   frames    how many distinct screens to pre-render (default 32)
+  unique    every observation is a distinct PNG (the pooled picture plus a ``tEXt`` chunk
+            naming the desktop and observation), so storage is measured as with real screens
   seed      seeds latencies and faults (default 0)
 
 Rewards: a task's success probability is ``config["fake"]["success"]`` (inline task config,
@@ -25,6 +27,8 @@ import functools
 import hashlib
 import io
 import random
+import struct
+import zlib
 from typing import Any
 
 from ..actions import Action
@@ -108,16 +112,24 @@ def frame_pool(width: int, height: int, frames: int = 32) -> tuple[Screenshot, .
     return tuple(out)
 
 
+def _with_text(png: bytes, text: str) -> bytes:
+    """``png`` with a ``tEXt`` chunk (keyword ``legato``) inserted after IHDR: same pixels,
+    different bytes, no re-encoding (PNG spec: length, type, data, CRC-32 of type + data)."""
+    data = b"legato\x00" + text.encode()
+    chunk = struct.pack(">I", len(data)) + b"tEXt" + data + struct.pack(">I", zlib.crc32(b"tEXt" + data))
+    return png[:33] + chunk + png[33:]  # 8-byte signature + 25-byte IHDR chunk
+
+
 class FakeDesktop:
     """A desktop that sleeps its configured latencies, shows pre-rendered screens, grades with
     the per-attempt seed, and fails on purpose at the configured rates (see module docs)."""
 
     def __init__(self, config: DesktopConfig, index: int = 0):
         opts = dict(config.options)
-        unknown = set(opts) - {"latency", "faults", "frames", "seed"}
+        unknown = set(opts) - {"latency", "faults", "frames", "seed", "unique"}
         if unknown:
             raise ConfigError(
-                f"desktop.options: unknown fake-backend option(s) {sorted(unknown)} (latency, faults, frames, seed)"
+                f"desktop.options: unknown fake-backend option(s) {sorted(unknown)} (latency, faults, frames, seed, unique)"
             )
         latency = opts.get("latency") or {}
         if not isinstance(latency, dict) or set(latency) - set(PHASES):
@@ -141,6 +153,8 @@ class FakeDesktop:
         self._frames = frame_pool(
             config.screen_width, config.screen_height, frames=int(opts.get("frames", 32))
         )
+        self._unique = bool(opts.get("unique", False))
+        self._observations = 0
         self._crashed = False
         self._frame = 0
         self._task_offset = 0
@@ -181,7 +195,11 @@ class FakeDesktop:
     async def observe(self) -> Screenshot:
         self._check_alive()
         await self._sleep("observe")
-        return self._frames[(self._task_offset + self._frame) % len(self._frames)]
+        frame = self._frames[(self._task_offset + self._frame) % len(self._frames)]
+        if not self._unique:
+            return frame
+        self._observations += 1
+        return Screenshot(_with_text(frame.png, f"{self.name}:{self._observations}"), frame.width, frame.height)
 
     async def act(self, action: Action) -> None:
         self._check_alive()

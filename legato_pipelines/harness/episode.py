@@ -37,7 +37,14 @@ from .prompt import (
     user_text,
 )
 from .render import render_pyautogui
-from .resize import QWEN3VL_RESIZE, QWEN25VL_RESIZE, ResizeRule, needs_resize, resize_screenshot
+from .resize import (
+    QWEN3VL_RESIZE,
+    QWEN25VL_RESIZE,
+    ResizeRule,
+    cached_resize,
+    needs_resize,
+    resize_screenshot,
+)
 
 _RESIZE = {"qwen3vl": QWEN3VL_RESIZE, "qwen25vl": QWEN25VL_RESIZE}
 
@@ -145,6 +152,13 @@ class Episode:
         with ``compress_level=1`` otherwise. Raises ``ConfigError`` for degenerate sizes.
         """
         return resize_screenshot(screenshot, self.harness.resize_rule)
+
+    def prepared(self, screenshot: Screenshot) -> Screenshot | None:
+        """:meth:`prepare`'s answer when it costs no pixel work (no resize needed, or the
+        resize is cached), else ``None``: the engine then runs :meth:`prepare` off the loop."""
+        if not needs_resize(screenshot, self.harness.resize_rule):
+            return screenshot
+        return cached_resize(screenshot, self.harness.resize_rule)
 
     def needs_resize(self, screenshot: Screenshot) -> bool:
         """Whether :meth:`prepare` has pixel work to do (the engine then runs it off the loop)."""

@@ -128,6 +128,17 @@ def resize_screenshot(shot: Screenshot, rule: ResizeRule) -> Screenshot:
     return resized
 
 
+def cached_resize(shot: Screenshot, rule: ResizeRule) -> Screenshot | None:
+    """The already-resized ``shot`` when :func:`resize_screenshot` has it cached, else ``None``
+    (cheap: no pixel work, so the engine can skip a thread hop for repeated screens)."""
+    width, height = rule.size(shot.width, shot.height)
+    with _cache_lock:
+        hit = _cache.get((shot.sha, width, height))
+        if hit is not None:
+            _cache.move_to_end((shot.sha, width, height))
+        return hit
+
+
 def needs_resize(shot: Screenshot, rule: ResizeRule) -> bool:
     """Whether :func:`resize_screenshot` would change ``shot``'s size (pixels)."""
     return rule.size(shot.width, shot.height) != (shot.width, shot.height)

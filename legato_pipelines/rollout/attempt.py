@@ -116,9 +116,7 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> d
             t = time.perf_counter()
             raw = await desktop.observe()
             # resizing is CPU work (decode, resize, encode): keep it off the event loop
-            shot = (
-                await asyncio.to_thread(episode.prepare, raw) if episode.needs_resize(raw) else raw
-            )
+            shot = episode.prepared(raw) or await asyncio.to_thread(episode.prepare, raw)
             obs_s = time.perf_counter() - t
             timing["obs_s"] += obs_s
             messages = episode.request(shot)
