@@ -7,6 +7,7 @@ loader, deadlines and dead workers, options, and the ``<`` fix on rendered actio
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -309,3 +310,45 @@ async def test_a_cancelled_call_retires_the_worker(python, tmp_path):
     assert err.value.kind == "transport"
     await worker.stop()
     assert not os.path.exists(f"/proc/{pid}")
+
+
+def test_evaluator_names_are_checked_before_setup(python, tmp_path):
+    """A metric desktop-env 1.0.2 lacks, or whose module needs a package the venv lacks, is an
+    ``evaluator`` error naming the fix; easyocr (-> torch) is imported only when used."""
+    worker_py = str(ob.WORKER_SCRIPT)
+    probe = f"""
+import json, runpy
+w = runpy.run_path({worker_py!r})
+w["install_lazy_evaluators"]()
+import desktop_env.desktop_env
+def check(func, result):
+    task = {{"id": "t", "evaluator": {{"func": func, "result": {{"type": result}}}}}}
+    try:
+        w["check_evaluator"](task)
+        return "ok"
+    except w["WorkerError"] as exc:
+        return exc.kind + ": " + str(exc)
+out = [check("check_include_exclude", "vm_command_line"),
+       check("check_play_and_exit", "vm_file"),
+       check("compare_pptx_files", "vm_file"),
+       check(["exact_match", "check_include_exclude"], "no_such_getter")]
+import easyocr  # deferred: importing succeeds, using it imports the real package
+try:
+    easyocr.Reader
+    out.append("Reader imported")
+except ImportError as exc:
+    out.append("ImportError: " + str(exc))
+print(json.dumps(out))
+"""
+    env = {"PATH": "/usr/bin:/bin", "PYTHON_DOTENV_DISABLED": "1"}
+    done = subprocess.run(
+        [python, "-I", "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    ok, missing, heavy, getter, reader = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ok == "ok"
+    assert missing.startswith("evaluator: desktop-env 1.0.2 has no metric 'check_play_and_exit'")
+    assert heavy.startswith("evaluator: metric 'compare_pptx_files' cannot be imported")
+    assert "legato osworld install --full" in heavy
+    assert "get_no_such_getter" in getter
+    assert reader.startswith("ImportError") and "easyocr" in reader

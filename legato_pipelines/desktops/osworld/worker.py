@@ -47,6 +47,7 @@ import signal
 import sys
 import time
 import traceback
+import types
 import urllib.error
 import urllib.request
 
@@ -130,6 +131,76 @@ def install_lazy_evaluators() -> None:
         sys.modules[full] = module
         setattr(evaluators, name, module)
         exec(compile(ast.Module(body=rest, type_ignores=[]), init, "exec"), module.__dict__)
+    for name in DEFERRED_IMPORTS:
+        defer_import(name)
+
+
+#: Modules imported at the top of metric modules but used by few metrics: ``metrics/docs.py``
+#: imports easyocr (-> torch) for ``compare_image_text`` alone (OSWORLD.md §7, §8).
+DEFERRED_IMPORTS = ("easyocr",)
+
+
+def defer_import(name: str) -> None:
+    """Let ``import name`` succeed at once; the real import happens on first attribute use
+    (and its ImportError is raised there, inside the one metric that needs it)."""
+    if name in sys.modules:
+        return
+    stub = types.ModuleType(name)
+
+    def real(attr: str):
+        if sys.modules.get(name) is stub:
+            del sys.modules[name]
+            try:
+                importlib.import_module(name)
+            except BaseException:
+                sys.modules[name] = stub
+                raise
+        return getattr(sys.modules[name], attr)
+
+    stub.__getattr__ = real
+    sys.modules[name] = stub
+
+
+def evaluator_names(task: dict) -> list[tuple[str, str]]:
+    """``(package, name)`` of every metric and getter a task's evaluator names (OSWORLD.md §3)."""
+    evaluator = task.get("evaluator") or {}
+    names = []
+    funcs = evaluator.get("func")
+    for func in funcs if isinstance(funcs, list) else [funcs]:
+        if func:
+            names.append(("metrics", func))
+    for key in ("result", "expected"):
+        specs = evaluator.get(key)
+        for spec in specs if isinstance(specs, list) else [specs]:
+            if isinstance(spec, dict) and spec.get("type"):
+                names.append(("getters", f"get_{spec['type']}"))
+    return names
+
+
+def check_evaluator(task: dict) -> None:
+    """Import the task's metrics and getters now (lazily, as DesktopEnv.reset would).
+
+    Raises ``WorkerError("evaluator")`` naming a function desktop-env 1.0.2 does not have, or
+    the module a function's file needs (fix: ``legato osworld install --full``), before the
+    task's setup runs rather than at the end of the attempt.
+    """
+    from desktop_env.evaluators import getters, metrics
+
+    packages = {"metrics": metrics, "getters": getters}
+    for package, name in evaluator_names(task):
+        try:
+            getattr(packages[package], name)
+        except AttributeError:
+            raise WorkerError(
+                "evaluator",
+                f"desktop-env 1.0.2 has no {package[:-1]} {name!r} (task {task.get('id')!r})",
+            ) from None
+        except ImportError as exc:
+            raise WorkerError(
+                "evaluator",
+                f"{package[:-1]} {name!r} cannot be imported: {exc} "
+                "(fix: legato osworld install --full, or add the package to the OSWorld venv)",
+            ) from None
 
 
 # -- transport ------------------------------------------------------------------------------------
@@ -442,6 +513,7 @@ class Worker:
             revert_s = time.perf_counter() - t1
         env.is_environment_used = False  # the VM is clean now: reset must not revert again
         self._probe()
+        check_evaluator(task)
         t2 = time.perf_counter()
         try:
             obs = env.reset(task_config=task)
