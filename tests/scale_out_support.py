@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import re
 import shutil
 import signal
@@ -22,7 +23,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pytest
 
 from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV
@@ -52,11 +52,38 @@ needs_redis = pytest.mark.skipif(
 )
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int = 1) -> int:
+    """The first of ``count`` consecutive TCP ports free on 127.0.0.1 right now, below the
+    kernel's ephemeral range (so no outgoing connection takes one before its server binds)."""
+    rng = random.Random()
+    high = _ephemeral_low() - count
+    for _ in range(200):
+        start = rng.randrange(20000, high)
+        if all(_bindable(start + i) for i in range(count)):
+            return start
+    raise RuntimeError(f"no {count} consecutive free ports below {high}")
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (see :func:`free_ports`)."""
+    return free_ports(1)
 
 
 def wait_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
@@ -259,9 +286,7 @@ class Host:
 
     def __init__(self, procs: Processes, name: str, count: int, token: str, log_dir: Path):
         self.name, self.count = name, count
-        self.port_start = free_port()
-        while any(_busy(self.port_start + i) for i in range(count)):
-            self.port_start = free_port()
+        self.port_start = free_ports(count)
         self.log = log_dir / f"{name}.log"
         env = dict(os.environ, **{DEFAULT_TOKEN_ENV: token})
         env.pop("LEGATO_POLICY_KEY", None)
@@ -288,15 +313,6 @@ class Host:
                 return {u: int(p) for u, p in rows.items()}
             time.sleep(0.2)
         raise RuntimeError(f"{self.name} not ready: {self.log.read_text()[-2000:]}")
-
-
-def _busy(port: int) -> bool:
-    try:
-        with httpx.Client() as c:
-            c.get(f"http://127.0.0.1:{port}/", timeout=0.2)
-        return True
-    except httpx.HTTPError:
-        return False
 
 
 def pid_alive(pid: int) -> bool:

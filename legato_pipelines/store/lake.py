@@ -121,7 +121,9 @@ class Lake:
 
             text = str(root).strip().rstrip("/")
             try:
-                self.fs, _ = fsspec.core.url_to_fs(text)
+                # a fresh instance: fsspec's cache would keep an endpoint/credentials read
+                # from the environment of an earlier lake in this process
+                self.fs, _ = fsspec.core.url_to_fs(text, skip_instance_cache=True)
             except (ImportError, ValueError) as exc:
                 raise ConfigError(
                     f"lake: cannot open {text!r} ({exc}) (fix: pip install 'legato-pipelines[scale]' "
