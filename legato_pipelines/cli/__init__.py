@@ -17,12 +17,12 @@ app = typer.Typer(
 
 # Command modules (each adds its commands to ``app`` on import).
 from . import collect as _collect  # noqa: E402,F401
-from . import policy as _policy  # noqa: E402,F401
-from . import tasks as _tasks  # noqa: E402,F401
-from . import desktop as _desktop  # noqa: E402,F401
 from . import demo as _demo  # noqa: E402,F401
+from . import desktop as _desktop  # noqa: E402,F401
 from . import lake as _lake  # noqa: E402,F401
 from . import osworld as _osworld  # noqa: E402,F401
+from . import policy as _policy  # noqa: E402,F401
+from . import tasks as _tasks  # noqa: E402,F401
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -157,31 +158,9 @@ def collect_command(
         fail(_pydantic_message(exc))
     except LegatoError as exc:
         fail(str(exc))
-    progress = None if no_progress or json_out else CollectProgress(len(task_set))
-    if progress:
-        progress.group_size = group
+    progress = None if no_progress or json_out else CollectProgress(len(task_set), group_size=group)
     try:
-        if progress:
-            with progress:
-                summary = collect(
-                    task_set,
-                    policy,
-                    out,
-                    desktops=desktops,
-                    desktop=desktop,
-                    group=group,
-                    oversample=oversample,
-                    max_steps=max_steps,
-                    max_inflight=max_inflight,
-                    rollout_timeout=rollout_timeout,
-                    env_retries=env_retries,
-                    image_max=image_max,
-                    harness=harness,
-                    history=history,
-                    seed=seed,
-                    on_record=progress.on_record,
-                )
-        else:
+        with progress or contextlib.nullcontext():
             summary = collect(
                 task_set,
                 policy,
@@ -198,6 +177,7 @@ def collect_command(
                 harness=harness,
                 history=history,
                 seed=seed,
+                on_record=progress.on_record if progress else None,
             )
     except LegatoError as exc:
         fail(str(exc))

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 class CollectProgress:
     """Context manager; pass :meth:`on_record` to ``collect(on_record=...)``."""
 
-    def __init__(self, total_groups: int, console: Console | None = None):
+    def __init__(self, total_groups: int, *, group_size: int = 1, console: Console | None = None):
         self.console = console or Console(stderr=True)
         self.progress = Progress(
             TextColumn("[bold]groups"),
@@ -31,7 +31,7 @@ class CollectProgress:
         self.rewards: list[float] = []
         self.steps = 0
         self.started = time.perf_counter()
-        self.group_size = 1
+        self.group_size = group_size  # ok/truncated attempts that close a group
 
     def __enter__(self) -> CollectProgress:
         self.progress.start()
