@@ -37,6 +37,8 @@ def write_tasks(path: Path, n: int, success: float = 0.5) -> Path:
 def collect_args(server, tasks, out, *extra):
     return [
         "collect",
+        "--backend",
+        "fake",
         "--tasks",
         tasks,
         "--policy-url",
@@ -149,6 +151,8 @@ def test_bad_input_names_the_field(policy_server, tmp_path):
     assert res.returncode == 2 and "ready" in res.stderr.lower()
     res = legato(
         "collect",
+        "--backend",
+        "fake",
         "--tasks",
         tmp_path / "ok.json",
         "--policy-url",

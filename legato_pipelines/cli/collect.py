@@ -43,8 +43,8 @@ def collect_command(
         str, typer.Option("--version", help="Policy version every record is tied to.")
     ] = "v0",
     backend: Annotated[
-        str, typer.Option("--backend", help="Desktops: fake | local | osworld.")
-    ] = "fake",
+        str, typer.Option("--backend", help="Desktops: osworld (OSWorld VMs) | local (Xvfb) | fake (no VMs).")
+    ] = "osworld",
     desktops: Annotated[
         int, typer.Option("--desktops", help="Number of desktops (one worker each).")
     ] = 4,

@@ -386,8 +386,14 @@ class Worker:
         try:
             self.env = de.DesktopEnv(**kwargs)
         except Exception as exc:
+            hint = ""
+            if req.get("provider", "docker") == "docker" and "docker" in _describe(exc).lower():
+                hint = (
+                    " (is a Docker engine running here? OSWorld's docker provider needs one;"
+                    " without VMs use --backend local or --backend fake)"
+                )
             raise WorkerError(
-                "vm", f"DesktopEnv could not start the VM: {_describe(exc)}"
+                "vm", f"DesktopEnv could not start the VM: {_describe(exc)}{hint}"
             ) from None
         self.provider = self.env.provider
         self._watch_controllers()
