@@ -28,7 +28,7 @@ from legato_pipelines.rollout import statuses as st
 from tests.desktop_local_support import needs_xvfb
 from tests.scale_out_support import Host, Processes, free_port, pid_alive, tasks
 
-pytestmark = [needs_xvfb, pytest.mark.desktop]
+pytestmark = [needs_xvfb, pytest.mark.desktop, pytest.mark.slow]  # real desktops: 5-15 s each
 
 
 @pytest.fixture
