@@ -10,19 +10,10 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 
 from . import app
-
-console = Console()
-err = Console(stderr=True)
-
-
-def fail(message: str, code: int = 2) -> None:
-    """Print a one-line error and exit (no traceback: messages name the field and the fix)."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
-    raise typer.Exit(code)
+from .console import console, fail
 
 
 @app.command("collect")
@@ -43,7 +34,10 @@ def collect_command(
         str, typer.Option("--version", help="Policy version every record is tied to.")
     ] = "v0",
     backend: Annotated[
-        str, typer.Option("--backend", help="Desktops: osworld (OSWorld VMs) | local (Xvfb) | fake (no VMs).")
+        str,
+        typer.Option(
+            "--backend", help="Desktops: osworld (OSWorld VMs) | local (Xvfb) | fake (no VMs)."
+        ),
     ] = "osworld",
     desktops: Annotated[
         int, typer.Option("--desktops", help="Number of desktops (one worker each).")

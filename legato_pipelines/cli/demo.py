@@ -22,13 +22,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from . import app
-
-console = Console()
-err = Console(stderr=True)
+from .console import console, err
 
 ASSETS = ("rollout_batch", "rollouts", "training_samples", "profile_summary")
 FIRST_QUERY = (

@@ -19,19 +19,19 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ..desktops.local.backend import ServerProcess
 from ..desktops.local.wire import DEFAULT_TOKEN_ENV
 from . import app
+from .console import console
+from .console import err as _err
 
 desktop_app = typer.Typer(
     help="Local desktops on Xvfb (one server process per desktop).", no_args_is_help=True
 )
 app.add_typer(desktop_app, name="desktop")
 
-_err = Console(stderr=True)
 WATCH_INTERVAL_S = 2.0
 
 
@@ -130,7 +130,7 @@ async def _serve(
         table.add_column("server pid")
         for i, s in enumerate(servers):
             table.add_row(f"local-{i}", s.url, str(s.pid))
-        Console().print(table)
+        console.print(table)
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             for i, s in enumerate(servers):

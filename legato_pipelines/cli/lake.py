@@ -13,18 +13,16 @@ from typing import Annotated
 
 import duckdb
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from . import app
+from .console import console, fail
 
 lake_app = typer.Typer(
     help="Query the Parquet lake through its DuckDB views (read-only).", no_args_is_help=True
 )
 app.add_typer(lake_app, name="lake")
 
-console = Console()
-err = Console(stderr=True)
 
 LakeOption = Annotated[
     Path | None, typer.Option("--lake", help="Lake root; default $LEGATO_LAKE or ./lake.")
@@ -58,11 +56,9 @@ def query_command(
     try:
         result = store.query(sql)
     except FileNotFoundError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        fail(str(exc))
     except duckdb.Error as exc:
-        err.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
-        raise typer.Exit(2) from None
+        fail(str(exc))
     rows = result.to_pylist()
     if as_json:
         for row in rows:

@@ -6,15 +6,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from . import app
+from .console import console
 
 osworld_app = typer.Typer(
     help="OSWorld's DesktopEnv in its own venv (the osworld backend).", no_args_is_help=True
 )
 app.add_typer(osworld_app, name="osworld")
-console = Console()
 
 
 @osworld_app.command("install")

@@ -10,17 +10,10 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 
 from . import app
-
-_err = Console(stderr=True)
-
-
-def _fail(message: str, code: int = 2) -> None:
-    _err.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(code)
+from .console import console, fail
 
 
 def _verdict_table(report) -> Table:
@@ -84,7 +77,7 @@ def probe_command(
         config = PolicyConfig(base_url=policy_url, model=model, step_timeout=timeout, retries=0)
     except ValidationError as exc:
         flags = {"base_url": "--policy-url", "model": "--model", "step_timeout": "--timeout"}
-        _fail(
+        fail(
             "; ".join(
                 f"{flags.get(str(e['loc'][0]), e['loc'][0])}: {e['msg']}" for e in exc.errors()
             )
@@ -93,7 +86,6 @@ def probe_command(
     if as_json:
         typer.echo(json.dumps(report.model_dump()))
     else:
-        console = Console()
         console.print(_verdict_table(report))
         for note in report.notes:
             console.print(f"- {note}", highlight=False, markup=False)
@@ -169,12 +161,12 @@ def scripted_policy_command(
     from ..policy.scripted import FLAVORS, Faults, Latency, ScriptedPolicyServer
 
     if flavor not in FLAVORS:
-        _fail(f"--flavor must be one of {', '.join(FLAVORS)}, got {flavor!r}")
+        fail(f"--flavor must be one of {', '.join(FLAVORS)}, got {flavor!r}")
     if hang_mode not in ("sleep", "trickle"):
-        _fail(f"--hang-mode must be sleep or trickle, got {hang_mode!r}")
+        fail(f"--hang-mode must be sleep or trickle, got {hang_mode!r}")
     key = policy_api_key()
     if require_key and not key:
-        _fail("--require-key needs LEGATO_POLICY_KEY set in the environment")
+        fail("--require-key needs LEGATO_POLICY_KEY set in the environment")
     faults = Faults(
         hang_every=hang_every,
         hang_mode=hang_mode,  # type: ignore[arg-type]
@@ -199,8 +191,8 @@ def scripted_policy_command(
             api_key=key if require_key else None,
         )
     except (ValueError, OSError) as exc:
-        _fail(f"--script {script}: {exc}" if script else str(exc))
+        fail(f"--script {script}: {exc}" if script else str(exc))
     try:
         server.serve_forever()
     except OSError as exc:
-        _fail(f"cannot listen on {host}:{port}: {exc} (fix: --port)")
+        fail(f"cannot listen on {host}:{port}: {exc} (fix: --port)")

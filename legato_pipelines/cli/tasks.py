@@ -7,21 +7,20 @@ from typing import Annotated
 
 import orjson
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ..errors import TaskListError
 from ..osworld_format import BackendSupport, TaskClass, classify_task, summarize
 from ..tasks import load_tasks
 from . import app
+from .console import console as _out
+from .console import fail
 
 tasks_app = typer.Typer(
     help="Task lists: validate and classify (OSWorld format).", no_args_is_help=True
 )
 app.add_typer(tasks_app, name="tasks")
 
-_out = Console()
-_err = Console(stderr=True)
 
 OSWORLD_INDEX = "test_all.json"
 
@@ -126,8 +125,7 @@ def check_command(
         path = _resolve_tasks_path(tasks, osworld)
         task_set = load_tasks(path, osworld=osworld)
     except TaskListError as exc:
-        _err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        fail(str(exc))
     support = BackendSupport(cache_dir=cache_dir)
     classes = [classify_task(task, backend_support=support) for task in task_set]
     totals = summarize(classes)
