@@ -123,7 +123,7 @@ def test_export_and_profile_commands(policy_server, tmp_path):
     assert prof.returncode == 0
     assert json.loads(prof.stdout)["counts"]["ok"] == 4
     table_out = legato("profile", out)
-    assert "success rate" in table_out.stdout and "model call" in table_out.stdout
+    assert "success rate" in table_out.stdout and "model call" in table_out.stdout and "desktops" in table_out.stdout
     bad = legato("export", out, "--out", tmp_path / "samples.csv")
     assert bad.returncode != 0 and ".parquet or .jsonl" in bad.stderr
 

@@ -266,6 +266,13 @@ def print_profile(summary: dict) -> None:
         "errors",
         f"policy {summary['policy_errors']}  env {summary['env_errors']}  (desktop failures {summary['env_failures']})",
     )
+    if "desktops" in summary:
+        d = summary["desktops"]
+        table.add_row(
+            "desktops",
+            f"used {d['used']}  lost {len(d['lost'])}{' ' + ', '.join(d['lost']) if d['lost'] else ''}"
+            f"  recovered {len(d['recovered'])}",
+        )
     table.add_row("prefix cache hit", _fmt(summary["prefix_cache_hit_rate"], pct=True))
     table.add_row(
         "steps with logprobs / ids",
