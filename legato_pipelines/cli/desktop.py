@@ -23,8 +23,9 @@ from rich.table import Table
 
 from ..desktops.local.backend import ServerProcess
 from ..desktops.local.wire import DEFAULT_TOKEN_ENV
+from ..errors import LegatoError
 from . import app
-from .console import console
+from .console import console, fail
 from .console import err as _err
 
 desktop_app = typer.Typer(
@@ -85,9 +86,14 @@ def serve(
         _err.print(
             f"[yellow]warning:[/] listening on {host}: plain HTTP, the token is the only protection"
         )
-    asyncio.run(
-        _serve(count, host, port_start, width, height, user, tuple(prebuild or ()), token, written)
-    )
+    try:
+        asyncio.run(
+            _serve(
+                count, host, port_start, width, height, user, tuple(prebuild or ()), token, written
+            )
+        )
+    except LegatoError as exc:  # e.g. a server that could not start (port taken, no Xvfb)
+        fail(str(exc), code=1)
 
 
 async def _serve(

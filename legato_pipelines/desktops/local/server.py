@@ -662,7 +662,12 @@ def main(argv: list[str] | None = None) -> None:
         socket.IPPROTO_TCP,
     )
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        raise SystemExit(
+            f"desktop server: cannot listen on {args.host}:{args.port}: {exc.strerror} (fix: another --port)"
+        ) from None
     sock.listen(128)
     port = sock.getsockname()[1]
 
