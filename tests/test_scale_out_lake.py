@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
@@ -30,14 +32,15 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint(tmp_path_factory):
-    """moto's S3 server on 127.0.0.1 (a real HTTP server speaking the S3 API)."""
+@contextmanager
+def moto_server(log_dir: Path) -> Iterator[str]:
+    """moto's S3 server on 127.0.0.1 (a real HTTP server speaking the S3 API); yields its URL."""
     procs = Processes()
     port = free_port()
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
     proc = procs.start(
-        "moto", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], log=log
+        "moto",
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        log=log_dir / "moto.log",
     )
     try:
         wait_port(port, 30, proc)
@@ -46,11 +49,23 @@ def s3_endpoint(tmp_path_factory):
         assert procs.stop_all() == [] and procs.alive() == []
 
 
+@pytest.fixture(scope="module")
+def s3_endpoint(tmp_path_factory):
+    with moto_server(tmp_path_factory.mktemp("moto")) as url:
+        yield url
+
+
 @pytest.fixture
 def s3(s3_endpoint, monkeypatch, tmp_path) -> str:
-    """A fresh bucket; returns ``s3://<bucket>``. Credentials are moto's dummies."""
+    """A fresh bucket; returns ``s3://<bucket>``. Credentials are moto's dummies.
+
+    Every setting a lake's filesystem reads is set here (whatever an earlier test module left
+    in the environment or in fsspec's instance cache), and the bucket is made through a fresh
+    filesystem instance."""
     import fsspec
 
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "legato-test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "legato-test-secret")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
@@ -154,6 +169,24 @@ def test_run_directories_travel_between_hosts(s3, tmp_path, monkeypatch):
     with open(again / "rollouts.jsonl", "a") as fh:
         fh.write(json.dumps({**run["records"][0], "rollout_id": "e" * 32}) + "\n")
     assert len(read_records(Lake(s3 + "/lake").pull_run("step-1"))) == len(run["records"]) + 2
+
+
+def test_a_new_lake_uses_the_endpoint_set_now_not_one_cached_earlier(s3, tmp_path, monkeypatch):
+    """A long-lived process (or the next test module) reconfigures AWS_ENDPOINT_URL: a lake
+    opened afterwards talks to the new endpoint, not to fsspec's cached instance of the old."""
+    import fsspec
+
+    before = Lake(s3 + "/lake")
+    fill(before, tmp_path, "step-1")
+    assert before.versions("rollouts") == ["step-1"]  # its filesystem has connected
+    with moto_server(tmp_path / "moto-2") as second:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", second)
+        fsspec.filesystem("s3", skip_instance_cache=True).mkdir(s3.split("://", 1)[1])
+        after = Lake(s3 + "/lake")
+        assert after.versions("rollouts") == []  # the same bucket name, on the new server
+        fill(after, tmp_path, "step-2")
+        assert after.versions("rollouts") == ["step-2"]
+    assert before.versions("rollouts") == ["step-1"]  # the old lake keeps its own endpoint
 
 
 def test_urls_are_recognised_and_unknown_protocols_refused(tmp_path):
