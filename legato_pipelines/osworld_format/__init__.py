@@ -9,6 +9,7 @@ directory-backed controller all run the same code::
     ev = await evaluate_task(task, controller, last_action_fail=False)   # postconfig + metrics
     needs_full_reset(task)                                      # state outside HOME -> revert
     classify_task(task)                                         # what a backend needs to run it
+    preflight(task_set, "local")                                # problems that stop a run, per task
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from .classify import (
     TaskTotals,
     classify_task,
     needs_full_reset,
+    preflight,
     summarize,
+    task_problems,
 )
 from .evaluate import evaluate_task, evaluator_unsupported
 from .getters import GETTERS
@@ -39,6 +42,8 @@ __all__ = [
     "evaluate_task",
     "evaluator_unsupported",
     "needs_full_reset",
+    "preflight",
     "run_setup",
     "summarize",
+    "task_problems",
 ]
