@@ -123,7 +123,11 @@ def test_export_and_profile_commands(policy_server, tmp_path):
     assert prof.returncode == 0
     assert json.loads(prof.stdout)["counts"]["ok"] == 4
     table_out = legato("profile", out)
-    assert "success rate" in table_out.stdout and "model call" in table_out.stdout and "desktops" in table_out.stdout
+    assert (
+        "success rate" in table_out.stdout
+        and "model call" in table_out.stdout
+        and "desktops" in table_out.stdout
+    )
     bad = legato("export", out, "--out", tmp_path / "samples.csv")
     assert bad.returncode != 0 and ".parquet or .jsonl" in bad.stderr
 
@@ -237,3 +241,19 @@ def test_hung_calls_are_cut_and_profiled(tmp_path):
     for r in read_records(tmp_path / "run"):
         for s in r["steps"]:
             assert s["model"]["seconds"] <= bound
+
+
+def test_output_paths_and_unusable_batches_are_clear(tmp_path):
+    from legato_pipelines.policy.scripted import Faults, ScriptedPolicyServer
+
+    tasks = write_tasks(tmp_path / "tasks.json", 1)
+    (tmp_path / "a-file").write_text("x")
+    with ScriptedPolicyServer(flavor="vllm", faults=Faults(no_logprobs=True)) as server:
+        res = legato(*collect_args(server, tasks, tmp_path / "a-file"))
+        assert res.returncode == 2 and "is a file" in res.stderr and "Traceback" not in res.stderr
+        res = legato(*collect_args(server, tasks, tmp_path / "run", "--group", "1"))
+    assert res.returncode == 0
+    assert "no logprobs" in res.stderr and "legato probe" in res.stderr
+    (tmp_path / "dir.parquet").mkdir()
+    res = legato("export", tmp_path / "run", "--out", tmp_path / "dir.parquet")
+    assert res.returncode == 2 and "--out" in res.stderr and "Traceback" not in res.stderr

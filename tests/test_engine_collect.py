@@ -400,3 +400,104 @@ def test_resume_drops_torn_line_and_reruns_missing(policy_server, tmp_path):
     assert_accounted(records, summary)
     assert summary["groups"]["closed"] == 3
     assert profile(tmp_path)["counts"] == summary["counts"]
+
+
+def test_one_collection_at_a_time_per_run_directory(policy_server, tmp_path):
+    import asyncio
+
+    from legato_pipelines import collect_async
+
+    tasks = load_tasks(fake_tasks(2))
+
+    async def both():
+        slow = fake(latency={"act": 0.05})
+        first = asyncio.create_task(
+            collect_async(
+                tasks,
+                policy(policy_server),
+                tmp_path,
+                desktops=2,
+                desktop=slow,
+                group=2,
+                max_steps=4,
+            )
+        )
+        while not (tmp_path / "rollouts.jsonl").exists():
+            await asyncio.sleep(0.01)
+        with pytest.raises(ResumeError, match="in use by another collection"):
+            await collect_async(
+                tasks,
+                policy(policy_server),
+                tmp_path,
+                desktops=2,
+                desktop=fake(),
+                group=2,
+                max_steps=4,
+            )
+        return await first
+
+    summary = asyncio.run(both())
+    records = read_records(tmp_path)
+    assert_accounted(records, summary)
+    assert Counter(r["status"] for r in records) == {"ok": 4}
+
+
+def test_failed_start_writes_nothing_and_model_must_match_on_resume(policy_server, tmp_path):
+    tasks = load_tasks(fake_tasks(1))
+    with pytest.raises(PolicyConfigError):
+        collect(
+            tasks,
+            PolicyConfig(base_url=policy_server.url, model="wrong", version="v9"),
+            tmp_path,
+            desktop=fake(),
+        )
+    assert not (tmp_path / "run.json").exists()
+    collect(
+        tasks,
+        policy(policy_server, version="v1"),
+        tmp_path,
+        desktops=1,
+        desktop=fake(),
+        group=1,
+        max_steps=2,
+    )
+    other = PolicyConfig(base_url=policy_server.url, model="another-model", version="v1")
+    with pytest.raises(ResumeError, match="model"):
+        collect(tasks, other, tmp_path, desktops=1, desktop=fake(), group=1)
+
+
+def test_resumed_batch_reports_throughput_over_all_sessions(policy_server, tmp_path):
+    tasks = load_tasks(fake_tasks(2))
+    first = collect(
+        tasks,
+        policy(policy_server),
+        tmp_path,
+        desktops=2,
+        desktop=fake(latency={"reset": 0.1}),
+        group=2,
+        max_steps=2,
+    )
+    again = collect(
+        tasks, policy(policy_server), tmp_path, desktops=2, desktop=fake(), group=2, max_steps=2
+    )
+    assert again["wall_s"] >= first["wall_s"] > 0
+    assert again["rollouts_per_hour"] <= first["rollouts_per_hour"]
+
+
+def test_corrupt_line_in_the_middle_is_an_error_not_a_silent_drop(policy_server, tmp_path):
+    from legato_pipelines import ConfigError
+
+    tasks = load_tasks(fake_tasks(2))
+    collect(
+        tasks, policy(policy_server), tmp_path, desktops=1, desktop=fake(), group=2, max_steps=2
+    )
+    path = tmp_path / "rollouts.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + b"{garbage\n" + b"".join(lines[1:]))
+    with pytest.raises(ConfigError, match="line 2 of 5"):
+        read_records(tmp_path)
+    with pytest.raises(ConfigError, match="line 2"):
+        collect(
+            tasks, policy(policy_server), tmp_path, desktops=1, desktop=fake(), group=2, max_steps=2
+        )
+    assert len(path.read_bytes().splitlines()) == 5  # nothing truncated

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from . import app
-from .console import console, fail
+from .console import console, err, fail
 
 
 @app.command("collect")
@@ -175,11 +175,35 @@ def collect_command(
             )
     except LegatoError as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(f"--out {out}: {exc.strerror or exc} (fix: a writable directory)")
+    except KeyboardInterrupt:
+        fail(
+            f"interrupted: finished records are kept in {out}; run the same command again to resume",
+            code=130,
+        )
     if json_out:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:
         print_profile(summary)
         console.print(f"run directory: [bold]{out}[/]")
+    warn_unusable(summary)
+
+
+def warn_unusable(summary: dict) -> None:
+    """Say plainly when a batch is not usable for RL training: no logprobs came back (the
+    trainer's importance ratios need them), or graders failed (rewards of 0 that mean
+    nothing). Printed on stderr; the exit status stays 0 (the batch itself completed)."""
+    if summary.get("steps") and not summary.get("logprobs_share"):
+        err.print(
+            "[yellow]warning:[/] the server returned no logprobs: these samples are not usable for RL "
+            "(check the server with `legato probe`)"
+        )
+    if summary.get("eval_errors"):
+        err.print(
+            f"[yellow]warning:[/] {summary['eval_errors']} attempt(s) scored 0 because their evaluator failed "
+            "(see eval_error in rollouts.jsonl; `legato tasks check` finds evaluator typos)"
+        )
 
 
 def _pydantic_message(exc: ValidationError) -> str:
@@ -207,6 +231,10 @@ def export_command(
         path = write_table(table, out)
     except LegatoError as exc:
         fail(str(exc))
+    except OSError as exc:
+        fail(
+            f"--out {out}: {exc.strerror or exc} (fix: a writable file path ending in .parquet or .jsonl)"
+        )
     console.print(f"wrote {table.num_rows} steps to [bold]{path}[/]")
 
 
@@ -279,4 +307,5 @@ def print_profile(summary: dict) -> None:
         f"{_fmt(summary['logprobs_share'], pct=True)} / {_fmt(summary['token_ids_share'], pct=True)}",
     )
     table.add_row("parse errors", str(summary.get("parse_errors", 0)))
+    table.add_row("evaluator errors", str(summary.get("eval_errors", 0)))
     console.print(table)

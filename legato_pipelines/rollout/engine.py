@@ -20,7 +20,7 @@ from ..desktops import open_desktops
 from ..desktops.base import Desktop, DesktopConfig
 from ..errors import ConfigError, DesktopError
 from ..policy.config import PolicyConfig
-from ..store.rundir import FORMAT, RunWriter
+from ..store.rundir import FORMAT, RunWriter, read_records
 from ..tasks import TaskSet, load_tasks
 from . import statuses as st
 from .attempt import AttemptContext, run_attempt, settled_record
@@ -146,33 +146,37 @@ async def collect_async(
     }
 
     writer = RunWriter(out)
-    previous = writer.open(meta)
-    sched = Scheduler()
+    writer.check(meta)  # resuming into another run fails here, before anything starts
+    per_group = group_attempts(group, oversample)
+    peek = Scheduler()
     _plan(
-        sched,
+        peek,
         task_set,
-        previous,
+        read_records(out) if Path(out).is_dir() else [],
         group=group,
-        per_group=group_attempts(group, oversample),
+        per_group=per_group,
         seed=seed,
     )
-    started = time.time()
     owned = desktop_pool is None
     pool: list[Desktop] = []
-    records: list[dict[str, Any]] = list(previous)
+    async with PolicyClient(
+        policy, max_inflight=max_inflight or len(desktop_pool or []) or desktops
+    ) as client:
+        if peek.pending() and check_policy:
+            await client.check()  # a wrong URL or model fails here, in seconds, writing nothing
+        previous = writer.open(meta)  # takes the run directory's lock; cuts a torn last line
+        started, prior_wall_s = time.time(), writer.previous_wall_s()
+        sched = Scheduler()
+        _plan(sched, task_set, previous, group=group, per_group=per_group, seed=seed)
+        records: list[dict[str, Any]] = list(previous)
 
-    def emit(record: dict[str, Any]) -> None:
-        writer.append(record)
-        records.append(record)
-        if on_record is not None:
-            on_record(record)
+        def emit(record: dict[str, Any]) -> None:
+            writer.append(record)
+            records.append(record)
+            if on_record is not None:
+                on_record(record)
 
-    try:
-        async with PolicyClient(
-            policy, max_inflight=max_inflight or len(desktop_pool or []) or desktops
-        ) as client:
-            if sched.pending() and check_policy:
-                await client.check()  # a wrong URL or model fails here, in seconds
+        try:
             ctx = AttemptContext(
                 policy=client,
                 harness=harness_obj,
@@ -190,36 +194,40 @@ async def collect_async(
                     if desktop_pool is not None
                     else await open_desktops(desktop, min(desktops, sched.pending()))
                 )
-                workers = [
-                    asyncio.create_task(_worker(ctx, sched, d, emit), name=f"worker-{d.name}")
-                    for d in pool
-                ]
-                try:
-                    results = await asyncio.gather(*workers, return_exceptions=True)
-                finally:
-                    for w in workers:
-                        w.cancel()
-                failures = [r for r in results if isinstance(r, BaseException)]
-                for failure in failures:
-                    if not isinstance(failure, DesktopError):
-                        raise failure
-                # every desktop is gone: what is left in the queue ends as an env error
-                while (ex := sched.next()) is not None:
-                    record = settled_record(ctx, ex, st.ERROR)
-                    record["error"] = {
-                        "kind": "env",
-                        "type": "no_desktop",
-                        "message": "no working desktop left",
-                        "phase": "queue",
-                    }
-                    emit(record)
-    finally:
-        if owned:
-            await asyncio.gather(*(d.close() for d in pool), return_exceptions=True)
-        summary = summarize(records, meta, wall_s=time.time() - started, groups=sched.groups)
-        writer.write_summary(summary)
-        writer.close()
+                await _run_workers(ctx, sched, pool, emit)
+        finally:
+            if owned:
+                await asyncio.gather(*(d.close() for d in pool), return_exceptions=True)
+            wall_s = prior_wall_s + (time.time() - started)
+            summary = summarize(records, meta, wall_s=wall_s, groups=sched.groups)
+            writer.write_summary(summary)
+            writer.close()
     return summary
+
+
+async def _run_workers(ctx: AttemptContext, sched: Scheduler, pool: list[Desktop], emit) -> None:
+    """One worker per desktop until the queue is empty; if every desktop is gone, what is
+    left in the queue ends as an ``env`` error (nothing is silently dropped)."""
+    workers = [
+        asyncio.create_task(_worker(ctx, sched, d, emit), name=f"worker-{d.name}") for d in pool
+    ]
+    try:
+        results = await asyncio.gather(*workers, return_exceptions=True)
+    finally:
+        for w in workers:
+            w.cancel()
+    for failure in results:
+        if isinstance(failure, BaseException) and not isinstance(failure, DesktopError):
+            raise failure
+    while (ex := sched.next()) is not None:
+        record = settled_record(ctx, ex, st.ERROR)
+        record["error"] = {
+            "kind": "env",
+            "type": "no_desktop",
+            "message": "no working desktop left",
+            "phase": "queue",
+        }
+        emit(record)
 
 
 async def _worker(ctx: AttemptContext, sched: Scheduler, desktop: Desktop, emit) -> None:

@@ -33,7 +33,8 @@ def summarize(
     ``retried_calls`` are calls that needed more than one HTTP request, ``hung_calls`` the
     requests cut at ``step_timeout``; ``prefix_cache_hit_rate`` is cached / prompt tokens over
     the calls that reported cached tokens (``None`` when none did); ``logprobs_share`` /
-    ``token_ids_share`` are shares of steps whose response carried them. ``missing`` is the
+    ``token_ids_share`` are shares of steps whose response carried them; ``eval_errors`` counts
+    graded attempts whose evaluator failed (scored 0 with the reason in ``eval_error``). ``missing`` is the
     number of logical attempts without a final record (0 after a complete batch), so
     ``records == scheduled - missing + retries``.
     """
@@ -116,6 +117,7 @@ def summarize(
         "logprobs_share": _share(steps, "logprobs"),
         "token_ids_share": _share(steps, "token_ids"),
         "parse_errors": sum(1 for s in steps if s.get("parse_error")),
+        "eval_errors": sum(1 for r in final if r.get("eval_error")),
         "desktops": desktop_health(records),
     }
 

@@ -17,6 +17,7 @@ A crash can leave a torn last line in ``rollouts.jsonl``: :func:`read_records` d
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import time
@@ -33,6 +34,7 @@ FORMAT = "legato.rollout/v0"
 RECORDS = "rollouts.jsonl"
 RUN_META = "run.json"
 SUMMARY = "summary.json"
+LOCK = ".lock"
 
 
 def message_sha(message: Mapping[str, Any]) -> tuple[str, bytes]:
@@ -63,36 +65,99 @@ class RunWriter:
         self._seen_messages: set[str] = set()
         self._seen_images: set[str] = set()
         self._fh = None
+        self._lock = None
+
+    def check(self, meta: dict[str, Any]) -> None:
+        """Refuse, before anything is created or started, to resume into a directory that is
+        not a run directory, or holds a run of another policy (version or model), task set,
+        group or oversample. Raises :class:`ResumeError` / :class:`ConfigError`."""
+        if self.root.exists() and not self.root.is_dir():
+            raise ConfigError(
+                f"out: {self.root} is a file, not a directory (fix: --out a new or existing run directory)"
+            )
+        meta_path = self.root / RUN_META
+        if not meta_path.exists():
+            if self.root.is_dir() and (self.root / RECORDS).exists():
+                raise ResumeError(
+                    f"out: {self.root} has records but no {RUN_META} (fix: choose another --out)"
+                )
+            return
+        old = orjson.loads(meta_path.read_bytes())
+        checks = (
+            (
+                "policy version",
+                old.get("policy", {}).get("version"),
+                meta["policy"]["version"],
+                "--version",
+            ),
+            ("model", old.get("policy", {}).get("model"), meta["policy"]["model"], "--model"),
+            ("task set", old.get("task_set"), meta["task_set"], "the same task list"),
+            (
+                "group",
+                old.get("knobs", {}).get("group"),
+                meta.get("knobs", {}).get("group"),
+                "--group",
+            ),
+            (
+                "oversample",
+                old.get("knobs", {}).get("oversample"),
+                meta.get("knobs", {}).get("oversample"),
+                "--oversample",
+            ),
+        )
+        for label, a, b, flag in checks:
+            if a is not None and a != b:
+                raise ResumeError(
+                    f"out: {self.root} holds a run of {label} {a!r}, not {b!r}; a run resumes only with the "
+                    f"same policy version, model, task list, group and oversample (fix: {flag} {a!r}, or another --out)"
+                )
 
     def open(self, meta: dict[str, Any]) -> list[dict[str, Any]]:
-        """Create or resume the directory; return the records already there (for resume)."""
+        """Create or resume the directory and take its lock; return the records already there.
+
+        Only one collection may write a run directory at a time: a second one raises
+        :class:`ResumeError` at once (``fcntl`` lock on ``<out>/.lock``, released on close or
+        when the process dies). Raises what :meth:`check` raises.
+        """
+        self.check(meta)
         self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = open(self.root / LOCK, "a+b")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.seek(0)
+            holder = self._lock.read().decode(errors="replace").strip() or "?"
+            self._lock.close()
+            self._lock = None
+            raise ResumeError(
+                f"out: {self.root} is in use by another collection (pid {holder}); "
+                "one collection writes a run directory at a time (fix: wait for it, or another --out)"
+            ) from None
+        self._lock.seek(0)
+        self._lock.truncate()
+        self._lock.write(str(os.getpid()).encode())
+        self._lock.flush()
         self._messages_dir.mkdir(exist_ok=True)
         self._images_dir.mkdir(exist_ok=True)
         meta_path = self.root / RUN_META
-        if meta_path.exists():
-            old = orjson.loads(meta_path.read_bytes())
-            for key, label in (("policy", "policy version"), ("task_set", "task set")):
-                a = old.get(key, {}).get("version") if key == "policy" else old.get(key)
-                b = meta[key]["version"] if key == "policy" else meta[key]
-                if a != b:
-                    raise ResumeError(
-                        f"out: {self.root} holds a run of {label} {a!r}, not {b!r}; "
-                        "resume only with the same policy version and task list (fix: choose another --out)"
-                    )
-            for knob in ("group", "oversample"):
-                a, b = old.get("knobs", {}).get(knob), meta.get("knobs", {}).get(knob)
-                if a is not None and a != b:
-                    raise ResumeError(
-                        f"out: {self.root} was collected with {knob}={a}, not {b} (fix: same --{knob}, or another --out)"
-                    )
-        else:
+        if not meta_path.exists():
             atomic_write(meta_path, orjson.dumps(meta, option=orjson.OPT_INDENT_2))
         records = read_records(self.root, repair=True)
         self._seen_messages = {p.stem for p in self._messages_dir.glob("*.json")}
         self._seen_images = {p.stem for p in self._images_dir.glob("*.png")}
         self._fh = open(self.root / RECORDS, "ab")
         return records
+
+    def previous_wall_s(self) -> float:
+        """Wall seconds of the earlier sessions of this run (from ``summary.json``), so a
+        resumed batch reports rollouts per hour over all of its sessions."""
+        path = self.root / SUMMARY
+        if not path.exists():
+            return 0.0
+        try:
+            return float(orjson.loads(path.read_bytes()).get("wall_s") or 0.0)
+        except (orjson.JSONDecodeError, TypeError, ValueError):
+            return 0.0
 
     def store_image(self, shot: Screenshot) -> str:
         """Write the screenshot once (by content hash); return its sha."""
@@ -122,6 +187,9 @@ class RunWriter:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+        if self._lock is not None:
+            self._lock.close()  # releases the flock
+            self._lock = None
 
 
 def _write_new(path: Path, data: bytes) -> None:
@@ -141,21 +209,31 @@ def read_meta(run_dir: str | Path) -> dict[str, Any]:
 
 
 def read_records(run_dir: str | Path, *, repair: bool = False) -> list[dict[str, Any]]:
-    """Every record of ``rollouts.jsonl`` in order. A torn last line (a crash mid-write) is
-    dropped; with ``repair`` it is also cut from the file so appends continue cleanly."""
+    """Every record of ``rollouts.jsonl`` in order.
+
+    A torn last line (a crash mid-write) is dropped; with ``repair`` it is also cut from the
+    file so appends continue cleanly. A bad line anywhere else is corruption, not a torn
+    write: :class:`ConfigError` names the line rather than silently dropping what follows.
+    """
     path = Path(run_dir) / RECORDS
     if not path.exists():
         return []
     data = path.read_bytes()
     records: list[dict[str, Any]] = []
     end = 0
-    for line in data.splitlines(keepends=True):
-        if not line.endswith(b"\n"):
-            break
+    lines = data.splitlines(keepends=True)
+    for number, line in enumerate(lines, 1):
         try:
+            if not line.endswith(b"\n"):
+                raise orjson.JSONDecodeError("no newline", "", 0)
             records.append(orjson.loads(line))
         except orjson.JSONDecodeError:
-            break
+            if number == len(lines):
+                break  # torn last line
+            raise ConfigError(
+                f"{path}: line {number} of {len(lines)} is not a JSON record (corruption, not a torn "
+                "last line); fix: repair or remove that line, nothing after it was read"
+            ) from None
         end += len(line)
     if repair and end != len(data):
         with open(path, "r+b") as fh:
