@@ -25,7 +25,7 @@ import typer
 from rich.table import Table
 
 from . import app
-from .console import console, err
+from .console import console, err, fail
 
 ASSETS = ("rollout_batch", "rollouts", "training_samples", "profile_summary")
 FIRST_QUERY = (
@@ -87,17 +87,20 @@ def demo_command(
     """Collect one policy version on fake desktops against the scripted policy server, through Dagster."""
     from ..assets.config import default_tasks
     from ..policy.scripted import ScriptedPolicyServer
-    from ..store.lake import Lake, check_partition_key
+    from ..store.lake import Lake
 
+    tasks_path = Path(tasks or default_tasks()).expanduser().resolve()
+    key = check_inputs(
+        version or time.strftime("demo-%Y%m%d-%H%M%S"),
+        tasks_path,
+        group=group,
+        max_steps=max_steps,
+        desktops=desktops,
+    )
     home_dir = dagster_home(home)
     lake_root = (
         (lake or Path(os.environ.get("LEGATO_LAKE") or home_dir / "lake")).expanduser().resolve()
     )
-    tasks_path = Path(tasks or default_tasks()).expanduser().resolve()
-    if not tasks_path.is_file():
-        err.print(f"[bold red]error:[/] --tasks: {tasks_path} does not exist")
-        raise typer.Exit(2)
-    key = check_partition_key(version or time.strftime("demo-%Y%m%d-%H%M%S"))
     os.environ["DAGSTER_HOME"] = str(home_dir)
 
     with ScriptedPolicyServer(flavor="vllm") as server:
@@ -164,6 +167,42 @@ def demo_command(
         f"see it in the UI: DAGSTER_HOME={home_dir} LEGATO_LAKE={store.root} dagster dev -w workspace.yaml",
         highlight=False,
     )
+
+
+def check_inputs(
+    version: str, tasks_path: Path, *, group: int, max_steps: int, desktops: int
+) -> str:
+    """Check the demo's inputs with the engine's own validators before anything starts (a bad
+    input is one ``error:`` line and exit 2, not a Dagster stack trace): the partition key
+    (:func:`~legato_pipelines.store.lake.check_partition_key`), the task list
+    (:func:`~legato_pipelines.tasks.load_tasks`) and the knobs ``legato collect`` checks.
+    Returns the partition key."""
+    from ..errors import LegatoError
+    from ..rollout.engine import _check_knobs
+    from ..store.lake import check_partition_key
+    from ..tasks import load_tasks
+
+    try:
+        key = check_partition_key(version)
+    except LegatoError as exc:
+        fail(f"--version: {exc}")
+    if not tasks_path.is_file():
+        fail(f"--tasks: {tasks_path} does not exist (fix: pass --tasks PATH or set LEGATO_TASKS)")
+    try:
+        load_tasks(tasks_path, osworld=os.environ.get("LEGATO_OSWORLD") or None)
+        _check_knobs(
+            group=group,
+            oversample=0.0,
+            max_steps=max_steps,
+            max_inflight=None,
+            rollout_timeout=None,
+            env_retries=1,
+            image_max=20,
+            desktops=desktops,
+        )
+    except LegatoError as exc:
+        fail(str(exc))
+    return key
 
 
 def _add_partition(key: str) -> None:
