@@ -501,3 +501,23 @@ def test_corrupt_line_in_the_middle_is_an_error_not_a_silent_drop(policy_server,
             tasks, policy(policy_server), tmp_path, desktops=1, desktop=fake(), group=2, max_steps=2
         )
     assert len(path.read_bytes().splitlines()) == 5  # nothing truncated
+
+
+def test_tasks_unrunnable_on_the_backend_are_refused_before_any_desktop(policy_server, tmp_path):
+    from legato_pipelines import TaskListError
+
+    bad = fake_tasks(2)
+    bad[1]["config"]["evaluator"] = {
+        "func": "exact_matc",
+        "result": {"type": "vm_command_line", "command": "true"},
+        "expected": {"type": "rule", "rules": {"expected": ""}},
+    }
+    with pytest.raises(TaskListError, match=r"tasks\[1\].*exact_matc.*did you mean exact_match"):
+        collect(
+            load_tasks(bad),
+            policy(policy_server),
+            tmp_path,
+            desktops=1,
+            desktop=DesktopConfig(backend="local"),
+        )
+    assert not tmp_path.joinpath("run.json").exists() and policy_server.request_count == 0

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..desktops import open_desktops
 from ..desktops.base import Desktop, DesktopConfig
-from ..errors import ConfigError, DesktopError
+from ..errors import ConfigError, DesktopError, TaskListError
 from ..policy.config import PolicyConfig
 from ..store.rundir import FORMAT, RunWriter, read_records
 from ..tasks import TaskSet, load_tasks
@@ -145,6 +145,7 @@ async def collect_async(
         "created_at": time.time(),
     }
 
+    _preflight(task_set, desktop)
     writer = RunWriter(out)
     writer.check(meta)  # resuming into another run fails here, before anything starts
     per_group = group_attempts(group, oversample)
@@ -283,6 +284,22 @@ def _plan(
         sched.add_group(g, [] if g.closed else todo, seed=seed, now=now, executions=executions)
         if g.closed:
             continue
+
+
+def _preflight(task_set: TaskSet, desktop: DesktopConfig) -> None:
+    """Refuse tasks that cannot run on the chosen backend (a misspelled metric, a setup step
+    missing a parameter, a download that needs the internet...) before any desktop starts,
+    rather than grading them 0 one by one. Raises ``TaskListError`` listing the problems."""
+    from ..osworld_format import preflight
+
+    problems = preflight(task_set, desktop.backend, cache_dir=desktop.options.get("cache_dir"))
+    if problems:
+        shown = "\n  ".join(problems[:10])
+        more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
+        raise TaskListError(
+            f"{len(problems)} problem(s) with the task list for backend {desktop.backend!r} "
+            f"(`legato tasks check` shows them all):\n  {shown}{more}"
+        )
 
 
 def _check_knobs(**k: Any) -> None:
