@@ -109,5 +109,8 @@ def test_cli_json_and_exit_status():
     assert (
         table.exit_code == 1 and "usable for RL" in table.stdout and "no logprobs" in table.stdout
     )
+    with ScriptedPolicyServer(flavor="vllm") as server:
+        unlisted = invoke("--policy-url", server.url, "--model", "not-served")
+    assert unlisted.exit_code == 1 and "model not listed" in unlisted.stdout
     wrong = invoke("--policy-url", "localhost:8000", "--model", "m")
     assert wrong.exit_code == 2 and "--policy-url" in wrong.output

@@ -16,6 +16,15 @@ from . import app
 from .console import console, fail
 
 
+def _why_not(report) -> str:
+    """The first reason a server is not usable for RL, in the order a user fixes them."""
+    if not report.reachable:
+        return "server not reachable"
+    if report.model_listed is False:
+        return "model not listed"
+    return "no logprobs"
+
+
 def _verdict_table(report) -> Table:
     def yes(value) -> str:
         if value is None:
@@ -44,7 +53,7 @@ def _verdict_table(report) -> Table:
     )
     table.add_row(
         "usable for RL",
-        "[bold green]yes[/]" if report.usable_for_rl else "[bold red]no[/] (no logprobs)",
+        "[bold green]yes[/]" if report.usable_for_rl else f"[bold red]no[/] ({_why_not(report)})",
     )
     return table
 
