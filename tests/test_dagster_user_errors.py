@@ -10,6 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from legato_pipelines.cli import app
+from legato_pipelines.errors import ConfigError
+from legato_pipelines.resources.defaults import default_resources
 from tests.conftest import fake_tasks
 
 
@@ -48,3 +50,25 @@ def test_demo_refuses_a_broken_task_file_with_the_engine_message(tmp_path):
     assert not (tmp_path / "home").exists()
     out, text = _demo(tmp_path, "--tasks", str(tmp_path / "nope.json"))
     assert out.exit_code == 2 and "(fix: pass --tasks PATH or set LEGATO_TASKS)" in text
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "valid"),
+    [
+        ("LEGATO_BACKEND", "fkae", "fake, local, osworld"),
+        ("LEGATO_CHECKPOINT_SOURCE", "modls", "directory, models"),
+    ],
+)
+def test_a_bad_choice_in_the_environment_names_the_variable_and_the_valid_values(
+    monkeypatch, name, value, valid
+):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as caught:
+        default_resources()
+    assert str(caught.value) == (
+        f"{name}={value!r} is not a valid {name.split('_')[-1].lower()} "
+        f"(fix: set {name} to one of {valid}, or unset it for the default)"
+    )
+    monkeypatch.setenv(name, valid.split(", ")[-1])
+    assert default_resources()  # every valid value is accepted
+

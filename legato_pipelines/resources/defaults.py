@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import dagster as dg
 
@@ -65,6 +65,22 @@ def _env_json(name: str) -> dict[str, Any]:
     return value
 
 
+def _env_choice(name: str, resource: type[dg.ConfigurableResource], field: str) -> str | None:
+    """The variable's value if it is one of the resource field's ``Literal`` choices, ``None``
+    when unset; raises ``ConfigError`` naming the variable and the valid values otherwise
+    (instead of a pydantic error about the field that never mentions the variable)."""
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    choices = get_args(resource.model_fields[field].annotation)
+    if raw not in choices:
+        raise ConfigError(
+            f"{name}={raw!r} is not a valid {field} (fix: set {name} to one of "
+            f"{', '.join(choices)}, or unset it for the default)"
+        )
+    return raw
+
+
 def default_resources() -> dict[str, dg.ConfigurableResource]:
     """``policy``, ``desktops``, ``lake`` and ``checkpoints`` from the environment (table above)."""
     return {
@@ -74,7 +90,7 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:
             api_key=dg.EnvVar(API_KEY_ENV) if os.environ.get(API_KEY_ENV) else None,
         ),
         "desktops": DesktopPoolResource(
-            backend=os.environ.get("LEGATO_BACKEND") or "fake",
+            backend=_env_choice("LEGATO_BACKEND", DesktopPoolResource, "backend") or "fake",
             desktops=_env_int("LEGATO_DESKTOPS", 4),
             options=_env_json("LEGATO_BACKEND_OPTIONS"),
             osworld=_env("LEGATO_OSWORLD", None),
@@ -82,7 +98,8 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:
         ),
         "lake": LakeResource(root=_env("LEGATO_LAKE", str(Path.cwd() / "lake"))),
         "checkpoints": CheckpointSourceResource(
-            source=os.environ.get("LEGATO_CHECKPOINT_SOURCE") or "directory",
+            source=_env_choice("LEGATO_CHECKPOINT_SOURCE", CheckpointSourceResource, "source")
+            or "directory",
             directory=_env("LEGATO_CHECKPOINTS", None),
             pattern=_env("LEGATO_CHECKPOINT_GLOB", None),
             ready_marker=_env("LEGATO_CHECKPOINT_READY", None),
