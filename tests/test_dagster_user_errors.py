@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 
+import dagster as dg
 import pytest
 from typer.testing import CliRunner
 
 from legato_pipelines.cli import app
 from legato_pipelines.errors import ConfigError
 from legato_pipelines.resources.defaults import default_resources
+from legato_pipelines.sensors import checkpoint_sensor
 from tests.conftest import fake_tasks
 
 
@@ -72,3 +74,18 @@ def test_a_bad_choice_in_the_environment_names_the_variable_and_the_valid_values
     monkeypatch.setenv(name, valid.split(", ")[-1])
     assert default_resources()  # every valid value is accepted
 
+
+def test_the_sensor_without_a_checkpoints_directory_skips_saying_what_to_set(monkeypatch):
+    monkeypatch.delenv("LEGATO_CHECKPOINTS", raising=False)
+    monkeypatch.delenv("LEGATO_CHECKPOINT_SOURCE", raising=False)
+    resources = default_resources()
+    with dg.instance_for_test() as instance:
+        for _ in range(2):  # every tick, not only the first
+            context = dg.build_sensor_context(
+                instance=instance,
+                resources={"checkpoints": resources["checkpoints"], "policy": resources["policy"]},
+            )
+            result = checkpoint_sensor(context)
+            assert isinstance(result, dg.SkipReason)
+            assert "fix: set LEGATO_CHECKPOINTS" in result.skip_message
+            assert "LEGATO_CHECKPOINT_SOURCE=models" in result.skip_message

@@ -67,8 +67,9 @@ class CheckpointSourceResource(dg.ConfigurableResource):
         """Every version currently visible, oldest first.
 
         Raises ``FileNotFoundError`` when the directory does not exist, ``ValueError`` when
-        the ``models`` source has no policy resource, ``httpx.HTTPError`` when the server
-        cannot be listed."""
+        the ``directory`` source has no directory or the ``models`` source no policy resource
+        (``ConfigError``, a ``ValueError``, for a name that cannot be a partition key),
+        ``httpx.HTTPError`` when the server cannot be listed."""
         if self.source == "models":
             if policy is None:
                 raise ValueError(
@@ -82,7 +83,9 @@ class CheckpointSourceResource(dg.ConfigurableResource):
             ]
         if not self.directory:
             raise ValueError(
-                "checkpoint source 'directory' needs a directory (fix: set LEGATO_CHECKPOINTS)"
+                "checkpoint source 'directory' needs a directory (fix: set LEGATO_CHECKPOINTS to "
+                "the trainer's checkpoints directory, or LEGATO_CHECKPOINT_SOURCE=models to watch "
+                "the policy server's /v1/models)"
             )
         pattern = self.pattern or "step-*"
         found = []

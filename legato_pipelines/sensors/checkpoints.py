@@ -47,6 +47,8 @@ def checkpoint_sensor(
         found = checkpoints.discover(policy)
     except FileNotFoundError:
         return dg.SkipReason(f"checkpoints directory {checkpoints.directory!r} does not exist yet")
+    except ValueError as exc:  # not configured (no LEGATO_CHECKPOINTS): say so on every tick
+        return dg.SkipReason(str(exc))
     new = [c for c in found if c.version not in seen][:MAX_PER_TICK]
     if not new:
         return dg.SkipReason(f"no new policy version ({len(found)} known)")
