@@ -56,6 +56,39 @@ def test_bad_sql_and_missing_lake_are_clear_errors(tmp_path):
     )
     assert out.exit_code == 2 and "nope" in " ".join(out.output.split())
     out = runner.invoke(app, ["lake", "query", "SELECT 1", "--lake", str(tmp_path / "empty")])
-    assert out.exit_code == 2 and "does not exist yet" in " ".join(out.output.split())  # rich may wrap
+    assert out.exit_code == 2 and "does not exist yet" in " ".join(
+        out.output.split()
+    )  # rich may wrap
     out = runner.invoke(app, ["lake", "views", "--lake", str(lake.root)])
     assert out.exit_code == 0 and "step-5" in out.output and "legato.duckdb" in out.output
+
+
+def test_the_default_lake_is_the_one_legato_demo_writes_not_the_current_directory(
+    tmp_path, monkeypatch
+):
+    from legato_pipelines.cli.demo import default_lake
+
+    home = tmp_path / "instance"
+    lake = Lake(home / "lake")
+    lineage = Lineage("step-5", "t", "r")
+    run = write_run_dir(tmp_path / "run", version="step-5")
+    lake.write("rollouts", "step-5", rollouts_table(run["records"], lineage))
+    lake.refresh_views()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.delenv("LEGATO_LAKE", raising=False)
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    assert default_lake() == lake.root  # the demo's lake: <instance>/lake
+    runner = CliRunner()
+    out = runner.invoke(app, ["lake", "query", "SELECT count(*) AS n FROM rollouts", "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output) == {"n": len(run["records"])}
+    out = runner.invoke(app, ["lake", "views"])
+    assert out.exit_code == 0 and f"lake:   {lake.root}" in out.output
+    assert not (elsewhere / "lake").exists()
+    monkeypatch.setenv("LEGATO_LAKE", str(tmp_path / "other"))  # the variable still wins
+    out = runner.invoke(app, ["lake", "views"])
+    assert f"lake:   {tmp_path / 'other'}" in out.output
+    help_text = " ".join(runner.invoke(app, ["lake", "query", "--help"]).output.split())
+    assert "$LEGATO_LAKE, else the lake legato demo writes" in help_text

@@ -45,8 +45,9 @@ def repo_root() -> Path | None:
     )
 
 
-def dagster_home(home: Path | None) -> Path:
-    """Where the Dagster instance lives (see the module doc for the order)."""
+def instance_dir(home: Path | None = None) -> Path:
+    """Where the Dagster instance is (see the module doc for the order), absolute; nothing is
+    created."""
     if home is not None:
         chosen = home
     elif os.environ.get("DAGSTER_HOME"):
@@ -55,7 +56,19 @@ def dagster_home(home: Path | None) -> Path:
         chosen = root
     else:
         chosen = Path.cwd() / ".dagster_home"
-    chosen = chosen.expanduser().resolve()
+    return chosen.expanduser().resolve()
+
+
+def default_lake(home: Path | None = None) -> Path:
+    """The demo's lake root: ``$LEGATO_LAKE``, else ``<instance dir>/lake`` (also where
+    ``legato lake`` looks by default)."""
+    return Path(os.environ.get("LEGATO_LAKE") or instance_dir(home) / "lake").expanduser().resolve()
+
+
+def dagster_home(home: Path | None) -> Path:
+    """Where the Dagster instance lives (:func:`instance_dir`), created with a minimal
+    ``dagster.yaml`` if it has none."""
+    chosen = instance_dir(home)
     chosen.mkdir(parents=True, exist_ok=True)
     if not (chosen / "dagster.yaml").exists():
         (chosen / "dagster.yaml").write_text(MINIMAL_DAGSTER_YAML)
@@ -98,9 +111,7 @@ def demo_command(
         desktops=desktops,
     )
     home_dir = dagster_home(home)
-    lake_root = (
-        (lake or Path(os.environ.get("LEGATO_LAKE") or home_dir / "lake")).expanduser().resolve()
-    )
+    lake_root = lake.expanduser().resolve() if lake else default_lake(home_dir)
     os.environ["DAGSTER_HOME"] = str(home_dir)
 
     with ScriptedPolicyServer(flavor="vllm") as server:

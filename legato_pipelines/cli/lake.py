@@ -1,14 +1,16 @@
 """``legato lake query SQL``, ``legato lake views``: the DuckDB read layer from the shell.
 
-The lake root is ``--lake``, else ``$LEGATO_LAKE``, else ``./lake`` (the code location's
-default). The DuckDB file is opened read-only, so queries run while partitions materialize.
+The lake root is ``--lake``, else ``$LEGATO_LAKE``, else the lake ``legato demo`` writes:
+``<instance dir>/lake``, the instance being ``$DAGSTER_HOME``, else the repository root of a
+source checkout, else ``./.dagster_home`` (:func:`legato_pipelines.cli.demo.default_lake`),
+whatever the current directory. The DuckDB file is opened read-only, so queries run while
+partitions materialize.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Annotated
 
 import duckdb
@@ -25,14 +27,21 @@ app.add_typer(lake_app, name="lake")
 
 
 LakeOption = Annotated[
-    Path | None, typer.Option("--lake", help="Lake root; default $LEGATO_LAKE or ./lake.")
+    str | None,
+    typer.Option(
+        "--lake",
+        help="Lake root (directory or s3:// URL); default $LEGATO_LAKE, else the lake legato demo "
+        "writes: <instance>/lake, the instance being $DAGSTER_HOME, else the repository root, "
+        "else ./.dagster_home.",
+    ),
 ]
 
 
-def _lake(root: Path | None):
+def _lake(root: str | None):
     from ..store.lake import Lake
+    from .demo import default_lake
 
-    return Lake(root or os.environ.get("LEGATO_LAKE") or Path.cwd() / "lake")
+    return Lake(root or os.environ.get("LEGATO_LAKE") or default_lake())
 
 
 @lake_app.command("query")
