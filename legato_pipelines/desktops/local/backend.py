@@ -128,6 +128,7 @@ class ServerProcess:
             str(self.height),
             "--state-dir",
             str(self.state_dir),
+            "--remove-state",
             "--token-env",
             DEFAULT_TOKEN_ENV,
         ]

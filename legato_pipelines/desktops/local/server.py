@@ -612,6 +612,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="per-desktop state directory (default: a new temp dir)",
     )
     parser.add_argument(
+        "--remove-state",
+        action="store_true",
+        help="remove --state-dir at exit (a parent that is killed cannot clean it up)",
+    )
+    parser.add_argument(
         "--user", default="legato-desktop", help="desktop user when started as root"
     )
     parser.add_argument(
@@ -653,7 +658,7 @@ def main(argv: list[str] | None = None) -> None:
         template=args.template,
         prebuild=tuple(args.prebuild),
     )
-    server = DesktopServer(session, remove_state=own_state)
+    server = DesktopServer(session, remove_state=own_state or args.remove_state)
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so (else Nagle +
     # delayed ACK add ~40 ms to every response).
     sock = socket.socket(
