@@ -126,7 +126,17 @@ def load_tasks(source: str | Path | list, *, osworld: str | Path | None = None) 
     return TaskSet(tuple(tasks), task_set_id(tasks), path)
 
 
+# Keys of one task entry or task config: an object with them is not an OSWorld index.
+TASK_ENTRY_KEYS = frozenset({"task_id", "instruction", "evaluator"})
+
+
 def _index_to_entries(index: dict, path: str | None) -> list[dict]:
+    if TASK_ENTRY_KEYS & set(index):
+        raise TaskListError(
+            f"tasks: {path or 'the task list'} is a single JSON object that looks like one task "
+            f"(keys {', '.join(sorted(TASK_ENTRY_KEYS & set(index)))}); it must be a list of task "
+            "entries, or an OSWorld index {domain: [ids]} (fix: wrap the entry in [...])"
+        )
     entries = []
     for domain, ids in index.items():
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
@@ -192,6 +202,30 @@ def _resolve(index: int, entry: Any, root: Path | None) -> Task:
     return Task(task_id=task_id, domain=domain, config=config, source=source)
 
 
+def fake_config_problem(config: dict[str, Any]) -> str | None:
+    """Why ``config["fake"]`` is invalid for the fake backend, or ``None`` when it is fine.
+
+    ``fake`` is optional; when given it is an object whose ``success`` (default 0.5) is the
+    probability of reward 1, a number in [0, 1] (see :mod:`legato_pipelines.desktops.fake`).
+    """
+    fake = config.get("fake")
+    if fake is None:
+        return None
+    if not isinstance(fake, dict):
+        return 'field \'config.fake\' must be an object {"success": P} (fix: e.g. {"success": 0.5})'
+    success = fake.get("success", 0.5)
+    if (
+        isinstance(success, bool)
+        or not isinstance(success, int | float)
+        or not 0.0 <= success <= 1.0  # also rejects NaN
+    ):
+        return (
+            "field 'config.fake.success' must be a probability (a number in [0, 1]), "
+            f"got {success!r} (fix: e.g. 0.5)"
+        )
+    return None
+
+
 def _validate_config(where: str, config: dict) -> None:
     instruction = config.get("instruction")
     if not isinstance(instruction, str) or not instruction.strip():
@@ -218,3 +252,5 @@ def _validate_config(where: str, config: dict) -> None:
             raise TaskListError(
                 f"{where}: field 'config.evaluator.func' must be a metric name or a list of them"
             )
+    if (problem := fake_config_problem(config)) is not None:
+        raise TaskListError(f"{where}: {problem}")
