@@ -71,3 +71,78 @@ def test_bad_task_list_names_the_field(tmp_path):
     assert "config.config[0].type" in proc.stderr and proc.stdout == ""
     missing = legato(str(tmp_path / "nope.json"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def write(tmp_path: Path, name: str, value) -> Path:
+    path = tmp_path / name
+    path.write_bytes(orjson.dumps(value))
+    return path
+
+
+GETTER = {"type": "vm_command_line", "command": "cat ~/a.txt"}
+RULES = {"type": "rule", "rules": {"include": ["a"], "exclude": []}}
+TYPO = {
+    "task_id": "typo",
+    "config": {
+        "instruction": "x",
+        "config": [{"type": "launch", "parameters": {"comand": ["xterm"]}}],
+        "evaluator": {"func": "check_include_exclud", "result": GETTER, "expected": RULES},
+    },
+}
+NO_RESULT = {
+    "task_id": "nores",
+    "config": {
+        "instruction": "x",
+        "evaluator": {"func": "check_include_exclude", "expected": RULES},
+    },
+}
+FAKE_ONLY = {"task_id": "fake-only", "config": {"instruction": "x", "fake": {"success": 0.4}}}
+
+
+def test_problems_are_listed_and_decide_the_exit_status(tmp_path):
+    typo = write(tmp_path, "typo.json", [TYPO, FAKE_ONLY])
+    proc = legato(str(typo), "--json")
+    # the typo blocks only the local runtime; OSWorld's evaluators may know the name
+    assert proc.returncode == 0, proc.stderr
+    doc = orjson.loads(proc.stdout)
+    by_id = {t["task_id"]: t for t in doc["tasks"]}
+    assert by_id["typo"]["backends"] == ["osworld", "fake"]
+    assert by_id["typo"]["apps"] == []  # not "None": the launch step has no command
+    assert by_id["fake-only"]["backends"] == ["fake"]  # no evaluator: not runnable on osworld
+    local = doc["problems"]["local"]
+    assert any(
+        p.startswith("tasks[0] (task_id 'typo'): ") and "did you mean check_include_exclude?" in p
+        for p in local
+    )
+    assert any("'comand'" in p and "parameters.command" in p for p in local)
+    assert doc["not_runnable"]["osworld"] == ["fake-only"] and doc["ok"]
+
+    strict = legato(str(typo), "--backend", "local")
+    assert strict.returncode == 1
+    assert "2 of 2 task(s) cannot run on the local backend" in strict.stderr
+    assert "did you mean check_include_exclude?" in strict.stdout  # table view lists problems
+    assert "app None" not in strict.stdout
+    assert legato(str(typo), "--backend", "fake", "--totals-only").returncode == 0
+    osworld = legato(str(typo), "--backend", "osworld", "--json")
+    assert osworld.returncode == 1
+    assert list(orjson.loads(osworld.stdout)["problems"]) == ["osworld"]
+
+
+def test_an_evaluator_without_result_is_runnable_nowhere(tmp_path):
+    proc = legato(str(write(tmp_path, "nores.json", [NO_RESULT])), "--json")
+    assert proc.returncode == 1
+    assert "can run on no backend" in proc.stderr and "nores" in proc.stderr
+    (task,) = orjson.loads(proc.stdout)["tasks"]
+    assert task["backends"] == ["fake"] and not task["evaluator_supported_locally"]
+    assert any("config.evaluator.result" in p for p in task["problems"]["osworld"])
+
+
+def test_bad_shapes_are_rejected_at_load(tmp_path):
+    single = legato(str(write(tmp_path, "one.json", TYPO)))
+    assert single.returncode == 2 and single.stdout == ""
+    assert "must be a list of task entries, or an OSWorld index {domain: [ids]}" in single.stderr
+    fake = {"task_id": "f", "config": {"instruction": "x", "fake": {"success": 2}}}
+    proc = legato(str(write(tmp_path, "fake.json", [fake])))
+    assert proc.returncode == 2
+    assert "tasks[0] (task_id 'f'): field 'config.fake.success'" in proc.stderr
+    assert "[0, 1]" in proc.stderr

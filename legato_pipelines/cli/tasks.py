@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import orjson
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..errors import TaskListError
 from ..osworld_format import BackendSupport, TaskClass, classify_task, summarize
+from ..osworld_format.classify import BACKENDS
 from ..tasks import load_tasks
 from . import app
 from .console import console as _out
+from .console import err as _err
 from .console import fail
 
 tasks_app = typer.Typer(
@@ -23,6 +27,15 @@ app.add_typer(tasks_app, name="tasks")
 
 
 OSWORLD_INDEX = "test_all.json"
+PROBLEMS_SHOWN = 20  # per backend in the table view when no --backend is given (--json: all)
+
+
+class Backend(StrEnum):
+    """A backend ``legato tasks check --backend`` checks tasks for."""
+
+    local = "local"
+    osworld = "osworld"
+    fake = "fake"
 
 
 def _resolve_tasks_path(tasks: Path | None, osworld: Path | None) -> Path:
@@ -46,19 +59,30 @@ def _resolve_tasks_path(tasks: Path | None, osworld: Path | None) -> Path:
     )
 
 
+def _meant_for(config: dict) -> tuple[str, ...]:
+    """The backends a task is written for: a real desktop (``local``/``osworld``: it has an
+    evaluator to grade it), plus ``fake`` when it carries a ``fake`` block. The fake backend
+    ignores evaluators, so "runs on fake" alone does not make a task with a broken one usable."""
+    return ("local", "osworld", "fake") if "fake" in config else ("local", "osworld")
+
+
 def _yes(value: bool) -> str:
     return "[green]yes[/]" if value else "[red]no[/]"
 
 
-def _table(classes: list[TaskClass]) -> Table:
+def _table(classes: list[TaskClass], checked: tuple[str, ...]) -> Table:
     table = Table(title="tasks", header_style="bold")
     table.add_column("task", overflow="fold")
     table.add_column("domain", overflow="fold")
     for name in ("run on", "reset", "net", "eval"):
         table.add_column(name, no_wrap=True)
     table.add_column("apps", overflow="fold")
+    table.add_column("problems", no_wrap=True)
     table.add_column("local blockers", overflow="fold", ratio=1)
     for c in classes:
+        counts = [
+            f"{b[0].upper()}{len(c.problems.get(b, []))}" for b in checked if c.problems.get(b)
+        ]
         table.add_row(
             c.task_id if len(c.task_id) <= 24 else c.task_id[:8],
             c.domain or "-",
@@ -68,10 +92,14 @@ def _table(classes: list[TaskClass]) -> Table:
             "fast" if c.fast_reset_eligible else "[yellow]revert[/]",
             f"[yellow]yes[/] {len(c.internet_urls)}" if c.needs_internet else "no",
             _yes(c.evaluator_supported_locally),
-            ",".join(c.apps) or "-",
-            "; ".join(c.local_blockers[:3]) + (" ..." if len(c.local_blockers) > 3 else ""),
+            escape(",".join(c.apps) or "-"),
+            f"[red]{' '.join(counts)}[/]" if counts else "-",
+            escape("; ".join(c.local_blockers[:3]) + (" ..." if len(c.local_blockers) > 3 else "")),
         )
-    table.caption = "run on: L local, O osworld, F fake; net: needs the internet (URLs); eval: evaluator runs locally"
+    table.caption = (
+        "run on: L local, O osworld, F fake; net: needs the internet (URLs); eval: evaluator "
+        "runs locally; problems: how many make the task unrunnable per backend (listed below)"
+    )
     return table
 
 
@@ -112,15 +140,30 @@ def check_command(
             help="Local file cache: URLs found there do not count as needing the internet.",
         ),
     ] = None,
+    backend: Annotated[
+        Backend | None,
+        typer.Option(
+            "--backend",
+            help="Check for this backend only: list its problems and exit 1 if any task cannot "
+            "run on it. Default: list the problems of every backend; exit 1 only if some task "
+            "runs on none of the backends it is written for (local or osworld; fake too when "
+            "the task has a 'fake' block).",
+        ),
+    ] = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print one JSON object (tasks + totals).")
+        bool, typer.Option("--json", help="Print one JSON object (tasks + problems + totals).")
     ] = False,
     totals_only: Annotated[
         bool, typer.Option("--totals-only", help="Print only the totals table.")
     ] = False,
 ) -> None:
     """Validate TASKS (every entry, before anything runs) and classify each task: setup step
-    types, internet needs, apps, fast-reset eligibility, local evaluator support, backends."""
+    types, internet needs, apps, fast-reset eligibility, local evaluator support, backends, and
+    the problems that make it unrunnable on a backend (misspelled metric/getter/step names,
+    missing evaluator parts or step parameters, internet-only downloads).
+
+    Exit status: 0 when every task can run; 1 when some task cannot run on the backend given with --backend, or (no --backend) on any backend it is written for: a real desktop (local or osworld), or fake for a task with a 'fake' block (the fake backend never grades, so running there alone does not count); 2 when the task list itself is bad (nothing classified).
+    """
     try:
         path = _resolve_tasks_path(tasks, osworld)
         task_set = load_tasks(path, osworld=osworld)
@@ -129,18 +172,72 @@ def check_command(
     support = BackendSupport(cache_dir=cache_dir)
     classes = [classify_task(task, backend_support=support) for task in task_set]
     totals = summarize(classes)
+    checked: tuple[str, ...] = (backend.value,) if backend else BACKENDS
+    problems = {
+        name: [
+            f"tasks[{index}] (task_id {c.task_id!r}): {problem}"
+            for index, c in enumerate(classes)
+            for problem in c.problems.get(name, [])
+        ]
+        for name in checked
+    }
+    not_runnable = {
+        name: [c.task_id for c in classes if name not in c.backends] for name in checked
+    }
+    if backend:
+        failing = [c for c in classes if backend.value not in c.backends]
+    else:
+        failing = [
+            c
+            for task, c in zip(task_set, classes, strict=True)
+            if not set(c.backends) & set(_meant_for(task.config))
+        ]
     if as_json:
         doc = {
             "path": str(path),
             "task_set": task_set.task_set,
+            "backends_checked": list(checked),
+            "ok": not failing,
+            "problems": problems,
+            "not_runnable": not_runnable,
             "tasks": [c.model_dump() for c in classes],
             "totals": totals.model_dump(),
         }
         typer.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
-        return
-    if not totals_only:
-        _out.print(_table(classes))
-    _out.print(_totals_table(totals))
-    _out.print(
-        f"[dim]{path}: {len(task_set)} tasks, task set {task_set.task_set}[/]", highlight=False
-    )
+    else:
+        if not totals_only:
+            _out.print(_table(classes, checked))
+            limit = None if backend else PROBLEMS_SHOWN
+            for name, lines in problems.items():
+                if not lines:
+                    continue
+                _out.print(f"[bold]problems on {name}[/] ({len(lines)}):")
+                for line in lines[:limit]:
+                    _out.print(f"  {escape(line)}", highlight=False)
+                if limit is not None and len(lines) > limit:
+                    _out.print(
+                        f"  [dim]... {len(lines) - limit} more (--backend {name} or --json lists all)[/]"
+                    )
+        _out.print(_totals_table(totals))
+        _out.print(
+            f"[dim]{escape(str(path))}: {len(task_set)} tasks, task set {task_set.task_set}[/]",
+            highlight=False,
+        )
+        if not backend and any(not_runnable.values()):
+            counts = ", ".join(f"{name} {len(ids)}" for name, ids in not_runnable.items() if ids)
+            _out.print(
+                f"[dim]tasks not runnable per backend: {counts} (--backend NAME fails on them)[/]",
+                highlight=False,
+            )
+    if failing:
+        if backend:
+            what = f"cannot run on the {backend.value} backend"
+        else:
+            what = "can run on no backend they are written for (local/osworld, fake with a 'fake' block)"
+        ids = ", ".join(c.task_id for c in failing[:5]) + (" ..." if len(failing) > 5 else "")
+        _err.print(
+            f"[bold red]error:[/] {len(failing)} of {len(classes)} task(s) {what}: {escape(ids)} "
+            "(the problems above name the field and the fix)",
+            highlight=False,
+        )
+        raise typer.Exit(1)

@@ -5,6 +5,8 @@ Nothing here touches a desktop. :func:`classify_task` reads the task's setup ste
 it needs the internet (and which URLs), whether it changes state outside ``/home/user`` (so a
 fast reset cannot undo it: OSWORLD.md §6), whether its evaluator runs locally, and which
 backends (``local`` / ``osworld`` / ``fake``) can run it. ``legato tasks check`` prints it.
+:func:`preflight` lists, per backend, the problems that make tasks unrunnable there (a task
+with such problems is not in its class's ``backends``); the engine calls it before any desktop.
 
 The outside-HOME verdict is the union of the explicit task list of OSWORLD.md §6 and command
 heuristics (``sudo``, ``apt``/``dpkg``, system ``pip install``, ``/tmp``, ``gsettings``/``dconf``,
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import math
 import re
 import shlex
 from collections import Counter
@@ -26,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..tasks import Task
+from ..tasks import Task, fake_config_problem
 from .evaluate import evaluator_parts, evaluator_unsupported
 from .getters import GETTERS
 from .metrics import METRICS
@@ -175,12 +176,19 @@ class TaskClass(BaseModel):
     )
     evaluator_funcs: list[str]
     getter_types: list[str]
-    evaluator_supported_locally: bool
+    evaluator_supported_locally: bool = Field(
+        description="every metric/getter/rule has a local implementation and the evaluator is "
+        "well-formed (a result for each metric, parallel lists of one length)"
+    )
     unsupported_evaluator_parts: list[str] = Field(
         description="metrics/getters/rules with no local implementation"
     )
     local_blockers: list[str] = Field(
         description="why the local backend cannot run it (empty: it can)"
+    )
+    problems: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="per backend, what makes the task unrunnable there (see preflight)",
     )
     backends: list[BackendName]
 
@@ -223,6 +231,8 @@ def _first_program(command: Any) -> str | None:
 
 
 def _apps_of_command(command: Any) -> list[str]:
+    if command in (None, "", []):
+        return []  # a launch step without a command: preflight names the missing parameter
     program = _first_program(command)
     if not program or program in HELPER_COMMANDS:
         return []
@@ -379,12 +389,19 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     if any("pyautogui" in text for text in commands):
         local_blockers.append("pyautogui commands on the desktop")
     local_blockers += [f"evaluator: {part}" for part in unsupported_eval]
+    problems = {name: task_problems(task, name, cache_dir=support.cache_dir) for name in BACKENDS}
+    # structure only (no result, mismatched lists): the local runtime cannot grade it either
+    evaluator_broken = _evaluator_problems(task, "osworld", support.cache_dir)
     backends: list[BackendName] = []
-    if not local_blockers:
+    if not local_blockers and not problems["local"]:
         backends.append("local")
-    if all(t in OSWORLD_STEP_TYPES for t in setup_types + postconfig_types):
+    if (
+        all(t in OSWORLD_STEP_TYPES for t in setup_types + postconfig_types)
+        and not problems["osworld"]
+    ):
         backends.append("osworld")
-    backends.append("fake")
+    if not problems["fake"]:
+        backends.append("fake")
 
     return TaskClass(
         task_id=task.task_id,
@@ -401,9 +418,10 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
         fast_reset_eligible=not outside,
         evaluator_funcs=funcs,
         getter_types=getter_types,
-        evaluator_supported_locally=not unsupported_eval,
+        evaluator_supported_locally=not unsupported_eval and not evaluator_broken,
         unsupported_evaluator_parts=unsupported_eval,
         local_blockers=local_blockers,
+        problems=problems,
         backends=backends,
     )
 
@@ -663,25 +681,8 @@ def _evaluator_problems(task: Task, backend: str, cache_dir: Path | None) -> lis
 
 
 def _fake_problems(task: Task) -> list[str]:
-    fake = task.config.get("fake")
-    if fake is None:
-        return []
-    if not isinstance(fake, dict):
-        return [
-            'field \'config.fake\' must be an object {"success": P} (fix: e.g. {"success": 0.5})'
-        ]
-    success = fake.get("success", 0.5)
-    if (
-        isinstance(success, bool)
-        or not isinstance(success, int | float)
-        or math.isnan(success)
-        or not 0.0 <= success <= 1.0
-    ):
-        return [
-            f"field 'config.fake.success' must be a probability (a number in [0, 1]), got "
-            f"{success!r} (fix: e.g. 0.5)"
-        ]
-    return []
+    problem = fake_config_problem(task.config)
+    return [problem] if problem else []
 
 
 def task_problems(task: Task, backend: str, *, cache_dir: Path | None = None) -> list[str]:
