@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import orjson
 import pytest
 
@@ -15,12 +13,7 @@ from legato_pipelines.osworld_format import (
 )
 from legato_pipelines.osworld_format.classify import KNOWN_OUTSIDE_HOME
 from legato_pipelines.tasks import Task, load_tasks
-
-OSWORLD = Path("/work/shared/data/osworld")
-LOCAL_SUITE = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "local" / "tasks.json"
-needs_osworld = pytest.mark.skipif(
-    not (OSWORLD / "test_all.json").is_file(), reason="OSWorld task configs not present"
-)
+from tests.osworld_data import LOCAL_SUITE, OSWORLD, needs_osworld
 
 
 @pytest.fixture(scope="module")

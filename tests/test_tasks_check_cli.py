@@ -7,11 +7,10 @@ import sys
 from pathlib import Path
 
 import orjson
-import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-LOCAL_SUITE = ROOT / "examples" / "tasks" / "local" / "tasks.json"
-OSWORLD = Path("/work/shared/data/osworld")
+from tests.osworld_data import LOCAL_SUITE, OSWORLD, REPO_ROOT, needs_osworld
+
+ROOT = REPO_ROOT
 
 
 def legato(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -34,9 +33,7 @@ def test_json_over_the_local_suite():
     assert len(doc["task_set"]) == 16
 
 
-@pytest.mark.skipif(
-    not (OSWORLD / "test_all.json").is_file(), reason="OSWorld task configs not present"
-)
+@needs_osworld
 def test_osworld_dir_defaults_to_test_all(tmp_path):
     proc = legato("--osworld", str(OSWORLD), "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
