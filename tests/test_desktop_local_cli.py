@@ -8,7 +8,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -111,6 +113,8 @@ def test_generated_token_goes_to_a_private_file_and_servers_die_with_the_cli(tmp
     port = free_port_pair()
     token_file = tmp_path / "desktop.token"
     env = {k: v for k, v in os.environ.items() if k != DEFAULT_TOKEN_ENV}
+    state_dirs = lambda: set(Path(tempfile.gettempdir()).glob("legato-desktop-*"))  # noqa: E731
+    before = state_dirs()
     proc = start_cli(port, env, "--token-file", str(token_file))
     try:
         deadline = time.monotonic() + 30
@@ -125,6 +129,10 @@ def test_generated_token_goes_to_a_private_file_and_servers_die_with_the_cli(tmp
         out, err = proc.communicate(timeout=10)
         assert token not in out + err and re.search(str(token_file), err.replace("\n", ""))
         assert wait_gone(pids)
+        deadline = time.monotonic() + 10
+        while state_dirs() - before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not state_dirs() - before  # the servers removed their state directories
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
