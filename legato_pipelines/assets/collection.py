@@ -10,6 +10,7 @@ import dagster as dg
 
 from .. import collect, load_tasks
 from ..resources import DesktopPoolResource, LakeResource, PolicyResource
+from .advice import in_dagster
 from .config import CollectConfig
 from .metadata import counts_markdown, number
 from .partitions import policy_versions
@@ -36,10 +37,12 @@ def rollout_batch(
 ) -> dg.MaterializeResult:
     """Collect ``config.group`` attempts per task of ``config.tasks`` with the policy at version
     ``partition_key``. Raises the engine's ``ConfigError``/``PolicyConfigError`` (bad task list,
-    wrong URL or model) before any desktop starts."""
+    wrong URL or model, no LEGATO_POLICY_URL) before any desktop starts; every engine error's
+    message also names the Dagster setting to change (:mod:`.advice`)."""
     version = context.partition_key
-    task_set = load_tasks(config.tasks, osworld=desktops.osworld)
-    policy_config = policy.config(version, model=config.model)
+    with in_dagster("policy"):
+        task_set = load_tasks(config.tasks, osworld=desktops.osworld)
+        policy_config = policy.config(version, model=config.model)
     store = lake.lake
     run_dir = store.pull_run(version)  # a URL lake: its copy, to resume on any worker host
     seen = 0
@@ -57,7 +60,7 @@ def rollout_batch(
         f"at version {version} on {desktops.count()} {desktops.backend} desktops into {run_dir}"
     )
     try:
-        with policy.credentials():
+        with in_dagster("collect"), policy.credentials():
             summary = collect(
                 task_set,
                 policy_config,

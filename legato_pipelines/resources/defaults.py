@@ -3,7 +3,7 @@
 =========================  =====================================================  ==========
 variable                   sets                                                   default
 =========================  =====================================================  ==========
-LEGATO_POLICY_URL          ``policy.base_url``                                    http://127.0.0.1:8000
+LEGATO_POLICY_URL          ``policy.base_url``                                    none: required
 LEGATO_POLICY_MODEL        ``policy.model``                                       scripted-qwen
 LEGATO_POLICY_KEY          ``policy.api_key`` (secret: ``EnvVar``, never shown)   none
 LEGATO_BACKEND             ``desktops.backend``                                   fake
@@ -19,7 +19,10 @@ LEGATO_CHECKPOINT_READY    ``checkpoints.ready_marker``                         
 =========================  =====================================================  ==========
 
 String and integer settings that are set become ``EnvVar`` references (resolved when a run
-starts, shown as the variable's name in the UI); unset ones take the default. The task list
+starts, shown as the variable's name in the UI); unset ones take the default. The code
+location loads without LEGATO_POLICY_URL (the UI, ``dg check defs``), but a run started without
+it fails at once with an error naming the variable (``PolicyResource.api_base``): there is no
+server a run could assume. The task list
 (``LEGATO_TASKS``) is run config: see :class:`~legato_pipelines.assets.config.CollectConfig`.
 """
 
@@ -39,7 +42,6 @@ from .desktops import DesktopPoolResource
 from .lake import LakeResource
 from .policy import PolicyResource
 
-DEFAULT_POLICY_URL = "http://127.0.0.1:8000"
 DEFAULT_POLICY_MODEL = "scripted-qwen"
 
 
@@ -85,7 +87,7 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:
     """``policy``, ``desktops``, ``lake`` and ``checkpoints`` from the environment (table above)."""
     return {
         "policy": PolicyResource(
-            base_url=_env("LEGATO_POLICY_URL", DEFAULT_POLICY_URL),
+            base_url=_env("LEGATO_POLICY_URL", None),
             model=_env("LEGATO_POLICY_MODEL", DEFAULT_POLICY_MODEL),
             api_key=dg.EnvVar(API_KEY_ENV) if os.environ.get(API_KEY_ENV) else None,
         ),

@@ -18,20 +18,24 @@ import dagster as dg
 import httpx
 from pydantic import Field
 
+from ..errors import ConfigError
 from ..policy.config import API_KEY_ENV, PolicyConfig
 
 
 class PolicyResource(dg.ConfigurableResource):
     """Where the policy is served.
 
-    Fields: ``base_url`` (server root, ``http://HOST:PORT`` or ``.../v1``), ``model`` (the
+    Fields: ``base_url`` (server root, ``http://HOST:PORT`` or ``.../v1``; no default: a
+    deployment names its server, so a run never calls a port that happens to be free), ``model`` (the
     ``/v1/models`` id), ``api_key`` (secret: ``EnvVar`` only), sampling (``temperature``,
     ``top_p``, ``max_tokens`` [tokens]) and ``extra_body`` (server-specific request fields).
     The policy *version* is not a field: it is the partition key of the run.
     """
 
-    base_url: str = Field(
-        description="Policy server root, e.g. http://127.0.0.1:8000 (LEGATO_POLICY_URL)."
+    base_url: str | None = Field(
+        default=None,
+        description="Policy server root, e.g. http://127.0.0.1:8000 (LEGATO_POLICY_URL); "
+        "required: a run without it fails at once, naming the variable.",
     )
     model: str = Field(
         description="Served model id, as listed by /v1/models (LEGATO_POLICY_MODEL)."
@@ -54,10 +58,11 @@ class PolicyResource(dg.ConfigurableResource):
         """The engine's :class:`PolicyConfig` for one policy version (the partition key).
 
         ``model`` overrides the resource's model (the checkpoint sensor's ``models`` mode runs
-        a newly loaded adapter). Raises ``pydantic.ValidationError`` naming the bad field.
+        a newly loaded adapter). Raises ``ConfigError`` when ``base_url`` is not set,
+        ``pydantic.ValidationError`` naming any other bad field.
         """
         return PolicyConfig(
-            base_url=self.base_url,
+            base_url=self.api_base(),
             model=model or self.model,
             version=version,
             temperature=self.temperature,
@@ -65,6 +70,16 @@ class PolicyResource(dg.ConfigurableResource):
             max_tokens=self.max_tokens,
             extra_body=dict(self.extra_body),
         )
+
+    def api_base(self) -> str:
+        """``base_url``; raises ``ConfigError`` naming LEGATO_POLICY_URL when it is not set."""
+        if not self.base_url:
+            raise ConfigError(
+                "policy: no policy server configured (fix: set LEGATO_POLICY_URL to the "
+                "OpenAI-compatible server root, e.g. http://127.0.0.1:8000 for vLLM on this host, "
+                "and LEGATO_POLICY_MODEL to its model; or the policy resource's base_url)"
+            )
+        return self.base_url
 
     @contextmanager
     def credentials(self) -> Iterator[None]:
@@ -86,10 +101,10 @@ class PolicyResource(dg.ConfigurableResource):
     def list_models(self, timeout: float = 10.0) -> list[str]:
         """Model ids served at ``GET <base>/v1/models`` (one HTTP call, ``timeout`` seconds).
 
-        Raises ``httpx.HTTPError`` on a transport failure or an error status; the message
-        names the URL, never the key.
+        Raises ``ConfigError`` when ``base_url`` is not set, ``httpx.HTTPError`` on a
+        transport failure or an error status; the message names the URL, never the key.
         """
-        api_base = self.base_url.rstrip("/")
+        api_base = self.api_base().rstrip("/")
         api_base = api_base if api_base.endswith("/v1") else api_base + "/v1"
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         response = httpx.get(f"{api_base}/models", headers=headers, timeout=timeout)

@@ -1,0 +1,81 @@
+"""The engine's advice, translated for a Dagster run.
+
+The engine's error messages name ``legato collect`` flags ("fix --policy-url", "pass --tasks
+PATH"): right on the command line, no help in a Dagster run, where the same setting is an
+environment variable, a resource field or a run config field. :func:`dagster_advice` appends
+"(in Dagster: ...)" naming those; the engine's words stay as they are.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pydantic import ValidationError
+
+from ..errors import ConfigError, LegatoError
+from .config import CollectConfig
+
+RESOURCE_SETTINGS = {
+    "--policy-url": "LEGATO_POLICY_URL / the policy resource's base_url",
+    "--model": "LEGATO_POLICY_MODEL / the policy resource's model",
+    "--tasks": "LEGATO_TASKS / the rollout_batch run config's tasks",
+    "--osworld": "LEGATO_OSWORLD / the desktops resource's osworld",
+    "--backend": "LEGATO_BACKEND / the desktops resource's backend",
+    "--desktops": "LEGATO_DESKTOPS / the desktops resource's desktops",
+    "--desktop-option": "LEGATO_BACKEND_OPTIONS / the desktops resource's options",
+    "--osworld-python": 'LEGATO_BACKEND_OPTIONS {"osworld_python": PATH}',
+    "--osworld-provider": 'LEGATO_BACKEND_OPTIONS {"provider": NAME}',
+    "--out": "the partition's run directory <lake>/runs/policy_version=<key>: another "
+    "policy_version partition, or LEGATO_LAKE",
+}
+"""``legato collect`` flags that are resources (or the lake) in the code location."""
+
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]*[a-z]")
+
+
+def _setting(flag: str) -> str | None:
+    if flag in RESOURCE_SETTINGS:
+        return RESOURCE_SETTINGS[flag]
+    field = flag[2:].replace("-", "_")
+    if field == "no_ready_signal":
+        field = "ready_signal"
+    elif field == "no_fast_reset":
+        field = "fast_reset"
+    if field in CollectConfig.model_fields:
+        return f"the rollout_batch run config's {field}"
+    return None
+
+
+def dagster_advice(message: str) -> str:
+    """``message`` with "(in Dagster: <settings>)" appended for every ``legato collect`` flag it
+    names (in order, once each); unchanged when it names none, or names only flags of other
+    programs (e.g. a server's ``--limit-mm-per-prompt``)."""
+    settings = []
+    for flag in _FLAG.findall(message):
+        setting = _setting(flag)
+        if setting and setting not in settings:
+            settings.append(setting)
+    if not settings:
+        return message
+    return f"{message} (in Dagster: {'; '.join(settings)})"
+
+
+@contextmanager
+def in_dagster(what: str) -> Iterator[None]:
+    """Re-raise a :class:`~legato_pipelines.errors.LegatoError` from the block as the same
+    object (same class and attributes: a ``ConfigError`` stays one) with its message passed
+    through :func:`dagster_advice`; a ``pydantic.ValidationError`` (e.g. from the engine's
+    ``PolicyConfig``) becomes a ``ConfigError`` "<what>: <field>: <message>" the same way."""
+    try:
+        yield
+    except LegatoError as exc:
+        if exc.args and isinstance(exc.args[0], str):
+            exc.args = (dagster_advice(exc.args[0]), *exc.args[1:])
+        raise
+    except ValidationError as exc:
+        parts = [
+            f"{'.'.join(str(x) for x in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()
+        ]
+        raise ConfigError(dagster_advice(f"{what}: {'; '.join(parts)}")) from exc
