@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,6 +139,63 @@ class Processes:
         """Names whose process group still has a member."""
         return [n for n, p in self.procs if _group_alive(p.pid)]
 
+    def forget(self, proc: subprocess.Popen) -> None:
+        """Drop a process that has exited (e.g. before it could listen) from the list, so
+        ``stop(name)`` finds the one started again under the same name."""
+        proc.wait(10)
+        self.procs = [(n, p) for n, p in self.procs if p is not proc]
+
+    def start_listening(
+        self,
+        name: str,
+        argv: Callable[[int], list[str]],
+        *,
+        log: Path,
+        ready: str,
+        count: int = 1,
+        timeout: float = 60.0,
+        **kwargs,
+    ) -> tuple[subprocess.Popen, int]:
+        """Start ``argv(port)`` on ``count`` fresh consecutive ports and wait until its log
+        shows ``ready``; return the process and the first port.
+
+        A port found free can be taken by another process before the server binds it: when the
+        process exits saying so (:data:`PORT_TAKEN`), it is started again on new ports, up to
+        :data:`START_ATTEMPTS` times. Any other early exit, or no ``ready`` after ``timeout``
+        seconds, raises ``RuntimeError`` with the log's tail."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            port = free_ports(count)
+            offset = log.stat().st_size if log.exists() else 0
+            proc = self.start(name, argv(port), log=log, **kwargs)
+            deadline = time.monotonic() + timeout
+            while True:
+                text = _read_from(log, offset)
+                if ready in text:
+                    return proc, port
+                if proc.poll() is not None:
+                    if PORT_TAKEN in text and attempt < START_ATTEMPTS:
+                        self.forget(proc)
+                        break
+                    raise RuntimeError(f"{name} exited with {proc.returncode}: {text[-2000:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{name} not ready after {timeout:g} s: {text[-2000:]}")
+                time.sleep(0.1)
+        raise AssertionError("unreachable")
+
+
+PORT_TAKEN = "Address already in use"
+"""What a server (desktop server, redis, moto's werkzeug) says when its port was taken."""
+START_ATTEMPTS = 5
+
+
+def _read_from(log: Path, offset: int) -> str:
+    try:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
 
 def _group_alive(pgid: int) -> bool:
     try:
@@ -211,25 +269,23 @@ class Postgres:
             check=True,
             capture_output=True,
         )
-        opts = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.base} -c fsync=off"
-        subprocess.run(
-            self._as_owner(
-                [
-                    pg_tool("pg_ctl"),
-                    "-D",
-                    str(self.data),
-                    "-o",
-                    opts,
-                    "-l",
-                    str(self.log),
-                    "-w",
-                    "start",
-                ]
-            ),
-            check=True,
-            capture_output=True,
-        )
-        return self
+        for attempt in range(1, START_ATTEMPTS + 1):  # again on a new port if it was taken
+            offset = self.log.stat().st_size if self.log.exists() else 0
+            opts = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.base} -c fsync=off"
+            started = subprocess.run(
+                self._as_owner(
+                    [pg_tool("pg_ctl"), "-D", str(self.data), "-o", opts, "-l", str(self.log),
+                     "-w", "start"]
+                ),
+                capture_output=True,
+            )  # fmt: skip
+            if started.returncode == 0:
+                return self
+            text = _read_from(self.log, offset)
+            if PORT_TAKEN not in text or attempt == START_ATTEMPTS:
+                raise RuntimeError(f"postgres did not start: {started.stderr!r} {text[-2000:]}")
+            self.port = free_port()
+        raise AssertionError("unreachable")
 
     def create_db(self, name: str) -> None:
         import psycopg2
@@ -282,35 +338,52 @@ def tasks(n: int) -> list[dict]:
 
 
 class Host:
-    """``legato desktop serve --count N`` in its own process group: one stand-in host."""
+    """``legato desktop serve --count N`` in its own process group: one stand-in host.
+
+    Started on fresh ports, again on new ones when a server reports its port taken
+    (:meth:`Processes.start_listening`); ``urls`` are the ports it listens on."""
 
     def __init__(self, procs: Processes, name: str, count: int, token: str, log_dir: Path):
         self.name, self.count = name, count
-        self.port_start = free_ports(count)
         self.log = log_dir / f"{name}.log"
         env = dict(os.environ, **{DEFAULT_TOKEN_ENV: token})
         env.pop("LEGATO_POLICY_KEY", None)
-        self.proc = procs.start(
+        self.proc, self.port_start = procs.start_listening(
             name,
-            [
-                sys.executable, "-m", "legato_pipelines", "desktop", "serve",
-                "--count", str(count), "--host", "127.0.0.1",
-                "--port-start", str(self.port_start), "--width", "640", "--height", "480",
-            ],
+            lambda port: [
+                sys.executable,
+                "-m",
+                "legato_pipelines",
+                "desktop",
+                "serve",
+                "--count",
+                str(count),
+                "--host",
+                "127.0.0.1",
+                "--port-start",
+                str(port),
+                "--width",
+                "640",
+                "--height",
+                "480",
+            ],  # fmt: skip
             log=self.log,
+            ready=f"{count} local desktop(s)",  # the title of the table printed when all are up
+            count=count,
+            timeout=120,
             env=env,
-        )  # fmt: skip
+        )
         self.urls = [f"http://127.0.0.1:{self.port_start + i}" for i in range(count)]
 
     def wait_ready(self, timeout: float = 60.0) -> dict[str, int]:
-        """Block until the CLI printed its table; return {url: server pid}."""
+        """Block until the CLI printed its table of servers; return {url: server pid}."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited: {self.log.read_text()[-2000:]}")
             rows = dict(SERVE_ROW.findall(self.log.read_text(errors="replace")))
-            if len(rows) >= self.count:
-                return {u: int(p) for u, p in rows.items()}
+            if all(u in rows for u in self.urls):
+                return {u: int(rows[u]) for u in self.urls}
             time.sleep(0.2)
         raise RuntimeError(f"{self.name} not ready: {self.log.read_text()[-2000:]}")
 

@@ -128,14 +128,13 @@ def test_two_versions_collect_concurrently_on_two_workers(tmp_path, monkeypatch)
     try:
         pg.start()
         pg.create_db("legato")
-        redis_port = free_port()
-        redis = procs.start(
+        _, redis_port = procs.start_listening(
             "redis",
-            ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no"],
+            lambda port: ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save",
+                          "", "--appendonly", "no"],
             log=tmp_path / "logs" / "redis.log",
+            ready="Ready to accept connections",
         )  # fmt: skip
-        wait_port(redis_port, 20, redis)
         policy.start()
 
         token = secrets.token_urlsafe(16)
@@ -143,13 +142,12 @@ def test_two_versions_collect_concurrently_on_two_workers(tmp_path, monkeypatch)
         for h in desk:
             server_pids.update(h.wait_ready())
 
-        s3_port = free_port()
-        moto = procs.start(
+        _, s3_port = procs.start_listening(
             "s3",
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_port)],
+            lambda port: [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
             log=tmp_path / "logs" / "s3.log",
+            ready="Running on http://127.0.0.1:",
         )
-        wait_port(s3_port, 30, moto)
         aws = {
             "AWS_ACCESS_KEY_ID": "legato-test",
             "AWS_SECRET_ACCESS_KEY": "legato-test-secret",

@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import socket
 import time
 from collections import Counter
 from pathlib import Path
 
+import httpx
 import pytest
 
 from legato_pipelines import PolicyConfig, collect_async, export_steps, profile, read_records
@@ -223,3 +225,50 @@ async def test_pool_options_are_checked(monkeypatch, token):
     pool = DesktopPoolResource(backend="local", desktops=1, urls=urls)
     assert pool.count() == 3
     assert pool.config().options == {"urls": urls, "token_env": DEFAULT_TOKEN_ENV, "local": 1}
+
+
+def test_a_host_whose_port_is_taken_before_it_binds_starts_again_on_new_ports(
+    tmp_path, token, monkeypatch
+):
+    """The race of picking a free port and binding it later: another process takes the port in
+    between. The desktop server says so and the host is started again on new ports."""
+    import tests.scale_out_support as support
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen(1)
+    taken = squatter.getsockname()[1]
+    picks = []
+    real_free_ports = support.free_ports
+
+    def taken_first(count: int = 1) -> int:
+        picks.append(taken if not picks else real_free_ports(count))
+        return picks[-1]
+
+    monkeypatch.setattr(support, "free_ports", taken_first)
+    procs = Processes()
+    pids = {}
+    try:
+        host = Host(procs, "host-a", 2, token, tmp_path)
+        pids = host.wait_ready()
+        assert len(picks) == 2 and host.port_start == picks[1] != taken
+        log = host.log.read_text()
+        assert f"cannot listen on 127.0.0.1:{taken}: Address already in use" in log
+        assert sorted(pids) == host.urls
+        for url in host.urls:  # the desktops answer on the new ports, with our token
+            with httpx.Client() as client:
+                response = client.get(
+                    f"{url}/legato/health", headers={"Authorization": f"Bearer {token}"}
+                )
+            assert response.status_code == 200 and response.json()["ok"], response.text
+            assert response.json()["pid"] == pids[url]
+        assert [n for n, _ in procs.procs] == ["host-a"]  # the failed start is forgotten
+    finally:
+        squatter.close()
+        for name, _ in procs.procs:
+            procs.stop(name, signal.SIGINT, timeout=30)
+        procs.stop_all()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(pid_alive(p) for p in pids.values()):
+            time.sleep(0.2)
+    assert not procs.alive() and not [p for p in pids.values() if pid_alive(p)]

@@ -26,7 +26,7 @@ from legato_pipelines.store.lake import CACHE_ENV, Lake, is_url
 from legato_pipelines.store.lake_tables import Lineage, profile_table, rollouts_table, steps_table
 from tests.conftest import fake_tasks
 from tests.lake_synthetic import write_run_dir
-from tests.scale_out_support import Processes, free_port, wait_port
+from tests.scale_out_support import Processes
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
@@ -36,14 +36,13 @@ pytest.importorskip("moto.server")
 def moto_server(log_dir: Path) -> Iterator[str]:
     """moto's S3 server on 127.0.0.1 (a real HTTP server speaking the S3 API); yields its URL."""
     procs = Processes()
-    port = free_port()
-    proc = procs.start(
-        "moto",
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        log=log_dir / "moto.log",
-    )
     try:
-        wait_port(port, 30, proc)
+        _, port = procs.start_listening(
+            "moto",
+            lambda port: [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            log=log_dir / "moto.log",
+            ready="Running on http://127.0.0.1:",
+        )
         yield f"http://127.0.0.1:{port}"
     finally:
         assert procs.stop_all() == [] and procs.alive() == []
