@@ -4,6 +4,7 @@ without LEGATO_POLICY_URL fails at once naming the variable."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import socket
 
@@ -12,9 +13,11 @@ import pytest
 
 from legato_pipelines.assets import ASSETS, policy_versions
 from legato_pipelines.assets.advice import dagster_advice
-from legato_pipelines.errors import ConfigError, PolicyConfigError, PolicyError
+from legato_pipelines.errors import ConfigError, PolicyConfigError, PolicyError, ResumeError
 from legato_pipelines.resources import DesktopPoolResource, LakeResource, PolicyResource
 from legato_pipelines.resources.defaults import default_resources
+from legato_pipelines.store.lake import Lake
+from legato_pipelines.store.rundir import LOCK
 from tests.conftest import fake_tasks
 
 
@@ -113,3 +116,31 @@ def test_a_run_without_legato_policy_url_fails_at_once_naming_it(tmp_path, tasks
     assert cls == ConfigError.__name__
     assert message.startswith("policy: no policy server configured (fix: set LEGATO_POLICY_URL")
     assert not (tmp_path / "lake" / "runs").exists()  # nothing collected, no desktop started
+
+
+def test_a_partition_already_collecting_fails_the_second_run_clearly(
+    tmp_path, tasks_file, policy_server
+):
+    """Two runs of one partition at once: the second finds the run directory locked (the
+    engine's lock, held here as another collection holds it) and fails at once, saying so,
+    without touching the directory; once the lock is released the partition materializes."""
+    policy = PolicyResource(base_url=policy_server.url, model=policy_server.model)
+    run_dir = Lake(tmp_path / "lake").run_dir("step-1")
+    run_dir.mkdir(parents=True)
+    with open(run_dir / LOCK, "a+b") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write(b"4242")
+        held.flush()
+        result = _materialize(tmp_path, policy, tasks_file)
+        cls, message = _failure(result)
+        assert cls == ResumeError.__name__
+        assert f"out: {run_dir} is in use by another collection (pid 4242)" in message
+        assert message.endswith(
+            "(in Dagster: another run of this policy_version partition is collecting into its "
+            "run directory: wait for it to finish, or cancel it (Runs), then materialize the "
+            "partition again)"
+        )
+        assert sorted(p.name for p in run_dir.iterdir()) == [LOCK]  # nothing written
+        failed = {e.step_key for e in result.all_events if e.event_type_value == "STEP_FAILURE"}
+        assert failed == {"rollout_batch"}
+    assert _materialize(tmp_path, policy, tasks_file).success

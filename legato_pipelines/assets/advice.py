@@ -48,10 +48,21 @@ def _setting(flag: str) -> str | None:
     return None
 
 
+IN_USE = "in use by another collection"
+"""The engine's run directory lock (:meth:`legato_pipelines.store.rundir.RunWriter.open`)."""
+IN_USE_ADVICE = (
+    "another run of this policy_version partition is collecting into its run directory: wait "
+    "for it to finish, or cancel it (Runs), then materialize the partition again"
+)
+
+
 def dagster_advice(message: str) -> str:
     """``message`` with "(in Dagster: <settings>)" appended for every ``legato collect`` flag it
     names (in order, once each); unchanged when it names none, or names only flags of other
-    programs (e.g. a server's ``--limit-mm-per-prompt``)."""
+    programs (e.g. a server's ``--limit-mm-per-prompt``). The run directory lock gets its own
+    advice (a run directory is the partition's, not a flag)."""
+    if IN_USE in message:
+        return f"{message} (in Dagster: {IN_USE_ADVICE})"
     settings = []
     for flag in _FLAG.findall(message):
         setting = _setting(flag)
