@@ -242,3 +242,17 @@ def test_collections_on_two_hosts_land_in_one_s3_lake_the_trainer_reads(
     for version in ("step-1", "step-2"):  # the run directories are in the lake as well
         summary = json.loads(trainer.fs.cat(f"{root}/runs/policy_version={version}/summary.json"))
         assert summary["missing"] == 0 and summary["policy"]["version"] == version
+
+
+def test_legato_lake_queries_an_s3_lake_given_by_url(s3, tmp_path):
+    from typer.testing import CliRunner
+
+    from legato_pipelines.cli import app
+
+    lake = Lake(s3 + "/lake")
+    run = fill(lake, tmp_path, "step-1")
+    out = CliRunner().invoke(
+        app, ["lake", "query", "SELECT count(*) AS n FROM rollouts", "--lake", lake.root, "--json"]
+    )
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output) == {"n": len(run["records"])}
