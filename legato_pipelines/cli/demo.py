@@ -189,7 +189,7 @@ def check_inputs(
     (:func:`~legato_pipelines.tasks.load_tasks`) and the knobs ``legato collect`` checks.
     Returns the partition key."""
     from ..errors import LegatoError
-    from ..rollout.engine import _check_knobs
+    from ..rollout.engine import check_knobs
     from ..store.lake import check_partition_key
     from ..tasks import load_tasks
 
@@ -201,7 +201,7 @@ def check_inputs(
         fail(f"--tasks: {tasks_path} does not exist (fix: pass --tasks PATH or set LEGATO_TASKS)")
     try:
         load_tasks(tasks_path, osworld=os.environ.get("LEGATO_OSWORLD") or None)
-        _check_knobs(
+        check_knobs(
             group=group,
             oversample=0.0,
             max_steps=max_steps,

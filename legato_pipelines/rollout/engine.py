@@ -86,7 +86,7 @@ async def collect_async(
     from ..harness import Harness
     from ..policy.client import PolicyClient
 
-    _check_knobs(
+    check_knobs(
         group=group,
         oversample=oversample,
         max_steps=max_steps,
@@ -302,7 +302,12 @@ def _preflight(task_set: TaskSet, desktop: DesktopConfig) -> None:
         )
 
 
-def _check_knobs(**k: Any) -> None:
+def check_knobs(**k: Any) -> None:
+    """Check the collection knobs (``group``, ``oversample``, ``max_steps``, ``max_inflight``,
+    ``rollout_timeout``, ``env_retries``, ``image_max``, ``desktops``: the semantics of
+    :func:`collect_async`) before anything starts. Raises ``ConfigError`` naming the knob and
+    its flag."""
+
     def bad(name: str, rule: str) -> ConfigError:
         return ConfigError(f"{name}: {rule}, got {k[name]!r} (fix: --{name.replace('_', '-')})")
 
