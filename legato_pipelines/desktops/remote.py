@@ -1,13 +1,19 @@
-"""Desktops on other hosts: local desktop servers reached by URL, health-checked.
+"""Desktops on other hosts: desktop servers reached by URL, health-checked.
 
 A collector drives one policy version's desktops over HTTP wherever they run (``legato
 desktop serve`` on desktop hosts), so desktops scale by adding hosts. This module opens such a
 pool for the ``local`` backend when ``DesktopConfig.options["urls"]`` is set, optionally with
 more desktops started on this host besides (``options["local"]``).
 
+A URL may also be an OSWorld VM's own in-VM server (port 5000, base API, no token): the
+first ``GET /legato/health`` answering 404/405 says so, and that desktop is driven in base-API
+mode (:class:`~legato_pipelines.desktops.vmserver.VMServerDesktop`: fast reset, setup and
+evaluation through the API; no snapshot revert).
+
 Options (besides the local backend's own, which apply to the desktops started here):
   urls          desktop server URLs (``http://HOST:PORT``) on any host
-  token_env     environment variable holding those servers' token (default LEGATO_DESKTOP_TOKEN)
+  token_env     environment variable holding the legato servers' token (default
+                LEGATO_DESKTOP_TOKEN; OSWorld VM servers need none)
   local         desktops to start on this host as well (default 0)
   reconnect_s   seconds ``recover()`` keeps trying a server that stopped answering before the
                 desktop is given up for the rest of the batch (default 20; ``legato desktop
@@ -33,10 +39,11 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigError, DesktopError
 from ..tasks import Task
-from .base import DesktopConfig
+from .base import Desktop, DesktopConfig
 from .local.backend import LocalDesktop, open_local_desktops
 from .local.client import DesktopClient
 from .local.wire import DEFAULT_TOKEN_ENV
+from .vmserver import attach_vm_server
 
 log = logging.getLogger("legato_pipelines.desktops.remote")
 
@@ -97,25 +104,37 @@ class AttachedDesktop(LocalDesktop):
             await asyncio.sleep(RECONNECT_INTERVAL_S)
 
 
-async def _probe(url: str, token: str) -> tuple[DesktopClient, dict[str, Any]] | str:
-    client = DesktopClient(url, token)
+async def _probe(url: str, token: str, config: DesktopConfig, reconnect_s: float) -> Desktop | str:
+    """The desktop at ``url``, or why it is left out. Detects once which API it speaks:
+    ``/legato/health`` answering 404/405 means a plain OSWorld server (base-API mode)."""
+    client = DesktopClient(url, token or None)
     try:
-        health = await client.health(timeout=HEALTH_TIMEOUT_S)
+        health: dict[str, Any] | None = await client.legato_health(timeout=HEALTH_TIMEOUT_S)
     except DesktopError as exc:
         await client.aclose()
         return str(exc)
+    if health is None:
+        await client.aclose()  # the token stays with legato servers
+        try:
+            return await attach_vm_server(url, desktop_name(url), config, reconnect_s=reconnect_s)
+        except DesktopError as exc:
+            return f"OSWorld VM server: {exc}"
     if not health.get("ok"):
         await client.aclose()
         return "reports not ok"
-    return client, health
+    size = (int(health["width"]), int(health["height"]))
+    return AttachedDesktop(url, client, config, size, reconnect_s)
 
 
-async def open_remote_pool(config: DesktopConfig, n: int) -> list[LocalDesktop]:
+async def open_remote_pool(config: DesktopConfig, n: int) -> list[Desktop]:
     """Up to ``n`` desktops: attached servers from ``options["urls"]`` that answer a health
-    check (first), then desktops started here (at most ``options["local"]``).
+    check (first; legato desktop servers as :class:`AttachedDesktop`, OSWorld VM servers as
+    :class:`~legato_pipelines.desktops.vmserver.VMServerDesktop`), then desktops started here
+    (at most ``options["local"]``).
 
-    Raises ``ConfigError`` for bad options, a missing token variable, or ``n`` above the
-    desktops configured; ``DesktopError(kind="crash")`` when no desktop answers.
+    Raises ``ConfigError`` for bad options, ``n`` above the desktops configured, or no desktop
+    answering while the token variable is unset; ``DesktopError(kind="crash")`` when no
+    desktop answers.
     """
     options = dict(config.options)
     urls = [str(u) for u in options.pop("urls")]
@@ -133,23 +152,17 @@ async def open_remote_pool(config: DesktopConfig, n: int) -> list[LocalDesktop]:
             + (f" ({local} started here)" if local else "")
         )
     token = os.environ.get(token_env, "")
-    if not token:
-        raise ConfigError(
-            f"attaching to desktop servers needs their token in the environment variable {token_env}"
-        )
-    probes = await asyncio.gather(*(_probe(u, token) for u in urls))
-    pool: list[LocalDesktop] = []
+    probes = await asyncio.gather(*(_probe(u, token, config, reconnect_s) for u in urls))
+    pool: list[Desktop] = []
     down = []
     for url, probe in zip(urls, probes, strict=True):
         if isinstance(probe, str):
             down.append(f"{desktop_name(url)} ({probe})")
             continue
-        client, health = probe
         if len(pool) >= n:
-            await client.aclose()
+            await probe.close()
             continue
-        size = (int(health["width"]), int(health["height"]))
-        pool.append(AttachedDesktop(url, client, config, size, reconnect_s))
+        pool.append(probe)
     if down:
         log.warning("desktop servers left out (no answer): %s", ", ".join(down))
     start_here = min(local, n - len(pool))
@@ -160,6 +173,11 @@ async def open_remote_pool(config: DesktopConfig, n: int) -> list[LocalDesktop]:
         except BaseException:
             await asyncio.gather(*(d.close() for d in pool), return_exceptions=True)
             raise
+    if not pool and not token:
+        raise ConfigError(
+            f"no desktop server answered ({len(urls)} listed): {', '.join(down)}; legato "
+            f"desktop servers need their token in the environment variable {token_env}"
+        )
     if not pool:
         raise DesktopError(
             f"no desktop server answered ({len(urls)} listed): {', '.join(down)}", kind="crash"

@@ -31,7 +31,8 @@ def action_json(action: Action) -> dict[str, Any]:
 
 
 class DesktopClient:
-    """One desktop server at ``url`` with its ``token``.
+    """One desktop server at ``url`` with its ``token`` (``None``: no ``Authorization`` header,
+    for OSWorld's in-VM server, which has no token).
 
     Implements :class:`~legato_pipelines.desktops.controller.DesktopController`. ``timeout`` is
     the default per-request timeout in seconds (commands and resets get longer ones).
@@ -40,7 +41,7 @@ class DesktopClient:
     def __init__(
         self,
         url: str,
-        token: str,
+        token: str | None,
         *,
         timeout: float = DEFAULT_TIMEOUT_S,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -48,7 +49,7 @@ class DesktopClient:
         self.url = url.rstrip("/")
         self._http = httpx.AsyncClient(
             base_url=self.url,
-            headers={"Authorization": f"Bearer {token}"},
+            headers={"Authorization": f"Bearer {token}"} if token else {},
             timeout=httpx.Timeout(timeout),
             transport=transport,
         )
@@ -108,9 +109,20 @@ class DesktopClient:
         A command the server could not run or that timed out gives ``status "error"``,
         ``returncode None`` and the reason in ``error`` (OSWorld answers 500 there).
         """
+        return await self._execute("/execute", command, shell, timeout)
+
+    async def setup_execute(
+        self, command: list[str] | str, shell: bool = False, timeout: float = EXECUTE_TIMEOUT_S
+    ) -> dict[str, Any]:
+        """``POST /setup/execute`` (OSWorld's setup twin of ``/execute``; same answer)."""
+        return await self._execute("/setup/execute", command, shell, timeout)
+
+    async def _execute(
+        self, path: str, command: list[str] | str, shell: bool, timeout: float
+    ) -> dict[str, Any]:
         response = await self._request(
             "POST",
-            "/execute",
+            path,
             kind="setup",
             allow=(500,),
             timeout=timeout + 10.0,
@@ -249,6 +261,15 @@ class DesktopClient:
 
     async def health(self, timeout: float | None = None) -> dict[str, Any]:
         return (await self._request("GET", "/legato/health", kind="crash", timeout=timeout)).json()
+
+    async def legato_health(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """``GET /legato/health``, or ``None`` when the server does not have the route (404/405:
+        a plain OSWorld in-VM server, base API only). Raises ``DesktopError`` like :meth:`health`
+        (a 401 too: a legato server refused the token)."""
+        response = await self._request(
+            "GET", "/legato/health", kind="crash", allow=(404, 405), timeout=timeout
+        )
+        return None if response.status_code in (404, 405) else response.json()
 
     async def processes(self) -> dict[str, Any]:
         return (await self._request("GET", "/legato/processes", kind="transport")).json()

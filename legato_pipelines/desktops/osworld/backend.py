@@ -51,7 +51,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import io
 import json
 import os
 import signal
@@ -67,27 +66,12 @@ from ...errors import ConfigError, DesktopError
 from ...images import Screenshot
 from ...tasks import Task
 from ..base import DesktopConfig, Evaluation, Wait
+from ..screenshot_ready import ScreenshotReady
 from .install import default_venv, venv_python
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 PROVIDERS = ("docker", "local", "vmware", "virtualbox", "aws", "azure", "aliyun", "volcengine")
 REVERT_DOMAINS = frozenset({"os", "multi_apps"})  # state outside /home/user (OSWORLD.md §6)
-#: Setup steps that start an app (OSWORLD.md §3): the reset wait first waits for it to show.
-LAUNCH_STEPS = frozenset({"launch", "open", "chrome_open_tabs"})
-#: Domains of apps that repaint for a while after their first paint (the 0.5 s window).
-HEAVY_DOMAINS = frozenset(
-    {
-        "chrome",
-        "gimp",
-        "libreoffice_calc",
-        "libreoffice_impress",
-        "libreoffice_writer",
-        "thunderbird",
-        "vlc",
-        "vs_code",
-        "multi_apps",
-    }
-)
 OPTION_NAMES = frozenset(
     {
         "osworld_python",
@@ -198,15 +182,6 @@ def png_size(png: bytes) -> tuple[int, int]:
     if len(png) < 24 or png[:8] != b"\x89PNG\r\n\x1a\n":
         raise DesktopError("the VM sent a screenshot that is not a PNG", kind="vm")
     return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
-
-
-def png_frame(png: bytes) -> np.ndarray:
-    """A PNG as an ``(h, w)`` uint32 frame (RGBA packed), the ready signal's unit."""
-    from PIL import Image
-
-    with Image.open(io.BytesIO(png)) as img:
-        rgba = np.ascontiguousarray(np.asarray(img.convert("RGBA")))
-    return rgba.view(np.uint32).reshape(rgba.shape[:2])
 
 
 class WorkerProcess:
@@ -377,9 +352,7 @@ class OSWorldDesktop:
         self._force_revert = False
         self._last_action_fail = False
         self._http = None
-        self._last_png: tuple[bytes, np.ndarray] | None = None
-        self._blank: np.ndarray | None = None
-        self._launching = self._heavy = False
+        self._ready = ScreenshotReady(self._fetch_png)
         self._ready_client = None
         opts = config.options
         self.ready_mode = opts.get("ready", "screenshot")
@@ -436,11 +409,8 @@ class OSWorldDesktop:
             if self._ready_client is not None:
                 await self._ready_client.aclose()
             self._ready_client = DesktopClient(self.vm_server.url, self.vm_server.token)
-        self._last_png = None
-        try:  # the clean desktop: a launch during setup counts once the screen differs from it
-            self._blank = await self.grab_frame()
-        except DesktopError:
-            self._blank = None
+        # the clean desktop: a launch during setup counts once the screen differs from it
+        await self._ready.capture_blank()
 
     async def reset(self, task: Task, *, seed: int = 0) -> str:
         """Fast reset where allowed, else a snapshot revert; then the task's setup. ``"fast"`` | ``"revert"``."""
@@ -454,8 +424,7 @@ class OSWorldDesktop:
         )
         task_config = {**task.config, "id": task.config.get("id") or task.task_id}
         self._last_action_fail = False
-        self._launching = any(step.get("type") in LAUNCH_STEPS for step in task.setup)
-        self._heavy = task.domain in HEAVY_DOMAINS
+        self._ready.prepare(task)
         try:
             self.last_reset = await self._call(
                 "reset",
@@ -573,8 +542,10 @@ class OSWorldDesktop:
             raise
 
     async def grab_frame(self) -> np.ndarray:
-        """One frame of ``GET /screenshot`` from the VM server, decoded off the event loop
-        (not at all when the PNG bytes equal the previous frame's)."""
+        """One frame of ``GET /screenshot`` from the VM server (:class:`ScreenshotReady`)."""
+        return await self._ready.grab_frame()
+
+    async def _fetch_png(self) -> bytes:
         import httpx
 
         try:
@@ -585,12 +556,7 @@ class OSWorldDesktop:
             raise DesktopError(
                 f"{self.name}: GET /screenshot: HTTP {response.status_code}", kind="vm"
             )
-        png = response.content
-        if self._last_png is not None and png == self._last_png[0]:
-            return self._last_png[1]  # same bytes, same frame: skip the decode
-        frame = await asyncio.to_thread(png_frame, png)
-        self._last_png = (png, frame)
-        return frame
+        return response.content
 
     async def _wait(self, mode: str) -> Wait:
         t0 = time.perf_counter()
@@ -600,16 +566,7 @@ class OSWorldDesktop:
         if self.ready_mode == "server":
             result = await self._ready_client.wait(mode)
             return Wait(time.perf_counter() - t0, float(result["ready_s"]))
-        from ..local.ready import policy_for, wait_until_ready
-
-        reference = None
-        if mode == "reset":
-            pending = self._launching and self._blank is not None
-            policy = policy_for(mode, heavy=self._heavy, launch_pending=pending)
-            reference = self._blank if pending else None
-        else:
-            policy = policy_for(mode)
-        result = await wait_until_ready(self.grab_frame, policy, reference=reference)
+        result = await self._ready.wait(mode)
         return Wait(time.perf_counter() - t0, result.ready_s)
 
 

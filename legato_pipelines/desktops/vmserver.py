@@ -1,0 +1,329 @@
+"""OSWorld VM servers attached by URL: desktops driven through OSWorld's base API only.
+
+An OSWorld VM's own in-VM server (``desktop_env/server/main.py``, Flask on port 5000,
+OSWORLD.md §2) has no token and none of legato's ``/legato/`` endpoints. The remote pool
+(:mod:`.remote`) probes ``GET /legato/health`` once at attach; a 404/405 means such a plain
+server, and the URL becomes a :class:`VMServerDesktop`. Per attempt::
+
+    reset(task)        POST /setup/execute: kill the apps of the task's domain and of the
+                       previous task's domain, verify none survived,
+                       restore the HOME baseline captured at attach (OSWORLD.md §6), then the
+                       task's setup steps (osworld_format.run_setup over the base API)
+    wait_after_reset   poll GET /screenshot until stable   (or sleep fixed_wait)
+    observe            GET /screenshot -> Screenshot
+    act(action)        POST /execute ["python", "-c", "import pyautogui; import time;
+                       pyautogui.FAILSAFE = False; <code>"], as OSWorld's DesktopEnv.step runs
+                       it; <code> is render_code(action) (escaped pyautogui from the structured
+                       action, never model text); ``wait`` sleeps, ``terminate`` runs nothing
+    wait_after_action  poll GET /screenshot until stable   (or sleep fixed_wait)
+    wait_before_eval   poll GET /screenshot until stable   (or sleep fixed_wait)
+    evaluate(task)     postconfig + getters + metrics over the base API (osworld_format.evaluate_task)
+    recover()          wait up to ``reconnect_s`` seconds for the server to answer again
+
+What does not work through the server alone: a snapshot revert. Tasks that need one
+(``os``/``multi_apps`` domains, state outside HOME per :func:`needs_full_reset`, or
+``DesktopConfig.fast_reset=False``) raise ``DesktopError(kind="vm")`` at reset; run them on
+the ``osworld`` backend, which owns the VM. The desktop needs a ``python`` with pyautogui on
+its PATH for ``/execute`` (OSWorld's VM image has one; ``scripts/osworld_venv.sh`` for a
+local desktop). The HOME it restores is the one it found at attach, so attach to a clean VM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+import time
+
+from ..actions import Action
+from ..errors import DesktopError
+from ..images import Screenshot
+from ..tasks import Task
+from .base import DesktopConfig, Evaluation, Wait
+from .local.apps import TEXT_EDITORS
+from .local.client import DesktopClient
+from .osworld.backend import REVERT_DOMAINS, png_size, render_code
+from .osworld.worker import DOMAIN_PROCESSES, baseline_script, fast_reset_script
+from .screenshot_ready import ScreenshotReady
+
+log = logging.getLogger("legato_pipelines.desktops.vmserver")
+
+#: What OSWorld's ``PythonController.execute_python_command`` puts before an action's code.
+PYAUTOGUI_PREFIX = "import pyautogui; import time; pyautogui.FAILSAFE = False; "
+#: Where the clean HOME is kept on the desktop: its TMPDIR when set (a local desktop server
+#: gives each desktop its own), else /var/tmp (a VM). Expanded by the desktop's shell.
+BASELINE_DIR = "${TMPDIR:-/var/tmp}/legato-home-baseline"
+#: Apps of the project's local suite (examples/tasks/local) besides OSWorld's domains (§6).
+LOCAL_SUITE_PROCESSES = {"terminal": ("xterm",), "text_editor": TEXT_EDITORS}
+PROBE_TIMEOUT_S = 5.0
+RESET_SCRIPT_TIMEOUT_S = 60.0
+RECONNECT_INTERVAL_S = 0.5
+DEFAULT_WAIT_ACTION_S = 1.0
+REVERT_MESSAGE = (
+    "this desktop is an OSWorld VM server attached by URL; snapshot revert needs the "
+    "osworld backend (which owns the VM)"
+)
+
+
+def domain_processes(domain: str) -> tuple[str, ...]:
+    """Process names (``comm``) a fast reset kills for a task of ``domain`` (OSWORLD.md §6,
+    plus the local suite's apps); ``()`` for a domain without apps of its own."""
+    return tuple(DOMAIN_PROCESSES.get(domain) or LOCAL_SUITE_PROCESSES.get(domain, ()))
+
+
+def execute_argv(code: str) -> list[str]:
+    """The ``/execute`` command of one action's pyautogui ``code`` (OSWorld's DesktopEnv.step)."""
+    return ["python", "-c", PYAUTOGUI_PREFIX + code]
+
+
+class VMServerDesktop:
+    """One desktop behind a plain OSWorld in-VM server at ``client.url`` (implements
+    :class:`~legato_pipelines.desktops.base.Desktop`). Make it with :func:`attach_vm_server`.
+
+    ``reconnect_s``: seconds ``recover()`` waits for the server to answer again.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        client: DesktopClient,
+        config: DesktopConfig,
+        screen_size: tuple[int, int],
+        *,
+        reconnect_s: float,
+    ):
+        self.name = name
+        self.client = client
+        self.config = config
+        self.screen_size = screen_size
+        self.reconnect_s = reconnect_s
+        self.last_reset: dict[str, float] | None = None
+        self._ready = ScreenshotReady(self._fetch_png)
+        self._last_action_fail = False
+        self._last_domain: str | None = None  # the previous task's apps are killed as well
+        self._work_dir: str | None = None
+        self._cache_dir = config.options.get("cache_dir")
+
+    def __repr__(self) -> str:
+        return f"VMServerDesktop({self.name!r}, {self.client.url!r})"
+
+    # -- attach ------------------------------------------------------------------------------------
+
+    async def attach(self) -> None:
+        """Snapshot the clean HOME into the baseline and remember the clean screen.
+
+        Raises ``DesktopError(kind="vm")`` when the server cannot run the baseline script.
+        """
+        out = await self.client.setup_execute(
+            ["bash", "-c", baseline_script(BASELINE_DIR)], timeout=RESET_SCRIPT_TIMEOUT_S
+        )
+        if out.get("returncode") != 0:
+            raise DesktopError(
+                f"{self.name}: cannot keep a HOME baseline on the VM server: "
+                f"{(out.get('output') or '')[-200:]}{(out.get('error') or '')[-200:]}".strip(),
+                kind="vm",
+            )
+        await self._ready.capture_blank()
+
+    # -- Desktop protocol ----------------------------------------------------------------------
+
+    async def reset(self, task: Task, *, seed: int = 0) -> str:
+        """Fast reset through ``/setup/execute``, then the task's setup; returns ``"fast"``.
+
+        ``seed`` is ignored. Raises ``DesktopError``: kind ``crash`` when the server does not
+        answer, ``vm`` when the task needs a snapshot revert (see the module docs) or the
+        fast reset failed (an app survived, no baseline), ``setup`` from the task's setup.
+        """
+        from ..osworld_format import needs_full_reset, run_setup
+
+        if not self.config.fast_reset or task.domain in REVERT_DOMAINS or needs_full_reset(task):
+            why = (
+                "fast_reset is off"
+                if not self.config.fast_reset
+                else f"domain {task.domain!r} changes state outside HOME"
+                if task.domain in REVERT_DOMAINS
+                else "it changes state outside HOME"
+            )
+            raise DesktopError(
+                f"{self.name}: task {task.task_id!r} needs a snapshot revert ({why}): {REVERT_MESSAGE}",
+                kind="vm",
+            )
+        await self._probe("before the attempt")
+        t0 = time.perf_counter()
+        kill = set(domain_processes(task.domain))
+        if self._last_domain is not None:
+            kill |= set(domain_processes(self._last_domain))
+        out = await self.client.setup_execute(
+            ["bash", "-c", fast_reset_script(kill, BASELINE_DIR, same_display=True)],
+            timeout=RESET_SCRIPT_TIMEOUT_S,
+        )
+        if out.get("returncode") != 0:
+            raise DesktopError(
+                f"{self.name}: fast reset on the VM server failed (exit {out.get('returncode')}): "
+                f"{((out.get('output') or '') + (out.get('error') or '')).strip()[-300:]}",
+                kind="vm",
+            )
+        clean_s = time.perf_counter() - t0
+        self._last_domain = task.domain
+        self._last_action_fail = False
+        self._new_work_dir()
+        self._ready.prepare(task)
+        await run_setup(
+            task,
+            self.client,
+            cache_dir=self._cache_dir,
+            work_dir=self._work_dir,
+            screen_size=self.screen_size,
+        )
+        self.last_reset = {"clean_s": clean_s, "reset_s": time.perf_counter() - t0}
+        return "fast"
+
+    async def wait_after_reset(self) -> Wait:
+        return await self._wait("reset")
+
+    async def observe(self) -> Screenshot:
+        """``GET /screenshot``; raises ``DesktopError(kind="observe")`` for a non-PNG answer."""
+        png = await self.client.screenshot()
+        try:
+            width, height = png_size(png)
+        except DesktopError as exc:
+            raise DesktopError(f"{self.name}: {exc}", kind="observe") from None
+        return Screenshot(png, width, height)
+
+    async def act(self, action: Action) -> None:
+        """One action as OSWorld's DesktopEnv.step runs it (see the module docs).
+
+        Raises ``DesktopError(kind="act")`` when the action cannot be rendered or its code
+        failed on the desktop (e.g. no ``python`` with pyautogui there).
+        """
+        if action.action == "terminate":
+            self._last_action_fail = action.status == "failure"
+            return
+        self._last_action_fail = False
+        if action.action == "wait":
+            await asyncio.sleep(
+                action.seconds if action.seconds is not None else DEFAULT_WAIT_ACTION_S
+            )
+            return
+        try:
+            code = render_code(action)
+        except ValueError as exc:
+            raise DesktopError(
+                f"{self.name}: cannot render {action.action}: {exc}", kind="act"
+            ) from None
+        out = await self.client.execute(execute_argv(code))
+        if out.get("returncode") != 0:
+            raise DesktopError(
+                f"{self.name}: the action's pyautogui code failed on the desktop "
+                f"(exit {out.get('returncode')}): {(out.get('error') or '').strip()[-300:]}",
+                kind="act",
+            )
+
+    async def wait_after_action(self, action: Action) -> Wait:
+        if action.action in ("terminate", "wait"):
+            return Wait(0.0, 0.0 if self.config.ready_signal else None)
+        return await self._wait("action")
+
+    async def wait_before_eval(self) -> Wait:
+        return await self._wait("eval")
+
+    async def evaluate(self, task: Task, *, last_action_fail: bool = False) -> Evaluation:
+        """Postconfig + OSWorld getters/metrics over the base API, within ``eval_timeout`` s.
+
+        ``last_action_fail``: the agent's last action was FAIL (OSWorld ``infeasible``).
+        Raises ``DesktopError(kind="evaluator")`` when the evaluation hangs.
+        """
+        from ..osworld_format import evaluate_task
+
+        fail = last_action_fail or self._last_action_fail
+        self._last_action_fail = False
+        try:
+            return await asyncio.wait_for(
+                evaluate_task(
+                    task,
+                    self.client,
+                    last_action_fail=fail,
+                    cache_dir=self._cache_dir,
+                    work_dir=self._work_dir,
+                    screen_size=self.screen_size,
+                ),
+                self.config.eval_timeout,
+            )
+        except TimeoutError:
+            raise DesktopError(
+                f"{self.name}: evaluating task {task.task_id!r} took over {self.config.eval_timeout:g} s",
+                kind="evaluator",
+            ) from None
+
+    async def recover(self) -> None:
+        """Wait up to ``reconnect_s`` seconds for the server to answer (the next reset cleans
+        the desktop); raise ``DesktopError(kind="crash")`` when it does not (the desktop is lost)."""
+        deadline = time.monotonic() + self.reconnect_s
+        while True:
+            try:
+                await self._probe("during recovery")
+                log.info("desktop %s recovered", self.name)
+                return
+            except DesktopError as exc:
+                if time.monotonic() >= deadline:
+                    log.warning("desktop %s lost: %s", self.name, exc)
+                    raise DesktopError(
+                        f"{self.name}: lost (no answer for {self.reconnect_s:g} s): {exc}",
+                        kind="crash",
+                    ) from None
+            await asyncio.sleep(RECONNECT_INTERVAL_S)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+        self._drop_work_dir()
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    async def _probe(self, when: str) -> None:
+        try:
+            await asyncio.wait_for(self.client.platform(), PROBE_TIMEOUT_S)
+        except (DesktopError, TimeoutError) as exc:
+            raise DesktopError(
+                f"{self.name}: VM server does not answer {when}: {exc or 'timeout'}", kind="crash"
+            ) from None
+
+    async def _fetch_png(self) -> bytes:
+        return await self.client.screenshot()
+
+    async def _wait(self, mode: str) -> Wait:
+        t0 = time.perf_counter()
+        if not self.config.ready_signal:
+            await asyncio.sleep(self.config.fixed_wait or 0.0)
+            return Wait(time.perf_counter() - t0, None)
+        result = await self._ready.wait(mode)
+        return Wait(time.perf_counter() - t0, result.ready_s)
+
+    def _new_work_dir(self) -> None:
+        self._drop_work_dir()
+        self._work_dir = tempfile.mkdtemp(prefix=f"legato-{self.name.replace(':', '-')}-work-")
+
+    def _drop_work_dir(self) -> None:
+        if self._work_dir is not None:
+            shutil.rmtree(self._work_dir, ignore_errors=True)
+            self._work_dir = None
+
+
+async def attach_vm_server(
+    url: str, name: str, config: DesktopConfig, *, reconnect_s: float
+) -> VMServerDesktop:
+    """A :class:`VMServerDesktop` for the plain OSWorld server at ``url`` (no token is sent):
+    its screen size from ``/screen_size``, its HOME baseline taken now.
+
+    Raises ``DesktopError`` when the server does not answer or cannot keep a baseline (the
+    client is closed then).
+    """
+    client = DesktopClient(url, None)
+    try:
+        size = await client.screen_size()
+        desktop = VMServerDesktop(name, client, config, size, reconnect_s=reconnect_s)
+        await desktop.attach()
+    except BaseException:
+        await client.aclose()
+        raise
+    return desktop
