@@ -234,27 +234,20 @@ class VMServerDesktop:
         ``last_action_fail``: the agent's last action was FAIL (OSWorld ``infeasible``).
         Raises ``DesktopError(kind="evaluator")`` when the evaluation hangs.
         """
-        from ..osworld_format import evaluate_task
+        from ..osworld_format import evaluate_task_within
 
         fail = last_action_fail or self._last_action_fail
         self._last_action_fail = False
-        try:
-            return await asyncio.wait_for(
-                evaluate_task(
-                    task,
-                    self.client,
-                    last_action_fail=fail,
-                    cache_dir=self._cache_dir,
-                    work_dir=self._work_dir,
-                    screen_size=self.screen_size,
-                ),
-                self.config.eval_timeout,
-            )
-        except TimeoutError:
-            raise DesktopError(
-                f"{self.name}: evaluating task {task.task_id!r} took over {self.config.eval_timeout:g} s",
-                kind="evaluator",
-            ) from None
+        return await evaluate_task_within(
+            task,
+            self.client,
+            timeout=self.config.eval_timeout,
+            desktop=self.name,
+            last_action_fail=fail,
+            cache_dir=self._cache_dir,
+            work_dir=self._work_dir,
+            screen_size=self.screen_size,
+        )
 
     async def recover(self) -> None:
         """Wait up to ``reconnect_s`` seconds for the server to answer (the next reset cleans

@@ -24,7 +24,7 @@ from .classify import (
     summarize,
     task_problems,
 )
-from .evaluate import evaluate_task, evaluator_unsupported
+from .evaluate import evaluate_task, evaluate_task_within, evaluator_unsupported
 from .getters import GETTERS
 from .metrics import METRICS
 from .setup import SUPPORTED_STEP_TYPES, run_setup
@@ -40,6 +40,7 @@ __all__ = [
     "UnsupportedStep",
     "classify_task",
     "evaluate_task",
+    "evaluate_task_within",
     "evaluator_unsupported",
     "needs_full_reset",
     "preflight",

@@ -228,3 +228,18 @@ async def _score(
     else:
         score = await asyncio.to_thread(metric, result, **options)
     return float(score), None
+
+
+async def evaluate_task_within(
+    task: Task, controller: DesktopController, *, timeout: float, desktop: str, **kwargs
+) -> Evaluation:
+    """:func:`evaluate_task` with a deadline of ``timeout`` seconds (the desktop's
+    ``eval_timeout``), for backends that grade over the server API (``local``, OSWorld VM
+    servers attached by URL). Raises ``DesktopError(kind="evaluator")`` naming ``desktop``
+    when the evaluation hangs; ``kwargs`` go to :func:`evaluate_task`."""
+    try:
+        return await asyncio.wait_for(evaluate_task(task, controller, **kwargs), timeout)
+    except TimeoutError:
+        raise DesktopError(
+            f"{desktop}: evaluating task {task.task_id!r} took over {timeout:g} s", kind="evaluator"
+        ) from None

@@ -260,26 +260,22 @@ class LocalDesktop:
         ``last_action_fail``: the agent's last action was FAIL (OSWorld ``infeasible``).
         Raises ``DesktopError(kind="evaluator")`` when the evaluation hangs.
         """
-        from ...osworld_format import evaluate_task
+        from ...osworld_format import evaluate_task_within
 
         try:
-            return await asyncio.wait_for(
-                evaluate_task(
-                    task,
-                    self.client,
-                    last_action_fail=last_action_fail,
-                    cache_dir=self._cache_dir,
-                    work_dir=self._work_dir,
-                    screen_size=self.screen_size,
-                ),
-                self.config.eval_timeout,
+            return await evaluate_task_within(
+                task,
+                self.client,
+                timeout=self.config.eval_timeout,
+                desktop=self.name,
+                last_action_fail=last_action_fail,
+                cache_dir=self._cache_dir,
+                work_dir=self._work_dir,
+                screen_size=self.screen_size,
             )
-        except TimeoutError:
-            self._force_full = True
-            raise DesktopError(
-                f"{self.name}: evaluating task {task.task_id!r} took over {self.config.eval_timeout:g} s",
-                kind="evaluator",
-            ) from None
+        except DesktopError:
+            self._force_full = True  # a hung evaluation may leave the desktop in any state
+            raise
 
     async def recover(self) -> None:
         """Make the desktop usable again: restart an owned server that died or does not answer,
