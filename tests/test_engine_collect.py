@@ -481,7 +481,7 @@ def test_resumed_batch_reports_throughput_over_all_sessions(policy_server, tmp_p
         tasks, policy(policy_server), tmp_path, desktops=2, desktop=fake(), group=2, max_steps=2
     )
     assert again["wall_s"] >= first["wall_s"] > 0
-    assert again["rollouts_per_hour"] <= first["rollouts_per_hour"]
+    assert again["rollouts_per_hour"] <= first["rollouts_per_hour"] * (1 + 1e-6)
 
 
 def test_corrupt_line_in_the_middle_is_an_error_not_a_silent_drop(policy_server, tmp_path):
@@ -521,3 +521,43 @@ def test_tasks_unrunnable_on_the_backend_are_refused_before_any_desktop(policy_s
             desktop=DesktopConfig(backend="local"),
         )
     assert not tmp_path.joinpath("run.json").exists() and policy_server.request_count == 0
+
+
+def test_resume_refuses_other_collection_settings(policy_server, tmp_path):
+    tasks = load_tasks(fake_tasks(1))
+    collect(
+        tasks, policy(policy_server), tmp_path, desktops=1, desktop=fake(), group=1, max_steps=2
+    )
+    with pytest.raises(ResumeError, match="max_steps"):
+        collect(
+            tasks, policy(policy_server), tmp_path, desktops=1, desktop=fake(), group=1, max_steps=5
+        )
+    with pytest.raises(ResumeError, match="image_max"):
+        collect(
+            tasks,
+            policy(policy_server),
+            tmp_path,
+            desktops=1,
+            desktop=fake(),
+            group=1,
+            max_steps=2,
+            image_max=4,
+        )
+
+
+def test_a_line_that_is_not_a_record_is_an_error(policy_server, tmp_path):
+    from legato_pipelines import ConfigError
+
+    collect(
+        load_tasks(fake_tasks(1)),
+        policy(policy_server),
+        tmp_path,
+        desktops=1,
+        desktop=fake(),
+        group=2,
+        max_steps=2,
+    )
+    path = tmp_path / "rollouts.jsonl"
+    path.write_bytes(b'{"rollout_id": "x", "step": 0}\n' + path.read_bytes())
+    with pytest.raises(ConfigError, match="line 1 is not a rollout record"):
+        read_records(tmp_path)

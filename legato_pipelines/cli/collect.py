@@ -188,6 +188,12 @@ def collect_command(
         print_profile(summary)
         console.print(f"run directory: [bold]{out}[/]")
     warn_unusable(summary)
+    graded = summary["counts"].get("ok", 0) + summary["counts"].get("truncated", 0)
+    if summary["records"] and not graded:
+        fail(
+            "no attempt was graded (every record is an error, skipped or cancelled): see the statuses above",
+            code=1,
+        )
 
 
 def warn_unusable(summary: dict) -> None:
@@ -228,7 +234,7 @@ def export_command(
 
     try:
         table = export_steps(run_dir, inline_images=inline_images)
-        path = write_table(table, out)
+        path = write_table(table, out, run_dir=run_dir)
     except LegatoError as exc:
         fail(str(exc))
     except OSError as exc:

@@ -191,6 +191,7 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> d
             "type": type(exc).__name__,
             "message": str(exc),
             "phase": phase,
+            "attempts": exc.attempts,  # HTTP requests made for the failed call
         }
         return _close(record, start, t0)
     except DesktopError as exc:

@@ -31,7 +31,8 @@ def summarize(
     attempts per hour of wall time; ``time_share`` is each phase's share of the summed phase
     seconds of executed attempts; ``model_call_s`` percentiles are over every model call;
     ``retried_calls`` are calls that needed more than one HTTP request, ``hung_calls`` the
-    requests cut at ``step_timeout``; ``prefix_cache_hit_rate`` is cached / prompt tokens over
+    requests cut at ``step_timeout`` (in completed steps, and every request of a call that failed
+    with ``PolicyTimeout``); ``prefix_cache_hit_rate`` is cached / prompt tokens over
     the calls that reported cached tokens (``None`` when none did); ``logprobs_share`` /
     ``token_ids_share`` are shares of steps whose response carried them; ``eval_errors`` counts
     graded attempts whose evaluator failed (scored 0 with the reason in ``eval_error``). ``missing`` is the
@@ -100,14 +101,19 @@ def summarize(
         "groups": {"total": n_groups, "closed": closed},
         "success_rate": float(np.mean(rewards)) if rewards else None,
         "rollouts_per_hour": (len(final) / wall_s * 3600.0) if wall_s > 0 else None,
-        "wall_s": round(wall_s, 3),
+        "wall_s": round(wall_s, 6),
         "steps": len(steps),
         "time_share": {
             p[:-2]: (phase_totals[p] / phase_sum if phase_sum else 0.0) for p in TIME_PHASES
         },
         "model_call_s": _percentiles(call_s),
         "retried_calls": sum(1 for s in steps if s["model"].get("attempts", 1) > 1),
-        "hung_calls": sum(s["model"].get("timeouts", 0) for s in steps),
+        "hung_calls": sum(s["model"].get("timeouts", 0) for s in steps)
+        + sum(
+            r["error"].get("attempts", 1)
+            for r in records
+            if r.get("error") and r["error"].get("type") == "PolicyTimeout"
+        ),
         "policy_errors": errors.get("policy", 0),
         "env_errors": errors.get("env", 0),
         "env_failures": env_failures,

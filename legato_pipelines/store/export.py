@@ -111,12 +111,17 @@ def _messages_json(run_dir, shas: list[str], inline: bool, cache: dict[str, str]
     return "[" + ",".join(parts) + "]"
 
 
-def write_table(table: pa.Table, out: str | Path) -> Path:
+def write_table(table: pa.Table, out: str | Path, *, run_dir: str | Path | None = None) -> Path:
     """Write ``table`` as ``.parquet`` or ``.jsonl`` by the extension of ``out``.
 
-    Raises ``ConfigError`` for another extension.
+    Raises ``ConfigError`` for another extension, or for a path inside ``run_dir`` (an export
+    must never overwrite the run it was made from).
     """
     path = Path(out)
+    if run_dir is not None and path.resolve().is_relative_to(Path(run_dir).resolve()):
+        raise ConfigError(
+            f"--out {path}: inside the run directory {run_dir}; write the export elsewhere (fix: another --out)"
+        )
     suffix = path.suffix.lower()
     path.parent.mkdir(parents=True, exist_ok=True)
     if suffix == ".parquet":

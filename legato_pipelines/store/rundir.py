@@ -35,6 +35,11 @@ RECORDS = "rollouts.jsonl"
 RUN_META = "run.json"
 SUMMARY = "summary.json"
 LOCK = ".lock"
+# Settings a resumed run must share with the run it continues (they change what a record means).
+RESUME_KNOBS = ("group", "oversample", "backend", "max_steps", "image_max", "harness", "history")
+_RECORD_KEYS = frozenset(
+    {"rollout_id", "task_id", "attempt", "status", "timing", "started_at", "ended_at"}
+)
 
 
 def message_sha(message: Mapping[str, Any]) -> tuple[str, bytes]:
@@ -83,7 +88,8 @@ class RunWriter:
                 )
             return
         old = orjson.loads(meta_path.read_bytes())
-        checks = (
+        old_knobs, knobs = old.get("knobs", {}), meta.get("knobs", {})
+        checks = [
             (
                 "policy version",
                 old.get("policy", {}).get("version"),
@@ -91,25 +97,21 @@ class RunWriter:
                 "--version",
             ),
             ("model", old.get("policy", {}).get("model"), meta["policy"]["model"], "--model"),
-            ("task set", old.get("task_set"), meta["task_set"], "the same task list"),
             (
-                "group",
-                old.get("knobs", {}).get("group"),
-                meta.get("knobs", {}).get("group"),
-                "--group",
+                "task set",
+                old.get("task_set"),
+                meta["task_set"],
+                f"the task list {old.get('tasks_path')!r}",
             ),
-            (
-                "oversample",
-                old.get("knobs", {}).get("oversample"),
-                meta.get("knobs", {}).get("oversample"),
-                "--oversample",
-            ),
-        )
+        ]
+        checks += [
+            (k, old_knobs.get(k), knobs.get(k), f"--{k.replace('_', '-')}") for k in RESUME_KNOBS
+        ]
         for label, a, b, flag in checks:
             if a is not None and a != b:
                 raise ResumeError(
                     f"out: {self.root} holds a run of {label} {a!r}, not {b!r}; a run resumes only with the "
-                    f"same policy version, model, task list, group and oversample (fix: {flag} {a!r}, or another --out)"
+                    f"same policy version, model, task list and collection settings (fix: {flag} {a!r}, or another --out)"
                 )
 
     def open(self, meta: dict[str, Any]) -> list[dict[str, Any]]:
@@ -226,7 +228,13 @@ def read_records(run_dir: str | Path, *, repair: bool = False) -> list[dict[str,
         try:
             if not line.endswith(b"\n"):
                 raise orjson.JSONDecodeError("no newline", "", 0)
-            records.append(orjson.loads(line))
+            record = orjson.loads(line)
+            if not isinstance(record, dict) or not _RECORD_KEYS <= record.keys():
+                raise ConfigError(
+                    f"{path}: line {number} is not a rollout record; fix: restore the run's own "
+                    "rollouts.jsonl (was something else written over it?)"
+                )
+            records.append(record)
         except orjson.JSONDecodeError:
             if number == len(lines):
                 break  # torn last line
