@@ -136,3 +136,14 @@ def test_generated_token_goes_to_a_private_file_and_servers_die_with_the_cli(tmp
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_second_serve_reuses_the_generated_token(tmp_path, monkeypatch):
+    from legato_pipelines.cli.desktop import _token
+
+    monkeypatch.delenv(DEFAULT_TOKEN_ENV, raising=False)
+    first, path = _token(tmp_path / "t" / "desktop.token")
+    second, _ = _token(tmp_path / "t" / "desktop.token")
+    assert first == second and (path.stat().st_mode & 0o777) == 0o600
+    monkeypatch.setenv(DEFAULT_TOKEN_ENV, "from-env")
+    assert _token(tmp_path / "t" / "desktop.token") == ("from-env", None)

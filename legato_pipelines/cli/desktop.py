@@ -37,10 +37,14 @@ WATCH_INTERVAL_S = 2.0
 
 
 def _token(token_file: Path) -> tuple[str, Path | None]:
-    """The token from the environment, else a new one written to ``token_file`` (mode 0600)."""
+    """The token from the environment, else the one already in ``token_file`` (so a second
+    ``serve`` on the host does not invalidate the first one's token), else a new one written
+    there (mode 0600)."""
     token = os.environ.get(DEFAULT_TOKEN_ENV, "")
     if token:
         return token, None
+    if token_file.is_file() and (existing := token_file.read_text().strip()):
+        return existing, token_file
     token = secrets.token_urlsafe(32)
     token_file.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
