@@ -159,3 +159,27 @@ def test_every_osworld_task_is_structurally_runnable_on_osworld():
     local = preflight(task_set, "local")
     # every task the local runtime cannot run is named, each problem with its task
     assert local and all(p.startswith("tasks[") and "fix:" in p for p in local)
+
+
+def test_a_list_func_needs_parallel_lists_not_one_shared_object():
+    from legato_pipelines import load_tasks
+    from legato_pipelines.osworld_format import preflight
+
+    tasks = load_tasks(
+        [
+            {
+                "task_id": "a",
+                "config": {
+                    "instruction": "x",
+                    "evaluator": {
+                        "func": ["check_include_exclude", "exact_match"],
+                        "result": {"type": "vm_command_line", "command": "echo"},
+                        "expected": {"type": "rule", "rules": {"include": ["a"], "exclude": []}},
+                    },
+                },
+            }
+        ]
+    )
+    for backend in ("local", "osworld"):
+        [problem] = preflight(tasks, backend)
+        assert "result must be a list of 2 entries" in problem and "tasks[0]" in problem

@@ -35,10 +35,15 @@ from .unsupported import UnsupportedStep
 DEAD_DESKTOP_KINDS = frozenset({"transport", "timeout", "crash", "vm"})
 
 
-def _as_list(value: Any, n: int) -> list[Any]:
+def _as_list(value: Any, n: int, field: str) -> list[Any]:
+    # OSWorld iterates result/expected/options in step with a list ``func``: a single object
+    # there is not shared across the metrics, it breaks them (DesktopEnv iterates its keys).
     if isinstance(value, list):
         return list(value)
-    return [value] * n if n else []
+    raise ValueError(
+        f"evaluator: func is a list of {n} metrics, so {field} must be a list of {n} entries "
+        f"parallel to it (got one object; fix: wrap it in [...] and give one per metric)"
+    )
 
 
 def evaluator_parts(evaluator: dict[str, Any]) -> list[tuple[str, dict | None, dict | None, dict]]:
@@ -50,9 +55,9 @@ def evaluator_parts(evaluator: dict[str, Any]) -> list[tuple[str, dict | None, d
     func = evaluator["func"]
     if isinstance(func, list):
         n = len(func)
-        results = _as_list(evaluator.get("result") or [None] * n, n)
-        expecteds = _as_list(evaluator.get("expected") or [None] * n, n)
-        options = _as_list(evaluator.get("options") or [{}] * n, n)
+        results = _as_list(evaluator.get("result") or [None] * n, n, "result")
+        expecteds = _as_list(evaluator.get("expected") or [None] * n, n, "expected")
+        options = _as_list(evaluator.get("options") or [{}] * n, n, "options")
         if not (len(results) == len(expecteds) == len(options) == n):
             raise ValueError(
                 f"evaluator: func has {n} metrics but result/expected/options have "
