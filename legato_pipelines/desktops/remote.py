@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -43,6 +42,7 @@ from .base import Desktop, DesktopConfig
 from .local.backend import LocalDesktop, open_local_desktops
 from .local.client import DesktopClient
 from .local.wire import DEFAULT_TOKEN_ENV
+from .reconnect import reconnect
 from .vmserver import attach_vm_server
 
 log = logging.getLogger("legato_pipelines.desktops.remote")
@@ -50,7 +50,6 @@ log = logging.getLogger("legato_pipelines.desktops.remote")
 POOL_OPTIONS = frozenset({"urls", "token_env", "local", "reconnect_s"})
 HEALTH_TIMEOUT_S = 5.0
 DEFAULT_RECONNECT_S = 20.0
-RECONNECT_INTERVAL_S = 0.5
 
 
 def desktop_name(url: str) -> str:
@@ -88,20 +87,7 @@ class AttachedDesktop(LocalDesktop):
         return await super().reset(task, seed=seed)
 
     async def recover(self) -> None:
-        deadline = time.monotonic() + self.reconnect_s
-        while True:
-            try:
-                await super().recover()
-                log.info("desktop %s recovered", self.name)
-                return
-            except DesktopError as exc:
-                if time.monotonic() >= deadline:
-                    log.warning("desktop %s lost: %s", self.name, exc)
-                    raise DesktopError(
-                        f"{self.name}: lost (no answer for {self.reconnect_s:g} s): {exc}",
-                        kind="crash",
-                    ) from None
-            await asyncio.sleep(RECONNECT_INTERVAL_S)
+        await reconnect(self.name, super().recover, self.reconnect_s)
 
 
 async def _probe(url: str, token: str, config: DesktopConfig, reconnect_s: float) -> Desktop | str:

@@ -45,6 +45,7 @@ from .local.apps import TEXT_EDITORS
 from .local.client import DesktopClient
 from .osworld.backend import REVERT_DOMAINS, png_size, render_code
 from .osworld.worker import DOMAIN_PROCESSES, baseline_script, fast_reset_script
+from .reconnect import reconnect
 from .screenshot_ready import ScreenshotReady
 
 log = logging.getLogger("legato_pipelines.desktops.vmserver")
@@ -58,7 +59,6 @@ BASELINE_DIR = "${TMPDIR:-/var/tmp}/legato-home-baseline"
 LOCAL_SUITE_PROCESSES = {"terminal": ("xterm",), "text_editor": TEXT_EDITORS}
 PROBE_TIMEOUT_S = 5.0
 RESET_SCRIPT_TIMEOUT_S = 60.0
-RECONNECT_INTERVAL_S = 0.5
 DEFAULT_WAIT_ACTION_S = 1.0
 REVERT_MESSAGE = (
     "this desktop is an OSWorld VM server attached by URL; snapshot revert needs the "
@@ -252,20 +252,7 @@ class VMServerDesktop:
     async def recover(self) -> None:
         """Wait up to ``reconnect_s`` seconds for the server to answer (the next reset cleans
         the desktop); raise ``DesktopError(kind="crash")`` when it does not (the desktop is lost)."""
-        deadline = time.monotonic() + self.reconnect_s
-        while True:
-            try:
-                await self._probe("during recovery")
-                log.info("desktop %s recovered", self.name)
-                return
-            except DesktopError as exc:
-                if time.monotonic() >= deadline:
-                    log.warning("desktop %s lost: %s", self.name, exc)
-                    raise DesktopError(
-                        f"{self.name}: lost (no answer for {self.reconnect_s:g} s): {exc}",
-                        kind="crash",
-                    ) from None
-            await asyncio.sleep(RECONNECT_INTERVAL_S)
+        await reconnect(self.name, lambda: self._probe("during recovery"), self.reconnect_s)
 
     async def close(self) -> None:
         await self.client.aclose()
