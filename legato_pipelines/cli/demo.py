@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -79,7 +80,10 @@ def dagster_home(home: Path | None) -> Path:
 def demo_command(
     version: Annotated[
         str | None,
-        typer.Option("--version", help="Partition key (policy version); default demo-<timestamp>."),
+        typer.Option(
+            "--version",
+            help="Partition key (policy version); default demo-<timestamp>-<4 hex digits>.",
+        ),
     ] = None,
     tasks: Annotated[
         Path | None,
@@ -104,7 +108,7 @@ def demo_command(
 
     tasks_path = Path(tasks or default_tasks()).expanduser().resolve()
     key = check_inputs(
-        version or time.strftime("demo-%Y%m%d-%H%M%S"),
+        version or time.strftime("demo-%Y%m%d-%H%M%S-") + secrets.token_hex(2),
         tasks_path,
         group=group,
         max_steps=max_steps,
@@ -140,7 +144,7 @@ def demo_command(
             "--partition", key,
             "--config-json", json.dumps(run_config),
         ]  # fmt: skip
-        log_path = home_dir / "logs" / f"demo-{key}.log"
+        log_path = home_dir / "logs" / f"{key}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         console.print(f"$ dagster asset materialize --select {','.join(ASSETS)} --partition {key}")
         started = time.monotonic()
