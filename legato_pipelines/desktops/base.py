@@ -119,3 +119,26 @@ class DesktopConfig(BaseModel):
     @property
     def screen_size(self) -> tuple[int, int]:
         return (self.screen_width, self.screen_height)
+
+
+class WaitsByMode:
+    """The protocol's three waits over one ``_wait(mode)`` (``"reset"`` | ``"action"`` |
+    ``"eval"``), for backends whose waiting differs only by mode. ``terminate`` and ``wait``
+    actions change nothing on screen, so they get no screen wait (``ready_s`` 0 with the ready
+    signal on, ``None`` with the fixed-wait baseline)."""
+
+    config: DesktopConfig
+
+    async def _wait(self, mode: str) -> Wait:
+        raise NotImplementedError
+
+    async def wait_after_reset(self) -> Wait:
+        return await self._wait("reset")
+
+    async def wait_after_action(self, action: Action) -> Wait:
+        if action.action in ("terminate", "wait"):
+            return Wait(0.0, 0.0 if self.config.ready_signal else None)
+        return await self._wait("action")
+
+    async def wait_before_eval(self) -> Wait:
+        return await self._wait("eval")

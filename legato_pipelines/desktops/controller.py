@@ -15,7 +15,9 @@ from typing import Any, Protocol, runtime_checkable
 class DesktopController(Protocol):
     """Async access to one desktop's server. Methods raise ``DesktopError`` on transport failure."""
 
-    async def execute(self, command: list[str] | str, shell: bool = False, timeout: float = 120.0) -> dict[str, Any]:
+    async def execute(
+        self, command: list[str] | str, shell: bool = False, timeout: float = 120.0
+    ) -> dict[str, Any]:
         """``POST /execute``: run a command as the desktop's user in its HOME, wait for it.
 
         Returns ``{"status", "output", "error", "returncode"}`` (OSWorld's shape). ``~/`` is
@@ -28,10 +30,14 @@ class DesktopController(Protocol):
     async def open_file(self, path: str) -> None:
         """``POST /setup/open_file``: open with the default app; returns once its window shows."""
 
-    async def activate_window(self, window_name: str, strict: bool = False, by_class: bool = False) -> None:
+    async def activate_window(
+        self, window_name: str, strict: bool = False, by_class: bool = False
+    ) -> None:
         """``POST /setup/activate_window`` (wmctrl ``-a`` semantics)."""
 
-    async def close_window(self, window_name: str, strict: bool = False, by_class: bool = False) -> None:
+    async def close_window(
+        self, window_name: str, strict: bool = False, by_class: bool = False
+    ) -> None:
         """``POST /setup/close_window`` (wmctrl ``-c`` semantics)."""
 
     async def upload(self, path: str, data: bytes) -> None:

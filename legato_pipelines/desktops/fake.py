@@ -116,7 +116,12 @@ def _with_text(png: bytes, text: str) -> bytes:
     """``png`` with a ``tEXt`` chunk (keyword ``legato``) inserted after IHDR: same pixels,
     different bytes, no re-encoding (PNG spec: length, type, data, CRC-32 of type + data)."""
     data = b"legato\x00" + text.encode()
-    chunk = struct.pack(">I", len(data)) + b"tEXt" + data + struct.pack(">I", zlib.crc32(b"tEXt" + data))
+    chunk = (
+        struct.pack(">I", len(data))
+        + b"tEXt"
+        + data
+        + struct.pack(">I", zlib.crc32(b"tEXt" + data))
+    )
     return png[:33] + chunk + png[33:]  # 8-byte signature + 25-byte IHDR chunk
 
 
@@ -199,7 +204,9 @@ class FakeDesktop:
         if not self._unique:
             return frame
         self._observations += 1
-        return Screenshot(_with_text(frame.png, f"{self.name}:{self._observations}"), frame.width, frame.height)
+        return Screenshot(
+            _with_text(frame.png, f"{self.name}:{self._observations}"), frame.width, frame.height
+        )
 
     async def act(self, action: Action) -> None:
         self._check_alive()

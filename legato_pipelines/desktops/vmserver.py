@@ -40,7 +40,7 @@ from ..actions import Action
 from ..errors import DesktopError
 from ..images import Screenshot
 from ..tasks import Task
-from .base import DesktopConfig, Evaluation, Wait
+from .base import DesktopConfig, Evaluation, Wait, WaitsByMode
 from .local.apps import TEXT_EDITORS
 from .local.client import DesktopClient
 from .osworld.backend import REVERT_DOMAINS, png_size, render_code
@@ -77,7 +77,7 @@ def execute_argv(code: str) -> list[str]:
     return ["python", "-c", PYAUTOGUI_PREFIX + code]
 
 
-class VMServerDesktop:
+class VMServerDesktop(WaitsByMode):
     """One desktop behind a plain OSWorld in-VM server at ``client.url`` (implements
     :class:`~legato_pipelines.desktops.base.Desktop`). Make it with :func:`attach_vm_server`.
 
@@ -179,9 +179,6 @@ class VMServerDesktop:
         self.last_reset = {"clean_s": clean_s, "reset_s": time.perf_counter() - t0}
         return "fast"
 
-    async def wait_after_reset(self) -> Wait:
-        return await self._wait("reset")
-
     async def observe(self) -> Screenshot:
         """``GET /screenshot``; raises ``DesktopError(kind="observe")`` for a non-PNG answer."""
         png = await self.client.screenshot()
@@ -219,14 +216,6 @@ class VMServerDesktop:
                 f"(exit {out.get('returncode')}): {(out.get('error') or '').strip()[-300:]}",
                 kind="act",
             )
-
-    async def wait_after_action(self, action: Action) -> Wait:
-        if action.action in ("terminate", "wait"):
-            return Wait(0.0, 0.0 if self.config.ready_signal else None)
-        return await self._wait("action")
-
-    async def wait_before_eval(self) -> Wait:
-        return await self._wait("eval")
 
     async def evaluate(self, task: Task, *, last_action_fail: bool = False) -> Evaluation:
         """Postconfig + OSWorld getters/metrics over the base API, within ``eval_timeout`` s.

@@ -41,7 +41,7 @@ from ...actions import Action
 from ...errors import ConfigError, DesktopError
 from ...images import Screenshot
 from ...tasks import Task
-from ..base import DesktopConfig, Evaluation, Wait
+from ..base import DesktopConfig, Evaluation, Wait, WaitsByMode
 from .client import DesktopClient
 from .wire import DEFAULT_TOKEN_ENV, READY_LINE
 
@@ -178,7 +178,7 @@ class ServerProcess:
             self._proc.kill()
 
 
-class LocalDesktop:
+class LocalDesktop(WaitsByMode):
     """One local desktop (implements :class:`~legato_pipelines.desktops.base.Desktop`).
 
     ``client`` talks to the server; ``server`` is the process this object owns, or ``None``
@@ -229,9 +229,6 @@ class LocalDesktop:
         )
         return "revert" if self.last_reset["kind"] == "full" else "fast"
 
-    async def wait_after_reset(self) -> Wait:
-        return await self._wait("reset")
-
     async def observe(self) -> Screenshot:
         return await self.client.observe()
 
@@ -245,14 +242,6 @@ class LocalDesktop:
             )
             return
         await self.client.act(action)
-
-    async def wait_after_action(self, action: Action) -> Wait:
-        if action.action in ("terminate", "wait"):
-            return Wait(0.0, 0.0 if self.config.ready_signal else None)
-        return await self._wait("action")
-
-    async def wait_before_eval(self) -> Wait:
-        return await self._wait("eval")
 
     async def evaluate(self, task: Task, *, last_action_fail: bool = False) -> Evaluation:
         """Postconfig + OSWorld getters/metrics, within ``eval_timeout`` seconds.

@@ -65,7 +65,7 @@ from ...actions import Action
 from ...errors import ConfigError, DesktopError
 from ...images import Screenshot
 from ...tasks import Task
-from ..base import DesktopConfig, Evaluation, Wait
+from ..base import DesktopConfig, Evaluation, Wait, WaitsByMode
 from ..screenshot_ready import ScreenshotReady
 from .install import default_venv, venv_python
 
@@ -321,7 +321,7 @@ class WorkerProcess:
             await proc.wait()
 
 
-class OSWorldDesktop:
+class OSWorldDesktop(WaitsByMode):
     """One OSWorld desktop (implements :class:`~legato_pipelines.desktops.base.Desktop`).
 
     ``start_request`` is the worker's ``start`` request (provider, screen, cache dir, ...);
@@ -439,12 +439,6 @@ class OSWorldDesktop:
         self._force_revert = False
         return self.last_reset["kind"]
 
-    async def wait_after_reset(self) -> Wait:
-        """Stable screen after the task's setup. When the setup launched or opened something,
-        the screen must first differ from the clean desktop (the app showed), as the local
-        server's launch wait does; heavy domains get the 0.5 s stable window."""
-        return await self._wait("reset")
-
     async def observe(self) -> Screenshot:
         png = base64.b64decode((await self._call("observe", self.call_timeout))["png"])
         width, height = png_size(png)
@@ -478,14 +472,6 @@ class OSWorldDesktop:
                 f"(exit {result['returncode']}): {(result.get('error') or '').strip()[-300:]}",
                 kind="act",
             )
-
-    async def wait_after_action(self, action: Action) -> Wait:
-        if action.action in ("terminate", "wait"):
-            return Wait(0.0, 0.0 if self.config.ready_signal else None)
-        return await self._wait("action")
-
-    async def wait_before_eval(self) -> Wait:
-        return await self._wait("eval")
 
     async def evaluate(self, task: Task, *, last_action_fail: bool = False) -> Evaluation:
         """``DesktopEnv.evaluate()`` (postconfig, getters, metrics) within ``eval_timeout`` s.
@@ -559,6 +545,9 @@ class OSWorldDesktop:
         return response.content
 
     async def _wait(self, mode: str) -> Wait:
+        """Stable screen (``reset``: after the task's setup; when the setup launched or opened
+        something, the screen must first differ from the clean desktop, as the local server's
+        launch wait does; heavy domains get the 0.5 s stable window)."""
         t0 = time.perf_counter()
         if not self.config.ready_signal:
             await asyncio.sleep(self.config.fixed_wait or 0.0)
