@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import shutil
 import subprocess
 from pathlib import Path
@@ -71,10 +70,7 @@ def suite_scripts() -> dict[str, dict[str, list[str]]]:
 
 async def run_script(desktop, task, responses):
     """Drive ``desktop`` through one attempt with scripted Qwen responses; the Evaluation."""
-    if "seed" in inspect.signature(desktop.reset).parameters:
-        kind = await desktop.reset(task, seed=0)
-    else:
-        kind = await desktop.reset(task)
+    kind = await desktop.reset(task, seed=0)
     await desktop.wait_after_reset()
     coords = CoordinateMap.relative(desktop.screen_size)
     terminal = None
@@ -87,8 +83,5 @@ async def run_script(desktop, task, responses):
             terminal = parsed.terminal
             break
     await desktop.wait_before_eval()
-    if "last_action_fail" in inspect.signature(desktop.evaluate).parameters:
-        evaluation = await desktop.evaluate(task, last_action_fail=terminal == "fail")
-    else:
-        evaluation = await desktop.evaluate(task)
+    evaluation = await desktop.evaluate(task, last_action_fail=terminal == "fail")
     return kind, evaluation

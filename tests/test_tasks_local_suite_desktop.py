@@ -7,7 +7,6 @@ by the harness parser, one task per app plus an infeasible one (the whole suite:
 
 from __future__ import annotations
 
-import inspect
 import shutil
 from pathlib import Path
 
@@ -16,8 +15,8 @@ import pytest
 
 from legato_pipelines.desktops import open_desktops
 from legato_pipelines.desktops.base import DesktopConfig
-from legato_pipelines.harness.parse import CoordinateMap, parse_response
 from legato_pipelines.tasks import load_tasks
+from tests.osworld_backend_support import run_script
 
 SUITE = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "local"
 TASKS = ("local-term-sort", "local-edit-append", "local-calc-edit-cell", "local-term-infeasible")
@@ -30,32 +29,10 @@ pytestmark = [
 ]
 
 
-async def run_script(desktop, task, responses):
-    await desktop.reset(task, seed=0)
-    await desktop.wait_after_reset()
-    coords = CoordinateMap.relative(desktop.screen_size)
-    terminal = None
-    for text in responses:
-        parsed = parse_response(text, "stop", variant="qwen3vl", coords=coords)
-        for action in parsed.actions:
-            await desktop.act(action)
-            await desktop.wait_after_action(action)
-        if parsed.terminal:
-            terminal = parsed.terminal
-            break
-    await desktop.wait_before_eval()
-    return await desktop.evaluate(task, last_action_fail=terminal == "fail")
-
-
 async def test_correct_scripts_score_one_and_wrong_ones_less():
     config = DesktopConfig(backend="local", options={"prebuild": ["libreoffice"]})
     [desktop] = await open_desktops(config, 1)
     try:
-        for method, keyword in (("reset", "seed"), ("evaluate", "last_action_fail")):
-            if keyword not in inspect.signature(getattr(desktop, method)).parameters:
-                pytest.skip(
-                    f"the local backend's {method}() does not take the protocol's {keyword!r} yet"
-                )
         tasks = {t.task_id: t for t in load_tasks(SUITE / "tasks.json")}
         scripts = {
             n: orjson.loads((SUITE / "scripts" / f"{n}.json").read_bytes())["tasks"]
@@ -63,9 +40,9 @@ async def test_correct_scripts_score_one_and_wrong_ones_less():
         }
         for task_id in TASKS:
             task = tasks[task_id]
-            good = await run_script(desktop, task, scripts["correct"][task.instruction])
+            _, good = await run_script(desktop, task, scripts["correct"][task.instruction])
             assert (good.reward, good.error) == (1.0, None), task_id
-            bad = await run_script(desktop, task, scripts["wrong"][task.instruction])
+            _, bad = await run_script(desktop, task, scripts["wrong"][task.instruction])
             assert bad.reward < 1.0 and bad.error is None, task_id
     finally:
         await desktop.close()
