@@ -48,7 +48,7 @@ def test_section6_tasks_need_a_full_reset(osworld_classes):
     task_set, classes = osworld_classes
     by_id = {c.task_id: c for c in classes}
     listed = [tid for tid in by_id if any(tid.startswith(p) for p in KNOWN_OUTSIDE_HOME)]
-    assert len(listed) == len(KNOWN_OUTSIDE_HOME)  # every §6 id exists in the data
+    assert len(listed) == len(KNOWN_OUTSIDE_HOME)  # every docs/osworld.md §6 id is in the data
     assert all(
         by_id[tid].changes_outside_home and not by_id[tid].fast_reset_eligible for tid in listed
     )

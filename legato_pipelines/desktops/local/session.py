@@ -14,7 +14,7 @@ by default, created with ``useradd`` if missing). Xvfb and openbox run as the se
 under ``setpriv --pdeathsig KILL``, so they die with it even when it is SIGKILLed; X apps then
 exit because their display is gone.
 
-Timings this is built on (LOCAL_DESKTOP.md §3, §7): Xvfb ready ~50 ms via ``-displayfd``,
+Timings this is built on (docs/local-desktop.md §3, §7): Xvfb ready ~50 ms via ``-displayfd``,
 openbox ready ~50 ms, kill + verify ~40 ms, ``rm -rf`` + ``cp -a`` ~13 ms.
 """
 
@@ -35,7 +35,7 @@ from .procs import ProcessTable, RunAs, descendants, process_table
 DESKTOP_USER = "legato-desktop"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: X resources set on the root window: a scalable xterm font (no "cannot load font" warning,
-#: LOCAL_DESKTOP.md §9) and no blinking cursors.
+#: docs/local-desktop.md §9) and no blinking cursors.
 X_RESOURCES = "XTerm*faceName: DejaVu Sans Mono\nXTerm*faceSize: 11\n*cursorBlink: false\n"
 XVFB_TIMEOUT_S = 10.0
 PREBUILD_APPS = ("libreoffice",)
@@ -161,7 +161,7 @@ class Session:
         """The environment of every task process (built from scratch, nothing inherited).
 
         ``NO_AT_BRIDGE``/``GTK_A11Y``/``GSETTINGS_BACKEND=memory`` keep GTK apps from
-        autolaunching at-spi, dconf and dbus helpers that outlive them (LOCAL_DESKTOP.md §9).
+        autolaunching at-spi, dconf and dbus helpers that outlive them (docs/local-desktop.md §9).
         """
         home = str(self.home)
         return {
