@@ -19,7 +19,7 @@ import numpy as np
 from ..tasks import Task
 from .local.ready import ReadyResult, policy_for, wait_until_ready
 
-#: Setup steps that start an app (OSWORLD.md §3): the reset wait first waits for it to show.
+#: Setup steps that start an app (docs/osworld.md §3): the reset wait first waits for it to show.
 LAUNCH_STEPS = frozenset({"launch", "open", "chrome_open_tabs"})
 #: Domains of apps that repaint for a while after their first paint (the 0.5 s window).
 HEAVY_DOMAINS = frozenset(

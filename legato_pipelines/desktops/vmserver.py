@@ -1,13 +1,13 @@
 """OSWorld VM servers attached by URL: desktops driven through OSWorld's base API only.
 
 An OSWorld VM's own in-VM server (``desktop_env/server/main.py``, Flask on port 5000,
-OSWORLD.md §2) has no token and none of legato's ``/legato/`` endpoints. The remote pool
+docs/osworld.md §2) has no token and none of legato's ``/legato/`` endpoints. The remote pool
 (:mod:`.remote`) probes ``GET /legato/health`` once at attach; a 404/405 means such a plain
 server, and the URL becomes a :class:`VMServerDesktop`. Per attempt::
 
     reset(task)        POST /setup/execute: kill the apps of the task's domain and of the
                        previous task's domain, verify none survived,
-                       restore the HOME baseline captured at attach (OSWORLD.md §6), then the
+                       restore the HOME baseline captured at attach (docs/osworld.md §6), then the
                        task's setup steps (osworld_format.run_setup over the base API)
     wait_after_reset   poll GET /screenshot until stable   (or sleep fixed_wait)
     observe            GET /screenshot -> Screenshot
@@ -55,7 +55,8 @@ PYAUTOGUI_PREFIX = "import pyautogui; import time; pyautogui.FAILSAFE = False; "
 #: Where the clean HOME is kept on the desktop: its TMPDIR when set (a local desktop server
 #: gives each desktop its own), else /var/tmp (a VM). Expanded by the desktop's shell.
 BASELINE_DIR = "${TMPDIR:-/var/tmp}/legato-home-baseline"
-#: Apps of the project's local suite (examples/tasks/local) besides OSWorld's domains (§6).
+#: Apps of the project's local suite (examples/tasks/local) besides OSWorld's domains
+#: (docs/osworld.md §6).
 LOCAL_SUITE_PROCESSES = {"terminal": ("xterm",), "text_editor": TEXT_EDITORS}
 PROBE_TIMEOUT_S = 5.0
 RESET_SCRIPT_TIMEOUT_S = 60.0
@@ -67,7 +68,7 @@ REVERT_MESSAGE = (
 
 
 def domain_processes(domain: str) -> tuple[str, ...]:
-    """Process names (``comm``) a fast reset kills for a task of ``domain`` (OSWORLD.md §6,
+    """Process names (``comm``) a fast reset kills for a task of ``domain`` (docs/osworld.md §6,
     plus the local suite's apps); ``()`` for a domain without apps of its own."""
     return tuple(DOMAIN_PROCESSES.get(domain) or LOCAL_SUITE_PROCESSES.get(domain, ()))
 

@@ -6,7 +6,7 @@ every process the task starts stays in the server's process tree even when it da
 task's processes" are then simply the server's descendants minus its infrastructure (Xvfb,
 the window manager). They are killed by PID (SIGSTOP first so none can fork while the tree
 is being killed, then SIGKILL), never by name: other processes on the machine carry the same
-names (LOCAL_DESKTOP.md §9).
+names (docs/local-desktop.md §9).
 
 Reaping: a ``Popen`` reaps its own child; every other zombie child (re-parented orphans) is
 reaped by PID with ``waitpid(pid, WNOHANG)``. A blanket ``waitpid(-1)`` would steal exit

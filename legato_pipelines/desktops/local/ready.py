@@ -1,6 +1,6 @@
 """The ready signal: sample the screen until it stops changing, tolerant of a blinking caret.
 
-Method (LOCAL_DESKTOP.md §6): successive full-resolution uint32 frames are compared by the
+Method (docs/local-desktop.md §6): successive full-resolution uint32 frames are compared by the
 number of changed pixels and their bounding box. A pair of frames is *quiet* when nothing
 changed, or when at most 64 pixels changed inside a box at most 4 px wide and 40 px tall (a
 caret blink; a typed glyph is wider). The screen is *ready* when the pairs of a whole stable

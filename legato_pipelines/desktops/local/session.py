@@ -18,7 +18,7 @@ processes run as an unprivileged host user (``legato-desktop`` by default, creat
 the server itself under ``setpriv --pdeathsig KILL``, so they die with it even when it is
 SIGKILLed; X apps then exit because their display is gone.
 
-Timings this is built on (LOCAL_DESKTOP.md §3, §7): Xvfb ready ~50 ms,
+Timings this is built on (docs/local-desktop.md §3, §7): Xvfb ready ~50 ms,
 openbox ready ~50 ms, kill + verify ~40 ms, ``rm -rf`` + ``cp -a`` ~13 ms.
 """
 
@@ -40,7 +40,7 @@ from .sandbox import SANDBOX_HOME, SANDBOX_UID, SANDBOX_USER, Sandbox, SandboxEr
 DESKTOP_USER = "legato-desktop"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: X resources set on the root window: a scalable xterm font (no "cannot load font" warning,
-#: LOCAL_DESKTOP.md §9) and no blinking cursors.
+#: docs/local-desktop.md §9) and no blinking cursors.
 X_RESOURCES = "XTerm*faceName: DejaVu Sans Mono\nXTerm*faceSize: 11\n*cursorBlink: false\n"
 XVFB_TIMEOUT_S = 10.0
 #: First X display number a desktop tries (lower ones are left to the machine's own X servers).
@@ -194,7 +194,7 @@ class Session:
         """The environment of every task process (built from scratch, nothing inherited).
 
         ``NO_AT_BRIDGE``/``GTK_A11Y``/``GSETTINGS_BACKEND=memory`` keep GTK apps from
-        autolaunching at-spi, dconf and dbus helpers that outlive them (LOCAL_DESKTOP.md §9).
+        autolaunching at-spi, dconf and dbus helpers that outlive them (docs/local-desktop.md §9).
         """
         home = self.desktop_home
         sandboxed = self.sandbox is not None

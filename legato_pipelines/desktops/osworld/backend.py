@@ -1,6 +1,6 @@
 """The ``osworld`` backend: OSWorld's ``DesktopEnv`` in a worker process per desktop.
 
-desktop-env pins numpy<2, pandas<2.3 and torch 2.5 (OSWORLD.md §7), so each desktop is one
+desktop-env pins numpy<2, pandas<2.3 and torch 2.5 (docs/osworld.md §7), so each desktop is one
 worker subprocess (``worker.py``) under the OSWorld interpreter (``legato osworld install``),
 talking JSON lines over its stdin/stdout. This side is asyncio only: every request has a
 deadline; a worker that misses one is stopped (SIGTERM: it closes its VM; SIGKILL after a
@@ -19,7 +19,7 @@ Per attempt::
 
 Snapshot revert instead of a fast reset: ``DesktopConfig.fast_reset=False``, tasks of the
 ``os`` and ``multi_apps`` domains, any task :func:`needs_full_reset` flags (state outside
-HOME, OSWORLD.md §6), and the first reset after a failure.
+HOME, docs/osworld.md §6), and the first reset after a failure.
 
 ``DesktopConfig.options`` of the osworld backend:
   osworld_python  interpreter with desktop-env (default: the venv of ``legato osworld install``)
@@ -71,7 +71,7 @@ from .install import default_venv, venv_python
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 PROVIDERS = ("docker", "local", "vmware", "virtualbox", "aws", "azure", "aliyun", "volcengine")
-REVERT_DOMAINS = frozenset({"os", "multi_apps"})  # state outside /home/user (OSWORLD.md §6)
+REVERT_DOMAINS = frozenset({"os", "multi_apps"})  # state outside /home/user (docs/osworld.md §6)
 OPTION_NAMES = frozenset(
     {
         "osworld_python",
@@ -165,7 +165,8 @@ def default_cache_root() -> Path:
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The clean environment of a worker: a pass-list of the parent's plus ``extra``.
 
-    ``PYTHON_DOTENV_DISABLED=1`` stops desktop_env's import-time ``load_dotenv()`` (OSWORLD.md §8).
+    ``PYTHON_DOTENV_DISABLED=1`` stops desktop_env's import-time ``load_dotenv()``
+    (docs/osworld.md §8).
     """
     env = {
         k: v
