@@ -29,7 +29,13 @@ needs_apps = pytest.mark.skipif(
 class RunningServer:
     """A desktop server subprocess started with a fresh token; ``client()`` makes a client."""
 
-    def __init__(self, width: int = 1024, height: int = 768, prebuild: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        width: int = 1024,
+        height: int = 768,
+        prebuild: tuple[str, ...] = (),
+        extra_args: tuple[str, ...] = (),
+    ):
         self.token = secrets.token_urlsafe(16)
         self.state = tempfile.mkdtemp(prefix="legato-test-desktop-")
         env = dict(os.environ, **{DEFAULT_TOKEN_ENV: self.token})
@@ -45,6 +51,7 @@ class RunningServer:
                 "--state-dir",
                 self.state,
                 *[arg for app in prebuild for arg in ("--prebuild", app)],
+                *extra_args,
             ],
             env=env,
             stdout=subprocess.PIPE,

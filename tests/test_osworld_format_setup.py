@@ -125,17 +125,25 @@ async def test_unknown_step_type_is_unsupported_before_anything_runs(desktop):
     assert desktop.calls == []
 
 
-async def test_failed_step_raises_setup_error_naming_the_step(desktop):
+async def test_missing_file_is_a_fact_and_setup_carries_on_as_in_osworld(desktop):
     steps = [
         sh("true"),
         {"type": "open", "parameters": {"path": "~/nope.txt"}},
         sh("echo never > never.txt"),
     ]
-    with pytest.raises(DesktopError) as info:
-        await run_setup(make_task(steps, task_id="t-fail"), desktop)
-    assert info.value.kind == "setup"
-    assert "step 1 (open)" in str(info.value) and "t-fail" in str(info.value)
-    assert not (desktop.home / "never.txt").exists()
+    failures = await run_setup(make_task(steps, task_id="t-fail"), desktop)
+    assert (desktop.home / "never.txt").exists()  # OSWorld logs the failure and carries on
+    assert [(f["step"], f["type"]) for f in failures] == [(1, "open")]
+    assert "nope.txt" in failures[0]["error"]
+
+
+async def test_nonzero_exits_are_facts_with_status_and_stderr_tail(desktop):
+    failures = await run_setup(
+        make_task([sh("true"), sh("echo boom >&2; exit 127"), sh("echo ok > ok.txt")]), desktop
+    )
+    assert (desktop.home / "ok.txt").exists()
+    assert failures == [{"step": 1, "type": "execute", "exit_status": 127, "error": "boom\n"}]
+    assert await run_setup(make_task([sh("true")]), desktop) == []
 
 
 async def test_missing_program_fails_but_nonzero_exit_does_not(desktop):

@@ -314,4 +314,10 @@ def print_profile(summary: dict) -> None:
     )
     table.add_row("parse errors", str(summary.get("parse_errors", 0)))
     table.add_row("evaluator errors", str(summary.get("eval_errors", 0)))
+    setup = summary.get("setup_failures") or {"attempts": 0, "by_step": {}}
+    table.add_row(
+        "setup failures",
+        f"{setup['attempts']} attempts"
+        + "".join(f"\n  {where}: {n}" for where, n in list(setup["by_step"].items())[:5]),
+    )
     console.print(table)

@@ -72,8 +72,21 @@ def serve(
     ] = 5000,
     width: Annotated[int, typer.Option(min=64, help="Screen width in pixels.")] = 1280,
     height: Annotated[int, typer.Option(min=64, help="Screen height in pixels.")] = 720,
+    sandbox: Annotated[
+        bool,
+        typer.Option(
+            help="Each desktop in its own sandbox (namespaces; OSWorld's user, /home/user, sudo"
+            " inside; needs root). --no-sandbox: the task's processes run on this host as --user,"
+            " with no isolation from what that user can read."
+        ),
+    ] = True,
+    network: Annotated[
+        str,
+        typer.Option(help="Sandboxed desktops' network: host, or none (a loopback of their own)."),
+    ] = "host",
     user: Annotated[
-        str, typer.Option(help="Unprivileged desktop user when run as root (created if missing).")
+        str,
+        typer.Option(help="Unsandboxed desktops run as root: the host user (created if missing)."),
     ] = "legato-desktop",
     prebuild: Annotated[
         list[str] | None,
@@ -85,6 +98,10 @@ def serve(
     ] = Path.home() / ".config" / "legato" / "desktop.token",
 ) -> None:
     """Start COUNT desktops and serve them until Ctrl-C; restart any that dies."""
+    if network not in ("host", "none"):
+        fail(f"--network must be host or none, got {network!r}")
+    if network == "none" and not sandbox:
+        fail("--network none needs the sandbox (drop --no-sandbox)")
     token, written = _token(token_file)
     if not _is_loopback(host):
         _err.print(
@@ -93,7 +110,17 @@ def serve(
     try:
         asyncio.run(
             _serve(
-                count, host, port_start, width, height, user, tuple(prebuild or ()), token, written
+                count,
+                host,
+                port_start,
+                width,
+                height,
+                user,
+                tuple(prebuild or ()),
+                token,
+                written,
+                sandbox,
+                network,
             )
         )
     except LegatoError as exc:  # e.g. a server that could not start (port taken, no Xvfb)
@@ -110,6 +137,8 @@ async def _serve(
     prebuild: tuple[str, ...],
     token: str,
     written: Path | None,
+    sandbox: bool = True,
+    network: str = "host",
 ) -> None:
     servers = [
         ServerProcess(
@@ -120,6 +149,8 @@ async def _serve(
             user=user,
             prebuild=prebuild,
             token=token,
+            sandbox=sandbox,
+            network=network,
         )
         for i in range(count)
     ]

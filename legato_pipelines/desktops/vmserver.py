@@ -170,7 +170,7 @@ class VMServerDesktop(WaitsByMode):
         self._last_action_fail = False
         self._new_work_dir()
         self._ready.prepare(task)
-        await run_setup(
+        self.setup_failures = await run_setup(
             task,
             self.client,
             cache_dir=self._cache_dir,

@@ -10,8 +10,14 @@ the placeholders of :mod:`.placeholders`, and a command that exits non-zero stil
 - step types without a local implementation (``chrome_open_tabs``, ``googledrive``, ``login``,
   ...) raise :class:`UnsupportedStep` before any step runs, instead of failing half-way;
 - an ``execute`` with ``until`` polls at most ``UNTIL_TIMEOUT_S`` seconds (OSWorld has no bound);
-- a failed step raises :class:`~legato_pipelines.errors.DesktopError` ``kind="setup"`` naming
-  the step (OSWorld logs most failures and carries on).
+- what OSWorld logs and carries on after is a *fact* here, returned by :func:`run_setup` and
+  kept on the attempt's record (``reset.setup_failures``): an ``execute``/``command`` that
+  exits non-zero, a ``launch`` the desktop refuses or whose process dies at once, an ``open``
+  of a missing file, a window step that matches no window. Each fact is
+  ``{step, type, exit_status, error}`` (``error``: the stderr tail or the server's message,
+  at most :data:`FAILURE_TAIL_CHARS` characters);
+- any other failed step raises :class:`~legato_pipelines.errors.DesktopError` ``kind="setup"``
+  naming the step.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +43,7 @@ UNTIL_TIMEOUT_S = 60.0  # cap on an ``execute`` step's ``until`` polling, second
 UNTIL_POLL_S = 0.3  # OSWorld's poll interval for ``until``, seconds
 UNTIL_MAX_FAILURES = 5  # failed requests tolerated while polling (OSWorld: 5)
 EXECUTE_TIMEOUT_S = 120.0  # per command, as OSWorld's server (``subprocess.run`` timeout)
+FAILURE_TAIL_CHARS = 500  # the stderr / message tail kept in a setup failure fact
 
 # Errors that mean the desktop itself is gone: passed through unchanged so the engine recovers it.
 PASS_THROUGH_KINDS = frozenset({"transport", "timeout", "crash", "vm", "unsupported"})
@@ -56,6 +63,21 @@ class SetupContext:
     values: dict[str, str]
     cache_dir: Path | None
     work_dir: Path | None
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    step: list[Any] = field(default_factory=lambda: [0, ""])  # [index, type] of the running step
+
+    def fail(self, *, exit_status: int | None, error: str) -> None:
+        """Record that the running step failed the way OSWorld carries on after."""
+        index, step_type = self.step
+        self.failures.append(
+            {
+                "step": index,
+                "type": step_type,
+                "exit_status": exit_status,
+                "error": (error or "")[-FAILURE_TAIL_CHARS:],
+            }
+        )
+        log.info("task %s setup step %s (%s) failed: %s", self.task_id, index, step_type, error)
 
 
 Handler = Callable[[SetupContext, dict[str, Any]], Awaitable[None]]
@@ -70,14 +92,15 @@ async def run_setup(
     work_dir: Path | None = None,
     screen_size: tuple[int, int] = (1280, 720),
     client_password: str = "password",
-) -> None:
+) -> list[dict[str, Any]]:
     """Run ``task.setup`` (or ``steps``, e.g. an evaluator's postconfig) through ``controller``.
 
     ``screen_size`` (pixels) and ``client_password`` fill the command placeholders. Every step
     is checked first: an unknown step type or a download URL that needs the internet raises
     :class:`UnsupportedStep` before anything runs. Then steps run in order; the first failure
     raises ``DesktopError(kind="setup")`` naming its index and type (transport failures of the
-    controller pass through with their own kind).
+    controller pass through with their own kind). Returns the failures OSWorld carries on
+    after, as facts (module docstring); empty when every step succeeded.
     """
     steps = task.setup if steps is None else list(steps)
     ctx = SetupContext(
@@ -92,6 +115,7 @@ async def run_setup(
         step_type = step.get("type")
         parameters = step.get("parameters") or {}
         where = f"task {task.task_id!r} setup step {index} ({step_type})"
+        ctx.step[:] = [index, step_type]
         try:
             await HANDLERS[step_type](ctx, parameters)
         except DesktopError as exc:
@@ -102,6 +126,7 @@ async def run_setup(
             raise DesktopError(
                 f"{where} failed: {type(exc).__name__}: {exc}", kind="setup"
             ) from exc
+    return ctx.failures
 
 
 def _precheck(steps: list[dict], ctx: SetupContext) -> None:
@@ -136,9 +161,20 @@ def _required(parameters: dict[str, Any], name: str, step_type: str) -> Any:
     return value
 
 
+async def _carry_on(ctx: SetupContext, call: Awaitable[Any]) -> None:
+    """Await a controller call; a refusal by the desktop (``DesktopError`` kind ``setup``: the
+    server answered, e.g. 404 or 500) becomes a failure fact, as OSWorld logs and carries on."""
+    try:
+        await call
+    except DesktopError as exc:
+        if exc.kind != "setup":
+            raise
+        ctx.fail(exit_status=getattr(exc, "exit_status", None), error=str(exc))
+
+
 async def _launch(ctx: SetupContext, p: dict[str, Any]) -> None:
     command = substitute(_required(p, "command", "launch"), ctx.values)
-    await ctx.controller.launch(command, shell=bool(p.get("shell", False)))
+    await _carry_on(ctx, ctx.controller.launch(command, shell=bool(p.get("shell", False))))
 
 
 async def _execute(ctx: SetupContext, p: dict[str, Any]) -> None:
@@ -157,12 +193,8 @@ async def _execute(ctx: SetupContext, p: dict[str, Any]) -> None:
                     kind="setup",
                 )
         else:
-            if result.get("returncode") not in (0, None):
-                log.debug(
-                    "setup command %r exited %s (not a failure, as in OSWorld)",
-                    command,
-                    result.get("returncode"),
-                )
+            if result.get("returncode") not in (0, None) and not until:
+                ctx.fail(exit_status=result.get("returncode"), error=result.get("error") or "")
             _capture(ctx, p.get("stdout"), result.get("output"))
             _capture(ctx, p.get("stderr"), result.get("error"))
             if not until or _until_met(until, result):
@@ -195,23 +227,26 @@ def _capture(ctx: SetupContext, name: str | None, text: str | None) -> None:
 
 
 async def _open(ctx: SetupContext, p: dict[str, Any]) -> None:
-    await ctx.controller.open_file(substitute(_required(p, "path", "open"), ctx.values))
+    path = substitute(_required(p, "path", "open"), ctx.values)
+    await _carry_on(ctx, ctx.controller.open_file(path))
 
 
 async def _activate_window(ctx: SetupContext, p: dict[str, Any]) -> None:
-    await ctx.controller.activate_window(
+    call = ctx.controller.activate_window(
         _required(p, "window_name", "activate_window"),
         strict=bool(p.get("strict", False)),
         by_class=bool(p.get("by_class", False)),
     )
+    await _carry_on(ctx, call)
 
 
 async def _close_window(ctx: SetupContext, p: dict[str, Any]) -> None:
-    await ctx.controller.close_window(
+    call = ctx.controller.close_window(
         _required(p, "window_name", "close_window"),
         strict=bool(p.get("strict", False)),
         by_class=bool(p.get("by_class", False)),
     )
+    await _carry_on(ctx, call)
 
 
 async def _sleep(ctx: SetupContext, p: dict[str, Any]) -> None:

@@ -100,6 +100,10 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> d
         kind = await desktop.reset(task, seed=ex.seed)
         wait = await desktop.wait_after_reset()
         record["reset"] = {"kind": kind, "ready_s": wait.ready_s, "wait_s": wait.wait_s}
+        # what OSWorld carries on after (a setup command that exited non-zero, ...): facts
+        setup_failures = list(getattr(desktop, "setup_failures", None) or [])
+        if setup_failures:
+            record["reset"]["setup_failures"] = setup_failures
         timing["reset_s"] = time.perf_counter() - t0
         episode = ctx.harness.episode(task.instruction, desktop.screen_size)
         steps = record["steps"]

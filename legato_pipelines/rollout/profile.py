@@ -124,6 +124,7 @@ def summarize(
         "token_ids_share": _share(steps, "token_ids"),
         "parse_errors": sum(1 for s in steps if s.get("parse_error")),
         "eval_errors": sum(1 for r in final if r.get("eval_error")),
+        "setup_failures": _setup_failures(records),
         "desktops": desktop_health(records),
     }
 
@@ -163,6 +164,20 @@ def _percentiles(values: np.ndarray) -> dict[str, float | None]:
         return {"p50": None, "p95": None, "p99": None}
     p50, p95, p99 = np.percentile(values, [50, 95, 99])
     return {"p50": round(float(p50), 4), "p95": round(float(p95), 4), "p99": round(float(p99), 4)}
+
+
+def _setup_failures(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Attempts whose setup had a step OSWorld carries on after (``reset.setup_failures``):
+    how many, and the count per ``task_id`` and step type (``{"attempts", "by_step"}``)."""
+    by_step: Counter = Counter()
+    attempts = 0
+    for r in records:
+        failures = (r.get("reset") or {}).get("setup_failures") or []
+        if failures:
+            attempts += 1
+        for f in failures:
+            by_step[f"{r['task_id']} step {f.get('step')} ({f.get('type')})"] += 1
+    return {"attempts": attempts, "by_step": dict(by_step.most_common())}
 
 
 def _share(steps: list[dict], key: str) -> float | None:

@@ -17,7 +17,11 @@ started (``legato desktop serve``) that it attaches to by URL. Per attempt::
   token_env     environment variable with the token of attached servers (default LEGATO_DESKTOP_TOKEN)
   base_port     first port of started servers (default: any free port)
   host          address started servers listen on (default 127.0.0.1)
-  user          desktop user when the servers run as root (default legato-desktop)
+  sandbox       run each desktop in its own sandbox (default true: namespaces, OSWorld's
+                ``user`` and /home/user, sudo inside, revert in ~0.1 s; needs root); false
+                runs the task's processes on the host as ``user`` with no isolation
+  network       sandboxed desktops: "host" (default) or "none" (a loopback of its own)
+  user          desktop user of unsandboxed servers run as root (default legato-desktop)
   template      directory copied into each baseline HOME (pre-built app profiles)
   prebuild      apps whose profile each server builds into its baseline HOME: ["libreoffice"]
   cache_dir     read-only file cache for ``download`` steps and ``cloud_file`` getters
@@ -52,6 +56,8 @@ OPTION_NAMES = frozenset(
         "base_port",
         "host",
         "user",
+        "sandbox",
+        "network",
         "template",
         "prebuild",
         "cache_dir",
@@ -82,8 +88,11 @@ class ServerProcess:
         prebuild: tuple[str, ...] = (),
         start_timeout: float = 30.0,
         token: str | None = None,
+        sandbox: bool = True,
+        network: str = "host",
     ):
         self.width, self.height, self.host, self.port = width, height, host, port
+        self.sandbox, self.network = sandbox, network
         self.user, self.template, self.start_timeout = user, template, start_timeout
         self.prebuild = tuple(prebuild)
         self.url: str | None = None
@@ -134,6 +143,7 @@ class ServerProcess:
         ]
         if self.user:
             argv += ["--user", self.user]
+        argv += ["--sandbox" if self.sandbox else "--no-sandbox", "--network", self.network]
         if self.template:
             argv += ["--template", str(self.template)]
         for app in self.prebuild:
@@ -203,6 +213,9 @@ class LocalDesktop(WaitsByMode):
         self._force_full = False
         self._work_dir: str | None = None
         self._cache_dir = config.options.get("cache_dir")
+        self.setup_failures: list[dict[str, Any]] = []
+        # servers this backend starts are sandboxed unless sandbox=false; attached ones may not be
+        self.sandboxed = server is not None and config.options.get("sandbox", True) is True
 
     def __repr__(self) -> str:
         return f"LocalDesktop({self.name!r}, {self.client.url!r})"
@@ -216,18 +229,22 @@ class LocalDesktop(WaitsByMode):
         """
         from ...osworld_format import needs_full_reset, run_setup
 
-        full = self._force_full or not self.config.fast_reset or needs_full_reset(task)
+        # A sandboxed server reverts by itself when the task wrote outside HOME (the overlay's
+        # upper layer is not empty), so tasks that do need no full restart up front.
+        outside = needs_full_reset(task) and not self.sandboxed
+        full = self._force_full or not self.config.fast_reset or outside
         self.last_reset = await self.client.reset(full=full)
         self._force_full = False
         self._new_work_dir()
-        await run_setup(
+        self.setup_failures = []
+        self.setup_failures = await run_setup(
             task,
             self.client,
             cache_dir=self._cache_dir,
             work_dir=self._work_dir,
             screen_size=self.screen_size,
         )
-        return "revert" if self.last_reset["kind"] == "full" else "fast"
+        return "fast" if self.last_reset["kind"] == "fast" else "revert"
 
     async def observe(self) -> Screenshot:
         return await self.client.observe()
@@ -334,6 +351,13 @@ async def open_local_desktops(config: DesktopConfig, n: int) -> list[LocalDeskto
         )
     if n < 1:
         raise ConfigError(f"desktops must be >= 1, got {n}")
+    sandbox, network = options.get("sandbox", True), options.get("network", "host")
+    if not isinstance(sandbox, bool):
+        raise ConfigError(f"desktop option 'sandbox' must be true or false, got {sandbox!r}")
+    if network not in ("host", "none"):
+        raise ConfigError(f'desktop option \'network\' must be "host" or "none", got {network!r}')
+    if network == "none" and not sandbox:
+        raise ConfigError("desktop option network=none needs the sandbox (sandbox=true)")
     urls = options.get("urls")
     if urls:
         return await _attach(config, list(urls), n, options.get("token_env", DEFAULT_TOKEN_ENV))
@@ -348,6 +372,8 @@ async def open_local_desktops(config: DesktopConfig, n: int) -> list[LocalDeskto
             template=options.get("template"),
             prebuild=tuple(options.get("prebuild", ())),
             start_timeout=float(options.get("start_timeout", 30.0)),
+            sandbox=sandbox,
+            network=network,
         )
         for i in range(n)
     ]

@@ -139,9 +139,22 @@ class DesktopClient:
         return body
 
     async def launch(self, command: list[str] | str, shell: bool = False) -> None:
-        await self._request(
-            "POST", "/setup/launch", kind="setup", json={"command": command, "shell": shell}
+        """``POST /setup/launch``. Raises ``DesktopError(kind="setup")`` when the server cannot
+        start it or it exits non-zero at once (``exit_status`` attribute: its exit status)."""
+        response = await self._request(
+            "POST",
+            "/setup/launch",
+            kind="setup",
+            allow=(500,),
+            json={"command": command, "shell": shell},
         )
+        if response.status_code == 500:
+            body = response.json()
+            error = DesktopError(
+                f"POST {self.url}/setup/launch: {body.get('message', '')}", kind="setup"
+            )
+            error.exit_status = body.get("returncode")
+            raise error
 
     async def open_file(self, path: str, timeout: float = 60.0) -> None:
         await self._request(

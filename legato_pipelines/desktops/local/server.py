@@ -7,7 +7,7 @@ processes (as their subreaper), and serves:
 OSWorld's base routes (request/response shapes of ``desktop_env/server/main.py``)
   GET  /screenshot                   PNG (with the cursor)
   POST /execute, /setup/execute      {command, shell[, timeout]} -> {status, output, error, returncode}
-  POST /setup/launch                 {command, shell} -> text; does not wait
+  POST /setup/launch                 {command, shell} -> text; 500 {returncode} when it dies at once
   POST /setup/open_file              {path[, timeout]} -> text once a window titled with the file's name shows
   POST /setup/activate_window        {window_name, strict, by_class} (wmctrl -a semantics; 404: no match)
   POST /setup/close_window           {window_name, strict, by_class} (wmctrl -c semantics; 404: no match)
@@ -62,12 +62,14 @@ from ...actions import Action
 from . import apps
 from .procs import become_subreaper, process_table
 from .ready import HEAVY_APPS, ReadyResult, policy_for, wait_until_ready
+from .sandbox import check_support
 from .session import Session, SessionError
 from .wire import DEFAULT_TOKEN_ENV, READY_LINE
 from .xthread import XThread
 
 EXECUTE_TIMEOUT_S = 120.0  # OSWorld's subprocess.run timeout
 OPEN_FILE_TIMEOUT_S = 60.0
+LAUNCH_CHECK_S = 0.05  # a launched app that exits non-zero this soon is reported as failed
 FILE_TIMEOUT_S = 60.0
 REAP_INTERVAL_S = 1.0
 ACTION_FIELDS = {f.name for f in fields(Action)}
@@ -143,14 +145,31 @@ class DesktopServer:
         ctx = self.x.ctx()
         self.launch_mark = LaunchMark(ctx.screen.frame(), frozenset(ctx.windows.client_ids()))
 
-    def _spawn_app(self, argv, shell: bool) -> int:
+    def _spawn_app(self, argv, shell: bool) -> subprocess.Popen:
         argv, shell = apps.with_session_bus(argv, shell)
         self._mark_launch()
         with open(self.session.state / "apps.log", "ab") as log:
-            proc = self.session.procs.spawn(
+            return self.session.procs.spawn(
                 argv, self.session.run_as(), shell=shell, stdout=log, stderr=log
             )
-        return proc.pid
+
+    async def died_at_once(self, proc: subprocess.Popen) -> int | None:
+        """The exit status of a just-launched app that failed within ``LAUNCH_CHECK_S``
+        (a missing program exits 127 in a few ms), else ``None`` (running, or exited 0)."""
+        deadline = time.monotonic() + LAUNCH_CHECK_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        return proc.returncode or None
+
+    def apps_log_tail(self, chars: int = 500) -> str:
+        """The end of ``apps.log`` (the launched apps' stdout and stderr)."""
+        try:
+            with open(self.session.state / "apps.log", "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - chars))
+                return f.read().decode(errors="replace").strip()
+        except OSError:
+            return ""
 
     def heavy_app_running(self) -> bool:
         table = process_table()
@@ -195,7 +214,9 @@ class DesktopServer:
         ctx = self.x.ctx()
         ctx.input.release_all()
         width, height = ctx.screen.size
-        ctx.input.move(width - 1, height - 1)  # park the pointer where it hovers over nothing
+        # Park the pointer where it hovers over nothing, one pixel off the corner: a pointer
+        # in a corner trips pyautogui's fail-safe in OSWorld's setup commands (FailSafeException).
+        ctx.input.move(width - 2, height - 2)
         ctx.display.sync()
 
     async def wait_ready(self, mode: str, **overrides) -> ReadyResult:
@@ -336,10 +357,21 @@ def build_app(server: DesktopServer, token: str, *, manage_lifecycle: bool = Tru
         shell = _field(p, "shell", bool, False)
         argv = apps.command_argv(_field(p, "command", (str, list)), shell, s.home)
         try:
-            await s.x.run(s._spawn_app, argv, shell)
+            proc = await s.x.run(s._spawn_app, argv, shell)
         except OSError as exc:
             return _error(500, f"cannot launch {argv!r}: {exc}")
         shown = argv if isinstance(argv, str) else " ".join(argv)
+        code = await s.died_at_once(proc)
+        if code is not None:
+            return JSONResponse(
+                {
+                    "status": "error",
+                    "message": f"{shown} exited with {code} at once: {s.apps_log_tail()}",
+                    "kind": "setup",
+                    "returncode": code,
+                },
+                status_code=500,
+            )
         return PlainTextResponse(f"{shown} launched successfully")
 
     async def open_file(request: Request) -> Response:
@@ -665,6 +697,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(
             f"error: environment variable {args.token_env} (the desktop token) is not set or empty"
         )
+    if args.sandbox:
+        support = check_support()
+        if not support.ok:
+            sys.exit(f"error: {support.problem}")
+    elif args.network == "none":
+        sys.exit("error: --network none needs the sandbox (drop --no-sandbox)")
     become_subreaper()
     own_state = args.state_dir is None
     state = Path(tempfile.mkdtemp(prefix="legato-desktop-")) if own_state else args.state_dir
