@@ -12,6 +12,7 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
+from ..record import FINAL_FOR_TRAINING
 from . import app
 from .console import console, err, fail
 
@@ -188,7 +189,7 @@ def collect_command(
         print_profile(summary)
         console.print(f"run directory: [bold]{out}[/]")
     warn_unusable(summary)
-    graded = summary["counts"].get("ok", 0) + summary["counts"].get("truncated", 0)
+    graded = sum(summary["counts"].get(s, 0) for s in FINAL_FOR_TRAINING)
     if summary["records"] and not graded:
         fail(
             "no attempt was graded (every record is an error, skipped or cancelled): see the statuses above",

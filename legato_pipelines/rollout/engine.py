@@ -20,9 +20,9 @@ from ..desktops import open_desktops
 from ..desktops.base import Desktop, DesktopConfig
 from ..errors import ConfigError, DesktopError, TaskListError
 from ..policy.config import PolicyConfig
-from ..store.rundir import FORMAT, RunWriter, read_records
+from ..record import ENV, ERROR, FORMAT, RETRIED, SKIPPED, ErrorInfo, PolicyRef, Record, as_records
+from ..store.rundir import RunWriter, read_records
 from ..tasks import TaskSet, load_tasks
-from . import statuses as st
 from .attempt import AttemptContext, run_attempt, settled_record
 from .profile import summarize
 from .scheduler import Group, Scheduler, group_attempts
@@ -134,10 +134,10 @@ async def collect_async(
         "seed": seed,
     }
     harness_obj = Harness(variant=harness, history=history, image_max=image_max)
-    policy_info = {"model": policy.model, "version": policy.version}
+    policy_info = PolicyRef(model=policy.model, version=policy.version)
     meta = {
         "format": FORMAT,
-        "policy": policy_info,
+        "policy": policy_info.to_json_dict(),
         "task_set": task_set.task_set,
         "tasks_path": task_set.path,
         "n_tasks": len(task_set),
@@ -153,7 +153,7 @@ async def collect_async(
     _plan(
         peek,
         task_set,
-        read_records(out) if Path(out).is_dir() else [],
+        as_records(read_records(out)) if Path(out).is_dir() else [],
         group=group,
         per_group=per_group,
         seed=seed,
@@ -165,17 +165,19 @@ async def collect_async(
     ) as client:
         if peek.pending() and check_policy:
             await client.check()  # a wrong URL or model fails here, in seconds, writing nothing
-        previous = writer.open(meta)  # takes the run directory's lock; cuts a torn last line
+        # takes the run directory's lock; cuts a torn last line
+        previous = as_records(writer.open(meta))
         started, prior_wall_s = time.time(), writer.previous_wall_s()
         sched = Scheduler()
         _plan(sched, task_set, previous, group=group, per_group=per_group, seed=seed)
-        records: list[dict[str, Any]] = list(previous)
+        records: list[Record] = list(previous)
 
-        def emit(record: dict[str, Any]) -> None:
-            writer.append(record)
+        def emit(record: Record) -> None:
+            line = record.to_json_dict()
+            writer.append(line)
             records.append(record)
             if on_record is not None:
-                on_record(record)
+                on_record(line)
 
         try:
             ctx = AttemptContext(
@@ -221,13 +223,10 @@ async def _run_workers(ctx: AttemptContext, sched: Scheduler, pool: list[Desktop
         if isinstance(failure, BaseException) and not isinstance(failure, DesktopError):
             raise failure
     while (ex := sched.next()) is not None:
-        record = settled_record(ctx, ex, st.ERROR)
-        record["error"] = {
-            "kind": "env",
-            "type": "no_desktop",
-            "message": "no working desktop left",
-            "phase": "queue",
-        }
+        record = settled_record(ctx, ex, ERROR)
+        record.error = ErrorInfo(
+            kind=ENV, type="no_desktop", message="no working desktop left", phase="queue"
+        )
         emit(record)
 
 
@@ -242,24 +241,23 @@ async def _worker(ctx: AttemptContext, sched: Scheduler, desktop: Desktop, emit)
         if ex is None:
             return
         if ex.group.closed:
-            emit(settled_record(ctx, ex, st.SKIPPED))
+            emit(settled_record(ctx, ex, SKIPPED))
             continue
         record = await run_attempt(ctx, ex, desktop)
         emit(record)
-        status = record["status"]
-        if status in st.FINAL_FOR_TRAINING:
+        if record.final:
             for skipped in sched.finish(ex.group):
-                emit(settled_record(ctx, skipped, st.SKIPPED))
-        elif status == st.RETRIED:
+                emit(settled_record(ctx, skipped, SKIPPED))
+        elif record.status == RETRIED:
             sched.retry(ex, time.time())
-        if record["error"] and record["error"]["kind"] == "env":
+        if record.env_failure:
             broken = True
 
 
 def _plan(
     sched: Scheduler,
     task_set: TaskSet,
-    previous: list[dict],
+    previous: list[Record],
     *,
     group: int,
     per_group: int,
@@ -267,17 +265,17 @@ def _plan(
 ) -> None:
     """Queue what is missing: all of a new batch, or on resume every logical attempt of an
     unfinished group that has no final record (finished groups are kept as they are)."""
-    by_attempt: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    by_attempt: dict[tuple[str, int], list[Record]] = defaultdict(list)
     for r in previous:
-        by_attempt[(r["task_id"], r["attempt"])].append(r)
+        by_attempt[r.logical_attempt].append(r)
     now = time.time()
     for index, task in enumerate(task_set.tasks):
         g = Group(index=index, task=task, group_id=f"{task.task_id}", size=group)
         todo, executions = [], {}
         for attempt in range(per_group):
             recs = by_attempt.get((task.task_id, attempt), [])
-            g.finished += sum(1 for r in recs if r["status"] in st.FINAL_FOR_TRAINING)
-            if not recs or recs[-1]["status"] == st.RETRIED:
+            g.finished += sum(1 for r in recs if r.final)
+            if not recs or recs[-1].status == RETRIED:
                 todo.append(attempt)
                 executions[attempt] = len(recs)
         g.closed = g.finished >= group

@@ -29,8 +29,9 @@ import orjson
 
 from ..errors import ConfigError, ResumeError
 from ..images import IMAGE_REF_PREFIX, Screenshot
+from ..record import FORMAT as FORMAT  # the format's home is legato_pipelines.record
+from ..record import Record, is_final
 
-FORMAT = "legato.rollout/v0"
 RECORDS = "rollouts.jsonl"
 RUN_META = "run.json"
 SUMMARY = "summary.json"
@@ -177,8 +178,11 @@ class RunWriter:
             self._seen_messages.add(sha)
         return sha
 
-    def append(self, record: dict[str, Any]) -> None:
-        """Append one record as a JSON line and flush it (a kill loses no finished record)."""
+    def append(self, record: Record | Mapping[str, Any]) -> None:
+        """Append one record (typed, or its JSON dict) as a JSON line and flush it (a kill
+        loses no finished record)."""
+        if isinstance(record, Record):
+            record = record.to_json_dict()
         self._fh.write(orjson.dumps(record) + b"\n")
         self._fh.flush()
 
@@ -249,9 +253,14 @@ def read_records(run_dir: str | Path, *, repair: bool = False) -> list[dict[str,
     return records
 
 
-def iter_final(records: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
-    """Records that count for training: status ``ok`` or ``truncated``."""
-    return (r for r in records if r["status"] in ("ok", "truncated"))
+def read_typed_records(run_dir: str | Path) -> list[Record]:
+    """:func:`read_records`, each record typed (:class:`~legato_pipelines.record.Record`)."""
+    return [Record.from_json_dict(r) for r in read_records(run_dir)]
+
+
+def iter_final(records: Iterable[Any]) -> Iterable[Any]:
+    """Records (typed or JSON dicts) that count for training: status ``ok`` or ``truncated``."""
+    return (r for r in records if is_final(r.status if isinstance(r, Record) else r["status"]))
 
 
 def load_messages(
