@@ -21,7 +21,7 @@ import fcntl
 import hashlib
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,6 @@ RECORDS = "rollouts.jsonl"
 RUN_META = "run.json"
 SUMMARY = "summary.json"
 LOCK = ".lock"
-# Settings a resumed run must share with the run it continues (they change what a record means).
-RESUME_KNOBS = ("group", "oversample", "backend", "max_steps", "image_max", "harness", "history")
 _RECORD_KEYS = frozenset(
     {"rollout_id", "task_id", "attempt", "status", "timing", "started_at", "ended_at"}
 )
@@ -61,11 +59,14 @@ class RunWriter:
 
     One instance per batch, used from one event loop. ``open`` checks (or writes) ``run.json``
     and raises :class:`ResumeError` when the directory holds a run of another policy version
-    or task set.
+    or task set, or whose ``knobs`` differ in one of ``resume_knobs`` (the engine's
+    :data:`~legato_pipelines.rollout.engine.RESUME_KNOBS`: settings that change what a record
+    means).
     """
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, *, resume_knobs: Sequence[str] = ()):
         self.root = Path(root)
+        self.resume_knobs = tuple(resume_knobs)
         self._messages_dir = self.root / "messages"
         self._images_dir = self.root / "images"
         self._seen_messages: set[str] = set()
@@ -106,7 +107,8 @@ class RunWriter:
             ),
         ]
         checks += [
-            (k, old_knobs.get(k), knobs.get(k), f"--{k.replace('_', '-')}") for k in RESUME_KNOBS
+            (k, old_knobs.get(k), knobs.get(k), f"--{k.replace('_', '-')}")
+            for k in self.resume_knobs
         ]
         for label, a, b, flag in checks:
             if a is not None and a != b:
