@@ -10,18 +10,22 @@ and its :class:`Step` list (each with the model call's :class:`StepResponse` and
 :class:`ModelCall` and its :class:`ActionRecord` list). Units: every ``*_s`` field and
 ``seconds`` is seconds; ``*_tokens`` are tokens; ``started_at``/``ended_at`` are Unix seconds.
 
-Byte compatibility: ``Record.from_json_dict(d).to_json_dict()`` gives back ``d`` with the same
-keys in the same order and the same values (an int stays an int), so
-``orjson.dumps(record.to_json_dict())`` reproduces a line written before this module existed.
-Keys the model does not know (a newer writer's) are kept, in place; keys absent from an older
-record stay absent. A record built by the engine (not loaded) writes its fields in the
-declared order, which is the order the format has always had; optional keys that the format
-writes only when they apply (``error.attempts``, an action's ``screen``, ``text``...) are left
-out until they are set.
+Byte compatibility: fields are declared in the order the format has always written them, so
+for a line written by the engine (before or after this module existed)
+``orjson.dumps(Record.from_json_dict(orjson.loads(line)).to_json_dict()) == line``: same keys,
+same order, same values (an int stays an int). Keys absent from a loaded object stay absent;
+keys the model does not know (a newer writer's, e.g. an action's ``timed_out``) are kept and
+written after the known ones. A record built by the engine writes every field but the optional
+ones the format writes only when they apply (``error.attempts``, an action's ``screen``,
+``text``...) and that were not set.
+
+Validation checks every field but the per-token lists (token ids, logprobs, token strings),
+which are taken as they are: reading a large run directory must stay cheap.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -29,13 +33,9 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PrivateAttr,
-    SerializerFunctionWrapHandler,
-    ValidationInfo,
+    SkipValidation,
     ValidatorFunctionWrapHandler,
     WrapValidator,
-    model_serializer,
-    model_validator,
 )
 
 FORMAT = "legato.rollout/v0"
@@ -68,6 +68,20 @@ TIME_PHASES: tuple[str, ...] = PHASES[1:]
 """The phases of executed work (the profile's time share: queueing is not work)."""
 
 
+def _json(value: Any) -> Any:
+    if isinstance(value, _Format):
+        return value.to_json_dict()
+    if isinstance(value, list) and value and isinstance(value[0], _Format):
+        return [item.to_json_dict() for item in value]
+    return value
+
+
+@functools.cache
+def _written(cls: type[_Format]) -> frozenset[str]:
+    """The fields of ``cls`` a writer-built object always writes (all but its ``OPTIONAL``)."""
+    return frozenset(cls.model_fields) - cls.OPTIONAL
+
+
 def is_final(status: str | None) -> bool:
     """Whether a record of this status counts for training (``ok`` or ``truncated``)."""
     return status in FINAL_FOR_TRAINING
@@ -85,35 +99,32 @@ Seconds = Annotated[float, WrapValidator(_number)]
 Number = Seconds
 
 
+def _long_list(item: type) -> Any:
+    """A per-token list (ids, logprobs, token strings: thousands per step): taken and written
+    as it is, not checked element by element (the writer's own data; reading a large run
+    directory stays close to the speed of reading its JSON)."""
+    return Annotated[list[item] | None, SkipValidation]
+
+
+TokenIds = _long_list(int)
+Logprobs = _long_list(float)
+Tokens = _long_list(str)
+
+
 class _Format(BaseModel):
-    """A JSON object of the format: unknown keys kept, key order and absent keys preserved
-    through :meth:`from_json_dict` / :meth:`to_json_dict`."""
+    """A JSON object of the format: unknown keys kept; a key absent from a loaded object stays
+    absent (see :meth:`to_json_dict`)."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     OPTIONAL: ClassVar[frozenset[str]] = frozenset()
     """Fields the writer leaves out until they are set (``None`` is never written for them)."""
 
-    _keys: tuple[str, ...] | None = PrivateAttr(default=None)
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _remember_keys(cls, data: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo):
-        model = handler(data)
-        if isinstance(data, Mapping) and info.context and info.context.get("json"):
-            model._keys = tuple(data)
-        return model
-
-    @model_serializer(mode="wrap")
-    def _in_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = handler(self)
-        fields_set = self.model_fields_set
-        if self._keys is not None:
-            keys = [k for k in self._keys if k in data]
-            keys += [k for k in data if k not in self._keys and k in fields_set]
-        else:
-            keys = [k for k in data if k in fields_set or k not in self.OPTIONAL]
-        return {k: data[k] for k in keys}
+    def model_post_init(self, context: Any, /) -> None:
+        # Built by the writer (not loaded): every field is written but the optional ones that
+        # were not set. Loaded: exactly the keys the object had (``model_fields_set``).
+        if not (context and context.get("json")):
+            self.__pydantic_fields_set__ |= _written(type(self))
 
     @classmethod
     def from_json_dict(cls, data: Mapping[str, Any]):
@@ -122,9 +133,15 @@ class _Format(BaseModel):
         return cls.model_validate(data, context={"json": True})
 
     def to_json_dict(self) -> dict[str, Any]:
-        """The JSON object, ready for ``orjson.dumps`` (same keys, order and values as the
-        object it was loaded from)."""
-        return self.model_dump(mode="python")
+        """The JSON object, ready for ``orjson.dumps``: the fields that were loaded or set (a
+        writer-built object: all but the unset optional ones), in the declared order (the
+        format's), then the unknown keys; values as they are (lists are not copied)."""
+        fields_set = self.__pydantic_fields_set__
+        values = self.__dict__
+        out = {name: _json(values[name]) for name in type(self).model_fields if name in fields_set}
+        if self.__pydantic_extra__:
+            out.update(self.__pydantic_extra__)
+        return out
 
     def extra(self, key: str, default: Any = None) -> Any:
         """A key this model does not declare (a newer writer's), or ``default``."""
@@ -184,9 +201,9 @@ class StepResponse(_Format):
 
     content: str | None = None
     reasoning: str | None = None
-    token_ids: list[int] | None = None
-    logprobs: list[float] | None = None
-    tokens: list[str] | None = None
+    token_ids: TokenIds = None
+    logprobs: Logprobs = None
+    tokens: Tokens = None
     finish_reason: str | None = None
 
 
