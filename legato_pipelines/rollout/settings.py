@@ -31,7 +31,9 @@ OVERRIDES_DESKTOP = ("ready_signal", "fixed_wait", "fast_reset")
 def _setting(default: Any, description: str, *, rule: str, resume: bool = False, **kw: Any):
     """A field of :class:`CollectSettings`: ``rule`` is what a valid value is (for the error
     message), ``resume`` whether a resumed run must have the same value."""
-    return Field(default, description=description, json_schema_extra={"rule": rule, "resume": resume}, **kw)  # fmt: skip
+    return Field(
+        default, description=description, json_schema_extra={"rule": rule, "resume": resume}, **kw
+    )
 
 
 class CollectSettings(BaseModel):
@@ -41,61 +43,90 @@ class CollectSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     group: int = _setting(
-        4, "Attempts per task: one GRPO group.", rule="attempts per task must be an integer >= 1",
-        resume=True, ge=1, strict=True,
-    )  # fmt: skip
+        4,
+        "Attempts per task: one GRPO group.",
+        rule="attempts per task must be an integer >= 1",
+        resume=True,
+        ge=1,
+        strict=True,
+    )
     oversample: float = _setting(
-        0.0, "Extra attempts per group, as a fraction of group: ceil(group x oversample).",
-        rule="must be >= 0 (a fraction of group)", resume=True, ge=0,
-    )  # fmt: skip
+        0.0,
+        "Extra attempts per group, as a fraction of group: ceil(group x oversample).",
+        rule="must be >= 0 (a fraction of group)",
+        resume=True,
+        ge=0,
+    )
     max_steps: int = _setting(
-        15, "Policy calls per attempt; reaching it ends the attempt as ok.",
-        rule="must be >= 1", resume=True, ge=1,
-    )  # fmt: skip
+        15,
+        "Policy calls per attempt; reaching it ends the attempt as ok.",
+        rule="must be >= 1",
+        resume=True,
+        ge=1,
+    )
     max_inflight: int | None = _setting(
-        None, "Cap on concurrent model requests (default: one per desktop).",
-        rule="must be >= 1 or unset", ge=1,
-    )  # fmt: skip
+        None,
+        "Cap on concurrent model requests (default: one per desktop).",
+        rule="must be >= 1 or unset",
+        ge=1,
+    )
     step_timeout: float = _setting(
-        60.0, "Seconds per model call: a hard deadline, even if the server trickles bytes.",
-        rule="must be > 0 seconds", gt=0,
-    )  # fmt: skip
+        60.0,
+        "Seconds per model call: a hard deadline, even if the server trickles bytes.",
+        rule="must be > 0 seconds",
+        gt=0,
+    )
     retries: int = _setting(
         1, "Re-tries of a failed model call (backoff with jitter).", rule="must be >= 0", ge=0
     )
     rollout_timeout: float | None = _setting(
-        None, "Seconds per attempt (wall clock); then graded and marked truncated.",
-        rule="must be > 0 seconds or unset", gt=0,
-    )  # fmt: skip
+        None,
+        "Seconds per attempt (wall clock); then graded and marked truncated.",
+        rule="must be > 0 seconds or unset",
+        gt=0,
+    )
     env_retries: int = _setting(
         1, "New executions after a desktop failure.", rule="must be >= 0", ge=0
     )
     ready_signal: bool = _setting(
-        True, "Wait until the screen is stable after actions and reset (off: fixed_wait).",
+        True,
+        "Wait until the screen is stable after actions and reset (off: fixed_wait).",
         rule="must be true or false",
-    )  # fmt: skip
+    )
     fixed_wait: float | None = _setting(
-        None, "Seconds to sleep after actions instead (the baseline; needs ready_signal off).",
-        rule="must be >= 0 seconds or unset", ge=0,
-    )  # fmt: skip
+        None,
+        "Seconds to sleep after actions instead (the baseline; needs ready_signal off).",
+        rule="must be >= 0 seconds or unset",
+        ge=0,
+    )
     fast_reset: bool = _setting(
-        True, "Fast reset where the task allows it (off: full restart / snapshot revert).",
+        True,
+        "Fast reset where the task allows it (off: full restart / snapshot revert).",
         rule="must be true or false",
-    )  # fmt: skip
+    )
     image_max: int = _setting(
-        20, "Screenshots kept in the prompt (prefix-cache friendly).", rule="must be >= 1",
-        resume=True, ge=1,
-    )  # fmt: skip
+        20,
+        "Screenshots kept in the prompt (prefix-cache friendly).",
+        rule="must be >= 1",
+        resume=True,
+        ge=1,
+    )
     harness: Literal["qwen3vl", "qwen25vl"] = _setting(
-        "qwen3vl", "Prompt and action format: qwen3vl | qwen25vl.",
-        rule="must be qwen3vl or qwen25vl", resume=True,
-    )  # fmt: skip
+        "qwen3vl",
+        "Prompt and action format: qwen3vl | qwen25vl.",
+        rule="must be qwen3vl or qwen25vl",
+        resume=True,
+    )
     history: Literal["window", "hysteresis"] = _setting(
-        "window", "How old screenshots leave the prompt: window | hysteresis.",
-        rule="must be window or hysteresis", resume=True,
-    )  # fmt: skip
+        "window",
+        "How old screenshots leave the prompt: window | hysteresis.",
+        rule="must be window or hysteresis",
+        resume=True,
+    )
     desktops: int = _setting(4, "Desktops run at once, one worker each.", rule="must be >= 1", ge=1)
-    seed: int = _setting(0, "Seeds attempt seeds (the fake backend's rewards).", rule="an integer")
+    seed: int = _setting(
+        0, "Seeds attempt seeds (the fake backend's rewards).", rule="must be an integer"
+    )
 
     @classmethod
     def default(cls, name: str) -> Any:
