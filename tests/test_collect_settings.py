@@ -17,7 +17,7 @@ from legato_pipelines.resources.desktops import DesktopPoolResource
 from legato_pipelines.rollout.engine import RESUME_KNOBS
 from legato_pipelines.rollout.settings import RESUME_SETTINGS, CollectSettings, flag
 from legato_pipelines.tasks import load_tasks
-from tests.conftest import fake_tasks
+from tests.engine_support import fake_tasks
 
 FIELDS = CollectSettings.model_fields
 

@@ -1,5 +1,5 @@
 """Collection settings: every knob of one batch, with its default, unit and check, in one place
-(ARCHITECTURE §3).
+(docs/architecture.md §3).
 
 Everything else derives from :class:`CollectSettings`: the keyword arguments of
 :func:`~legato_pipelines.collect` (mapped onto it), the ``legato collect`` flags (generated
