@@ -29,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import CLICK, DONE, policy_server_process  # noqa: E402
 
-from legato_pipelines import DesktopConfig, PolicyConfig, collect_async, load_tasks, read_records  # noqa: E402
+from legato_pipelines import DesktopConfig, PolicyConfig, collect_async, load_tasks  # noqa: E402
 from legato_pipelines.desktops.fake import FakeDesktop, frame_pool  # noqa: E402
+from legato_pipelines.store.rundir import read_typed_records  # noqa: E402
 
 
 class MeteredFakeDesktop(FakeDesktop):
@@ -88,13 +89,13 @@ async def run(
             max_inflight=desktops,
         )
         wall = time.time() - t0
-        records = read_records(out)
+        records = read_typed_records(out)
     model_by_desktop: dict[str, float] = defaultdict(float)
     finished: dict[str, list[float]] = defaultdict(list)
     for r in records:
-        model_by_desktop[r["desktop"]] += sum(s["model"]["seconds"] for s in r["steps"])
-        if r["status"] in ("ok", "truncated"):
-            finished[r["group_id"]].append(r["ended_at"])
+        model_by_desktop[r.desktop] += sum(s.model.seconds for s in r.steps)
+        if r.final:
+            finished[r.group_id].append(r.ended_at)
     bound = max(d.sampled + model_by_desktop[d.name] for d in pool)
     close_times = [sorted(ends)[group - 1] - t0 for ends in finished.values() if len(ends) >= group]
     return {

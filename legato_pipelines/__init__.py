@@ -7,6 +7,8 @@ logprobs, rewards, GRPO group advantages, policy version).
 Public API::
 
     collect(tasks, policy, out, **knobs) -> summary      # one batch into a run directory
+                                                         # (knobs: CollectSettings' fields,
+                                                         # or settings=CollectSettings(...))
     export_steps(run_dir) -> pyarrow.Table               # training samples with advantages
     load_request(run_dir, rollout_id, step) -> messages  # the exact prompt of a step
     profile(run_dir) -> summary                          # recompute the profile
@@ -25,8 +27,10 @@ from .errors import (
     TaskListError,
 )
 from .policy.config import PolicyConfig
+from .record import Record
 from .rollout.engine import collect, collect_async
 from .rollout.profile import profile
+from .rollout.settings import CollectSettings
 from .store.export import export_steps, group_advantages
 from .store.rundir import load_request, read_records
 from .tasks import Task, TaskSet, load_tasks
@@ -34,6 +38,8 @@ from .tasks import Task, TaskSet, load_tasks
 __all__ = [
     "collect",
     "collect_async",
+    "CollectSettings",
+    "Record",
     "export_steps",
     "group_advantages",
     "load_request",

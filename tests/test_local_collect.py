@@ -26,7 +26,10 @@ TASKS = ["local-term-sort", "local-term-mkdir", "local-edit-append", "local-edit
 pytestmark = [
     pytest.mark.desktop,
     pytest.mark.slow,
-    pytest.mark.skipif(not all(shutil.which(a) for a in ("Xvfb", "openbox", "xterm", "l3afpad")), reason="needs Xvfb and apps"),
+    pytest.mark.skipif(
+        not all(shutil.which(a) for a in ("Xvfb", "openbox", "xterm", "l3afpad")),
+        reason="needs Xvfb and apps",
+    ),
 ]
 
 
@@ -41,10 +44,33 @@ def subset(tmp_path: Path) -> Path:
 def test_collect_local_scores_scripts(tmp_path, script, reward):
     with ScriptedPolicyServer(flavor="vllm", script=SUITE / "scripts" / f"{script}.json") as server:
         res = subprocess.run(
-            [sys.executable, "-m", "legato_pipelines", "collect", "--backend", "local", "--tasks", subset(tmp_path),
-             "--policy-url", server.url, "--model", server.model, "--out", tmp_path / "run", "--desktops", "2",
-             "--group", "1", "--max-steps", "8", "--json"],
-            capture_output=True, text=True, timeout=300)
+            [
+                sys.executable,
+                "-m",
+                "legato_pipelines",
+                "collect",
+                "--backend",
+                "local",
+                "--tasks",
+                subset(tmp_path),
+                "--policy-url",
+                server.url,
+                "--model",
+                server.model,
+                "--out",
+                tmp_path / "run",
+                "--desktops",
+                "2",
+                "--group",
+                "1",
+                "--max-steps",
+                "8",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
     records = read_records(tmp_path / "run")
@@ -68,17 +94,31 @@ async def test_killed_desktop_server_is_recovered_and_attempt_retried(tmp_path):
             killed.set()
 
     try:
-        with ScriptedPolicyServer(flavor="vllm", script=SUITE / "scripts" / "correct.json") as server:
-            summary = await collect_async(tasks, PolicyConfig(base_url=server.url, model=server.model), tmp_path / "run",
-                                          desktop_pool=pool, desktop=config, group=2, max_steps=8, env_retries=2,
-                                          on_record=on_record)
+        with ScriptedPolicyServer(
+            flavor="vllm", script=SUITE / "scripts" / "correct.json"
+        ) as server:
+            summary = await collect_async(
+                tasks,
+                PolicyConfig(base_url=server.url, model=server.model),
+                tmp_path / "run",
+                desktop_pool=pool,
+                desktop=config,
+                group=2,
+                max_steps=8,
+                env_retries=2,
+                on_record=on_record,
+            )
     finally:
         await asyncio.gather(*(d.close() for d in pool))
     records = read_records(tmp_path / "run")
     assert killed.is_set()
     assert summary["missing"] == 0 and summary["groups"]["closed"] == len(TASKS)
     retried = [r for r in records if r["status"] == "retried"]
-    assert retried and all(r["error"]["kind"] == "env" and r["desktop"] == victim.name for r in retried)
+    assert retried and all(
+        r["error"]["kind"] == "env" and r["desktop"] == victim.name for r in retried
+    )
     # the recovered desktop took work again and scored
-    assert any(r["desktop"] == victim.name and r["status"] == "ok" and r["reward"] == 1.0 for r in records)
+    assert any(
+        r["desktop"] == victim.name and r["status"] == "ok" and r["reward"] == 1.0 for r in records
+    )
     assert len(records) == summary["scheduled"] + summary["retries"]

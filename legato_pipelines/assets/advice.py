@@ -39,10 +39,8 @@ def _setting(flag: str) -> str | None:
     if flag in RESOURCE_SETTINGS:
         return RESOURCE_SETTINGS[flag]
     field = flag[2:].replace("-", "_")
-    if field == "no_ready_signal":
-        field = "ready_signal"
-    elif field == "no_fast_reset":
-        field = "fast_reset"
+    if field.startswith("no_") and field[3:] in CollectConfig.model_fields:
+        field = field[3:]  # --no-ready-signal, --no-fast-reset: the switch's field
     if field in CollectConfig.model_fields:
         return f"the rollout_batch run config's {field}"
     return None

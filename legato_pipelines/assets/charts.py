@@ -14,6 +14,8 @@ from typing import Any
 
 import matplotlib
 
+from ..record import Record, as_record
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -48,15 +50,16 @@ def time_share_chart(time_share: Mapping[str, float], title: str) -> bytes:
 
 
 def success_by_task(
-    records: Iterable[Mapping[str, Any]],
+    records: Iterable[Record | Mapping[str, Any]],
 ) -> dict[str, tuple[float, int, str | None]]:
-    """``task_id -> (mean reward, attempts, domain)`` over ``ok``/``truncated`` records."""
+    """``task_id -> (mean reward, attempts, domain)`` over ``ok``/``truncated`` records (typed
+    or JSON dicts)."""
     rewards: dict[str, list[float]] = defaultdict(list)
     domains: dict[str, str | None] = {}
-    for r in records:
-        if r.get("status") in ("ok", "truncated"):
-            rewards[r["task_id"]].append(float(r.get("reward") or 0.0))
-            domains[r["task_id"]] = r.get("domain")
+    for r in map(as_record, records):
+        if r.final:
+            rewards[r.task_id].append(float(r.reward or 0.0))
+            domains[r.task_id] = r.domain
     return {t: (sum(v) / len(v), len(v), domains[t]) for t, v in sorted(rewards.items())}
 
 

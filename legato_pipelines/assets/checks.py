@@ -23,6 +23,8 @@ from typing import Any
 import dagster as dg
 import pyarrow as pa
 
+from ..record import FINAL_FOR_TRAINING, RETRIED
+
 ADVANTAGE_TOLERANCE = 1e-6
 """Allowed |sum of advantages| per rollout of a group (float rounding of (r - mean) / std)."""
 
@@ -53,8 +55,8 @@ SUCCESS_RATE_REPORTED = dg.AssetCheckSpec(
 def no_attempt_unaccounted(rollouts: pa.Table, scheduled: int | None) -> dg.AssetCheckResult:
     """Accounting of the ``rollouts`` partition against the batch's ``scheduled`` attempts."""
     rows = rollouts.select(["task_id", "attempt", "status"]).to_pylist()
-    finals = Counter((r["task_id"], r["attempt"]) for r in rows if r["status"] != "retried")
-    retried = {(r["task_id"], r["attempt"]) for r in rows if r["status"] == "retried"}
+    finals = Counter((r["task_id"], r["attempt"]) for r in rows if r["status"] != RETRIED)
+    retried = {(r["task_id"], r["attempt"]) for r in rows if r["status"] == RETRIED}
     duplicated = sorted(k for k, n in finals.items() if n > 1)
     orphaned = sorted(retried - set(finals))
     scheduled = len(finals) if scheduled is None else scheduled
@@ -137,6 +139,6 @@ def success_rate_reported(summary: Mapping[str, Any]) -> dg.AssetCheckResult:
             "success_rate": dg.MetadataValue.float(float(rate))
             if rate is not None
             else dg.MetadataValue.text("n/a"),
-            "final_attempts": int(counts.get("ok", 0)) + int(counts.get("truncated", 0)),
+            "final_attempts": sum(int(counts.get(s, 0)) for s in FINAL_FOR_TRAINING),
         },
     )

@@ -65,11 +65,10 @@ def rollout_batch(
                 task_set,
                 policy_config,
                 run_dir,
-                desktops=desktops.count(),
+                settings=config.settings(desktops=desktops.count()),
                 desktop=desktops.config(),
                 osworld=desktops.osworld,
                 on_record=progress,
-                **config.knobs(),
             )
     finally:
         store.push_run(version)  # a URL lake: upload what was collected, even after a failure

@@ -1,18 +1,21 @@
 """Run config of a collection: the knobs a batch is launched with (the launchpad's form).
 
-Defaults come from the environment where a deployment sets them once (``LEGATO_TASKS``), else
-the engine's defaults (:func:`legato_pipelines.collect`). The knobs that describe the policy
-server and the desktops are resources, not run config.
+The knobs are the engine's :class:`~legato_pipelines.rollout.settings.CollectSettings` fields
+(names, defaults, units, bounds: one definition), the task list (default from the environment,
+``LEGATO_TASKS``) and a model override. The knobs that describe the policy server and the
+desktops are resources, not run config (:data:`RESOURCE_SETTINGS`).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, create_model
+
+from ..rollout.settings import CollectSettings
 
 EXAMPLE_TASKS = Path(__file__).resolve().parents[2] / "examples" / "tasks" / "fake" / "tasks.json"
 """The fake-backend task list shipped with the repository (``legato demo``'s default)."""
@@ -23,44 +26,37 @@ def default_tasks() -> str:
     return os.environ.get("LEGATO_TASKS") or str(EXAMPLE_TASKS)
 
 
-class CollectConfig(dg.Config):
-    """Collection knobs of one batch (units in brackets); see :func:`legato_pipelines.collect`."""
+RESOURCE_SETTINGS: dict[str, tuple[str, str]] = {"desktops": ("desktops", "desktops")}
+"""Collection settings that are resource fields in the code location, not run config:
+setting -> (resource key, field). ``desktops`` is how many desktops the pool starts (plus its
+``urls``); the engine checks the count."""
+
+
+class _CollectConfigBase(dg.Config):
+    """Collection knobs of one batch: the task list, a model override, and every
+    :class:`~legato_pipelines.rollout.settings.CollectSettings` field but the resource ones
+    (same names, defaults, units and bounds)."""
 
     tasks: str = Field(default=default_tasks(), description="Task list JSON (LEGATO_TASKS).")
-    group: int = Field(default=4, ge=1, description="Attempts per task: one GRPO group.")
-    oversample: float = Field(
-        default=0.0, ge=0, description="Extra attempts per group, as a fraction of group."
-    )
-    max_steps: int = Field(default=15, ge=1, description="Policy calls per attempt.")
-    max_inflight: int | None = Field(
-        default=None, ge=1, description="Concurrent model requests (default: one per desktop)."
-    )
-    step_timeout: float = Field(default=60.0, gt=0, description="[s] hard deadline per model call.")
-    retries: int = Field(default=1, ge=0, description="Re-tries of a failed model call.")
-    rollout_timeout: float | None = Field(
-        default=None, gt=0, description="[s] wall-clock cap per attempt (then truncated)."
-    )
-    env_retries: int = Field(default=1, ge=0, description="New executions after a desktop failure.")
-    ready_signal: bool = Field(
-        default=True, description="Wait until the screen is stable (off: fixed_wait)."
-    )
-    fixed_wait: float | None = Field(
-        default=None, ge=0, description="[s] fixed wait after actions (needs ready_signal off)."
-    )
-    fast_reset: bool = Field(default=True, description="Fast reset where the task allows it.")
-    image_max: int = Field(default=20, ge=1, description="Screenshots kept in a prompt.")
-    harness: Literal["qwen3vl", "qwen25vl"] = Field(
-        default="qwen3vl", description="Prompt and action format."
-    )
-    history: Literal["window", "hysteresis"] = Field(
-        default="window", description="How old screenshots leave the prompt."
-    )
-    seed: int = Field(default=0, description="Seeds attempt seeds (the fake backend's rewards).")
     model: str | None = Field(
         default=None, description="Model id override (set by the sensor's models source)."
     )
 
-    def knobs(self) -> dict:
-        """The keyword arguments of :func:`legato_pipelines.collect` these fields set (all but
-        the task list and the model override)."""
-        return self.model_dump(exclude={"tasks", "model"})
+    def settings(self, **resources: Any) -> CollectSettings:
+        """The engine's settings: these fields plus the resource ones (``desktops=``). Raises
+        ``ConfigError`` naming a bad one and its flag (:func:`~.advice.in_dagster` adds the
+        Dagster setting)."""
+        return CollectSettings.checked(self.model_dump(exclude={"tasks", "model"}), **resources)
+
+
+CollectConfig = create_model(
+    "CollectConfig",
+    __base__=_CollectConfigBase,
+    __module__=__name__,
+    __doc__=_CollectConfigBase.__doc__,
+    **{
+        name: (field.annotation, field)
+        for name, field in CollectSettings.model_fields.items()
+        if name not in RESOURCE_SETTINGS
+    },
+)

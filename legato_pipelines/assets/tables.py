@@ -15,12 +15,12 @@ import dagster as dg
 import orjson
 from pydantic import Field
 
-from .. import export_steps, profile, read_records
+from .. import export_steps, profile
 from ..errors import ConfigError
 from ..resources import LakeResource
 from ..store.lake import Lake
 from ..store.lake_tables import Lineage, profile_table, rollouts_table, samples_table, steps_table
-from ..store.rundir import SUMMARY, read_meta
+from ..store.rundir import SUMMARY, read_meta, read_typed_records
 from . import checks
 from .charts import markdown_image, success_by_task, success_chart, time_share_chart
 from .collection import GROUP, rollout_batch
@@ -78,7 +78,7 @@ def _summary(batch: Batch) -> dict:
 def rollouts(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
     store = lake.lake
     batch = find_batch(context.instance, context.partition_key, store, context.run.run_id)
-    records = read_records(batch.run_dir)
+    records = read_typed_records(batch.run_dir)
     table = rollouts_table(records, batch.lineage)
     steps = steps_table(records, batch.lineage)
     path = store.write("rollouts", batch.lineage.policy_version, table)
@@ -174,7 +174,7 @@ def profile_summary(context: dg.AssetExecutionContext, lake: LakeResource) -> dg
     path = store.write("profile", version, table)
     store.refresh_views()
     time_share = summary.get("time_share") or {}
-    per_task = success_by_task(read_records(batch.run_dir))
+    per_task = success_by_task(read_typed_records(batch.run_dir))
     charts = {}
     if time_share:
         png = time_share_chart(time_share, f"Time share by phase, {version}")

@@ -6,17 +6,21 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
 from rich.table import Table
 
+from ..record import FINAL_FOR_TRAINING
+from ..rollout.settings import CollectSettings
 from . import app
 from .console import console, err, fail
+from .options import settings_options
 
 
 @app.command("collect")
+@settings_options(CollectSettings, after="backend")
 def collect_command(
     tasks: Annotated[
         Path,
@@ -39,53 +43,10 @@ def collect_command(
             "--backend", help="Desktops: osworld (OSWorld VMs) | local (Xvfb) | fake (no VMs)."
         ),
     ] = "osworld",
-    desktops: Annotated[
-        int, typer.Option("--desktops", help="Number of desktops (one worker each).")
-    ] = 4,
-    group: Annotated[int, typer.Option("--group", help="Attempts per task (one GRPO group).")] = 4,
-    oversample: Annotated[
-        float,
-        typer.Option("--oversample", help="Extra attempts per group, as a fraction of --group."),
-    ] = 0.0,
-    max_steps: Annotated[int, typer.Option("--max-steps", help="Policy calls per attempt.")] = 15,
-    max_inflight: Annotated[
-        int | None, typer.Option("--max-inflight", help="Cap on concurrent model requests.")
-    ] = None,
-    step_timeout: Annotated[
-        float, typer.Option("--step-timeout", help="Seconds per model call (hard deadline).")
-    ] = 60.0,
-    retries: Annotated[int, typer.Option("--retries", help="Re-tries of a failed model call.")] = 1,
-    rollout_timeout: Annotated[
-        float | None,
-        typer.Option("--rollout-timeout", help="Seconds per attempt; then graded as truncated."),
-    ] = None,
-    env_retries: Annotated[
-        int, typer.Option("--env-retries", help="New executions after a desktop failure.")
-    ] = 1,
-    no_ready_signal: Annotated[
-        bool, typer.Option("--no-ready-signal", help="Do not wait for a stable screen.")
-    ] = False,
-    fixed_wait: Annotated[
-        float | None,
-        typer.Option(
-            "--fixed-wait", help="Seconds to sleep after actions (with --no-ready-signal)."
-        ),
-    ] = None,
-    no_fast_reset: Annotated[
-        bool,
-        typer.Option(
-            "--no-fast-reset", help="Full restart / snapshot revert before every attempt."
-        ),
-    ] = False,
-    image_max: Annotated[
-        int, typer.Option("--image-max", help="Screenshots kept in the prompt.")
-    ] = 20,
     osworld: Annotated[
         Path | None,
         typer.Option("--osworld", help="OSWorld checkout to resolve {task_id, domain} entries."),
     ] = None,
-    harness: Annotated[str, typer.Option("--harness", help="qwen3vl | qwen25vl.")] = "qwen3vl",
-    history: Annotated[str, typer.Option("--history", help="window | hysteresis.")] = "window",
     desktop_option: Annotated[
         list[str] | None,
         typer.Option("--desktop-option", help="Backend option KEY=JSON (repeatable)."),
@@ -104,9 +65,9 @@ def collect_command(
             help="Backend osworld: DesktopEnv provider (docker | local | vmware | aws | ...; default docker).",
         ),
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seeds attempt seeds (fake rewards).")] = 0,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    **settings: Any,
 ) -> None:
     """Collect one batch of graded attempts for one policy version.
 
@@ -120,6 +81,7 @@ def collect_command(
     from .progress import CollectProgress
 
     try:
+        knobs = CollectSettings.checked(settings)
         options = {}
         for item in desktop_option or []:
             key, sep, value = item.partition("=")
@@ -137,14 +99,14 @@ def collect_command(
             base_url=policy_url,
             model=model,
             version=version,
-            step_timeout=step_timeout,
-            retries=retries,
+            step_timeout=knobs.step_timeout,
+            retries=knobs.retries,
         )
         desktop = DesktopConfig(
             backend=backend,
-            ready_signal=not no_ready_signal,
-            fixed_wait=fixed_wait,
-            fast_reset=not no_fast_reset,
+            ready_signal=knobs.ready_signal,
+            fixed_wait=knobs.fixed_wait,
+            fast_reset=knobs.fast_reset,
             options=options,
         )
         task_set = load_tasks(tasks, osworld=osworld)
@@ -152,25 +114,17 @@ def collect_command(
         fail(_pydantic_message(exc))
     except LegatoError as exc:
         fail(str(exc))
-    progress = None if no_progress or json_out else CollectProgress(len(task_set), group_size=group)
+    progress = (
+        None if no_progress or json_out else CollectProgress(len(task_set), group_size=knobs.group)
+    )
     try:
         with progress or contextlib.nullcontext():
             summary = collect(
                 task_set,
                 policy,
                 out,
-                desktops=desktops,
+                settings=knobs,
                 desktop=desktop,
-                group=group,
-                oversample=oversample,
-                max_steps=max_steps,
-                max_inflight=max_inflight,
-                rollout_timeout=rollout_timeout,
-                env_retries=env_retries,
-                image_max=image_max,
-                harness=harness,
-                history=history,
-                seed=seed,
                 on_record=progress.on_record if progress else None,
             )
     except LegatoError as exc:
@@ -188,7 +142,7 @@ def collect_command(
         print_profile(summary)
         console.print(f"run directory: [bold]{out}[/]")
     warn_unusable(summary)
-    graded = summary["counts"].get("ok", 0) + summary["counts"].get("truncated", 0)
+    graded = sum(summary["counts"].get(s, 0) for s in FINAL_FOR_TRAINING)
     if summary["records"] and not graded:
         fail(
             "no attempt was graded (every record is an error, skipped or cancelled): see the statuses above",

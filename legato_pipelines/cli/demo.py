@@ -25,8 +25,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from ..rollout.settings import CollectSettings
 from . import app
 from .console import console, err, fail
+
+_HELP = {name: field.description for name, field in CollectSettings.model_fields.items()}
+_DEFAULT = CollectSettings.default
 
 ASSETS = ("rollout_batch", "rollouts", "training_samples", "profile_summary")
 FIRST_QUERY = (
@@ -97,9 +101,11 @@ def demo_command(
     home: Annotated[
         Path | None, typer.Option("--home", help="DAGSTER_HOME (must hold dagster.yaml).")
     ] = None,
-    group: Annotated[int, typer.Option("--group", help="Attempts per task (one GRPO group).")] = 4,
-    max_steps: Annotated[int, typer.Option("--max-steps", help="Policy calls per attempt.")] = 5,
-    desktops: Annotated[int, typer.Option("--desktops", help="Fake desktops at once.")] = 4,
+    group: Annotated[int, typer.Option("--group", help=_HELP["group"])] = _DEFAULT("group"),
+    max_steps: Annotated[int, typer.Option("--max-steps", help=_HELP["max_steps"])] = 5,
+    desktops: Annotated[int, typer.Option("--desktops", help="Fake desktops at once.")] = (
+        _DEFAULT("desktops")
+    ),
 ) -> None:
     """Collect one policy version on fake desktops against the scripted policy server, through Dagster."""
     from ..assets.config import default_tasks
@@ -190,10 +196,10 @@ def check_inputs(
     """Check the demo's inputs with the engine's own validators before anything starts (a bad
     input is one ``error:`` line and exit 2, not a Dagster stack trace): the partition key
     (:func:`~legato_pipelines.store.lake.check_partition_key`), the task list
-    (:func:`~legato_pipelines.tasks.load_tasks`) and the knobs ``legato collect`` checks.
-    Returns the partition key."""
+    (:func:`~legato_pipelines.tasks.load_tasks`) and the knobs, as ``legato collect`` checks
+    them (:class:`~legato_pipelines.rollout.settings.CollectSettings`). Returns the partition
+    key."""
     from ..errors import LegatoError
-    from ..rollout.engine import check_knobs
     from ..store.lake import check_partition_key
     from ..tasks import load_tasks
 
@@ -205,16 +211,7 @@ def check_inputs(
         fail(f"--tasks: {tasks_path} does not exist (fix: pass --tasks PATH or set LEGATO_TASKS)")
     try:
         load_tasks(tasks_path, osworld=os.environ.get("LEGATO_OSWORLD") or None)
-        check_knobs(
-            group=group,
-            oversample=0.0,
-            max_steps=max_steps,
-            max_inflight=None,
-            rollout_timeout=None,
-            env_retries=1,
-            image_max=20,
-            desktops=desktops,
-        )
+        CollectSettings.checked(group=group, max_steps=max_steps, desktops=desktops)
     except LegatoError as exc:
         fail(str(exc))
     return key

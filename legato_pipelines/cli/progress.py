@@ -9,6 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ..record import is_final
+
 
 class CollectProgress:
     """Context manager; pass :meth:`on_record` to ``collect(on_record=...)``."""
@@ -44,7 +46,7 @@ class CollectProgress:
         status = record["status"]
         self.counts[status] += 1
         self.steps += record.get("n_steps", 0)
-        if status in ("ok", "truncated"):
+        if is_final(status):
             self.rewards.append(record.get("reward") or 0.0)
             self.finished_by_group[record["group_id"]] += 1
             if self.finished_by_group[record["group_id"]] >= self.group_size:

@@ -14,14 +14,21 @@ display). Their token is read from ``token_env`` in the run's environment, never
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
+from pydantic.fields import FieldInfo
 
-from ..desktops.base import DesktopConfig
+from ..desktops.base import Backend, DesktopConfig
 from ..desktops.local.wire import DEFAULT_TOKEN_ENV
 from ..errors import ConfigError
+
+
+def _desktop_field(name: str, description: str) -> Any:
+    """The :class:`DesktopConfig` field ``name`` (its default and bounds: one definition), with
+    the launchpad's ``description``."""
+    return FieldInfo.merge_field_infos(DesktopConfig.model_fields[name], description=description)
 
 
 class DesktopPoolResource(dg.ConfigurableResource):
@@ -30,9 +37,7 @@ class DesktopPoolResource(dg.ConfigurableResource):
     per evaluation, ``options`` (backend-specific), ``osworld`` (an OSWorld checkout, needed by
     task lists that name OSWorld tasks by domain and id)."""
 
-    backend: Literal["fake", "local", "osworld"] = Field(
-        default="fake", description="Desktop backend (LEGATO_BACKEND)."
-    )
+    backend: Backend = _desktop_field("backend", "Desktop backend (LEGATO_BACKEND).")
     # No ge=1 here: an EnvVar.int placeholder is validated as 0; the engine checks the count.
     desktops: int = Field(
         default=4,
@@ -45,9 +50,9 @@ class DesktopPoolResource(dg.ConfigurableResource):
     token_env: str = Field(
         default=DEFAULT_TOKEN_ENV, description="Variable holding the token of the servers at urls."
     )
-    screen_width: int = Field(default=1280, ge=64, le=8192, description="Pixels.")
-    screen_height: int = Field(default=720, ge=64, le=8192, description="Pixels.")
-    eval_timeout: float = Field(default=120.0, gt=0, description="Seconds an evaluation may take.")
+    screen_width: int = _desktop_field("screen_width", "Pixels.")
+    screen_height: int = _desktop_field("screen_height", "Pixels.")
+    eval_timeout: float = _desktop_field("eval_timeout", "Seconds an evaluation may take.")
     options: dict[str, Any] = Field(
         default_factory=dict, description="Backend-specific options (LEGATO_BACKEND_OPTIONS, JSON)."
     )

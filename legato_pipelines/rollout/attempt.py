@@ -15,13 +15,22 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from .. import record as fmt
 from ..desktops.base import Desktop
 from ..errors import DesktopError, PolicyConfigError, PolicyError
-from ..store.rundir import FORMAT, RunWriter
-from . import statuses as st
+from ..record import (
+    ActionRecord,
+    ErrorInfo,
+    ModelCall,
+    PolicyRef,
+    Record,
+    Reset,
+    SetupFailure,
+    Step,
+    StepResponse,
+)
+from ..store.rundir import RunWriter
 from .scheduler import Execution
-
-PHASES = ("queue_s", "reset_s", "policy_s", "act_s", "wait_s", "obs_s", "eval_s")
 
 
 @dataclass
@@ -31,7 +40,7 @@ class AttemptContext:
     policy: Any  # PolicyClient
     harness: Any  # legato_pipelines.harness.Harness
     writer: RunWriter
-    policy_info: dict[str, str]
+    policy_info: PolicyRef
     task_set: str
     max_steps: int
     rollout_timeout: float | None
@@ -39,38 +48,26 @@ class AttemptContext:
     env_retries: int
 
 
-def base_record(ctx: AttemptContext, ex: Execution, desktop: str | None) -> dict[str, Any]:
+def base_record(ctx: AttemptContext, ex: Execution, desktop: str | None) -> Record:
     """The identity part every record of an execution carries."""
-    return {
-        "format": FORMAT,
-        "rollout_id": uuid.uuid4().hex,
-        "task_id": ex.group.task.task_id,
-        "domain": ex.group.task.domain,
-        "group_id": ex.group.group_id,
-        "attempt": ex.attempt,
-        "execution": ex.execution,
-        "policy": ctx.policy_info,
-        "task_set": ctx.task_set,
-        "status": None,
-        "outcome": None,
-        "reward": None,
-        "error": None,
-        "eval_error": None,
-        "n_steps": 0,
-        "desktop": desktop,
-        "started_at": None,
-        "ended_at": None,
-        "timing": dict.fromkeys(PHASES, 0.0) | {"total_s": 0.0},
-        "reset": None,
-        "steps": [],
-    }
+    return Record(
+        rollout_id=uuid.uuid4().hex,
+        task_id=ex.group.task.task_id,
+        domain=ex.group.task.domain,
+        group_id=ex.group.group_id,
+        attempt=ex.attempt,
+        execution=ex.execution,
+        policy=ctx.policy_info,
+        task_set=ctx.task_set,
+        desktop=desktop,
+    )
 
 
-def settled_record(ctx: AttemptContext, ex: Execution, status: str) -> dict[str, Any]:
+def settled_record(ctx: AttemptContext, ex: Execution, status: str) -> Record:
     """A record for an execution that never ran (``skipped``)."""
     record = base_record(ctx, ex, None)
-    record["status"] = status
-    record["started_at"] = record["ended_at"] = time.time()
+    record.status = status
+    record.started_at = record.ended_at = time.time()
     return record
 
 
@@ -78,7 +75,7 @@ class _Truncated(Exception):
     """rollout_timeout passed."""
 
 
-async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> dict[str, Any]:
+async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> Record:
     """Run one execution on ``desktop`` and return its finished record (status set).
 
     A ``DesktopError`` gives status ``retried`` (the caller re-queues) or, when
@@ -86,10 +83,10 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> d
     desktop. A ``PolicyError`` gives ``error`` kind ``policy``. ``PolicyConfigError`` propagates.
     """
     record = base_record(ctx, ex, desktop.name)
-    timing = record["timing"]
+    timing = record.timing
     start = time.time()
-    record["started_at"] = start
-    timing["queue_s"] = max(0.0, start - ex.enqueued_at)
+    record.started_at = start
+    timing.queue_s = max(0.0, start - ex.enqueued_at)
     t0 = time.perf_counter()
     deadline = None if ctx.rollout_timeout is None else t0 + ctx.rollout_timeout
     group = ex.group
@@ -99,14 +96,14 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> d
     try:
         kind = await desktop.reset(task, seed=ex.seed)
         wait = await desktop.wait_after_reset()
-        record["reset"] = {"kind": kind, "ready_s": wait.ready_s, "wait_s": wait.wait_s}
+        record.reset = Reset(kind=kind, ready_s=wait.ready_s, wait_s=wait.wait_s)
         # what OSWorld carries on after (a setup command that exited non-zero, ...): facts
         setup_failures = list(getattr(desktop, "setup_failures", None) or [])
         if setup_failures:
-            record["reset"]["setup_failures"] = setup_failures
-        timing["reset_s"] = time.perf_counter() - t0
+            record.reset.setup_failures = [SetupFailure(**f) for f in setup_failures]
+        timing.reset_s = time.perf_counter() - t0
         episode = ctx.harness.episode(task.instruction, desktop.screen_size)
-        steps = record["steps"]
+        steps = record.steps
         hashes: dict[
             int, tuple[dict, str]
         ] = {}  # id(message) -> (message, sha): hash each message once
@@ -122,7 +119,7 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> d
             # resizing is CPU work (decode, resize, encode): keep it off the event loop
             shot = episode.prepared(raw) or await asyncio.to_thread(episode.prepare, raw)
             obs_s = time.perf_counter() - t
-            timing["obs_s"] += obs_s
+            timing.obs_s += obs_s
             messages = episode.request(shot)
             request = []
             for message in messages:
@@ -143,64 +140,63 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> d
                         call, max(0.0, deadline - time.perf_counter())
                     )
                 except TimeoutError:
-                    timing["policy_s"] += time.perf_counter() - t
+                    timing.policy_s += time.perf_counter() - t
                     raise _Truncated from None
-            timing["policy_s"] += time.perf_counter() - t
+            timing.policy_s += time.perf_counter() - t
             parsed = episode.parse(response.content, response.finish_reason)
             episode.record(response.content, parsed)
-            step_record = {
-                "step": step,
-                "request": request,
-                "response": response.response_record(),
-                "model": response.model_record(),
-                "action_text": parsed.action_text,
-                "parse_error": parsed.parse_error,
-                "actions": [],
-                "obs_s": obs_s,
-                "observation": shot.sha,
-            }
+            step_record = Step(
+                step=step,
+                request=request,
+                response=StepResponse(**response.response_record()),
+                model=ModelCall(**response.model_record()),
+                action_text=parsed.action_text,
+                parse_error=parsed.parse_error,
+                obs_s=obs_s,
+                observation=shot.sha,
+            )
             steps.append(step_record)
-            record["n_steps"] = len(steps)
+            record.n_steps = len(steps)
             phase = "act"
             for action in parsed.actions:
                 if action.action == "terminate":
                     continue
-                entry = action.to_record()
+                done = ActionRecord(**action.to_record())
                 t = time.perf_counter()
                 await desktop.act(action)
-                entry["act_s"] = time.perf_counter() - t
-                timing["act_s"] += entry["act_s"]
+                done.act_s = time.perf_counter() - t
+                timing.act_s += done.act_s
                 wait = await desktop.wait_after_action(action)
-                entry["wait_s"] = wait.wait_s
-                entry["ready_s"] = wait.ready_s
-                timing["wait_s"] += wait.wait_s
-                step_record["actions"].append(entry)
+                done.wait_s = wait.wait_s
+                done.ready_s = wait.ready_s
+                timing.wait_s += wait.wait_s
+                step_record.actions.append(done)
             if parsed.terminal:
                 outcome = parsed.terminal
                 break
         else:
             outcome = "max_steps"
         if outcome == "cancelled":
-            record["status"] = st.CANCELLED
+            record.status = fmt.CANCELLED
             return _close(record, start, t0)
-        status = st.OK
+        status = fmt.OK
     except _Truncated:
-        outcome, status = "timeout", st.TRUNCATED
+        outcome, status = "timeout", fmt.TRUNCATED
     except PolicyConfigError:
         raise
     except PolicyError as exc:
-        record["status"] = st.ERROR
-        record["error"] = {
-            "kind": "policy",
-            "type": type(exc).__name__,
-            "message": str(exc),
-            "phase": phase,
-            "attempts": exc.attempts,  # HTTP requests made for the failed call
-        }
+        record.status = fmt.ERROR
+        record.error = ErrorInfo(
+            kind=fmt.POLICY,
+            type=type(exc).__name__,
+            message=str(exc),
+            phase=phase,
+            attempts=exc.attempts,  # HTTP requests made for the failed call
+        )
         return _close(record, start, t0)
     except DesktopError as exc:
         return _desktop_failure(ctx, record, ex, exc, phase, start, t0)
-    record["outcome"] = outcome
+    record.outcome = outcome
     phase = "evaluate"
     t = time.perf_counter()
     try:
@@ -209,34 +205,34 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> d
             desktop.evaluate(task, last_action_fail=outcome == "fail"), ctx.eval_timeout
         )
     except TimeoutError:
-        timing["eval_s"] = time.perf_counter() - t
+        timing.eval_s = time.perf_counter() - t
         exc = DesktopError(
             f"evaluation took longer than eval_timeout={ctx.eval_timeout:g} s (hung evaluator)",
             kind="evaluator",
         )
         return _desktop_failure(ctx, record, ex, exc, phase, start, t0)
     except DesktopError as exc:
-        timing["eval_s"] = time.perf_counter() - t
+        timing.eval_s = time.perf_counter() - t
         return _desktop_failure(ctx, record, ex, exc, phase, start, t0)
-    timing["eval_s"] = time.perf_counter() - t
-    record["reward"] = float(evaluation.reward)
-    record["eval_error"] = evaluation.error
-    record["status"] = st.SURPLUS if group.closed else status
+    timing.eval_s = time.perf_counter() - t
+    record.reward = float(evaluation.reward)
+    record.eval_error = evaluation.error
+    record.status = fmt.SURPLUS if group.closed else status
     return _close(record, start, t0)
 
 
 def _desktop_failure(
-    ctx, record, ex: Execution, exc: DesktopError, phase: str, start: float, t0: float
-) -> dict[str, Any]:
-    record["error"] = {"kind": "env", "type": exc.kind, "message": str(exc), "phase": phase}
-    record["status"] = st.RETRIED if ex.execution < ctx.env_retries else st.ERROR
+    ctx, record: Record, ex: Execution, exc: DesktopError, phase: str, start: float, t0: float
+) -> Record:
+    record.error = ErrorInfo(kind=fmt.ENV, type=exc.kind, message=str(exc), phase=phase)
+    record.status = fmt.RETRIED if ex.execution < ctx.env_retries else fmt.ERROR
     return _close(record, start, t0)
 
 
-def _close(record: dict[str, Any], start: float, t0: float) -> dict[str, Any]:
-    timing = record["timing"]
-    timing["total_s"] = time.perf_counter() - t0 + timing["queue_s"]
-    record["ended_at"] = start + (time.perf_counter() - t0)
-    for key, value in timing.items():
-        timing[key] = round(value, 6)
+def _close(record: Record, start: float, t0: float) -> Record:
+    timing = record.timing
+    timing.total_s = time.perf_counter() - t0 + timing.queue_s
+    record.ended_at = start + (time.perf_counter() - t0)
+    for key in type(timing).model_fields:
+        setattr(timing, key, round(getattr(timing, key), 6))
     return record

@@ -12,20 +12,25 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..desktops import open_desktops
 from ..desktops.base import Desktop, DesktopConfig
-from ..errors import ConfigError, DesktopError, TaskListError
+from ..errors import DesktopError, TaskListError
 from ..policy.config import PolicyConfig
-from ..store.rundir import FORMAT, RunWriter, read_records
+from ..record import ENV, ERROR, FORMAT, RETRIED, SKIPPED, ErrorInfo, PolicyRef, Record, as_records
+from ..store.rundir import RunWriter, read_records
 from ..tasks import TaskSet, load_tasks
-from . import statuses as st
 from .attempt import AttemptContext, run_attempt, settled_record
 from .profile import summarize
 from .scheduler import Group, Scheduler, group_attempts
+from .settings import OVERRIDES_DESKTOP, OVERRIDES_POLICY, RESUME_SETTINGS, CollectSettings
+
+RESUME_KNOBS = (*RESUME_SETTINGS, "backend")
+"""``run.json`` knobs a resumed run must share with the run it continues: the resume settings
+and the desktop backend."""
 
 log = logging.getLogger("legato_pipelines.collect")
 
@@ -44,40 +49,30 @@ async def collect_async(
     policy: PolicyConfig,
     out: str | Path,
     *,
-    desktops: int = 4,
+    settings: CollectSettings | Mapping[str, Any] | None = None,
     desktop: DesktopConfig | None = None,
-    group: int = 4,
-    oversample: float = 0.0,
-    max_steps: int = 15,
-    max_inflight: int | None = None,
-    step_timeout: float | None = None,
-    retries: int | None = None,
-    rollout_timeout: float | None = None,
-    env_retries: int = 1,
-    ready_signal: bool | None = None,
-    fixed_wait: float | None = None,
-    fast_reset: bool | None = None,
-    image_max: int = 20,
     osworld: str | Path | None = None,
-    harness: str = "qwen3vl",
-    history: str = "window",
-    seed: int = 0,
     check_policy: bool = True,
     on_record: OnRecord | None = None,
     desktop_pool: list[Desktop] | None = None,
+    **knobs: Any,
 ) -> dict[str, Any]:
     """Collect graded attempts of every task for one policy version into the run directory
     ``out`` and return its summary (also written to ``out/summary.json``).
 
-    Arguments (units): ``group`` attempts per task (one GRPO group); ``oversample`` extra
-    attempts per group as a fraction (ceil(group*oversample)); ``max_steps`` policy calls per
-    attempt; ``max_inflight`` cap on concurrent model requests (None: one per desktop);
-    ``step_timeout`` [s] / ``retries`` per model call (override ``policy``'s); ``rollout_timeout``
-    [s] wall-clock cap per attempt (then graded, ``truncated``); ``env_retries`` new executions
-    after a desktop failure; ``ready_signal`` / ``fixed_wait`` [s] / ``fast_reset`` override
-    ``desktop``'s; ``image_max`` screenshots kept in the prompt; ``harness`` ``qwen3vl`` |
-    ``qwen25vl``; ``history`` ``window`` | ``hysteresis``; ``seed`` seeds attempt seeds (the fake
-    backend's rewards). ``desktop_pool``: already-open desktops to use instead of starting them.
+    The collection knobs are :class:`~legato_pipelines.rollout.settings.CollectSettings`
+    (``settings=``), or its fields as keywords (``group=``, ``max_steps=``...; they override
+    ``settings``): ``desktops``, ``group`` attempts per task (one GRPO group); ``oversample``
+    extra attempts per group as a fraction (ceil(group*oversample)); ``max_steps`` policy calls
+    per attempt; ``max_inflight`` cap on concurrent model requests (None: one per desktop);
+    ``step_timeout`` [s] / ``retries`` per model call (override ``policy``'s when set);
+    ``rollout_timeout`` [s] wall-clock cap per attempt (then graded, ``truncated``);
+    ``env_retries`` new executions after a desktop failure; ``ready_signal`` / ``fixed_wait``
+    [s] / ``fast_reset`` override ``desktop``'s when set; ``image_max`` screenshots kept in the
+    prompt; ``harness`` ``qwen3vl`` | ``qwen25vl``; ``history`` ``window`` | ``hysteresis``;
+    ``seed`` seeds attempt seeds (the fake backend's rewards). ``osworld``: an OSWorld checkout
+    to resolve the task list; ``desktop_pool``: already-open desktops to use instead of
+    starting them.
 
     Raises ``ConfigError`` (bad knobs, bad task list, resume into another run),
     ``PolicyConfigError`` (wrong URL/model/option: before any desktop starts, or at the first
@@ -86,58 +81,31 @@ async def collect_async(
     from ..harness import Harness
     from ..policy.client import PolicyClient
 
-    check_knobs(
-        group=group,
-        oversample=oversample,
-        max_steps=max_steps,
-        max_inflight=max_inflight,
-        rollout_timeout=rollout_timeout,
-        env_retries=env_retries,
-        image_max=image_max,
-        desktops=desktops,
-    )
+    settings = _settings(settings, knobs)
+    desktops = settings.desktops
     task_set = tasks if isinstance(tasks, TaskSet) else load_tasks(tasks, osworld=osworld)
-    policy = policy.model_copy(
-        update={
-            k: v for k, v in (("step_timeout", step_timeout), ("retries", retries)) if v is not None
-        }
-    )
+    policy = policy.model_copy(update=settings.overrides(OVERRIDES_POLICY))
     desktop = (desktop or DesktopConfig()).model_copy()
-    updates = {
-        k: v
-        for k, v in (
-            ("ready_signal", ready_signal),
-            ("fixed_wait", fixed_wait),
-            ("fast_reset", fast_reset),
-        )
-        if v is not None
-    }
+    updates = settings.overrides(OVERRIDES_DESKTOP)
     if updates:
         desktop = DesktopConfig.model_validate(desktop.model_dump() | updates)
-    knobs = {
-        "group": group,
-        "oversample": oversample,
-        "max_steps": max_steps,
-        "max_inflight": max_inflight,
-        "step_timeout": policy.step_timeout,
-        "retries": policy.retries,
-        "rollout_timeout": rollout_timeout,
-        "env_retries": env_retries,
-        "ready_signal": desktop.ready_signal,
-        "fixed_wait": desktop.fixed_wait,
-        "fast_reset": desktop.fast_reset,
-        "image_max": image_max,
-        "harness": harness,
-        "history": history,
-        "backend": desktop.backend,
-        "desktops": len(desktop_pool) if desktop_pool else desktops,
-        "seed": seed,
-    }
-    harness_obj = Harness(variant=harness, history=history, image_max=image_max)
-    policy_info = {"model": policy.model, "version": policy.version}
+    effective = settings.model_copy(
+        update={
+            **{name: getattr(policy, name) for name in OVERRIDES_POLICY},
+            **{name: getattr(desktop, name) for name in OVERRIDES_DESKTOP},
+        }
+    )
+    knobs = effective.knobs(
+        backend=desktop.backend, desktops=len(desktop_pool) if desktop_pool else desktops
+    )
+    group, oversample, seed = settings.group, settings.oversample, settings.seed
+    harness_obj = Harness(
+        variant=settings.harness, history=settings.history, image_max=settings.image_max
+    )
+    policy_info = PolicyRef(model=policy.model, version=policy.version)
     meta = {
         "format": FORMAT,
-        "policy": policy_info,
+        "policy": policy_info.to_json_dict(),
         "task_set": task_set.task_set,
         "tasks_path": task_set.path,
         "n_tasks": len(task_set),
@@ -146,14 +114,14 @@ async def collect_async(
     }
 
     _preflight(task_set, desktop)
-    writer = RunWriter(out)
+    writer = RunWriter(out, resume_knobs=RESUME_KNOBS)
     writer.check(meta)  # resuming into another run fails here, before anything starts
     per_group = group_attempts(group, oversample)
     peek = Scheduler()
     _plan(
         peek,
         task_set,
-        read_records(out) if Path(out).is_dir() else [],
+        as_records(read_records(out)) if Path(out).is_dir() else [],
         group=group,
         per_group=per_group,
         seed=seed,
@@ -161,21 +129,23 @@ async def collect_async(
     owned = desktop_pool is None
     pool: list[Desktop] = []
     async with PolicyClient(
-        policy, max_inflight=max_inflight or len(desktop_pool or []) or desktops
+        policy, max_inflight=settings.max_inflight or len(desktop_pool or []) or desktops
     ) as client:
         if peek.pending() and check_policy:
             await client.check()  # a wrong URL or model fails here, in seconds, writing nothing
-        previous = writer.open(meta)  # takes the run directory's lock; cuts a torn last line
+        # takes the run directory's lock; cuts a torn last line
+        previous = as_records(writer.open(meta))
         started, prior_wall_s = time.time(), writer.previous_wall_s()
         sched = Scheduler()
         _plan(sched, task_set, previous, group=group, per_group=per_group, seed=seed)
-        records: list[dict[str, Any]] = list(previous)
+        records: list[Record] = list(previous)
 
-        def emit(record: dict[str, Any]) -> None:
-            writer.append(record)
+        def emit(record: Record) -> None:
+            line = record.to_json_dict()
+            writer.append(line)
             records.append(record)
             if on_record is not None:
-                on_record(record)
+                on_record(line)
 
         try:
             ctx = AttemptContext(
@@ -184,10 +154,10 @@ async def collect_async(
                 writer=writer,
                 policy_info=policy_info,
                 task_set=task_set.task_set,
-                max_steps=max_steps,
-                rollout_timeout=rollout_timeout,
+                max_steps=settings.max_steps,
+                rollout_timeout=settings.rollout_timeout,
                 eval_timeout=desktop.eval_timeout,
-                env_retries=env_retries,
+                env_retries=settings.env_retries,
             )
             if sched.pending():
                 pool = (
@@ -221,13 +191,10 @@ async def _run_workers(ctx: AttemptContext, sched: Scheduler, pool: list[Desktop
         if isinstance(failure, BaseException) and not isinstance(failure, DesktopError):
             raise failure
     while (ex := sched.next()) is not None:
-        record = settled_record(ctx, ex, st.ERROR)
-        record["error"] = {
-            "kind": "env",
-            "type": "no_desktop",
-            "message": "no working desktop left",
-            "phase": "queue",
-        }
+        record = settled_record(ctx, ex, ERROR)
+        record.error = ErrorInfo(
+            kind=ENV, type="no_desktop", message="no working desktop left", phase="queue"
+        )
         emit(record)
 
 
@@ -242,24 +209,23 @@ async def _worker(ctx: AttemptContext, sched: Scheduler, desktop: Desktop, emit)
         if ex is None:
             return
         if ex.group.closed:
-            emit(settled_record(ctx, ex, st.SKIPPED))
+            emit(settled_record(ctx, ex, SKIPPED))
             continue
         record = await run_attempt(ctx, ex, desktop)
         emit(record)
-        status = record["status"]
-        if status in st.FINAL_FOR_TRAINING:
+        if record.final:
             for skipped in sched.finish(ex.group):
-                emit(settled_record(ctx, skipped, st.SKIPPED))
-        elif status == st.RETRIED:
+                emit(settled_record(ctx, skipped, SKIPPED))
+        elif record.status == RETRIED:
             sched.retry(ex, time.time())
-        if record["error"] and record["error"]["kind"] == "env":
+        if record.env_failure:
             broken = True
 
 
 def _plan(
     sched: Scheduler,
     task_set: TaskSet,
-    previous: list[dict],
+    previous: list[Record],
     *,
     group: int,
     per_group: int,
@@ -267,17 +233,17 @@ def _plan(
 ) -> None:
     """Queue what is missing: all of a new batch, or on resume every logical attempt of an
     unfinished group that has no final record (finished groups are kept as they are)."""
-    by_attempt: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    by_attempt: dict[tuple[str, int], list[Record]] = defaultdict(list)
     for r in previous:
-        by_attempt[(r["task_id"], r["attempt"])].append(r)
+        by_attempt[r.logical_attempt].append(r)
     now = time.time()
     for index, task in enumerate(task_set.tasks):
         g = Group(index=index, task=task, group_id=f"{task.task_id}", size=group)
         todo, executions = [], {}
         for attempt in range(per_group):
             recs = by_attempt.get((task.task_id, attempt), [])
-            g.finished += sum(1 for r in recs if r["status"] in st.FINAL_FOR_TRAINING)
-            if not recs or recs[-1]["status"] == st.RETRIED:
+            g.finished += sum(1 for r in recs if r.final)
+            if not recs or recs[-1].status == RETRIED:
                 todo.append(attempt)
                 executions[attempt] = len(recs)
         g.closed = g.finished >= group
@@ -302,28 +268,28 @@ def _preflight(task_set: TaskSet, desktop: DesktopConfig) -> None:
         )
 
 
-def check_knobs(**k: Any) -> None:
-    """Check the collection knobs (``group``, ``oversample``, ``max_steps``, ``max_inflight``,
-    ``rollout_timeout``, ``env_retries``, ``image_max``, ``desktops``: the semantics of
-    :func:`collect_async`) before anything starts. Raises ``ConfigError`` naming the knob and
-    its flag."""
+def _settings(settings: CollectSettings | Mapping[str, Any] | None, knobs: dict) -> CollectSettings:
+    """The batch's settings: ``settings`` with the keyword knobs of :func:`collect_async` on
+    top. A keyword that is no setting is a ``TypeError`` (as for any function); ``None`` for
+    ``step_timeout``, ``retries``, ``ready_signal``, ``fixed_wait`` or ``fast_reset`` means
+    "not set" (the policy's / desktop's value). Raises ``ConfigError`` naming a bad knob."""
+    unknown = sorted(set(knobs) - set(CollectSettings.model_fields))
+    if unknown:
+        raise TypeError(f"collect() got an unexpected keyword argument {unknown[0]!r}")
+    knobs = {
+        k: v
+        for k, v in knobs.items()
+        if v is not None or k not in OVERRIDES_POLICY + OVERRIDES_DESKTOP
+    }
+    if isinstance(settings, CollectSettings):
+        base = settings.model_dump(exclude_unset=True)
+    else:
+        base = dict(settings or {})
+    return CollectSettings.checked(base | knobs)
 
-    def bad(name: str, rule: str) -> ConfigError:
-        return ConfigError(f"{name}: {rule}, got {k[name]!r} (fix: --{name.replace('_', '-')})")
 
-    if not isinstance(k["group"], int) or k["group"] < 1:
-        raise bad("group", "attempts per task must be an integer >= 1")
-    if k["oversample"] < 0:
-        raise bad("oversample", "must be >= 0 (a fraction of group)")
-    if k["max_steps"] < 1:
-        raise bad("max_steps", "must be >= 1")
-    if k["max_inflight"] is not None and k["max_inflight"] < 1:
-        raise bad("max_inflight", "must be >= 1 or unset")
-    if k["rollout_timeout"] is not None and k["rollout_timeout"] <= 0:
-        raise bad("rollout_timeout", "must be > 0 seconds or unset")
-    if k["env_retries"] < 0:
-        raise bad("env_retries", "must be >= 0")
-    if k["image_max"] < 1:
-        raise bad("image_max", "must be >= 1")
-    if k["desktops"] < 1:
-        raise bad("desktops", "must be >= 1")
+def check_knobs(**k: Any) -> CollectSettings:
+    """Check collection knobs (fields of :class:`CollectSettings`; the others take their
+    defaults) before anything starts and return the settings. Raises ``ConfigError`` naming the
+    knob, what a valid value is and its flag."""
+    return CollectSettings.checked(k)

@@ -5,19 +5,21 @@ and the ``profile`` table report. Computed from the records alone, so it can be 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..store.rundir import read_meta, read_records
-from . import statuses as st
+from .. import record as fmt
+from ..record import Record, Step, as_records
+from ..store.rundir import read_meta, read_typed_records
 
-TIME_PHASES = ("reset_s", "policy_s", "act_s", "wait_s", "obs_s", "eval_s")
+TIME_PHASES = tuple(f"{phase}_s" for phase in fmt.TIME_PHASES)
 
 
 def summarize(
-    records: list[dict[str, Any]],
+    records: Iterable[Record | Mapping[str, Any]],
     meta: dict[str, Any],
     *,
     wall_s: float | None = None,
@@ -39,48 +41,45 @@ def summarize(
     number of logical attempts without a final record (0 after a complete batch), so
     ``records == scheduled - missing + retries``.
     """
+    records = as_records(records)
     knobs = meta.get("knobs", {})
-    counts = Counter(r["status"] for r in records)
-    final = [r for r in records if r["status"] in st.FINAL_FOR_TRAINING]
-    rewards = [r["reward"] for r in final if r.get("reward") is not None]
-    logical_done = {(r["task_id"], r["attempt"]) for r in records if r["status"] != st.RETRIED}
+    counts = Counter(r.status for r in records)
+    final = [r for r in records if r.final]
+    rewards = [r.reward for r in final if r.reward is not None]
+    logical_done = {r.logical_attempt for r in records if r.status != fmt.RETRIED}
     if scheduled is None:
         per_group = knobs.get("group", 0) + int(
             np.ceil(knobs.get("group", 0) * knobs.get("oversample", 0) - 1e-9)
         )
-        scheduled = per_group * meta.get("n_tasks", 0) or len(
-            {(r["task_id"], r["attempt"]) for r in records}
-        )
+        scheduled = per_group * meta.get("n_tasks", 0) or len({r.logical_attempt for r in records})
     if wall_s is None:
         wall_s = (
-            (max(r["ended_at"] for r in records) - min(r["started_at"] for r in records))
+            (max(r.ended_at for r in records) - min(r.started_at for r in records))
             if records
             else 0.0
         )
     phase_totals = dict.fromkeys(TIME_PHASES, 0.0)
-    steps = []
+    steps: list[Step] = []
     for r in records:
-        for phase in TIME_PHASES:
-            phase_totals[phase] += r["timing"].get(phase, 0.0)
-        steps.extend(r.get("steps") or [])
+        for phase in fmt.TIME_PHASES:
+            phase_totals[f"{phase}_s"] += r.timing.phase(phase)
+        steps.extend(r.steps)
     phase_sum = sum(phase_totals.values())
-    call_s = np.array([s["model"]["seconds"] for s in steps], dtype=float)
+    call_s = np.array([s.model.seconds for s in steps], dtype=float)
     cache = [
-        (s["model"]["cached_tokens"], s["model"]["prompt_tokens"])
+        (s.model.cached_tokens, s.model.prompt_tokens)
         for s in steps
-        if s["model"].get("cached_tokens") is not None and s["model"].get("prompt_tokens")
+        if s.model.cached_tokens is not None and s.model.prompt_tokens
     ]
-    errors = Counter(
-        r["error"]["kind"] for r in records if r["status"] == st.ERROR and r.get("error")
-    )
-    env_failures = sum(1 for r in records if r.get("error") and r["error"]["kind"] == "env")
+    errors = Counter(r.error_kind for r in records if r.status == fmt.ERROR and r.error)
+    env_failures = sum(1 for r in records if r.env_failure)
     group_final = defaultdict(int)
     for r in final:
-        group_final[r["task_id"]] += 1
+        group_final[r.task_id] += 1
     n_groups = (
         len(groups)
         if groups is not None
-        else meta.get("n_tasks") or len({r["task_id"] for r in records})
+        else meta.get("n_tasks") or len({r.task_id for r in records})
     )
     closed = (
         sum(1 for g in groups if g.closed)
@@ -93,9 +92,9 @@ def summarize(
         "task_set": meta.get("task_set"),
         "tasks_path": meta.get("tasks_path"),
         "knobs": knobs,
-        "counts": {s: counts.get(s, 0) for s in st.STATUSES},
+        "counts": {s: counts.get(s, 0) for s in fmt.STATUSES},
         "scheduled": scheduled,
-        "retries": counts.get(st.RETRIED, 0),
+        "retries": counts.get(fmt.RETRIED, 0),
         "records": len(records),
         "missing": max(0, scheduled - len(logical_done)),
         "groups": {"total": n_groups, "closed": closed},
@@ -107,29 +106,29 @@ def summarize(
             p[:-2]: (phase_totals[p] / phase_sum if phase_sum else 0.0) for p in TIME_PHASES
         },
         "model_call_s": _percentiles(call_s),
-        "retried_calls": sum(1 for s in steps if s["model"].get("attempts", 1) > 1),
-        "hung_calls": sum(s["model"].get("timeouts", 0) for s in steps)
+        "retried_calls": sum(1 for s in steps if s.model.attempts > 1),
+        "hung_calls": sum(s.model.timeouts for s in steps)
         + sum(
-            r["error"].get("attempts", 1)
+            1 if r.error.attempts is None else r.error.attempts
             for r in records
-            if r.get("error") and r["error"].get("type") == "PolicyTimeout"
+            if r.error and r.error.type == "PolicyTimeout"
         ),
-        "policy_errors": errors.get("policy", 0),
-        "env_errors": errors.get("env", 0),
+        "policy_errors": errors.get(fmt.POLICY, 0),
+        "env_errors": errors.get(fmt.ENV, 0),
         "env_failures": env_failures,
         "prefix_cache_hit_rate": (sum(c for c, _ in cache) / sum(p for _, p in cache))
         if cache
         else None,
         "logprobs_share": _share(steps, "logprobs"),
         "token_ids_share": _share(steps, "token_ids"),
-        "parse_errors": sum(1 for s in steps if s.get("parse_error")),
-        "eval_errors": sum(1 for r in final if r.get("eval_error")),
+        "parse_errors": sum(1 for s in steps if s.parse_error),
+        "eval_errors": sum(1 for r in final if r.eval_error),
         "setup_failures": _setup_failures(records),
         "desktops": desktop_health(records),
     }
 
 
-def desktop_health(records: list[dict[str, Any]]) -> dict[str, Any]:
+def desktop_health(records: Iterable[Record | Mapping[str, Any]]) -> dict[str, Any]:
     """Which desktops a batch used, lost and recovered, from the records alone.
 
     ``used``: desktops that ran at least one execution. ``env_failures``: per desktop, its
@@ -141,13 +140,13 @@ def desktop_health(records: list[dict[str, Any]]) -> dict[str, Any]:
     last_failed: dict[str, bool] = {}
     failures: Counter = Counter()
     recovered: set[str] = set()
-    for r in records:
-        name = r.get("desktop")
+    for r in as_records(records):
+        name = r.desktop
         if not name:
             continue
         if last_failed.get(name):
             recovered.add(name)
-        failed = bool(r.get("error") and r["error"].get("kind") == "env")
+        failed = r.env_failure
         if failed:
             failures[name] += 1
         last_failed[name] = failed
@@ -166,27 +165,27 @@ def _percentiles(values: np.ndarray) -> dict[str, float | None]:
     return {"p50": round(float(p50), 4), "p95": round(float(p95), 4), "p99": round(float(p99), 4)}
 
 
-def _setup_failures(records: list[dict[str, Any]]) -> dict[str, Any]:
+def _setup_failures(records: list[Record]) -> dict[str, Any]:
     """Attempts whose setup had a step OSWorld carries on after (``reset.setup_failures``):
     how many, and the count per ``task_id`` and step type (``{"attempts", "by_step"}``)."""
     by_step: Counter = Counter()
     attempts = 0
     for r in records:
-        failures = (r.get("reset") or {}).get("setup_failures") or []
+        failures = (r.reset.setup_failures if r.reset is not None else None) or []
         if failures:
             attempts += 1
         for f in failures:
-            by_step[f"{r['task_id']} step {f.get('step')} ({f.get('type')})"] += 1
+            by_step[f"{r.task_id} step {f.step} ({f.type})"] += 1
     return {"attempts": attempts, "by_step": dict(by_step.most_common())}
 
 
-def _share(steps: list[dict], key: str) -> float | None:
+def _share(steps: list[Step], key: str) -> float | None:
     if not steps:
         return None
-    return sum(1 for s in steps if s["response"].get(key)) / len(steps)
+    return sum(1 for s in steps if getattr(s.response, key)) / len(steps)
 
 
 def profile(run_dir: str | Path) -> dict[str, Any]:
     """Recompute the summary of a run directory from its records (no wall time of the session:
     the span from the first start to the last end is used)."""
-    return summarize(read_records(run_dir), read_meta(run_dir))
+    return summarize(read_typed_records(run_dir), read_meta(run_dir))

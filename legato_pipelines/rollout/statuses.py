@@ -1,13 +1,19 @@
 """Attempt statuses (docs/architecture.md §3). Every execution ends in exactly one record with one
-of these, so ``count(records) == scheduled + retries`` always holds."""
+of these, so ``count(records) == scheduled + retries`` always holds.
 
-OK = "ok"  # the agent said done/fail, or the step limit was reached; graded
-TRUNCATED = "truncated"  # rollout_timeout passed: stopped stepping, graded
-CANCELLED = "cancelled"  # its group closed while it ran; stopped at its next step
-SKIPPED = "skipped"  # its group was full before it started
-SURPLUS = "surplus"  # finished (graded) after its group had closed
-RETRIED = "retried"  # a desktop failure; a new execution of the same logical attempt follows
-ERROR = "error"  # error.kind "policy" (model call failed after retries) or "env" (desktop, no retries left)
+Defined once with the record format in :mod:`legato_pipelines.record` (what each status means
+is documented there); re-exported here for the engine's readers.
+"""
 
-STATUSES = (OK, TRUNCATED, CANCELLED, SKIPPED, SURPLUS, RETRIED, ERROR)
-FINAL_FOR_TRAINING = frozenset({OK, TRUNCATED})
+from ..record import (  # noqa: F401
+    CANCELLED,
+    ERROR,
+    FINAL_FOR_TRAINING,
+    OK,
+    RETRIED,
+    SKIPPED,
+    STATUSES,
+    SURPLUS,
+    TRUNCATED,
+    is_final,
+)

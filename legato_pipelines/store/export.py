@@ -5,6 +5,7 @@ advantage (GRPO), ready for a trainer (``legato export``, the ``samples`` lake t
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import ConfigError
-from .rundir import iter_final, load_messages, read_meta, read_records
+from ..record import Record, is_final
+from .rundir import load_messages, read_meta, read_typed_records
 
 SAMPLE_SCHEMA = pa.schema(
     [
@@ -39,7 +41,7 @@ SAMPLE_SCHEMA = pa.schema(
 )
 
 
-def group_advantages(records: list[dict[str, Any]]) -> dict[str, float]:
+def group_advantages(records: Iterable[Record | Mapping[str, Any]]) -> dict[str, float]:
     """GRPO advantages: ``rollout_id -> (reward - group mean) / group std``.
 
     The group is a task's ``ok`` + ``truncated`` attempts. The std is the *population* std
@@ -47,18 +49,26 @@ def group_advantages(records: list[dict[str, Any]]) -> dict[str, float]:
     the rewards actually sampled, not an unbiased estimate of a wider population; it is also
     defined for a group of one. When every reward in a group is equal (std 0) the advantages
     are 0: the group carries no learning signal.
+
+    ``records``: typed records, or their JSON dicts (only ``rollout_id``, ``group_id``,
+    ``reward`` and ``status`` are read).
     """
-    groups: dict[str, list[dict]] = defaultdict(list)
-    for record in iter_final(records):
-        groups[record["group_id"]].append(record)
+    groups: dict[str, list[tuple[str, float | None]]] = defaultdict(list)
+    for r in records:
+        if isinstance(r, Record):
+            status, group_id, member = r.status, r.group_id, (r.rollout_id, r.reward)
+        else:
+            status, group_id, member = r["status"], r["group_id"], (r["rollout_id"], r["reward"])
+        if is_final(status):
+            groups[group_id].append(member)
     out: dict[str, float] = {}
     for members in groups.values():
         rewards = np.array(
-            [m["reward"] if m["reward"] is not None else 0.0 for m in members], dtype=float
+            [0.0 if reward is None else reward for _, reward in members], dtype=float
         )
         mean, std = rewards.mean(), rewards.std()
-        for member, reward in zip(members, rewards, strict=True):
-            out[member["rollout_id"]] = 0.0 if std < 1e-12 else float((reward - mean) / std)
+        for (rollout_id, _), reward in zip(members, rewards, strict=True):
+            out[rollout_id] = 0.0 if std < 1e-12 else float((reward - mean) / std)
     return out
 
 
@@ -69,34 +79,35 @@ def export_steps(run_dir: str | Path, *, inline_images: bool = False) -> pa.Tabl
     ``legato-image://<sha>`` refs into ``<run_dir>/images/`` unless ``inline_images`` (then the
     data URLs that went over the wire: large).
     """
-    meta = read_meta(run_dir)
-    records = read_records(run_dir)
+    read_meta(run_dir)  # raises ConfigError when run_dir is not a run directory
+    records = read_typed_records(run_dir)
     advantages = group_advantages(records)
     rows: dict[str, list] = {name: [] for name in SAMPLE_SCHEMA.names}
     message_cache: dict[str, str] = {}
-    for record in iter_final(records):
-        for step in record.get("steps") or []:
-            response = step["response"]
-            rows["rollout_id"].append(record["rollout_id"])
-            rows["group_id"].append(record["group_id"])
-            rows["task_id"].append(record["task_id"])
-            rows["attempt"].append(record["attempt"])
-            rows["step"].append(step["step"])
+    for record in records:
+        if not record.final:
+            continue
+        for step in record.steps:
+            response = step.response
+            rows["rollout_id"].append(record.rollout_id)
+            rows["group_id"].append(record.group_id)
+            rows["task_id"].append(record.task_id)
+            rows["attempt"].append(record.attempt)
+            rows["step"].append(step.step)
             rows["messages"].append(
-                _messages_json(run_dir, step["request"], inline_images, message_cache)
+                _messages_json(run_dir, step.request, inline_images, message_cache)
             )
-            rows["response_text"].append(response.get("content"))
-            rows["response_reasoning"].append(response.get("reasoning"))
-            rows["response_token_ids"].append(response.get("token_ids"))
-            rows["response_logprobs"].append(response.get("logprobs"))
-            rows["response_tokens"].append(response.get("tokens"))
-            rows["finish_reason"].append(response.get("finish_reason"))
-            rows["reward"].append(record["reward"])
-            rows["advantage"].append(advantages[record["rollout_id"]])
-            rows["status"].append(record["status"])
-            rows["policy_version"].append(record["policy"]["version"])
-            rows["task_set"].append(record["task_set"])
-    del meta
+            rows["response_text"].append(response.content)
+            rows["response_reasoning"].append(response.reasoning)
+            rows["response_token_ids"].append(response.token_ids)
+            rows["response_logprobs"].append(response.logprobs)
+            rows["response_tokens"].append(response.tokens)
+            rows["finish_reason"].append(response.finish_reason)
+            rows["reward"].append(record.reward)
+            rows["advantage"].append(advantages[record.rollout_id])
+            rows["status"].append(record.status)
+            rows["policy_version"].append(record.policy.version)
+            rows["task_set"].append(record.task_set)
     return pa.Table.from_pydict(rows, schema=SAMPLE_SCHEMA)
 
 

@@ -24,12 +24,11 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-PHASES = ("queue", "reset", "policy", "act", "wait", "obs", "eval")
-"""Timing phases of a record (``timing.<phase>_s``), in the order an attempt runs them."""
+from ..record import PHASES, STATUSES, Record, as_record
 
-STATUSES = ("ok", "truncated", "cancelled", "skipped", "surplus", "retried", "error")
-"""Record statuses (docs/architecture.md §3); ``profile`` has one ``count_<status>`` column
-each."""
+# PHASES: timing phases of a record (``timing.<phase>_s``), in the order an attempt runs them.
+# STATUSES: record statuses (docs/architecture.md §3); ``profile`` has one ``count_<status>``
+# column each.
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,89 +178,85 @@ def _json(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
-def rollouts_table(records: Iterable[Mapping[str, Any]], lineage: Lineage) -> pa.Table:
-    """One row per execution record (:data:`ROLLOUTS_SCHEMA`).
+def rollouts_table(records: Iterable[Record | Mapping[str, Any]], lineage: Lineage) -> pa.Table:
+    """One row per execution record (:data:`ROLLOUTS_SCHEMA`); records typed or JSON dicts.
 
     ``prompt_tokens``/``completion_tokens``/``cached_tokens`` sum the steps' model-call
     counts (``None`` when no step reported them).
     """
     rows: list[dict[str, Any]] = []
-    for r in records:
-        error = r.get("error") or {}
-        timing = r.get("timing") or {}
-        reset = r.get("reset") or {}
-        models = [s.get("model") or {} for s in r.get("steps") or []]
+    for r in map(as_record, records):
+        error, timing, reset = r.error, r.timing, r.reset
+        models = [s.model for s in r.steps]
         row = {
-            "rollout_id": r["rollout_id"],
-            "task_id": r.get("task_id"),
-            "domain": r.get("domain"),
-            "group_id": r.get("group_id"),
-            "attempt": r.get("attempt"),
-            "execution": r.get("execution"),
-            "status": r.get("status"),
-            "outcome": r.get("outcome"),
-            "reward": r.get("reward"),
-            "error_kind": error.get("kind"),
-            "error_type": error.get("type"),
-            "error_message": error.get("message"),
-            "error_phase": error.get("phase"),
-            "eval_error": r.get("eval_error"),
-            "n_steps": r.get("n_steps", len(r.get("steps") or [])),
-            "desktop": r.get("desktop"),
-            "started_at": _ts(r.get("started_at")),
-            "ended_at": _ts(r.get("ended_at")),
-            **{f"{phase}_s": timing.get(f"{phase}_s") for phase in PHASES},
-            "total_s": timing.get("total_s"),
-            "reset_kind": reset.get("kind"),
-            "reset_ready_s": reset.get("ready_s"),
-            "prompt_tokens": _sum_int(m.get("prompt_tokens") for m in models),
-            "completion_tokens": _sum_int(m.get("completion_tokens") for m in models),
-            "cached_tokens": _sum_int(m.get("cached_tokens") for m in models),
-            "model": (r.get("policy") or {}).get("model"),
+            "rollout_id": r.rollout_id,
+            "task_id": r.task_id,
+            "domain": r.domain,
+            "group_id": r.group_id,
+            "attempt": r.attempt,
+            "execution": r.execution,
+            "status": r.status,
+            "outcome": r.outcome,
+            "reward": r.reward,
+            "error_kind": error.kind if error else None,
+            "error_type": error.type if error else None,
+            "error_message": error.message if error else None,
+            "error_phase": error.phase if error else None,
+            "eval_error": r.eval_error,
+            "n_steps": r.n_steps if "n_steps" in r.model_fields_set else len(r.steps),
+            "desktop": r.desktop,
+            "started_at": _ts(r.started_at),
+            "ended_at": _ts(r.ended_at),
+            **{f"{phase}_s": timing.phase(phase) for phase in PHASES},
+            "total_s": timing.total_s,
+            "reset_kind": reset.kind if reset else None,
+            "reset_ready_s": reset.ready_s if reset else None,
+            "prompt_tokens": _sum_int(m.prompt_tokens for m in models),
+            "completion_tokens": _sum_int(m.completion_tokens for m in models),
+            "cached_tokens": _sum_int(m.cached_tokens for m in models),
+            "model": r.policy.model,
         }
         rows.append(row)
     return _table(rows, ROLLOUTS_SCHEMA, lineage)
 
 
-def steps_table(records: Iterable[Mapping[str, Any]], lineage: Lineage) -> pa.Table:
+def steps_table(records: Iterable[Record | Mapping[str, Any]], lineage: Lineage) -> pa.Table:
     """One row per step of every record (:data:`STEPS_SCHEMA`); ``act_s``/``wait_s``/``ready_s``
     sum the step's actions (``ready_s`` is ``None`` when every wait was fixed)."""
     rows: list[dict[str, Any]] = []
-    for r in records:
-        for index, s in enumerate(r.get("steps") or []):
-            response = s.get("response") or {}
-            model = s.get("model") or {}
-            actions = s.get("actions") or []
+    for r in map(as_record, records):
+        for s in r.steps:
+            response, model, actions = s.response, s.model, s.actions
             rows.append(
                 {
-                    "rollout_id": r["rollout_id"],
-                    "task_id": r.get("task_id"),
-                    "group_id": r.get("group_id"),
-                    "attempt": r.get("attempt"),
-                    "execution": r.get("execution"),
-                    "status": r.get("status"),
-                    "step": s.get("step", index),
-                    "n_messages": len(s.get("request") or []),
-                    "response_text": response.get("content"),
-                    "finish_reason": response.get("finish_reason"),
-                    "has_token_ids": bool(response.get("token_ids")),
-                    "has_logprobs": bool(response.get("logprobs")),
-                    "prompt_tokens": model.get("prompt_tokens"),
-                    "completion_tokens": model.get("completion_tokens"),
-                    "cached_tokens": model.get("cached_tokens"),
-                    "model_s": model.get("seconds"),
-                    "model_attempts": model.get("attempts"),
-                    "model_timeouts": model.get("timeouts"),
-                    "token_ids_source": model.get("token_ids_source"),
-                    "action_text": s.get("action_text"),
-                    "parse_error": s.get("parse_error"),
-                    "actions": _json(actions),
+                    "rollout_id": r.rollout_id,
+                    "task_id": r.task_id,
+                    "group_id": r.group_id,
+                    "attempt": r.attempt,
+                    "execution": r.execution,
+                    "status": r.status,
+                    "step": s.step,
+                    "n_messages": len(s.request),
+                    "response_text": response.content,
+                    "finish_reason": response.finish_reason,
+                    "has_token_ids": bool(response.token_ids),
+                    "has_logprobs": bool(response.logprobs),
+                    "prompt_tokens": model.prompt_tokens,
+                    "completion_tokens": model.completion_tokens,
+                    "cached_tokens": model.cached_tokens,
+                    "model_s": model.seconds,
+                    "model_attempts": model.attempts,
+                    "model_timeouts": model.timeouts,
+                    "token_ids_source": model.token_ids_source,
+                    "action_text": s.action_text,
+                    "parse_error": s.parse_error,
+                    "actions": _json([a.to_json_dict() for a in actions]),
                     "n_actions": len(actions),
-                    "act_s": _sum(a.get("act_s") for a in actions),
-                    "wait_s": _sum(a.get("wait_s") for a in actions),
-                    "ready_s": _sum(a.get("ready_s") for a in actions),
-                    "obs_s": s.get("obs_s"),
-                    "observation": s.get("observation"),
+                    "act_s": _sum(a.act_s for a in actions),
+                    "wait_s": _sum(a.wait_s for a in actions),
+                    "ready_s": _sum(a.ready_s for a in actions),
+                    "obs_s": s.obs_s,
+                    "observation": s.observation,
                 }
             )
     return _table(rows, STEPS_SCHEMA, lineage)

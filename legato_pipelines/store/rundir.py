@@ -21,7 +21,7 @@ import fcntl
 import hashlib
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +29,13 @@ import orjson
 
 from ..errors import ConfigError, ResumeError
 from ..images import IMAGE_REF_PREFIX, Screenshot
+from ..record import FORMAT as FORMAT  # the format's home is legato_pipelines.record
+from ..record import Record, is_final
 
-FORMAT = "legato.rollout/v0"
 RECORDS = "rollouts.jsonl"
 RUN_META = "run.json"
 SUMMARY = "summary.json"
 LOCK = ".lock"
-# Settings a resumed run must share with the run it continues (they change what a record means).
-RESUME_KNOBS = ("group", "oversample", "backend", "max_steps", "image_max", "harness", "history")
 _RECORD_KEYS = frozenset(
     {"rollout_id", "task_id", "attempt", "status", "timing", "started_at", "ended_at"}
 )
@@ -60,11 +59,14 @@ class RunWriter:
 
     One instance per batch, used from one event loop. ``open`` checks (or writes) ``run.json``
     and raises :class:`ResumeError` when the directory holds a run of another policy version
-    or task set.
+    or task set, or whose ``knobs`` differ in one of ``resume_knobs`` (the engine's
+    :data:`~legato_pipelines.rollout.engine.RESUME_KNOBS`: settings that change what a record
+    means).
     """
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, *, resume_knobs: Sequence[str] = ()):
         self.root = Path(root)
+        self.resume_knobs = tuple(resume_knobs)
         self._messages_dir = self.root / "messages"
         self._images_dir = self.root / "images"
         self._seen_messages: set[str] = set()
@@ -105,7 +107,8 @@ class RunWriter:
             ),
         ]
         checks += [
-            (k, old_knobs.get(k), knobs.get(k), f"--{k.replace('_', '-')}") for k in RESUME_KNOBS
+            (k, old_knobs.get(k), knobs.get(k), f"--{k.replace('_', '-')}")
+            for k in self.resume_knobs
         ]
         for label, a, b, flag in checks:
             if a is not None and a != b:
@@ -177,8 +180,11 @@ class RunWriter:
             self._seen_messages.add(sha)
         return sha
 
-    def append(self, record: dict[str, Any]) -> None:
-        """Append one record as a JSON line and flush it (a kill loses no finished record)."""
+    def append(self, record: Record | Mapping[str, Any]) -> None:
+        """Append one record (typed, or its JSON dict) as a JSON line and flush it (a kill
+        loses no finished record)."""
+        if isinstance(record, Record):
+            record = record.to_json_dict()
         self._fh.write(orjson.dumps(record) + b"\n")
         self._fh.flush()
 
@@ -249,9 +255,14 @@ def read_records(run_dir: str | Path, *, repair: bool = False) -> list[dict[str,
     return records
 
 
-def iter_final(records: Iterable[dict[str, Any]]) -> Iterable[dict[str, Any]]:
-    """Records that count for training: status ``ok`` or ``truncated``."""
-    return (r for r in records if r["status"] in ("ok", "truncated"))
+def read_typed_records(run_dir: str | Path) -> list[Record]:
+    """:func:`read_records`, each record typed (:class:`~legato_pipelines.record.Record`)."""
+    return [Record.from_json_dict(r) for r in read_records(run_dir)]
+
+
+def iter_final(records: Iterable[Any]) -> Iterable[Any]:
+    """Records (typed or JSON dicts) that count for training: status ``ok`` or ``truncated``."""
+    return (r for r in records if is_final(r.status if isinstance(r, Record) else r["status"]))
 
 
 def load_messages(

@@ -1,0 +1,334 @@
+"""The run record, format ``legato.rollout/v0`` (docs/architecture.md §3, §7): one typed
+definition that the writer (the engine) and every reader (profile, export, lake tables,
+Dagster assets, CLI) share.
+
+Bottom layer: it imports nothing else from the package.
+
+A line of ``rollouts.jsonl`` is one :class:`Record` (one physical execution of one logical
+attempt), with its :class:`Timing`, its :class:`Reset`, an :class:`ErrorInfo` when it failed,
+and its :class:`Step` list (each with the model call's :class:`StepResponse` and
+:class:`ModelCall` and its :class:`ActionRecord` list). Units: every ``*_s`` field and
+``seconds`` is seconds; ``*_tokens`` are tokens; ``started_at``/``ended_at`` are Unix seconds.
+
+Byte compatibility: fields are declared in the order the format has always written them, so
+for a line written by the engine (before or after this module existed)
+``orjson.dumps(Record.from_json_dict(orjson.loads(line)).to_json_dict()) == line``: same keys,
+same order, same values (an int stays an int). Keys absent from a loaded object stay absent;
+keys the model does not know (a newer writer's, e.g. an action's ``timed_out``) are kept and
+written after the known ones. A record built by the engine writes every field but the optional
+ones the format writes only when they apply (``error.attempts``, an action's ``screen``,
+``text``...) and that were not set.
+
+Validation checks every field but the per-token lists (token ids, logprobs, token strings),
+which are taken as they are: reading a large run directory must stay cheap.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SkipValidation,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
+
+FORMAT = "legato.rollout/v0"
+"""The run directory format: ``run.json``'s and every record's ``format``."""
+
+# Attempt statuses (docs/architecture.md §3). Every execution ends in exactly one record with
+# one of these, so ``count(records) == scheduled + retries`` always holds.
+OK = "ok"  # the agent said done/fail, or the step limit was reached; graded
+TRUNCATED = "truncated"  # rollout_timeout passed: stopped stepping, graded
+CANCELLED = "cancelled"  # its group closed while it ran; stopped at its next step
+SKIPPED = "skipped"  # its group was full before it started
+SURPLUS = "surplus"  # finished (graded) after its group had closed
+RETRIED = "retried"  # a desktop failure; a new execution of the same logical attempt follows
+ERROR = "error"  # error.kind "policy" (model call failed after retries) or "env" (desktop, no retries left)
+
+STATUSES: tuple[str, ...] = (OK, TRUNCATED, CANCELLED, SKIPPED, SURPLUS, RETRIED, ERROR)
+"""Every status, in the order reports list them."""
+FINAL_FOR_TRAINING: frozenset[str] = frozenset({OK, TRUNCATED})
+"""Statuses that count for training (export, advantages, success rate) and close a group."""
+
+Status = Literal["ok", "truncated", "cancelled", "skipped", "surplus", "retried", "error"]
+
+# error.kind
+POLICY = "policy"  # the model call failed after its re-tries
+ENV = "env"  # the desktop failed (status retried, or error when env_retries are used up)
+
+PHASES: tuple[str, ...] = ("queue", "reset", "policy", "act", "wait", "obs", "eval")
+"""Timing phases of a record (``timing.<phase>_s``), in the order an attempt runs them."""
+TIME_PHASES: tuple[str, ...] = PHASES[1:]
+"""The phases of executed work (the profile's time share: queueing is not work)."""
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, _Format):
+        return value.to_json_dict()
+    if isinstance(value, list) and value and isinstance(value[0], _Format):
+        return [item.to_json_dict() for item in value]
+    return value
+
+
+@functools.cache
+def _written(cls: type[_Format]) -> frozenset[str]:
+    """The fields of ``cls`` a writer-built object always writes (all but its ``OPTIONAL``)."""
+    return frozenset(cls.model_fields) - cls.OPTIONAL
+
+
+def is_final(status: str | None) -> bool:
+    """Whether a record of this status counts for training (``ok`` or ``truncated``)."""
+    return status in FINAL_FOR_TRAINING
+
+
+def _number(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A JSON number kept as it came (an int stays an int: ``0`` must not become ``0.0``)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value
+    return handler(value)
+
+
+Seconds = Annotated[float, WrapValidator(_number)]
+"""Seconds (or any JSON number), kept exactly as written."""
+Number = Seconds
+
+
+def _long_list(item: type) -> Any:
+    """A per-token list (ids, logprobs, token strings: thousands per step): taken and written
+    as it is, not checked element by element (the writer's own data; reading a large run
+    directory stays close to the speed of reading its JSON)."""
+    return Annotated[list[item] | None, SkipValidation]
+
+
+TokenIds = _long_list(int)
+Logprobs = _long_list(float)
+Tokens = _long_list(str)
+
+
+class _Format(BaseModel):
+    """A JSON object of the format: unknown keys kept; a key absent from a loaded object stays
+    absent (see :meth:`to_json_dict`)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset()
+    """Fields the writer leaves out until they are set (``None`` is never written for them)."""
+
+    def model_post_init(self, context: Any, /) -> None:
+        # Built by the writer (not loaded): every field is written but the optional ones that
+        # were not set. Loaded: exactly the keys the object had (``model_fields_set``).
+        if not (context and context.get("json")):
+            self.__pydantic_fields_set__ |= _written(type(self))
+
+    @classmethod
+    def from_json_dict(cls, data: Mapping[str, Any]):
+        """The typed form of one JSON object of the format (as ``orjson.loads`` gives it).
+        Raises ``pydantic.ValidationError`` when it is not one."""
+        return cls.model_validate(data, context={"json": True})
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The JSON object, ready for ``orjson.dumps``: the fields that were loaded or set (a
+        writer-built object: all but the unset optional ones), in the declared order (the
+        format's), then the unknown keys; values as they are (lists are not copied)."""
+        fields_set = self.__pydantic_fields_set__
+        values = self.__dict__
+        out = {name: _json(values[name]) for name in type(self).model_fields if name in fields_set}
+        if self.__pydantic_extra__:
+            out.update(self.__pydantic_extra__)
+        return out
+
+    def extra(self, key: str, default: Any = None) -> Any:
+        """A key this model does not declare (a newer writer's), or ``default``."""
+        return (self.__pydantic_extra__ or {}).get(key, default)
+
+
+class PolicyRef(_Format):
+    """Which policy produced the record: the served model id and the policy version."""
+
+    model: str | None = None
+    version: str | None = None
+
+
+class Timing(_Format):
+    """Seconds per phase of one execution; ``total_s`` includes ``queue_s``."""
+
+    queue_s: Seconds = Field(0.0, description="Seconds queued before a desktop took it.")
+    reset_s: Seconds = Field(0.0, description="Seconds resetting the desktop, waits included.")
+    policy_s: Seconds = Field(0.0, description="Seconds in model calls.")
+    act_s: Seconds = Field(0.0, description="Seconds executing actions.")
+    wait_s: Seconds = Field(0.0, description="Seconds waiting for the screen after actions.")
+    obs_s: Seconds = Field(0.0, description="Seconds taking and preparing screenshots.")
+    eval_s: Seconds = Field(0.0, description="Seconds grading.")
+    total_s: Seconds = Field(0.0, description="Seconds from enqueue to the end (queue_s included).")
+
+    def phase(self, phase: str) -> float:
+        """Seconds of ``phase`` (one of :data:`PHASES`, without ``_s``), 0 when absent."""
+        value = getattr(self, f"{phase}_s", None)
+        return 0.0 if value is None else value
+
+
+class SetupFailure(_Format):
+    """A setup step that failed the way OSWorld logs and carries on after: its index and type,
+    the exit status (``execute``; a ``launch`` that died at once) and the stderr tail or the
+    desktop's message (at most 500 characters)."""
+
+    step: int | None = None
+    type: str | None = None
+    exit_status: int | None = None
+    error: str | None = None
+
+
+class Reset(_Format):
+    """How the desktop was reset (``fast`` | ``revert``) and the wait after it [s];
+    ``setup_failures`` (written only when there were any): what OSWorld carried on after."""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"setup_failures"})
+
+    kind: str | None = None
+    ready_s: Seconds | None = None
+    wait_s: Seconds | None = None
+    setup_failures: list[SetupFailure] | None = None
+
+
+class ErrorInfo(_Format):
+    """Why an execution failed: ``kind`` ``policy`` | ``env``; ``type`` (the exception class, or
+    the desktop error kind); ``phase`` where it happened; ``attempts`` (policy errors only):
+    HTTP requests made for the failed call."""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"attempts"})
+
+    kind: str | None = None
+    type: str | None = None
+    message: str | None = None
+    phase: str | None = None
+    attempts: int | None = None
+
+
+class StepResponse(_Format):
+    """What the model produced at one step: text, reasoning, token ids, logprobs (one per
+    token), token strings (only when there are no ids), finish reason."""
+
+    content: str | None = None
+    reasoning: str | None = None
+    token_ids: TokenIds = None
+    logprobs: Logprobs = None
+    tokens: Tokens = None
+    finish_reason: str | None = None
+
+
+class ModelCall(_Format):
+    """The model call's numbers: tokens (``cached_tokens`` ``None``: not reported), seconds
+    (re-tries included), HTTP attempts, requests cut at step_timeout, where ids came from."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    seconds: Seconds = 0.0
+    attempts: int = 1
+    timeouts: int = 0
+    token_ids_source: str | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class ActionRecord(_Format):
+    """One executed action of a step: the structured action (as
+    :meth:`legato_pipelines.actions.Action.to_record` gives it) and its act / wait / ready
+    seconds (``ready_s`` ``None`` with the fixed-wait baseline). Keys a newer writer adds
+    (e.g. a ``timed_out`` flag) are kept."""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset(
+        {"screen", "text", "keys", "pixels", "seconds", "status", "clamped"}
+        | {"act_s", "wait_s", "ready_s"}
+    )
+
+    action: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    screen: list[int | float] | None = None
+    text: str | None = None
+    keys: list[str] | None = None
+    pixels: int | float | None = None
+    seconds: Seconds | None = None
+    status: str | None = None
+    clamped: bool | None = None
+    act_s: Seconds | None = None
+    wait_s: Seconds | None = None
+    ready_s: Seconds | None = None
+
+
+class Step(_Format):
+    """One policy call and what followed: ``request`` (message hashes: the exact prompt),
+    ``response``, ``model`` (call numbers), the parsed ``action_text`` / ``parse_error``, the
+    executed ``actions``, ``obs_s`` [s] to take the screenshot, ``observation`` (its image sha)."""
+
+    step: int
+    request: list[str] = Field(default_factory=list)
+    response: StepResponse = Field(default_factory=StepResponse)
+    model: ModelCall = Field(default_factory=ModelCall)
+    action_text: str | None = None
+    parse_error: str | None = None
+    actions: list[ActionRecord] = Field(default_factory=list)
+    obs_s: Seconds | None = None
+    observation: str | None = None
+
+
+class Record(_Format):
+    """One execution of one logical attempt (``task_id``, ``group_id``, ``attempt``);
+    ``rollout_id`` names the execution, ``execution`` counts re-tries (0 first)."""
+
+    format: str = FORMAT
+    rollout_id: str
+    task_id: str
+    domain: str | None = None
+    group_id: str | None = None
+    attempt: int
+    execution: int = 0
+    policy: PolicyRef = Field(default_factory=PolicyRef)
+    task_set: str | None = None
+    status: Status | None = None
+    outcome: str | None = None
+    reward: Number | None = None
+    error: ErrorInfo | None = None
+    eval_error: str | None = None
+    n_steps: int = 0
+    desktop: str | None = None
+    started_at: Seconds | None = None
+    ended_at: Seconds | None = None
+    timing: Timing = Field(default_factory=Timing)
+    reset: Reset | None = None
+    steps: list[Step] = Field(default_factory=list)
+
+    @property
+    def final(self) -> bool:
+        """Counts for training (status ``ok`` or ``truncated``)."""
+        return is_final(self.status)
+
+    @property
+    def logical_attempt(self) -> tuple[str, int]:
+        """(``task_id``, ``attempt``): the logical attempt this execution belongs to."""
+        return (self.task_id, self.attempt)
+
+    @property
+    def error_kind(self) -> str | None:
+        """``policy`` | ``env`` when the execution failed, else ``None``."""
+        return self.error.kind if self.error is not None else None
+
+    @property
+    def env_failure(self) -> bool:
+        """The desktop failed during this execution (status ``retried`` or ``error``)."""
+        return self.error_kind == ENV
+
+
+def as_record(record: Record | Mapping[str, Any]) -> Record:
+    """``record`` typed: a :class:`Record` as is, a JSON dict through :meth:`Record.from_json_dict`."""
+    return record if isinstance(record, Record) else Record.from_json_dict(record)
+
+
+def as_records(records: Iterable[Record | Mapping[str, Any]]) -> list[Record]:
+    """Every record typed (see :func:`as_record`)."""
+    return [as_record(r) for r in records]
