@@ -18,7 +18,8 @@ namespace with nothing but a loopback), built with util-linux's ``unshare`` and 
   so one sandbox cannot reach another desktop's display).
 
 Revert is dropping the sandbox: killing its pid namespace's init kills every process in it,
-the upper layers are emptied, and a new sandbox starts from the host's view again (~70 ms).
+the upper layers are emptied, and a clean sandbox takes over: a spare started in the background
+beforehand, so the revert costs milliseconds (a cold start takes ~70 ms).
 A non-empty upper layer (:meth:`Sandbox.dirty`) says the task changed the system outside
 HOME, so the next reset must revert.
 
@@ -45,6 +46,7 @@ import select
 import shutil
 import subprocess
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,13 +73,13 @@ TOOLS = ("unshare", "nsenter", "mount", "pivot_root", "tini", "sudo")
 SETUP_SCRIPT = r"""
 set -eu
 read -r _ || exit 3
-R="$SB/root"
+R="$LAYERS/root"
 mount -t tmpfs -o mode=0755 legato-root "$R"
 for d in $OVERLAID; do
   [ -d "/$d" ] || continue
   mkdir -p "$R/$d"
   lower="/$d"; [ -d "$SB/seed/$d" ] && lower="$SB/seed/$d:/$d"
-  mount -t overlay "legato-$d" -o "lowerdir=$lower,upperdir=$SB/upper/$d,workdir=$SB/work/$d,userxattr" "$R/$d"
+  mount -t overlay "legato-$d" -o "lowerdir=$lower,upperdir=$LAYERS/upper/$d,workdir=$LAYERS/work/$d,userxattr" "$R/$d"
 done
 for l in bin sbin lib lib32 lib64 libx32; do [ -L "/$l" ] && ln -s "$(readlink "/$l")" "$R/$l"; done
 mkdir -p "$R/proc" "$R/sys" "$R/dev" "$R/tmp" "$R/home" "$R/root" "$R/run" "$R/mnt" "$R/media" "$R/srv" "$R/.old"
@@ -196,16 +198,53 @@ def _seed_files() -> dict[str, tuple[str, int]]:
     }
 
 
+@dataclass
+class _Instance:
+    """One running set of namespaces: its layer directory, ``unshare`` process and init pid."""
+
+    layers: Path
+    anchor: subprocess.Popen
+    init_pid: int
+
+    def stop(self) -> None:
+        """SIGKILL the pid namespace's init (the kernel kills every process in it), reap."""
+        try:
+            os.kill(self.init_pid, 9)
+        except ProcessLookupError:
+            pass
+        if self.anchor.poll() is None:
+            self.anchor.kill()
+        self.anchor.wait()
+        for stream in (self.anchor.stdout, self.anchor.stderr):
+            if stream is not None:
+                stream.close()
+
+    def pids(self) -> set[int]:
+        """``unshare``, the init and init's ``sleep`` (host pids)."""
+        pids = {self.anchor.pid, self.init_pid}
+        try:
+            children = Path(f"/proc/{self.init_pid}/task/{self.init_pid}/children").read_text()
+        except OSError:
+            return pids
+        return pids | {int(pid) for pid in children.split() if _comm(int(pid)) == "sleep"}
+
+
 class Sandbox:
     """The namespaces of one desktop, rooted at ``state/sandbox``.
 
     Layout::
 
-        sandbox/seed/etc/   passwd, group, shadow, sudoers.d/ (lower layer over /etc)
-        sandbox/upper/D/    what the task wrote under /D (D in etc usr var opt)
-        sandbox/work/D/     overlayfs work directories
-        sandbox/homes/user/ HOME, seen inside as /home/user
-        sandbox/root/       mount point of the sandbox's root (empty on the host)
+        sandbox/seed/etc/            passwd, group, shadow, sudoers.d/ (lower layer over /etc)
+        sandbox/homes/user/          HOME, seen inside as /home/user
+        sandbox/layers-N/upper/D/    what the task wrote under /D (D in etc usr var opt)
+        sandbox/layers-N/work/D/     overlayfs work directories
+        sandbox/layers-N/root/       mount point of the sandbox's root (empty on the host)
+
+    Double buffering: besides the running sandbox, a *spare* one is started in the background
+    on the other ``layers-N`` with clean layers (``spare=True``, the default), so a revert
+    is killing the running one and switching to the spare (~5 ms on the critical path instead
+    of ~70 ms); the next spare then starts in the background. A spare costs two sleeping
+    processes and its mounts.
 
     Args:
       state        the desktop's state directory
@@ -213,31 +252,49 @@ class Sandbox:
       run_dir      host directory seen inside as ``/run/user/1000`` (``XDG_RUNTIME_DIR``)
       network      ``True``: the host's network (as an unsandboxed desktop); ``False``: a
                    network namespace of its own with only a loopback (no route out)
+      spare        keep a clean spare sandbox ready for the next revert
 
-    Not thread-safe: the session calls it from its one X thread.
+    Call it from one thread (the session's X thread); sandboxes are started on a worker thread
+    of their own that lives as long as this object (``setpriv --pdeathsig`` fires when the
+    thread that started a process exits).
     """
 
-    def __init__(self, state: Path, *, tmp_dir: Path, run_dir: Path, network: bool = True):
+    def __init__(
+        self,
+        state: Path,
+        *,
+        tmp_dir: Path,
+        run_dir: Path,
+        network: bool = True,
+        spare: bool = True,
+    ):
         self.dir = Path(state) / "sandbox"
         self.tmp_dir = Path(tmp_dir)
         self.run_dir = Path(run_dir)
         self.network = network
+        self.keep_spare = spare
         self.home = self.dir / "homes" / SANDBOX_USER
-        self._anchor: subprocess.Popen | None = None
-        self.init_pid: int | None = None
-        self.starts = 0
+        self._active: _Instance | None = None
+        self._spare: Future | None = None
+        self._spare_layers = self.dir / "layers-1"
+        self._x_socket: str | None = None
+        self._worker: ThreadPoolExecutor | None = None
+
+    @property
+    def init_pid(self) -> int | None:
+        """Host pid of the running sandbox's init (``None`` when none runs)."""
+        return self._active.init_pid if self._active is not None else None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        """Lay out the sandbox directory (seed files, empty layers). Raises SandboxError when
-        this host cannot build sandboxes (:func:`check_support`)."""
+        """Lay out the sandbox directory (seed files). Raises :class:`SandboxError` when this
+        host cannot build sandboxes (:func:`check_support`)."""
         support = check_support()
         if not support.ok:
             raise SandboxError(support.problem)
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o711)
-        (self.dir / "root").mkdir(exist_ok=True)
         (self.dir / "homes").mkdir(exist_ok=True)
         os.chmod(self.dir / "homes", 0o755)
         for rel, (text, mode) in _seed_files().items():
@@ -245,18 +302,136 @@ class Sandbox:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             os.chmod(path, mode)
-        self.clear_layers()
 
     def start(self, x_socket: str | None) -> float:
-        """Start the namespaces; returns the seconds it took (~0.07 s).
-
-        ``x_socket``: the X server's socket file, bound into the sandbox's ``/tmp/.X11-unix``.
-        Raises :class:`SandboxError` with the setup's own error when it fails.
-        """
+        """Start a clean sandbox (and a spare in the background); returns the seconds it took
+        (~0.07 s). ``x_socket``: the X server's socket file, bound into ``/tmp/.X11-unix``.
+        Raises :class:`SandboxError` with the setup's own error when it fails."""
         t0 = time.perf_counter()
+        self.stop()
+        self._x_socket = x_socket
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="legato-sandbox")
+        self._active = self._worker.submit(self._launch, self.dir / "layers-0", x_socket).result()
+        self._spare_layers = self.dir / "layers-1"
+        self._start_spare()
+        return time.perf_counter() - t0
+
+    def stop(self) -> None:
+        """Kill every process of the sandbox and of its spare."""
+        if self._active is not None:
+            self._active.stop()
+            self._active = None
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            try:
+                spare.result().stop()
+            except Exception:  # a spare that failed to start has nothing to stop
+                pass
+
+    def close(self) -> None:
+        """Stop everything and the worker thread."""
+        self.stop()
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+
+    def revert(self) -> dict[str, float]:
+        """Drop the running sandbox (all its processes die) and switch to a clean one: the
+        spare when there is one, else a new start. HOME is the session's to restore.
+        Returns ``{revert_s}``. Raises :class:`SandboxError` when no clean sandbox starts."""
+        t0 = time.perf_counter()
+        old = self._active
+        self._active = None
+        if old is not None:
+            old.stop()
+        spare, self._spare = self._spare, None
+        try:
+            if spare is None:
+                raise SandboxError("no spare")
+            self._active = spare.result()
+        except Exception:
+            return {"revert_s": self.start(self._x_socket)}
+        if old is not None:
+            self._spare_layers = old.layers
+        self._start_spare()
+        return {"revert_s": time.perf_counter() - t0}
+
+    def alive(self) -> bool:
+        return self._active is not None and self._active.anchor.poll() is None
+
+    # -- what the session needs ------------------------------------------------------------------
+
+    def anchor_pids(self) -> set[int]:
+        """The sandboxes' own processes on the host (unshare, init, init's sleep; the spare's)."""
+        pids = self._active.pids() if self._active is not None else set()
+        if self._spare is not None and self._spare.done() and self._spare.exception() is None:
+            pids |= self._spare.result().pids()
+        elif self._spare is not None:  # still starting: its unshare is ours, not the task's
+            pids |= {pid for pid in _children(os.getpid()) if _comm(pid) == "unshare"}
+        return pids
+
+    def enter_argv(self, *, uid: int = SANDBOX_UID, cwd: str = SANDBOX_HOME) -> list[str]:
+        """The argv prefix that runs a command inside the sandbox as ``uid``, in ``cwd``.
+
+        Raises :class:`SandboxError` when the sandbox is not running.
+        """
+        if self._active is None:
+            raise SandboxError("the desktop's sandbox is not running")
+        argv = ["nsenter", "-t", str(self._active.init_pid), "--user", "--mount", "--pid"]
+        argv.append("--ipc")
+        if not self.network:
+            argv.append("--net")
+        argv += ["--root", "-S", str(uid), "-G", str(uid), "--", "env", "-C", cwd, "--"]
+        return argv
+
+    def host_path(self, path: str) -> str:
+        """Where the host reaches ``path`` as the sandbox sees it (through its init's root)."""
+        if self._active is None:
+            raise SandboxError("the desktop's sandbox is not running")
+        return f"/proc/{self._active.init_pid}/root/{path.lstrip('/')}"
+
+    def dirty(self) -> list[str]:
+        """Top entries the task wrote outside HOME and ``/tmp`` (``etc/x``, ``usr/local``...);
+        empty when the overlays' upper layers are clean."""
+        if self._active is None:
+            return []
+        found: list[str] = []
+        for name in OVERLAID:
+            upper = self._active.layers / "upper" / name
+            if upper.is_dir():
+                found += [f"{name}/{entry}" for entry in sorted(os.listdir(upper))]
+        return found
+
+    def describe(self) -> dict:
+        """For ``/legato/health``: the sandbox's user, HOME, network and init pid."""
+        return {
+            "user": SANDBOX_USER,
+            "home": SANDBOX_HOME,
+            "network": "host" if self.network else "none",
+            "init_pid": self.init_pid,
+            "spare": self._spare is not None,
+        }
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _start_spare(self) -> None:
+        if self.keep_spare and self._worker is not None:
+            self._spare = self._worker.submit(self._launch, self._spare_layers, self._x_socket)
+
+    def _launch(self, layers: Path, x_socket: str | None) -> _Instance:
+        """Empty ``layers`` and start namespaces on it (runs on the worker thread)."""
+        for kind in ("upper", "work"):
+            top = layers / kind
+            if top.exists():
+                shutil.rmtree(top)
+            for name in OVERLAID:
+                (top / name).mkdir(parents=True)
+        (layers / "root").mkdir(exist_ok=True)
         env = {
             "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
             "SB": str(self.dir),
+            "LAYERS": str(layers),
             "OVERLAID": " ".join(OVERLAID),
             "TMP_DIR": str(self.tmp_dir),
             "RUN_DIR": str(self.run_dir),
@@ -277,161 +452,71 @@ class Sandbox:
             env=env,
             start_new_session=True,
         )
-        self._anchor = proc
         try:
-            self._write_id_maps(proc)
+            _write_id_maps(proc)
             proc.stdin.write(b"go\n")
             proc.stdin.close()
-            self._wait_ready(proc)
-            self.init_pid = self._wait_init(proc)
+            _wait_ready(proc)
+            return _Instance(layers, proc, _wait_init(proc))
         except BaseException:
-            self.stop()
-            raise
-        self.starts += 1
-        return time.perf_counter() - t0
-
-    def stop(self) -> None:
-        """Kill every process of the sandbox (SIGKILL to its pid namespace's init) and reap."""
-        if self.init_pid is not None:
-            try:
-                os.kill(self.init_pid, 9)
-            except ProcessLookupError:
-                pass
-        if self._anchor is not None:
-            if self._anchor.poll() is None:
-                self._anchor.kill()
-            self._anchor.wait()
-            for stream in (self._anchor.stdout, self._anchor.stderr):
-                if stream is not None:
-                    stream.close()
-        self._anchor = None
-        self.init_pid = None
-
-    def revert(self, x_socket: str | None) -> dict[str, float]:
-        """Drop the sandbox and start a clean one: all its processes die, the upper layers are
-        emptied (HOME is the session's to restore). Returns ``{revert_s}``."""
-        t0 = time.perf_counter()
-        self.stop()
-        self.clear_layers()
-        self.start(x_socket)
-        return {"revert_s": time.perf_counter() - t0}
-
-    def alive(self) -> bool:
-        return self._anchor is not None and self._anchor.poll() is None
-
-    # -- what the session needs ------------------------------------------------------------------
-
-    def anchor_pids(self) -> set[int]:
-        """The sandbox's own processes on the host (unshare, its init, init's sleep)."""
-        pids: set[int] = set()
-        if self._anchor is not None:
-            pids.add(self._anchor.pid)
-        if self.init_pid is not None:
-            pids.add(self.init_pid)
-            try:
-                children = Path(f"/proc/{self.init_pid}/task/{self.init_pid}/children")
-                for pid in children.read_text().split():
-                    if _comm(int(pid)) == "sleep":
-                        pids.add(int(pid))
-            except OSError:
-                pass
-        return pids
-
-    def enter_argv(self, *, uid: int = SANDBOX_UID, cwd: str = SANDBOX_HOME) -> list[str]:
-        """The argv prefix that runs a command inside the sandbox as ``uid``, in ``cwd``.
-
-        Raises :class:`SandboxError` when the sandbox is not running.
-        """
-        if self.init_pid is None:
-            raise SandboxError("the desktop's sandbox is not running")
-        argv = ["nsenter", "-t", str(self.init_pid), "--user", "--mount", "--pid", "--ipc"]
-        if not self.network:
-            argv.append("--net")
-        argv += ["--root", "-S", str(uid), "-G", str(uid), "--", "env", "-C", cwd, "--"]
-        return argv
-
-    def host_path(self, path: str) -> str:
-        """Where the host reaches ``path`` as the sandbox sees it (through its init's root)."""
-        if self.init_pid is None:
-            raise SandboxError("the desktop's sandbox is not running")
-        return f"/proc/{self.init_pid}/root/{path.lstrip('/')}"
-
-    def dirty(self) -> list[str]:
-        """Top entries the task wrote outside HOME and ``/tmp`` (``etc/x``, ``usr/local``...);
-        empty when the overlays' upper layers are clean."""
-        found: list[str] = []
-        for name in OVERLAID:
-            upper = self.dir / "upper" / name
-            if upper.is_dir():
-                found += [f"{name}/{entry}" for entry in sorted(os.listdir(upper))]
-        return found
-
-    # -- internals -------------------------------------------------------------------------------
-
-    def clear_layers(self) -> None:
-        """Empty the overlays' upper and work directories (only while the sandbox is stopped)."""
-        for kind in ("upper", "work"):
-            top = self.dir / kind
-            if top.exists():
-                shutil.rmtree(top)
-            for name in OVERLAID:
-                (top / name).mkdir(parents=True)
-
-    def _write_id_maps(self, proc: subprocess.Popen) -> None:
-        mine = os.readlink("/proc/self/ns/user")
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                if os.readlink(f"/proc/{proc.pid}/ns/user") != mine:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None:
-                raise SandboxError(f"unshare failed: {_stderr(proc)}")
-            if time.monotonic() > deadline:
-                raise SandboxError("unshare did not create the user namespace within 10 s")
-            time.sleep(0.0005)
-        try:
-            Path(f"/proc/{proc.pid}/uid_map").write_text(ID_MAP)
-            Path(f"/proc/{proc.pid}/gid_map").write_text(ID_MAP)
-        except OSError as exc:
-            raise SandboxError(
-                f"cannot write the sandbox's uid/gid maps ({exc.strerror}): the desktop server"
-                " must run as root with user namespaces enabled"
-            ) from None
-
-    def _wait_ready(self, proc: subprocess.Popen) -> None:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)
-        line = proc.stdout.readline() if ready else b""
-        if line.strip() != b"ready":
             if proc.poll() is None:
                 proc.kill()
-                proc.wait()
-            raise SandboxError(f"the sandbox did not start: {_stderr(proc) or 'timed out'}")
+            proc.wait()
+            raise
 
-    def _wait_init(self, proc: subprocess.Popen) -> int:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-            except OSError:
-                children = []
-            if children and _comm(int(children[0])) == "tini":
-                return int(children[0])
-            if proc.poll() is not None:
-                raise SandboxError(f"the sandbox exited at start: {_stderr(proc)}")
-            time.sleep(0.0005)
-        raise SandboxError("the sandbox's init did not start within 10 s")
 
-    def describe(self) -> dict:
-        """For ``/legato/health``: the sandbox's user, HOME, network and init pid."""
-        return {
-            "user": SANDBOX_USER,
-            "home": SANDBOX_HOME,
-            "network": "host" if self.network else "none",
-            "init_pid": self.init_pid,
-        }
+def _write_id_maps(proc: subprocess.Popen) -> None:
+    mine = os.readlink("/proc/self/ns/user")
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        try:
+            if os.readlink(f"/proc/{proc.pid}/ns/user") != mine:
+                break
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            raise SandboxError(f"unshare failed: {_stderr(proc)}")
+        if time.monotonic() > deadline:
+            raise SandboxError("unshare did not create the user namespace within 10 s")
+        time.sleep(0.0005)
+    try:
+        Path(f"/proc/{proc.pid}/uid_map").write_text(ID_MAP)
+        Path(f"/proc/{proc.pid}/gid_map").write_text(ID_MAP)
+    except OSError as exc:
+        raise SandboxError(
+            f"cannot write the sandbox's uid/gid maps ({exc.strerror}): the desktop server"
+            " must run as root with user namespaces enabled"
+        ) from None
+
+
+def _wait_ready(proc: subprocess.Popen) -> None:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)
+    line = proc.stdout.readline() if ready else b""
+    if line.strip() != b"ready":
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        raise SandboxError(f"the sandbox did not start: {_stderr(proc) or 'timed out'}")
+
+
+def _wait_init(proc: subprocess.Popen) -> int:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        children = _children(proc.pid)
+        if children and _comm(children[0]) == "tini":
+            return children[0]
+        if proc.poll() is not None:
+            raise SandboxError(f"the sandbox exited at start: {_stderr(proc)}")
+        time.sleep(0.0005)
+    raise SandboxError("the sandbox's init did not start within 10 s")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def _comm(pid: int) -> str:

@@ -347,7 +347,7 @@ class Session:
         me = os.getpid()
         self.stop_x()
         if self.sandbox is not None:
-            self.sandbox.stop()
+            self.sandbox.close()
         self.procs.kill(lambda table: descendants(me, table))
 
     # -- the task's processes ---------------------------------------------------------------
@@ -407,7 +407,6 @@ class Session:
             self.sandbox.stop()
         killed = self.kill_task_processes()
         if self.sandbox is not None:
-            self.sandbox.clear_layers()
             _empty_dir(self.tmp / ".X11-unix")
         self._restore_files()
         t1 = time.perf_counter()
@@ -419,7 +418,7 @@ class Session:
     def _revert_sandbox(self) -> dict[str, float]:
         assert self.sandbox is not None
         try:
-            return self.sandbox.revert(self.x_socket)
+            return self.sandbox.revert()
         except SandboxError as exc:
             raise SessionError(str(exc)) from None
 
