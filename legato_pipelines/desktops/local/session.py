@@ -497,6 +497,14 @@ def _free_display(number: int) -> int:
     return number
 
 
+def _lock_owner(number: int) -> int | None:
+    """The pid in display ``number``'s X lock file (``None``: no lock, or not written yet)."""
+    try:
+        return int(Path(f"/tmp/.X{number}-lock").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 def _wait_for_x(number: int, proc: subprocess.Popen, deadline: float) -> bool:
     """True once display ``number``'s socket accepts connections; False when Xvfb exited
     because the number was taken (another server holds its lock). Raises
@@ -510,12 +518,15 @@ def _wait_for_x(number: int, proc: subprocess.Popen, deadline: float) -> bool:
             raise SessionError(
                 f"Xvfb exited with {code} at start (is xvfb installed? see xvfb.log)"
             )
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            try:
-                sock.connect(path)
-                return True
-            except OSError:
-                pass
+        # ready once the lock is ours (another server may answer on the same socket path
+        # while our Xvfb is still finding out that the number is taken) and the socket answers
+        if _lock_owner(number) == proc.pid:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.connect(path)
+                    return True
+                except OSError:
+                    pass
         if time.monotonic() > deadline:
             proc.kill()
             raise SessionError(
