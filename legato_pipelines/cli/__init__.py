@@ -23,6 +23,7 @@ from . import lake as _lake  # noqa: E402,F401
 from . import osworld as _osworld  # noqa: E402,F401
 from . import policy as _policy  # noqa: E402,F401
 from . import tasks as _tasks  # noqa: E402,F401
+from . import view as _view  # noqa: E402,F401
 
 
 def main() -> None:

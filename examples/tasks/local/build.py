@@ -6,7 +6,8 @@ Fifteen OSWorld-format tasks over three real apps of the local desktop (xterm, l
 LibreOffice Calc). Each task's setup starts the app with its file, so a script can solve it
 blind (keyboard only, no clicks): ``scripts/correct.json`` solves every task (the infeasible
 ones end with ``terminate`` status ``failure``), ``scripts/wrong.json`` makes a plausible
-mistake on every task. Both are in the scripted policy server's format
+mistake on every task, ``scripts/demo.json`` (``legato demo``) mixes the two and clicks.
+All are in the scripted policy server's format
 ``{"tasks": {"<instruction>": ["<Qwen computer-use response>", ...]}}``.
 
 Expected files never live on the desktop: the evaluator's postconfig writes them with an
@@ -508,6 +509,27 @@ def calc_tasks() -> list[dict]:
     ]
 
 
+DEMO_WRONG = ("local-term-rename", "local-edit-replace", "local-calc-total-row")
+"""Tasks the demo script answers wrongly (one per app), so the demo's report shows failures."""
+
+
+def demo_script(tasks: list[dict]) -> dict:
+    """``scripts/demo.json`` (``legato demo`` on real desktops): the correct answers but for
+    :data:`DEMO_WRONG`'s wrong ones, and terminal tasks start with a click on the terminal
+    window (harmless: it only focuses it), so the report has click markers to show."""
+    click = qwen_response(
+        "Click the terminal window to focus it.",
+        {"action": "left_click", "coordinate": [500, 500]},
+    )
+    out = {}
+    for t in tasks:
+        steps = list(t["_wrong"] if t["task_id"] in DEMO_WRONG else t["_correct"])
+        if t["domain"] == "terminal":
+            steps = [click, *steps]
+        out[t["config"]["instruction"]] = steps
+    return {"tasks": out}
+
+
 def main() -> None:
     tasks = terminal_tasks() + editor_tasks() + calc_tasks()
     instructions = [t["config"]["instruction"] for t in tasks]
@@ -521,13 +543,14 @@ def main() -> None:
         name: {"tasks": {t["config"]["instruction"]: t[f"_{name}"] for t in tasks}}
         for name in ("correct", "wrong")
     }
+    scripts["demo"] = demo_script(tasks)
     entries = [{k: v for k, v in t.items() if not k.startswith("_")} for t in tasks]
     (HERE / "tasks.json").write_text(json.dumps(entries, indent=2, ensure_ascii=False) + "\n")
     for name, script in scripts.items():
         (HERE / "scripts" / f"{name}.json").write_text(
             json.dumps(script, indent=2, ensure_ascii=False) + "\n"
         )
-    print(f"{len(tasks)} tasks -> {HERE / 'tasks.json'}, scripts/correct.json, scripts/wrong.json")
+    print(f"{len(tasks)} tasks -> {HERE / 'tasks.json'}, scripts/{{correct,wrong,demo}}.json")
 
 
 if __name__ == "__main__":
