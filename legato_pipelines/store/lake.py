@@ -50,6 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import ConfigError
+from ..versions import sort_versions
 
 TABLES = ("rollouts", "steps", "samples", "profile")
 """The lake's tables; each is a directory of ``policy_version=<key>`` partitions and a view."""
@@ -236,16 +237,17 @@ class Lake:
         return self.partition_dir(table, version) / PART_FILE
 
     def versions(self, table: str) -> list[str]:
-        """Policy versions with a written partition of ``table``, sorted."""
+        """Policy versions with a written partition of ``table``, in training order
+        (:func:`~legato_pipelines.versions.sort_versions`: ``step-50`` before ``step-100``)."""
         prefix = f"{PARTITION_COLUMN}="
         if self.fs is not None:
             self.fs.invalidate_cache()  # other hosts write here too: no stale listings
             found = self.fs.glob(f"{self._join(table)}/{prefix}*/{PART_FILE}")
-            return sorted(p.rstrip("/").split("/")[-2][len(prefix) :] for p in found)
+            return sort_versions(p.rstrip("/").split("/")[-2][len(prefix) :] for p in found)
         base = self.root / table
         if not base.is_dir():
             return []
-        return sorted(
+        return sort_versions(
             p.name[len(prefix) :]
             for p in base.iterdir()
             if p.name.startswith(prefix) and (p / PART_FILE).is_file()

@@ -25,6 +25,7 @@ import orjson
 import pyarrow as pa
 
 from ..record import PHASES, STATUSES, Record, as_record
+from ..versions import version_step
 
 # PHASES: timing phases of a record (``timing.<phase>_s``), in the order an attempt runs them.
 # STATUSES: record statuses (docs/architecture.md §3); ``profile`` has one ``count_<status>``
@@ -41,9 +42,12 @@ class Lineage:
     run_id: str
 
     def columns(self, n: int) -> dict[str, pa.Array]:
-        """The three lineage columns for ``n`` rows."""
+        """The lineage columns for ``n`` rows: the three ids, and ``policy_step``, the training
+        step the version key carries (``step-50`` -> 50; null when it carries none), so SQL
+        sorts versions in training order (``ORDER BY policy_step``)."""
         return {
             "policy_version": pa.array([self.policy_version] * n, pa.string()),
+            "policy_step": pa.array([version_step(self.policy_version)] * n, pa.int64()),
             "task_set": pa.array([self.task_set] * n, pa.string()),
             "run_id": pa.array([self.run_id] * n, pa.string()),
         }
@@ -51,6 +55,7 @@ class Lineage:
 
 _LINEAGE_FIELDS = [
     pa.field("policy_version", pa.string(), nullable=False),
+    pa.field("policy_step", pa.int64()),
     pa.field("task_set", pa.string(), nullable=False),
     pa.field("run_id", pa.string(), nullable=False),
 ]
