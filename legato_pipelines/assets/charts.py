@@ -91,3 +91,84 @@ def success_chart(per_task: Mapping[str, tuple[float, int, str | None]], title: 
     ax.tick_params(axis="y", labelsize=7)
     ax.set_title(title, fontsize=10)
     return _png(fig)
+
+
+def success_across_versions_chart(
+    per_version: Mapping[str, Mapping[str, tuple[float, int, str | None]]], title: str
+) -> bytes:
+    """Success by task across policy versions: the mean success per version (a line, versions
+    in training order) over a task x version heatmap (per domain above :data:`MAX_BARS`
+    tasks). ``per_version``: ``version -> task_id -> (mean reward, attempts, domain)``."""
+    from ..versions import sort_versions
+
+    versions = sort_versions(per_version)
+    tasks = sorted({t for v in versions for t in per_version[v]})
+    rows: dict[str, list[float | None]] = {}
+    if len(tasks) <= MAX_BARS:
+        for t in tasks:
+            rows[t] = [per_version[v][t][0] if t in per_version[v] else None for v in versions]
+    else:
+        domains = sorted(
+            {d or "(no domain)" for v in versions for _, _, d in per_version[v].values()}
+        )
+        for d in domains:
+            row: list[float | None] = []
+            for v in versions:
+                vals = [s for s, _, dom in per_version[v].values() if (dom or "(no domain)") == d]
+                row.append(sum(vals) / len(vals) if vals else None)
+            rows[d] = row
+    means = []
+    for v in versions:
+        total = sum(s * n for s, n, _ in per_version[v].values())
+        count = sum(n for _, n, _ in per_version[v].values())
+        means.append(total / count if count else float("nan"))
+    height = 1.6 + 0.24 * len(rows)
+    fig, (top, heat) = plt.subplots(
+        2,
+        1,
+        figsize=(max(4.5, 1.0 + 0.55 * len(versions)), height + 1.6),
+        gridspec_kw={"height_ratios": [1.6, height]},
+    )
+    x = list(range(len(versions)))
+    top.plot(x, means, marker="o", color="#4C72B0")
+    top.set_ylim(-0.05, 1.05)
+    top.set_ylabel("success", fontsize=8)
+    top.set_xticks(x, versions, fontsize=7)
+    top.set_title(title, fontsize=10)
+    top.grid(alpha=0.3)
+    import numpy as np
+
+    grid = np.array([[np.nan if v is None else v for v in r] for r in rows.values()], dtype=float)
+    heat.imshow(grid, aspect="auto", cmap="RdYlGn", vmin=0, vmax=1, interpolation="nearest")
+    heat.set_xticks(x, versions, fontsize=7, rotation=30 if len(versions) > 6 else 0)
+    heat.set_yticks(range(len(rows)), list(rows), fontsize=7)
+    if grid.size <= 400:
+        for (i, j), value in np.ndenumerate(grid):
+            if not np.isnan(value):
+                heat.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def training_signal_chart(
+    rewards: list[float], advantages: list[float], lengths: list[int], tokens: list[int], title: str
+) -> bytes:
+    """Four histograms of the training signal: rewards and advantages of the graded rollouts,
+    episode lengths (steps) and response tokens per step."""
+    fig, axes = plt.subplots(2, 2, figsize=(6.4, 4.2))
+    panels = [
+        (rewards, "reward per rollout", "#55A868"),
+        (advantages, "advantage per rollout", "#4C72B0"),
+        (lengths, "episode length [steps]", "#8172B2"),
+        (tokens, "response tokens per step", "#C44E52"),
+    ]
+    for ax, (values, label, color) in zip(axes.flat, panels, strict=True):
+        if values:
+            ax.hist(values, bins=min(20, max(1, len(set(values)))), color=color)
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xlabel(label, fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _png(fig)

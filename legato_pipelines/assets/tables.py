@@ -24,6 +24,7 @@ from ..store.rundir import SUMMARY, read_meta, read_typed_records
 from . import checks
 from .charts import markdown_image, success_by_task, success_chart, time_share_chart
 from .collection import GROUP, rollout_batch
+from .insight import across_versions_metadata, report_metadata, training_signal
 from .metadata import counts_markdown, number, table_metadata
 from .partitions import policy_versions
 
@@ -95,6 +96,7 @@ def rollouts(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.Materi
                 ["rollout_id", "task_id", "attempt", "status", "reward", "n_steps", "total_s"],
             ),
             "counts": dg.MetadataValue.md(counts_markdown(counts)),
+            **report_metadata(batch.run_dir, records),
             "steps_rows": steps.num_rows,
             "steps_path": dg.MetadataValue.path(str(steps_path)),
             "duckdb": dg.MetadataValue.path(str(store.duckdb_path)),
@@ -147,6 +149,7 @@ def training_samples(
             ),
             "rollouts": len(set(table.column("rollout_id").to_pylist())),
             "logprobs_share": number(with_logprobs / table.num_rows if table.num_rows else None),
+            **training_signal(read_typed_records(batch.run_dir), table),
             "duckdb": dg.MetadataValue.path(str(store.duckdb_path)),
             "collection_run_id": batch.lineage.run_id,
         },
@@ -174,7 +177,8 @@ def profile_summary(context: dg.AssetExecutionContext, lake: LakeResource) -> dg
     path = store.write("profile", version, table)
     store.refresh_views()
     time_share = summary.get("time_share") or {}
-    per_task = success_by_task(read_typed_records(batch.run_dir))
+    records = read_typed_records(batch.run_dir)
+    per_task = success_by_task(records)
     charts = {}
     if time_share:
         png = time_share_chart(time_share, f"Time share by phase, {version}")
@@ -203,6 +207,7 @@ def profile_summary(context: dg.AssetExecutionContext, lake: LakeResource) -> dg
                 {k: round(float(v), 4) for k, v in time_share.items()}
             ),
             **charts,
+            **across_versions_metadata(store, version, records),
             "duckdb": dg.MetadataValue.path(str(store.duckdb_path)),
             "collection_run_id": batch.lineage.run_id,
         },
