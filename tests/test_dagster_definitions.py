@@ -17,9 +17,11 @@ import yaml
 
 from legato_pipelines import export_steps
 from legato_pipelines.assets import policy_versions
+from legato_pipelines.cli.demo import LOCAL_APPS
 from legato_pipelines.policy.config import API_KEY_ENV
 from legato_pipelines.resources.defaults import default_resources
 from legato_pipelines.store.lake import Lake
+from legato_pipelines.store.rundir import read_meta
 from tests.engine_support import SECRET, fake_tasks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -195,6 +197,13 @@ def test_legato_demo_runs_the_main_job_through_dagster(tmp_path):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     lake = Lake(home / "lake")
     assert str(lake.duckdb_path) in out.stdout and str(lake.root) in out.stdout
+    report = lake.run_dir("step-1") / "report" / "index.html"
+    assert report.is_file() and str(report) in out.stdout
+    if all(shutil.which(a) for a in LOCAL_APPS):  # real desktops where they can run (issue 17)
+        assert "real local desktops" in out.stdout and "fake" not in out.stderr
+        assert read_meta(lake.run_dir("step-1"))["knobs"]["backend"] == "local"
+    else:
+        assert "using fake desktops instead" in out.stderr
     samples = export_steps(lake.run_dir("step-1")).num_rows
     assert f"│ {samples}" in out.stdout  # the first SQL answer counts the exported samples
     with dg.DagsterInstance.from_config(str(home)) as instance:

@@ -2,9 +2,15 @@
 
 Starts the scripted policy server on loopback (NOT a model), adds a new ``policy_version``
 partition to the local Dagster instance, materializes ``rollout_batch``, ``rollouts``,
-``training_samples`` and ``profile_summary`` for it with ``dagster asset materialize`` on fake
-desktops, then prints where the Parquet lake and the DuckDB file are and a first SQL answer.
-The run stays in the instance, so ``dagster dev`` shows it afterwards.
+``training_samples`` and ``profile_summary`` for it with ``dagster asset materialize``, then
+prints where the Parquet lake, the DuckDB file and the HTML report of the rollouts are, and a
+first SQL answer. The run stays in the instance, so ``dagster dev`` shows it afterwards.
+
+Desktops (``--backend auto``, the default): where Xvfb and the suite's apps are installed
+(``scripts/setup.sh`` installs them) and a local desktop starts, the local task suite
+(``examples/tasks/local``: xterm, l3afpad, LibreOffice Calc) runs on real local desktops with
+the scripted answers of ``scripts/demo.json`` (mostly correct, some wrong, a click); otherwise
+the fake backend and its task list, and the demo says why.
 
 Instance (``DAGSTER_HOME``): ``--home``, else ``$DAGSTER_HOME``, else the repository root
 (where ``dagster.yaml`` is), else ``./.dagster_home`` (created with a minimal
@@ -40,6 +46,45 @@ FIRST_QUERY = (
     "WHERE p.policy_version = ? GROUP BY ALL"
 )
 MINIMAL_DAGSTER_YAML = "telemetry:\n  enabled: false\n"
+LOCAL_APPS = ("Xvfb", "openbox", "xterm", "l3afpad", "soffice")
+"""What the local task suite needs on this host (``scripts/setup.sh`` installs it)."""
+LOCAL_DEFAULTS = {"group": 2, "max_steps": 10, "desktops": 2}
+"""Demo knobs on real desktops: the 15-task suite x 2 in well under a minute on 2 cores."""
+FAKE_DEFAULTS = {"group": _DEFAULT("group"), "max_steps": 5, "desktops": _DEFAULT("desktops")}
+
+
+def local_suite() -> Path | None:
+    """The local task suite's directory (``examples/tasks/local`` of a source checkout), if
+    there is one."""
+    root = repo_root()
+    suite = root / "examples" / "tasks" / "local" if root else None
+    return suite if suite and (suite / "tasks.json").is_file() else None
+
+
+def real_desktops_unavailable() -> str | None:
+    """Why real local desktops cannot run the demo here (``None``: they can): a missing app,
+    no local suite, or a desktop that fails to start (one is started and closed, ~1 s)."""
+    import asyncio
+    import shutil
+
+    missing = [app for app in LOCAL_APPS if shutil.which(app) is None]
+    if missing:
+        return f"{', '.join(missing)} not installed (scripts/setup.sh installs them)"
+    if local_suite() is None:
+        return "the local task suite (examples/tasks/local) is not here (not a source checkout)"
+
+    async def probe() -> None:
+        from ..desktops import open_desktops
+        from ..desktops.base import DesktopConfig
+
+        pool = await asyncio.wait_for(open_desktops(DesktopConfig(backend="local"), 1), 30)
+        await asyncio.gather(*(d.close() for d in pool))
+
+    try:
+        asyncio.run(probe())
+    except Exception as exc:  # any failure to start means: fall back, saying why
+        return f"a local desktop did not start ({type(exc).__name__}: {str(exc)[:200]})"
+    return None
 
 
 def repo_root() -> Path | None:
@@ -101,17 +146,54 @@ def demo_command(
     home: Annotated[
         Path | None, typer.Option("--home", help="DAGSTER_HOME (must hold dagster.yaml).")
     ] = None,
-    group: Annotated[int, typer.Option("--group", help=_HELP["group"])] = _DEFAULT("group"),
-    max_steps: Annotated[int, typer.Option("--max-steps", help=_HELP["max_steps"])] = 5,
-    desktops: Annotated[int, typer.Option("--desktops", help="Fake desktops at once.")] = (
-        _DEFAULT("desktops")
-    ),
+    group: Annotated[
+        int | None, typer.Option("--group", help=_HELP["group"] + " [default: 2 real, 4 fake]")
+    ] = None,
+    max_steps: Annotated[
+        int | None,
+        typer.Option("--max-steps", help=_HELP["max_steps"] + " [default: 10 real, 5 fake]"),
+    ] = None,
+    desktops: Annotated[
+        int | None, typer.Option("--desktops", help="Desktops at once [default: 2 real, 4 fake].")
+    ] = None,
+    backend: Annotated[
+        str,
+        typer.Option(
+            "--backend",
+            help="auto: real local desktops where they can start, else fake; local; fake.",
+        ),
+    ] = "auto",
 ) -> None:
-    """Collect one policy version on fake desktops against the scripted policy server, through Dagster."""
+    """Collect one policy version against the scripted policy server, through Dagster: on real
+    local desktops where they can start, else on fake ones; ends with the report's path."""
     from ..assets.config import default_tasks
     from ..policy.scripted import ScriptedPolicyServer
     from ..store.lake import Lake
 
+    if backend not in ("auto", "local", "fake"):
+        fail(f"--backend: {backend!r} is not one of auto, local, fake")
+    script = None
+    fallback = None
+    if backend == "auto" and (tasks is not None or os.environ.get("LEGATO_TASKS")):
+        backend = "fake"  # a task list of your own: the fake backend, unless --backend local
+    elif backend != "fake":
+        why = real_desktops_unavailable()
+        if why is None:
+            backend = "local"
+        elif backend == "local":
+            fail(f"--backend local: {why}")
+        else:
+            fallback = f"real desktops cannot start here: {why}; using fake desktops instead"
+            backend = "fake"
+    defaults = LOCAL_DEFAULTS if backend == "local" else FAKE_DEFAULTS
+    group = defaults["group"] if group is None else group
+    max_steps = defaults["max_steps"] if max_steps is None else max_steps
+    desktops = defaults["desktops"] if desktops is None else desktops
+    if backend == "local":
+        suite = local_suite()
+        assert suite is not None
+        tasks = tasks or suite / "tasks.json"
+        script = suite / "scripts" / "demo.json"
     tasks_path = Path(tasks or default_tasks()).expanduser().resolve()
     key = check_inputs(
         version or time.strftime("demo-%Y%m%d-%H%M%S-") + secrets.token_hex(2),
@@ -120,23 +202,32 @@ def demo_command(
         max_steps=max_steps,
         desktops=desktops,
     )
+    if fallback:
+        err.print(f"[yellow]{fallback}[/]", highlight=False)
     home_dir = dagster_home(home)
     lake_root = lake.expanduser().resolve() if lake else default_lake(home_dir)
     os.environ["DAGSTER_HOME"] = str(home_dir)
 
-    with ScriptedPolicyServer(flavor="vllm") as server:
+    with ScriptedPolicyServer(flavor="vllm", script=script) as server:
         env = {
             **os.environ,
             "DAGSTER_HOME": str(home_dir),
             "LEGATO_POLICY_URL": server.url,
             "LEGATO_POLICY_MODEL": server.model,
-            "LEGATO_BACKEND": "fake",
+            "LEGATO_BACKEND": backend,
             "LEGATO_DESKTOPS": str(desktops),
             "LEGATO_TASKS": str(tasks_path),
             "LEGATO_LAKE": str(lake_root),
         }
         env.pop("LEGATO_POLICY_KEY", None)  # the scripted server needs none
         console.print(f"scripted policy server (not a model) at {server.url}, model {server.model}")
+        if backend == "local":
+            console.print(
+                f"real local desktops: {desktops} Xvfb desktops, task suite {tasks_path} "
+                f"(group {group}), scripted answers {script}"
+            )
+        else:
+            console.print(f"fake desktops: {desktops}, tasks {tasks_path}")
         console.print(f"Dagster instance: DAGSTER_HOME={home_dir}")
         _add_partition(key)
         console.print(f"added partition policy_version={key}")
@@ -182,12 +273,20 @@ def demo_command(
     )
     console.print(f"DuckDB views:  {store.duckdb_path}  (open read-only)")
     console.print(f"run directory: {store.run_dir(key)}")
+
     console.print(f"[dim]{FIRST_QUERY.replace('?', repr(key))}[/]", highlight=False)
     console.print(table)
     console.print(
         f"see it in the UI: DAGSTER_HOME={home_dir} LEGATO_LAKE={store.root} dagster dev -w workspace.yaml",
         highlight=False,
     )
+    report = store.run_dir(key) / "report" / "index.html"
+    if report.is_file():
+        console.print(
+            f"[bold]rollout report ({'real' if backend == 'local' else 'fake'} desktops):[/] "
+            f"{report}  (open from disk: {report.as_uri()}; rebuild: legato view --lake {store.root} --version {key})",
+            highlight=False,
+        )
 
 
 def check_inputs(
