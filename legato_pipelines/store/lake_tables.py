@@ -10,7 +10,8 @@ Four tables, one Parquet partition per policy version each (docs/architecture.md
 ``profile``   one row per policy version: the run's ``summary.json`` flattened
 
 Every row carries its lineage: ``policy_version``, ``task_set``, ``run_id`` (the Dagster run
-that collected it) and ``rollout_id`` (``profile`` rows have no rollout). The schemas are
+that collected it) and ``rollout_id`` (``profile`` rows have no rollout), and ``policy_step``,
+the training step the version key carries (null when none), to sort versions by. The schemas are
 fixed here, so partitions written at different times union cleanly (a column that is null in
 one batch keeps its type).
 """
@@ -130,6 +131,7 @@ STEPS_SCHEMA = pa.schema(
 PROFILE_SCHEMA = pa.schema(
     [
         pa.field("policy_version", pa.string(), nullable=False),
+        pa.field("policy_step", pa.int64()),
         pa.field("task_set", pa.string(), nullable=False),
         pa.field("run_id", pa.string(), nullable=False),
         pa.field("model", pa.string()),
