@@ -179,3 +179,31 @@ def test_view_reads_a_lake_version(run_dir, tmp_path):
         timeout=60,
     )
     assert res.returncode == 2 and "pass a RUN_DIR" in res.stderr
+
+
+def test_view_serve_serves_the_report_and_the_run_images(run_dir):
+    import httpx
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "legato_pipelines", "view", str(run_dir), "--serve"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        url = None
+        for line in proc.stdout:
+            if line.startswith("serving: "):
+                url = line.split()[1]
+                break
+        assert url and url.startswith("http://127.0.0.1:"), url
+        assert 'id="rollouts"' in httpx.get(url, timeout=10).text
+        record = read_records(run_dir)[0]
+        page_url = url.replace("index.html", f"rollouts/{safe_name(record['rollout_id'])}.html")
+        page = httpx.get(page_url, timeout=10)
+        src = _srcs(page.text)[0]
+        image = httpx.get(httpx.URL(page_url).join(src), timeout=10)
+        assert image.status_code == 200 and image.content.startswith(b"\x89PNG")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
