@@ -31,8 +31,13 @@ def report_metadata(run_dir: Path, records: list[Record]) -> dict[str, Any]:
     """Write the batch's HTML report (:func:`~legato_pipelines.view.write_report`, into
     ``<run dir>/report``) and return metadata: ``report`` (its index, a path), ``report_url``
     (``file://`` URL), ``report_s`` and ``rollout_strip`` (markdown: the best and the worst
-    graded rollout, first and last screenshots, with links to their pages)."""
-    report = write_report(run_dir)
+    graded rollout, first and last screenshots, with links to their pages). A report that
+    cannot be written is logged and noted in ``report``; the asset goes on."""
+    try:
+        report = write_report(run_dir)
+    except Exception as exc:  # the lake tables matter more than their report: say, go on
+        log.warning("rollouts: the HTML report of %s could not be written: %s", run_dir, exc)
+        return {"report": dg.MetadataValue.text(f"not written: {type(exc).__name__}: {exc}")}
     out: dict[str, Any] = {
         "report": dg.MetadataValue.path(str(report.index)),
         "report_url": dg.MetadataValue.url(report.index.as_uri()),

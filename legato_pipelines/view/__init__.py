@@ -3,4 +3,11 @@
 from .report import Report, best_and_worst, make_thumbnail, safe_name, write_report
 from .strip import rollout_strip
 
-__all__ = ["Report", "best_and_worst", "make_thumbnail", "rollout_strip", "safe_name", "write_report"]
+__all__ = [
+    "Report",
+    "best_and_worst",
+    "make_thumbnail",
+    "rollout_strip",
+    "safe_name",
+    "write_report",
+]
