@@ -12,8 +12,8 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from . import app
 from .console import console, err, fail
+from .root import app
 
 
 @app.command("collect")

@@ -25,8 +25,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from . import app
 from .console import console, err, fail
+from .root import app
 
 ASSETS = ("rollout_batch", "rollouts", "training_samples", "profile_summary")
 FIRST_QUERY = (

@@ -33,7 +33,8 @@ import orjson
 
 from ..errors import ImageLimitError, PolicyConfigError, PolicyError, PolicyTimeout
 from ..images import Screenshot
-from .config import PolicyConfig, policy_api_key
+from .config import PolicyConfig
+from .key import policy_api_key
 from .response import PolicyResponse
 from .wire import (
     TOKEN_ID_FIELDS,
