@@ -54,6 +54,15 @@ class Task:
 
 
 @dataclass(frozen=True, slots=True)
+class Evaluation:
+    """A task attempt's grade: ``reward`` in [0, 1] and, when the evaluator raised, its
+    reason (reward 0). What ``Desktop.evaluate`` and the OSWorld-format evaluators return."""
+
+    reward: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TaskSet:
     """The resolved tasks of one list and their id (``task_set``, 16 hex digits)."""
 

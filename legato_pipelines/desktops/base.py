@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..actions import Action
 from ..images import Screenshot
-from ..tasks import Task
+from ..tasks import Evaluation, Task
 
 Backend = Literal["fake", "local", "osworld"]
 
@@ -38,14 +38,6 @@ class Wait:
 
     wait_s: float
     ready_s: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Evaluation:
-    """A grade: ``reward`` in [0, 1] and, when the evaluator raised, its reason (reward 0)."""
-
-    reward: float
-    error: str | None = None
 
 
 @runtime_checkable

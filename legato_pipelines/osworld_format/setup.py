@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..desktops.controller import DesktopController
 from ..errors import DesktopError
 from ..tasks import Task
+from .controller import DesktopController
 from .placeholders import placeholder_values, substitute
 from .sources import resolve_source
 from .unsupported import UnsupportedStep

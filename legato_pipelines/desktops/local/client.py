@@ -34,7 +34,7 @@ class DesktopClient:
     """One desktop server at ``url`` with its ``token`` (``None``: no ``Authorization`` header,
     for OSWorld's in-VM server, which has no token).
 
-    Implements :class:`~legato_pipelines.desktops.controller.DesktopController`. ``timeout`` is
+    Implements :class:`~legato_pipelines.osworld_format.controller.DesktopController`. ``timeout`` is
     the default per-request timeout in seconds (commands and resets get longer ones).
     """
 

@@ -3,7 +3,8 @@
 OSWorld's in-VM server (``desktop_env/server/main.py``, port 5000) and the project's local
 desktop server speak the same routes, so one client type implements this protocol for both;
 the task runtime (setup steps, getters, metrics) is written against it and runs on the
-collector's side, as OSWorld's ``SetupController`` and evaluators do.
+collector's side, as OSWorld's ``SetupController`` and evaluators do. The protocol lives with
+the runtime: the desktop backends use ``osworld_format``, never the other way round.
 """
 
 from __future__ import annotations
