@@ -39,9 +39,8 @@ from urllib.parse import urlsplit
 from ..errors import ConfigError, DesktopError
 from ..tasks import Task
 from .base import Desktop, DesktopConfig
-from .local.backend import LocalDesktop, open_local_desktops
-from .local.client import DesktopClient
-from .local.wire import DEFAULT_TOKEN_ENV
+from .client import DesktopClient
+from .local import DEFAULT_TOKEN_ENV, LocalDesktop, open_local_desktops
 from .reconnect import reconnect
 from .vmserver import attach_vm_server
 

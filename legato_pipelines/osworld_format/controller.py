@@ -11,13 +11,17 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+#: Seconds a command of ``/execute`` may run unless told otherwise: OSWorld's server's own
+#: ``subprocess.run`` timeout. The one definition the server, its client and the setup steps use.
+EXECUTE_TIMEOUT_S = 120.0
+
 
 @runtime_checkable
 class DesktopController(Protocol):
     """Async access to one desktop's server. Methods raise ``DesktopError`` on transport failure."""
 
     async def execute(
-        self, command: list[str] | str, shell: bool = False, timeout: float = 120.0
+        self, command: list[str] | str, shell: bool = False, timeout: float = EXECUTE_TIMEOUT_S
     ) -> dict[str, Any]:
         """``POST /execute``: run a command as the desktop's user in its HOME, wait for it.
 

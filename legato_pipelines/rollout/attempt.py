@@ -99,7 +99,12 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> d
     try:
         kind = await desktop.reset(task, seed=ex.seed)
         wait = await desktop.wait_after_reset()
-        record["reset"] = {"kind": kind, "ready_s": wait.ready_s, "wait_s": wait.wait_s}
+        record["reset"] = {
+            "kind": kind,
+            "ready_s": wait.ready_s,
+            "wait_s": wait.wait_s,
+            "timed_out": wait.timed_out,
+        }
         timing["reset_s"] = time.perf_counter() - t0
         episode = ctx.harness.episode(task.instruction, desktop.screen_size)
         steps = record["steps"]
@@ -169,6 +174,7 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> d
                 wait = await desktop.wait_after_action(action)
                 entry["wait_s"] = wait.wait_s
                 entry["ready_s"] = wait.ready_s
+                entry["timed_out"] = wait.timed_out
                 timing["wait_s"] += wait.wait_s
                 step_record["actions"].append(entry)
             if parsed.terminal:

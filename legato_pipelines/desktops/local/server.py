@@ -59,14 +59,14 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from ...actions import Action
+from ...osworld_format.controller import EXECUTE_TIMEOUT_S
+from ..ready import HEAVY_APPS, ReadyResult, policy_for, wait_until_ready
 from . import apps
 from .procs import become_subreaper, process_table
-from .ready import HEAVY_APPS, ReadyResult, policy_for, wait_until_ready
 from .session import Session, SessionError
 from .wire import DEFAULT_TOKEN_ENV, READY_LINE
 from .xthread import XThread
 
-EXECUTE_TIMEOUT_S = 120.0  # OSWorld's subprocess.run timeout
 OPEN_FILE_TIMEOUT_S = 60.0
 FILE_TIMEOUT_S = 60.0
 REAP_INTERVAL_S = 1.0

@@ -14,12 +14,12 @@ from typing import Any
 
 import httpx
 
-from ...actions import Action
-from ...errors import DesktopError
-from ...images import Screenshot
+from ..actions import Action
+from ..errors import DesktopError
+from ..images import Screenshot
+from ..osworld_format.controller import EXECUTE_TIMEOUT_S
 
 DEFAULT_TIMEOUT_S = 30.0
-EXECUTE_TIMEOUT_S = 120.0
 RESET_TIMEOUT_S = 60.0
 
 

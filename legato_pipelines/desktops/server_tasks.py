@@ -1,0 +1,63 @@
+"""OSWorld-format tasks on a desktop driven through its server's base API.
+
+The ``local`` backend and OSWorld VM servers attached by URL (:mod:`.vmserver`) run a task the
+same way, on the collector's side: the task's setup steps after the reset, its evaluator
+(postconfig, getters, metrics) within ``eval_timeout``, with a per-attempt work directory
+for what setup captures and evaluation fetches (:mod:`legato_pipelines.osworld_format`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+from ..osworld_format import evaluate_task_within, run_setup
+from ..osworld_format.controller import DesktopController
+from ..tasks import Evaluation, Task
+from .base import DesktopConfig
+
+
+class ServerTasks:
+    """Mixin of a desktop with ``name``, ``config``, ``screen_size`` and a ``client`` speaking
+    OSWorld's base API. ``cache_dir`` (option): the read-only file cache for downloads."""
+
+    name: str
+    config: DesktopConfig
+    screen_size: tuple[int, int]
+    client: DesktopController
+    _work_dir: str | None = None
+
+    async def _run_task_setup(self, task: Task) -> None:
+        """The task's setup steps in a fresh work directory (raises ``DesktopError``)."""
+        self._new_work_dir()
+        await run_setup(
+            task,
+            self.client,
+            cache_dir=self.config.options.get("cache_dir"),
+            work_dir=self._work_dir,
+            screen_size=self.screen_size,
+            execute_timeout=self.config.waits.execute_timeout_s,
+        )
+
+    async def _grade(self, task: Task, last_action_fail: bool) -> Evaluation:
+        """Postconfig + getters + metrics within ``eval_timeout`` seconds; raises
+        ``DesktopError(kind="evaluator")`` when the evaluation hangs."""
+        return await evaluate_task_within(
+            task,
+            self.client,
+            timeout=self.config.eval_timeout,
+            desktop=self.name,
+            last_action_fail=last_action_fail,
+            cache_dir=self.config.options.get("cache_dir"),
+            work_dir=self._work_dir,
+            screen_size=self.screen_size,
+        )
+
+    def _new_work_dir(self) -> None:
+        self._drop_work_dir()
+        self._work_dir = tempfile.mkdtemp(prefix=f"legato-{self.name.replace(':', '-')}-work-")
+
+    def _drop_work_dir(self) -> None:
+        if self._work_dir is not None:
+            shutil.rmtree(self._work_dir, ignore_errors=True)
+            self._work_dir = None
