@@ -13,7 +13,7 @@ from rich.table import Table
 
 from ..errors import TaskListError
 from ..osworld_format import BackendSupport, TaskClass, classify_task, summarize
-from ..osworld_format.classify import BACKENDS
+from ..osworld_format.problems import BACKENDS
 from ..tasks import load_tasks
 from .console import console as _out
 from .console import err as _err

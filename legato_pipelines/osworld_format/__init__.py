@@ -20,13 +20,12 @@ from .classify import (
     TaskTotals,
     classify_task,
     needs_full_reset,
-    preflight,
     summarize,
-    task_problems,
 )
 from .evaluate import evaluate_task, evaluate_task_within, evaluator_unsupported
 from .getters import GETTERS
 from .metrics import METRICS
+from .problems import preflight, task_problems
 from .setup import SUPPORTED_STEP_TYPES, run_setup
 from .unsupported import UnsupportedStep
 
