@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..actions import Action
 from ..errors import ConfigError, DesktopError
+from ..harness.render import render_osworld_code
 from ..images import Screenshot
 from ..osworld_format.controller import EXECUTE_TIMEOUT_S
 from ..tasks import Evaluation, Task
@@ -198,6 +199,16 @@ def screenshot_of(png: bytes, name: str, kind: str = "observe") -> Screenshot:
         raise DesktopError(
             f"{name}: the desktop sent a screenshot that is not a PNG", kind=kind
         ) from None
+
+
+def osworld_code(action: Action, name: str) -> str:
+    """The pyautogui code OSWorld's ``DesktopEnv.step`` runs for ``action``
+    (:func:`~legato_pipelines.harness.render.render_osworld_code`); ``DesktopError(kind="act")``
+    naming desktop ``name`` when the action cannot be rendered."""
+    try:
+        return render_osworld_code(action)
+    except ValueError as exc:
+        raise DesktopError(f"{name}: cannot render {action.action}: {exc}", kind="act") from None
 
 
 class WaitsByMode:

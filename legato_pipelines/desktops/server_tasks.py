@@ -12,20 +12,27 @@ import shutil
 import tempfile
 
 from ..osworld_format import evaluate_task_within, run_setup
-from ..osworld_format.controller import DesktopController
 from ..tasks import Evaluation, Task
 from .base import DesktopConfig
+from .client import DesktopClient
 
 
 class ServerTasks:
-    """Mixin of a desktop with ``name``, ``config``, ``screen_size`` and a ``client`` speaking
-    OSWorld's base API. ``cache_dir`` (option): the read-only file cache for downloads."""
+    """Base of a desktop named ``name`` driven through ``client`` (OSWorld's base API), with
+    its ``config`` and ``screen_size`` (pixels). ``cache_dir`` (option): the read-only file
+    cache for downloads. ``__repr__`` names the class, the desktop and the server's URL."""
 
-    name: str
-    config: DesktopConfig
-    screen_size: tuple[int, int]
-    client: DesktopController
-    _work_dir: str | None = None
+    def __init__(
+        self, name: str, client: DesktopClient, config: DesktopConfig, screen_size: tuple[int, int]
+    ):
+        self.name = name
+        self.client = client
+        self.config = config
+        self.screen_size = screen_size
+        self._work_dir: str | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, {self.client.url!r})"
 
     async def _run_task_setup(self, task: Task) -> None:
         """The task's setup steps in a fresh work directory (raises ``DesktopError``)."""

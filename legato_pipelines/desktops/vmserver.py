@@ -36,11 +36,10 @@ import time
 
 from ..actions import Action
 from ..errors import DesktopError
-from ..harness.render import render_osworld_code
 from ..images import Screenshot
 from ..osworld_format import needs_full_reset
 from ..tasks import Evaluation, Task
-from .base import DesktopConfig, WaitsByMode, screenshot_of
+from .base import DesktopConfig, WaitsByMode, osworld_code, screenshot_of
 from .client import DesktopClient
 from .domains import REVERT_DOMAINS, baseline_script, domain_processes, fast_reset_script
 from .ready import ScreenshotReady
@@ -83,17 +82,11 @@ class VMServerDesktop(ServerTasks, WaitsByMode):
         *,
         reconnect_s: float,
     ):
-        self.name = name
-        self.client = client
-        self.config = config
-        self.screen_size = screen_size
+        super().__init__(name, client, config, screen_size)
         self.reconnect_s = reconnect_s
         self.last_reset: dict[str, float] | None = None
         self._ready_signal = ScreenshotReady(self.client.screenshot)
         self._last_domain: str | None = None  # the previous task's apps are killed as well
-
-    def __repr__(self) -> str:
-        return f"VMServerDesktop({self.name!r}, {self.client.url!r})"
 
     # -- attach ------------------------------------------------------------------------------------
 
@@ -169,12 +162,7 @@ class VMServerDesktop(ServerTasks, WaitsByMode):
         if action.action == "wait":
             await asyncio.sleep(self.config.waits.wait_action(action))
             return
-        try:
-            code = render_osworld_code(action)
-        except ValueError as exc:
-            raise DesktopError(
-                f"{self.name}: cannot render {action.action}: {exc}", kind="act"
-            ) from None
+        code = osworld_code(action, self.name)
         out = await self.client.execute(
             execute_argv(code), timeout=self.config.waits.execute_timeout_s
         )

@@ -252,17 +252,17 @@ def _steps_commands(steps: list[dict]) -> list[str]:
     return out
 
 
-def _evaluator_commands(evaluator: dict) -> list[str]:
-    out = []
+def _evaluator_getters(evaluator: dict) -> list[dict]:
+    """The evaluator's ``result`` and ``expected`` getters (none when it is malformed)."""
     try:
         parts = evaluator_parts(evaluator) if evaluator.get("func") else []
     except ValueError:
         parts = []
-    for _, result, expected, _ in parts:
-        for getter in (result, expected):
-            if getter and "command" in getter:
-                out.append(_command_text(getter["command"]))
-    return out
+    return [getter for _, result, expected, _ in parts for getter in (result, expected) if getter]
+
+
+def _evaluator_commands(evaluator: dict) -> list[str]:
+    return [_command_text(g["command"]) for g in _evaluator_getters(evaluator) if "command" in g]
 
 
 def classify_task(task: Task, *, backend_support: BackendSupport | None = None) -> TaskClass:
@@ -296,26 +296,22 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
             urls.extend(params.get("urls_to_open", []))
         elif step.get("type") in ("googledrive", "login"):
             reasons.append(f"{step['type']} (Google account)")
-    try:
-        parts = evaluator_parts(evaluator) if evaluator.get("func") else []
-    except ValueError:
-        parts = []
-    for _, result, expected, _ in parts:
-        for getter in (result, expected):
-            if getter and getter.get("type") == "cloud_file":
-                paths = getter["path"] if getter.get("multi") else [getter.get("path")]
-                dests = getter["dest"] if getter.get("multi") else [getter.get("dest")]
-                for url, dest in zip(paths, dests, strict=False):
-                    if (
-                        url
-                        and is_internet_url(url)
-                        and not find_source(
-                            url, dest=dest, cache_dir=support.cache_dir, task_id=task.task_id
-                        )
-                    ):
-                        urls.append(url)
-            elif getter and getter.get("type") == "googledrive_file":
-                reasons.append("googledrive_file getter (Google account)")
+    getters = _evaluator_getters(evaluator)
+    for getter in getters:
+        if getter.get("type") == "cloud_file":
+            paths = getter["path"] if getter.get("multi") else [getter.get("path")]
+            dests = getter["dest"] if getter.get("multi") else [getter.get("dest")]
+            for url, dest in zip(paths, dests, strict=False):
+                if (
+                    url
+                    and is_internet_url(url)
+                    and not find_source(
+                        url, dest=dest, cache_dir=support.cache_dir, task_id=task.task_id
+                    )
+                ):
+                    urls.append(url)
+        elif getter.get("type") == "googledrive_file":
+            reasons.append("googledrive_file getter (Google account)")
     launched = {
         _command_text(s.get("parameters", {}).get("command"))
         for s in all_steps
@@ -361,7 +357,7 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     for text in commands:
         outside.extend(reason for reason, pattern in OUTSIDE_HOME_PATTERNS if pattern.search(text))
     if any(s.get("type") == "googledrive" for s in all_steps) or any(
-        g and g.get("type") == "googledrive_file" for _, r, e, _ in parts for g in (r, e)
+        g.get("type") == "googledrive_file" for g in getters
     ):
         outside.append("remote state (Google Drive)")
     outside = _unique(outside)
@@ -369,7 +365,7 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     # Evaluator.
     funcs = evaluator.get("func")
     funcs = _unique(funcs if isinstance(funcs, list) else [funcs])
-    getter_types = _unique(g.get("type") for _, r, e, _ in parts for g in (r, e) if g)
+    getter_types = _unique(g.get("type") for g in getters)
     unsupported_eval = evaluator_unsupported(evaluator)
 
     # Backends.

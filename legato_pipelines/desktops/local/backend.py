@@ -194,16 +194,10 @@ class LocalDesktop(ServerTasks, WaitsByMode):
         *,
         server: ServerProcess | None = None,
     ):
-        self.name = name
-        self.client = client
-        self.config = config
-        self.screen_size = screen_size
+        super().__init__(name, client, config, screen_size)
         self.server = server
         self.last_reset: dict[str, Any] | None = None
         self._force_full = False
-
-    def __repr__(self) -> str:
-        return f"LocalDesktop({self.name!r}, {self.client.url!r})"
 
     # -- Desktop protocol ----------------------------------------------------------------------
 

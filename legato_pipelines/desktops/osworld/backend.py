@@ -57,11 +57,10 @@ import numpy as np
 
 from ...actions import Action
 from ...errors import ConfigError, DesktopError
-from ...harness.render import render_osworld_code
 from ...images import Screenshot
 from ...osworld_format import needs_full_reset
 from ...tasks import Evaluation, Task
-from ..base import DesktopConfig, WaitsByMode, screenshot_of
+from ..base import DesktopConfig, WaitsByMode, osworld_code, screenshot_of
 from ..client import DesktopClient
 from ..domains import REVERT_DOMAINS
 from ..local import ServerProcess
@@ -201,12 +200,7 @@ class OSWorldDesktop(WaitsByMode):
             seconds = self.config.waits.wait_action(action)
             await self._call("step", self.call_timeout + seconds, code="WAIT", pause=seconds / 2)
             return
-        try:
-            code = render_osworld_code(action)
-        except ValueError as exc:
-            raise DesktopError(
-                f"{self.name}: cannot render {action.action}: {exc}", kind="act"
-            ) from None
+        code = osworld_code(action, self.name)
         result = await self._call("step", self.call_timeout, code=code, pause=0)
         if result.get("returncode") not in (0, None):
             raise DesktopError(
