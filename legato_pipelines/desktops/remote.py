@@ -46,7 +46,6 @@ from .vmserver import attach_vm_server
 
 log = logging.getLogger("legato_pipelines.desktops.remote")
 
-POOL_OPTIONS = frozenset({"urls", "token_env", "local", "reconnect_s"})
 HEALTH_TIMEOUT_S = 5.0
 DEFAULT_RECONNECT_S = 20.0
 

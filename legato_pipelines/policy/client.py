@@ -234,10 +234,6 @@ class PolicyClient:
 
     # -- completions -----------------------------------------------------------------------
 
-    def request_fields(self) -> dict[str, Any]:
-        """The request object (without messages) this client sends now, id fields included."""
-        return {**self._fields, **self._id_fields}
-
     async def complete(
         self, messages: list[dict[str, Any]], images: Mapping[str, Screenshot] | None = None
     ) -> PolicyResponse:
