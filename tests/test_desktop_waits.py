@@ -48,6 +48,14 @@ def test_waits_given_among_the_desktop_options_move_into_waits():
     assert again == config
 
 
+def test_the_dagster_desktop_resource_sets_waits_through_its_options():
+    from legato_pipelines.resources.desktops import DesktopPoolResource
+
+    resource = DesktopPoolResource(backend="fake", options={"ready_after_reset_s": 3.0})
+    config = resource.config()
+    assert config.waits.ready_after_reset_s == 3.0 and config.options == {}
+
+
 class _Stub(WaitsByMode):
     def __init__(self, config, timed_out):
         self.config = config

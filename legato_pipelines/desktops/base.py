@@ -215,9 +215,8 @@ class WaitsByMode:
     """The protocol's three waits over one ready wait per mode (``"reset"`` | ``"action"`` |
     ``"eval"``), for backends whose waiting differs only by mode: the fixed-wait baseline
     sleeps ``fixed_wait``; else :meth:`_ready` waits for a stable screen, capped by
-    ``config.waits``. ``terminate`` and ``wait`` actions change nothing on screen, so they get
-    no screen wait (``ready_s`` 0 with the ready signal on, ``None`` with the fixed-wait
-    baseline)."""
+    ``config.waits``. A ``wait`` action changes nothing on screen, so it gets no screen wait
+    (``ready_s`` 0 with the ready signal on, ``None`` with the fixed-wait baseline)."""
 
     config: DesktopConfig
 
@@ -237,7 +236,7 @@ class WaitsByMode:
         return await self._wait("reset")
 
     async def wait_after_action(self, action: Action) -> Wait:
-        if action.action in ("terminate", "wait"):
+        if action.action == "wait":
             ready = self.config.ready_signal
             return Wait(0.0, 0.0 if ready else None, False if ready else None)
         return await self._wait("action")

@@ -49,7 +49,8 @@ class DesktopPoolResource(dg.ConfigurableResource):
     screen_height: int = Field(default=720, ge=64, le=8192, description="Pixels.")
     eval_timeout: float = Field(default=120.0, gt=0, description="Seconds an evaluation may take.")
     options: dict[str, Any] = Field(
-        default_factory=dict, description="Backend-specific options (LEGATO_BACKEND_OPTIONS, JSON)."
+        default_factory=dict,
+        description="Backend-specific options, and the named waits (ready_after_action_s, ...) (LEGATO_BACKEND_OPTIONS, JSON).",
     )
     osworld: str | None = Field(
         default=None, description="OSWorld checkout for domain/id task lists (LEGATO_OSWORLD)."
