@@ -3,7 +3,7 @@
 A task list is a JSON list whose entries are either
   ``{"task_id": ..., "domain": ...}``   an OSWorld task, resolved under ``--osworld DIR`` at
                                         ``evaluation_examples/examples/<domain>/<task_id>.json``
-                                        (a directory laid out like ``shared/data/osworld`` with
+                                        (a directory laid out like ``tests/data/osworld`` with
                                         ``<domain>/<task_id>.json`` works too), or
   ``{"task_id": ..., "config": {...}}`` an inline config in OSWorld's task format
                                         (``instruction``, ``config`` setup steps, ``evaluator``).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The osworld backend's two interpreters, for tests and for `--osworld-provider local`:
-#  1. the OSWorld venv (desktop-env 1.0.2 --no-deps + the "core" recipe, OSWORLD.md §8),
+#  1. the OSWorld venv (desktop-env 1.0.2 --no-deps + the "core" recipe, docs/osworld.md §8),
 #     default ~/.cache/legato/osworld-venv (LEGATO_OSWORLD_VENV overrides);
 #  2. the "VM python" of local desktops: OSWorld's in-VM server runs `python -c "import
 #     pyautogui; ..."`, so the desktop's PATH needs a `python` with pyautogui and tkinter

@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   # local desktops (the `local` backend): display, window manager, input/debug tools, apps
   xvfb openbox x11-utils xdotool wmctrl dbus-daemon dbus-x11 fonts-dejavu-core
+  # the desktops' sandboxes (util-linux's unshare/nsenter are essential packages)
+  tini sudo iproute2
   xterm l3afpad libreoffice-calc
   # headless browser for the Dagster UI end-to-end test
   chromium

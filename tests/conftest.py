@@ -1,4 +1,4 @@
-"""Shared fixtures: a real scripted policy server on loopback, task lists, run directories."""
+"""Fixtures and hooks only (helpers the test modules import live in ``tests/*_support.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SECRET = "sk-legato-TEST-SECRET-0123456789"
+from tests.engine_support import SECRET
 
 
 @pytest.fixture
@@ -17,20 +17,6 @@ def policy_server():
 
     with ScriptedPolicyServer(flavor="vllm") as server:
         yield server
-
-
-def fake_tasks(n: int, success: float = 0.5, prefix: str = "fake") -> list[dict]:
-    """``n`` inline tasks for the fake backend, each with success probability ``success``."""
-    return [
-        {
-            "task_id": f"{prefix}-{i:03d}",
-            "config": {
-                "instruction": f"Fake task number {i}: open the file and save it.",
-                "fake": {"success": success},
-            },
-        }
-        for i in range(n)
-    ]
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """Synthetic run directories in format ``legato.rollout/v0`` for lake and Dagster tests.
 
-Written file by file from the format in ARCHITECTURE §7 (not by the engine), so the lake can
-be tested on its own: a group of attempts per task, one retried execution, one policy error.
+Written file by file from the format in docs/architecture.md §7 (not by the engine), so the
+lake can be tested on its own: a group of attempts per task, one retried execution, one policy
+error.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Shared pieces of the scale-out tests: real Postgres and Redis on loopback, and processes
 started in their own process groups (``start_new_session``: the ``set -m`` of
-shared/design/SCALE_OUT.md), each stopped by its group id.
+docs/deployment.md §5), each stopped by its group id.
 
 Nothing here listens on anything but 127.0.0.1. Every process a test starts goes through
 :class:`Processes`, whose ``stop_all`` sends SIGTERM to each group, SIGKILL after a grace

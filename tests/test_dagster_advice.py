@@ -18,7 +18,7 @@ from legato_pipelines.resources import DesktopPoolResource, LakeResource, Policy
 from legato_pipelines.resources.defaults import default_resources
 from legato_pipelines.store.lake import Lake
 from legato_pipelines.store.rundir import LOCK
-from tests.conftest import fake_tasks
+from tests.engine_support import fake_tasks
 
 
 def _materialize(tmp_path, policy: PolicyResource, tasks: str, **knobs):

@@ -20,7 +20,7 @@ from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from legato_pipelines.resources import DesktopPoolResource, LakeResource, PolicyResource
 from legato_pipelines.store.lake import Lake
 from legato_pipelines.store.lake_tables import Lineage, rollouts_table
-from tests.conftest import SECRET, fake_tasks
+from tests.engine_support import SECRET, fake_tasks
 from tests.lake_synthetic import write_run_dir
 
 

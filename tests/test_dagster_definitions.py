@@ -20,7 +20,7 @@ from legato_pipelines.assets import policy_versions
 from legato_pipelines.policy.config import API_KEY_ENV
 from legato_pipelines.resources.defaults import default_resources
 from legato_pipelines.store.lake import Lake
-from tests.conftest import SECRET, fake_tasks
+from tests.engine_support import SECRET, fake_tasks
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_NAMES = (

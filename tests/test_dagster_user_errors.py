@@ -14,7 +14,7 @@ from legato_pipelines.cli import app
 from legato_pipelines.errors import ConfigError
 from legato_pipelines.resources.defaults import default_resources
 from legato_pipelines.sensors import checkpoint_sensor
-from tests.conftest import fake_tasks
+from tests.engine_support import fake_tasks
 
 
 def _demo(tmp_path, *args: str):

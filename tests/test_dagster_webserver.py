@@ -26,7 +26,7 @@ import pytest
 from legato_pipelines import export_steps
 from legato_pipelines.assets import COLLECTION_POOL
 from legato_pipelines.store.lake import Lake
-from tests.conftest import fake_tasks
+from tests.engine_support import fake_tasks
 
 pytestmark = pytest.mark.slow
 

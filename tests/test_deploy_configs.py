@@ -3,7 +3,7 @@ loopback (storage, queue, run launcher built), its workspace and worker config v
 code location loads under it, and a typo in any of them fails.
 
 Docker and Kubernetes cannot run here (no engine, no cluster): their instances are built (the
-launchers are constructed, shared/design/SCALE_OUT.md §3) and the compose file and Helm values
+launchers are constructed, docs/deployment.md §3) and the compose file and Helm values
 are checked against the instance they must agree with.
 """
 
@@ -71,7 +71,8 @@ def postgres():
 
 def instance_home(tmp_path: Path, name: str, config: dict | None = None) -> Path:
     """A DAGSTER_HOME holding deploy/<name>/dagster.yaml (or ``config``). Kubernetes: outside a
-    cluster the launcher must read a kubeconfig instead (the only change, SCALE_OUT.md §3)."""
+    cluster the launcher must read a kubeconfig instead (the only change,
+    docs/deployment.md §3)."""
     home = tmp_path / f"home-{name}"
     home.mkdir()
     config = copy.deepcopy(config if config is not None else load(DEPLOY / name / "dagster.yaml"))

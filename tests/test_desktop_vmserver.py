@@ -37,7 +37,7 @@ from tests.osworld_backend_support import needs_vm_python
 
 SUITE = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "local"
 TASKS = ["local-term-sort", "local-term-mkdir", "local-edit-append", "local-edit-replace"]
-#: OSWorld's in-VM server routes the base-API mode may use (OSWORLD.md §2).
+#: OSWorld's in-VM server routes the base-API mode may use (docs/osworld.md §2).
 BASE_ROUTES = frozenset(
     {
         "/screenshot",

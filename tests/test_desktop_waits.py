@@ -16,7 +16,7 @@ from legato_pipelines.actions import Action
 from legato_pipelines.desktops.base import Wait, Waits, WaitsByMode
 from legato_pipelines.desktops.ready import ScreenshotReady
 from legato_pipelines.rollout.profile import ready_timeouts
-from tests.conftest import fake_tasks
+from tests.engine_support import fake_tasks
 
 
 def test_waits_defaults_and_validation():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from legato_pipelines import read_records
-from tests.conftest import SECRET, fake_tasks
+from tests.engine_support import SECRET, fake_tasks
 
 
 def legato(*args, env=None, **kw) -> subprocess.CompletedProcess:

@@ -25,7 +25,7 @@ from legato_pipelines import (
     read_records,
 )
 from legato_pipelines.store.rundir import message_sha
-from tests.conftest import fake_tasks
+from tests.engine_support import fake_tasks
 
 
 def policy(server, **kw) -> PolicyConfig:

@@ -20,7 +20,7 @@ QWEN25VL = {"factor": 28, "max_pixels": 1_003_520}
 @pytest.mark.parametrize(
     "width, height, rule, expected",
     [
-        # OSWORLD.md section 4: 1920x1080 is sent as 1920x1088 (qwen3vl) / 1316x728 (qwen25vl).
+        # docs/osworld.md §4: 1920x1080 is sent as 1920x1088 (qwen3vl) / 1316x728 (qwen25vl).
         (1920, 1080, QWEN3VL, (1920, 1088)),
         (1920, 1080, QWEN25VL, (1316, 728)),
         # Python's round() is round-half-even: 720/32 = 22.5 -> 22.

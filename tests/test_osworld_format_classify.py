@@ -13,7 +13,7 @@ from legato_pipelines.osworld_format import (
 )
 from legato_pipelines.osworld_format.classify import KNOWN_OUTSIDE_HOME
 from legato_pipelines.tasks import Task, load_tasks
-from tests.osworld_data import LOCAL_SUITE, OSWORLD, needs_osworld
+from tests.osworld_data import LOCAL_SUITE, OSWORLD
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,6 @@ def inline(setup=(), evaluator=None, task_id="t", **extra):
     return Task(task_id=task_id, domain=None, config=config, source="inline")
 
 
-@needs_osworld
 def test_every_osworld_task_is_classified(osworld_classes):
     task_set, classes = osworld_classes
     index = orjson.loads((OSWORLD / "test_all.json").read_bytes())
@@ -45,12 +44,11 @@ def test_every_osworld_task_is_classified(osworld_classes):
     assert [classify_task(t) for t in task_set] == classes
 
 
-@needs_osworld
 def test_section6_tasks_need_a_full_reset(osworld_classes):
     task_set, classes = osworld_classes
     by_id = {c.task_id: c for c in classes}
     listed = [tid for tid in by_id if any(tid.startswith(p) for p in KNOWN_OUTSIDE_HOME)]
-    assert len(listed) == len(KNOWN_OUTSIDE_HOME)  # every §6 id exists in the data
+    assert len(listed) == len(KNOWN_OUTSIDE_HOME)  # every docs/osworld.md §6 id is in the data
     assert all(
         by_id[tid].changes_outside_home and not by_id[tid].fast_reset_eligible for tid in listed
     )
@@ -63,7 +61,6 @@ def test_section6_tasks_need_a_full_reset(osworld_classes):
             assert by_id[task.task_id].changes_outside_home, task.task_id
 
 
-@needs_osworld
 def test_internet_and_evaluator_support_agree_with_the_raw_configs(osworld_classes):
     task_set, classes = osworld_classes
     by_id = {c.task_id: c for c in classes}
@@ -84,7 +81,6 @@ def test_internet_and_evaluator_support_agree_with_the_raw_configs(osworld_class
             assert not c.evaluator_supported_locally and "osworld" in c.backends
 
 
-@needs_osworld
 def test_a_file_cache_removes_the_internet_need(osworld_classes, tmp_path):
     task_set, classes = osworld_classes
     task = next(

@@ -6,7 +6,7 @@ import pytest
 
 from legato_pipelines.osworld_format import preflight
 from legato_pipelines.tasks import Task, load_tasks
-from tests.osworld_data import LOCAL_SUITE, OSWORLD, needs_osworld
+from tests.osworld_data import LOCAL_SUITE, OSWORLD
 
 GOOD_EVALUATOR = {
     "func": "check_include_exclude",
@@ -151,7 +151,6 @@ def test_unknown_backend_raises():
         preflight([task()], "docker")
 
 
-@needs_osworld
 def test_every_osworld_task_is_structurally_runnable_on_osworld():
     task_set = load_tasks(OSWORLD / "test_all.json", osworld=OSWORLD)
     assert preflight(task_set, "osworld") == []

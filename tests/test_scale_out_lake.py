@@ -24,7 +24,7 @@ from legato_pipelines.errors import ConfigError
 from legato_pipelines.resources import DesktopPoolResource, LakeResource, PolicyResource
 from legato_pipelines.store.lake import CACHE_ENV, Lake, is_url
 from legato_pipelines.store.lake_tables import Lineage, profile_table, rollouts_table, steps_table
-from tests.conftest import fake_tasks
+from tests.engine_support import fake_tasks
 from tests.lake_synthetic import write_run_dir
 from tests.scale_out_support import Processes
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import orjson
 
-from tests.osworld_data import LOCAL_SUITE, OSWORLD, REPO_ROOT, needs_osworld
+from tests.osworld_data import LOCAL_SUITE, OSWORLD, REPO_ROOT
 
 ROOT = REPO_ROOT
 
@@ -33,7 +33,6 @@ def test_json_over_the_local_suite():
     assert len(doc["task_set"]) == 16
 
 
-@needs_osworld
 def test_osworld_dir_defaults_to_test_all(tmp_path):
     proc = legato("--osworld", str(OSWORLD), "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

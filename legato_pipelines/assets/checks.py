@@ -3,7 +3,7 @@ partition it just wrote (``check_specs`` on the asset; results in the same mater
 
 ``no_attempt_unaccounted`` (rollouts)  every scheduled logical attempt has exactly one final
     record, every ``retried`` execution is followed by one, and
-    ``records == scheduled + retries`` (ARCHITECTURE §3 accounting)
+    ``records == scheduled + retries`` (docs/architecture.md §3 accounting)
 ``logprobs_coverage`` (training_samples)  the shares of samples with logprobs and with token
     ids are at least a floor (run config ``logprobs_floor``, default 0.95 or
     ``LEGATO_LOGPROBS_FLOOR``): a trainer needs the behaviour policy's logprobs

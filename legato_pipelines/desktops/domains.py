@@ -1,6 +1,6 @@
 """Task domains' apps and the fast reset that kills them inside a VM, over OSWorld's base API.
 
-One table of the processes each task domain starts (OSWORLD.md §6), and the shell scripts a
+One table of the processes each task domain starts (docs/osworld.md §6), and the shell scripts a
 fast reset runs through ``/setup/execute``: kill a domain's apps, verify none survived,
 restore HOME from a baseline. Shared by the ``osworld`` backend's worker (in the VM, through
 DesktopEnv's server) and OSWorld VM servers attached by URL (:mod:`.vmserver`).
@@ -11,7 +11,7 @@ package, and loads this file by its path.
 
 from __future__ import annotations
 
-#: Per-domain task processes a fast reset kills (OSWORLD.md §6). Names are process names
+#: Per-domain task processes a fast reset kills (docs/osworld.md §6). Names are process names
 #: (``comm``, at most 15 characters: ``gnome-terminal-server`` is ``gnome-terminal-``).
 DOMAIN_PROCESSES = {
     "chrome": ("chrome", "google-chrome", "chromium", "socat"),
@@ -31,14 +31,15 @@ DOMAIN_PROCESSES["multi_apps"] = tuple(
 BASELINE_DIR = "/var/tmp/legato-home-baseline"
 #: Text editors the local desktop opens text files with (the local suite's ``text_editor``).
 TEXT_EDITORS = ("l3afpad", "mousepad", "gedit")
-#: Apps of the project's local suite (examples/tasks/local) besides OSWorld's domains (§6).
+#: Apps of the project's local suite (examples/tasks/local) besides OSWorld's domains
+#: (docs/osworld.md §6).
 LOCAL_SUITE_PROCESSES = {"terminal": ("xterm",), "text_editor": TEXT_EDITORS}
 #: Domains whose tasks change state outside /home/user: a snapshot revert, never a fast reset.
 REVERT_DOMAINS = frozenset({"os", "multi_apps"})
 
 
 def domain_processes(domain: str | None) -> tuple[str, ...]:
-    """Process names (``comm``) a fast reset kills for a task of ``domain`` (OSWORLD.md §6,
+    """Process names (``comm``) a fast reset kills for a task of ``domain`` (docs/osworld.md §6,
     plus the local suite's apps); ``()`` for a domain without apps of its own."""
     return tuple(DOMAIN_PROCESSES.get(domain or "") or LOCAL_SUITE_PROCESSES.get(domain or "", ()))
 

@@ -5,7 +5,7 @@ One module for every desktop: the local desktop server runs it on its X frames
 desktops whose server has no ``/legato/wait`` (OSWorld's in-VM server: the ``osworld``
 backend and VM servers attached by URL).
 
-Method (LOCAL_DESKTOP.md §6): successive full-resolution uint32 frames are compared by the
+Method (docs/local-desktop.md §6): successive full-resolution uint32 frames are compared by the
 number of changed pixels and their bounding box. A pair of frames is *quiet* when nothing
 changed, or when at most 64 pixels changed inside a box at most 4 px wide and 40 px tall (a
 caret blink; a typed glyph is wider). The screen is *ready* when the pairs of a whole stable
@@ -198,7 +198,7 @@ async def wait_until_ready(
 
 # -- over a server's GET /screenshot ----------------------------------------------------------
 
-#: Setup steps that start an app (OSWORLD.md §3): the reset wait first waits for it to show.
+#: Setup steps that start an app (docs/osworld.md §3): the reset wait first waits for it to show.
 LAUNCH_STEPS = frozenset({"launch", "open", "chrome_open_tabs"})
 #: Domains of apps that repaint for a while after their first paint (the 0.5 s window).
 HEAVY_DOMAINS = frozenset(

@@ -1,13 +1,13 @@
 """OSWorld VM servers attached by URL: desktops driven through OSWorld's base API only.
 
 An OSWorld VM's own in-VM server (``desktop_env/server/main.py``, Flask on port 5000,
-OSWORLD.md §2) has no token and none of legato's ``/legato/`` endpoints. The remote pool
+docs/osworld.md §2) has no token and none of legato's ``/legato/`` endpoints. The remote pool
 (:mod:`.remote`) probes ``GET /legato/health`` once at attach; a 404/405 means such a plain
 server, and the URL becomes a :class:`VMServerDesktop`. Per attempt::
 
     reset(task)        POST /setup/execute: kill the apps of the task's domain and of the
                        previous task's domain, verify none survived,
-                       restore the HOME baseline captured at attach (OSWORLD.md §6), then the
+                       restore the HOME baseline captured at attach (docs/osworld.md §6), then the
                        task's setup steps (osworld_format.run_setup over the base API)
     wait_after_reset   poll GET /screenshot until stable   (or sleep fixed_wait)
     observe            GET /screenshot -> Screenshot

@@ -3,12 +3,12 @@
 Nothing here touches a desktop. :func:`classify_task` reads the task's setup steps, evaluator
 (postconfig, getters, metrics) and commands and answers: which step types, which apps, whether
 it needs the internet (and which URLs), whether it changes state outside ``/home/user`` (so a
-fast reset cannot undo it: OSWORLD.md §6), whether its evaluator runs locally, and which
+fast reset cannot undo it: docs/osworld.md §6), whether its evaluator runs locally, and which
 backends (``local`` / ``osworld`` / ``fake``) can run it. ``legato tasks check`` prints it.
 :func:`~.problems.preflight` lists, per backend, the problems that make tasks unrunnable there
 (a task with such problems is not in its class's ``backends``, :mod:`.problems`).
 
-The outside-HOME verdict is the union of the explicit task list of OSWORLD.md §6 and command
+The outside-HOME verdict is the union of the explicit task list of docs/osworld.md §6 and command
 heuristics (``sudo``, ``apt``/``dpkg``, system ``pip install``, ``/tmp``, ``gsettings``/``dconf``,
 ``timedatectl``, ``pactl``/``amixer``, ``systemctl``, ``/etc``), applied to setup, postconfig
 and evaluator commands (an evaluator reading ``gsettings`` means the agent is to change it).
@@ -39,7 +39,7 @@ OSWORLD_STEP_TYPES = frozenset(
     }
 )  # fmt: skip
 
-# OSWORLD.md §6: tasks known to change state outside /home/user (id prefix -> what).
+# docs/osworld.md §6: tasks known to change state outside /home/user (id prefix -> what).
 KNOWN_OUTSIDE_HOME: dict[str, str] = {
     "5812b315": "creates a user and /home/test1 with sudo; postconfig installs expect",
     "a462a795": "sudo su",
@@ -127,7 +127,8 @@ LIBREOFFICE_FLAGS = {
     "--impress": "libreoffice_impress",
 }
 
-# What the local backend's desktops provide (LOCAL_DESKTOP.md: xterm, l3afpad, LibreOffice Calc).
+# What the local backend's desktops provide (docs/local-desktop.md §1: xterm, l3afpad,
+# LibreOffice Calc).
 LOCAL_APPS = frozenset({"terminal", "text_editor", "libreoffice_calc"})
 
 
@@ -353,7 +354,7 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     outside: list[str] = []
     for prefix, reason in KNOWN_OUTSIDE_HOME.items():
         if task.task_id.startswith(prefix):
-            outside.append(f"OSWORLD.md §6: {reason}")
+            outside.append(f"docs/osworld.md §6: {reason}")
     for text in commands:
         outside.extend(reason for reason, pattern in OUTSIDE_HOME_PATTERNS if pattern.search(text))
     if any(s.get("type") == "googledrive" for s in all_steps) or any(
@@ -418,7 +419,7 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
 
 def needs_full_reset(task: Task) -> bool:
     """True when the task changes state outside HOME, so only a snapshot revert / full restart
-    undoes it (OSWORLD.md §6 list + command heuristics; see :func:`classify_task`)."""
+    undoes it (docs/osworld.md §6 list + command heuristics; see :func:`classify_task`)."""
     return classify_task(task).changes_outside_home
 
 

@@ -1,6 +1,6 @@
 """Grade an attempt with a task's OSWorld evaluator: postconfig, getters, metrics, conjunction.
 
-Semantics of OSWorld's ``DesktopEnv.evaluate`` (OSWORLD.md §1):
+Semantics of OSWorld's ``DesktopEnv.evaluate`` (docs/osworld.md §1):
 
 1. run ``postconfig`` (setup steps, e.g. save the document, kill the app);
 2. ``func == "infeasible"``: 1 iff the last action was FAIL; otherwise a last-action FAIL gives 0;

@@ -8,7 +8,7 @@ reasoning field name and round-trip latency (one short text prompt); cached-toke
 prompt may carry (up to 20, using vLLM's "At most N image(s)" answer when there is one).
 
 Usable for RL = logprobs come back (token ids can be recovered by re-tokenizing; logprobs
-cannot). Facts from ``shared/design/WIRE_FORMATS.md``.
+cannot). Facts from ``docs/wire-formats.md``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ longest key found in the first user message's text (the engine puts the instruct
 the step is the number of assistant messages in the request; past the end of a script the last
 response repeats. No match and no ``default``: :func:`~.synthetic.default_responses`.
 
-Flavors mimic the wire format of each server (``shared/design/WIRE_FORMATS.md``):
+Flavors mimic the wire format of each server (``docs/wire-formats.md``):
 
 =========  ================================  ==============  =================  ===========
 flavor     token ids                         error envelope  reasoning field    unknown

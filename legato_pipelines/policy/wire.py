@@ -14,7 +14,7 @@ Three jobs, all pure functions (no I/O), so the client and ``probe`` share them:
   ``{"object": "error", "message": ...}`` in older vLLM and SGLang), vLLM's image-limit message,
   and removal of the API key from anything quoted.
 
-Facts per server: ``shared/design/WIRE_FORMATS.md``.
+Facts per server: ``docs/wire-formats.md``.
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ def check_extra_body(extra_body: Mapping[str, Any]) -> None:
     Raises :class:`ConfigError` naming the field and the fix when a field is one the client
     sets itself (:data:`CLIENT_FIELDS`), or is not a known vendor field but is a near-miss of
     one (``return_token_id`` for ``return_tokens_as_token_ids``...): vLLM and SGLang accept
-    unknown fields and ignore them without a word (WIRE_FORMATS.md A1/A2), so the client checks.
+    unknown fields and ignore them without a word (docs/wire-formats.md §1, §2), so the client
+    checks.
     Unknown fields that resemble nothing known pass (servers add fields faster than we do).
     """
     for key in extra_body:
@@ -228,7 +229,7 @@ def normalize(
     """One :class:`PolicyResponse` from a chat completion body (first choice).
 
     ``asked_ids``: the request asked for token ids, so none coming back is a fact
-    (``token_ids_ignored``: the server silently ignored the field, WIRE_FORMATS.md A1), not an
+    (``token_ids_ignored``: the server silently ignored the field, docs/wire-formats.md §1), not an
     empty list. Token ids are taken from, in order: ``choices[0].token_ids`` (vLLM, SGLang),
     ``sglext.output_ids`` (SGLang), logprob tokens ``"token_id:N"`` (older vLLM's
     ``return_tokens_as_token_ids``). ``tokens`` (strings) are kept only when there are no ids.

@@ -1,4 +1,4 @@
-"""One execution of one attempt on one desktop: the step loop (ARCHITECTURE §3).
+"""One execution of one attempt on one desktop: the step loop (docs/architecture.md §3).
 
 reset -> wait -> [observe -> policy call -> parse -> act -> wait until ready]* -> wait -> grade
 

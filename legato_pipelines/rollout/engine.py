@@ -1,4 +1,4 @@
-"""``collect``: one batch of graded attempts for one policy version (ARCHITECTURE §3).
+"""``collect``: one batch of graded attempts for one policy version (docs/architecture.md §3).
 
 One worker per desktop, each owning its desktop (reset between attempts, recover a failed
 desktop before taking new work), all on one event loop; a global cap on in-flight model

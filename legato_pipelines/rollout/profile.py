@@ -1,5 +1,5 @@
-"""The profile of a batch (ARCHITECTURE §7): what ``summary.json``, ``legato profile`` and the
-``profile`` table report. Computed from the records alone, so it can be recomputed any time.
+"""The profile of a batch (docs/architecture.md §7): what ``summary.json``, ``legato profile``
+and the ``profile`` table report. Computed from the records alone, so it can be recomputed any time.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Attempt statuses (ARCHITECTURE §3). Every execution ends in exactly one record with one of
-these, so ``count(records) == scheduled + retries`` always holds."""
+"""Attempt statuses (docs/architecture.md §3). Every execution ends in exactly one record with one
+of these, so ``count(records) == scheduled + retries`` always holds."""
 
 OK = "ok"  # the agent said done/fail, or the step limit was reached; graded
 TRUNCATED = "truncated"  # rollout_timeout passed: stopped stepping, graded

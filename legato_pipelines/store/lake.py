@@ -1,6 +1,6 @@
 """The lake: Hive-partitioned Parquet per table and policy version, DuckDB views over it.
 
-Layout under the lake root (ARCHITECTURE §7, DAGSTER.md "Parquet first")::
+Layout under the lake root (docs/architecture.md §7)::
 
     <lake>/rollouts/policy_version=<key>/part-0.parquet
     <lake>/steps/policy_version=<key>/part-0.parquet

@@ -1,6 +1,6 @@
 """The lake's tables as Arrow: rows built from a run directory's records, export and summary.
 
-Four tables, one Parquet partition per policy version each (ARCHITECTURE §7):
+Four tables, one Parquet partition per policy version each (docs/architecture.md §7):
 
 ``rollouts``  one row per execution record of ``rollouts.jsonl`` (every status, retried and
               errors included), with its timing per phase and token totals
@@ -28,7 +28,8 @@ PHASES = ("queue", "reset", "policy", "act", "wait", "obs", "eval")
 """Timing phases of a record (``timing.<phase>_s``), in the order an attempt runs them."""
 
 STATUSES = ("ok", "truncated", "cancelled", "skipped", "surplus", "retried", "error")
-"""Record statuses (ARCHITECTURE §3); ``profile`` has one ``count_<status>`` column each."""
+"""Record statuses (docs/architecture.md §3); ``profile`` has one ``count_<status>`` column
+each."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""The run directory, format ``legato.rollout/v0`` (ARCHITECTURE §7).
+"""The run directory, format ``legato.rollout/v0`` (docs/architecture.md §7).
 
 Layout::
 

@@ -4,7 +4,7 @@ OSWorld's server splits a command string without ``shell`` with shlex and expand
 ``~/`` in each argument; the local server does the same with the desktop user's HOME.
 Apps that autolaunch a session bus (mousepad, nautilus, LibreOffice, ...) are wrapped in
 ``dbus-run-session --`` so the bus is their child and dies with them instead of leaking
-(LOCAL_DESKTOP.md §9). ``/setup/open_file`` picks an app by extension (there is no desktop
+(docs/local-desktop.md §9). ``/setup/open_file`` picks an app by extension (there is no desktop
 environment to ask), falling back to ``xdg-open`` when installed.
 """
 

@@ -1,9 +1,9 @@
 """The desktop user's HOME: a baseline built once, restored with ``rm -rf`` + ``cp -a``.
 
 The baseline disables caret blinking (GTK 2/3/4 settings), so the ready signal does not see
-a blinking caret as "still changing" (LOCAL_DESKTOP.md §6), and holds the usual XDG
+a blinking caret as "still changing" (docs/local-desktop.md §6), and holds the usual XDG
 folders. Restoring is ``rm -rf HOME && cp -a BASELINE HOME`` (13 ms for a 0.5 MB HOME, half
-the cost of ``rsync --delete``; LOCAL_DESKTOP.md §7); ``cp -a`` keeps the owner.
+the cost of ``rsync --delete``; docs/local-desktop.md §7); ``cp -a`` keeps the owner.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Structured actions as XTest input events (python-xlib): never model text run as code.
 
-XTest calls take 0.2-2.5 ms where an ``xdotool`` process takes 28-104 ms (LOCAL_DESKTOP.md
+XTest calls take 0.2-2.5 ms where an ``xdotool`` process takes 28-104 ms (docs/local-desktop.md
 §5). Keys are mapped keysym -> keycode from the server's keyboard map, with Shift pressed for
 keysyms on a keycode's shifted level. A character without any keycode (``é``, ``→``) is put
 on a spare keycode with ``ChangeKeyboardMapping`` first (what xdotool does).

@@ -6,7 +6,7 @@ every process the task starts stays in the server's process tree even when it da
 task's processes" are then simply the server's descendants minus its infrastructure (Xvfb,
 the window manager). They are killed by PID (SIGSTOP first so none can fork while the tree
 is being killed, then SIGKILL), never by name: other processes on the machine carry the same
-names (LOCAL_DESKTOP.md §9).
+names (docs/local-desktop.md §9).
 
 Reaping: a ``Popen`` reaps its own child; every other zombie child (re-parented orphans) is
 reaped by PID with ``waitpid(pid, WNOHANG)``. A blanket ``waitpid(-1)`` would steal exit
@@ -92,12 +92,29 @@ def descendants(root: int, table: dict[int, ProcInfo]) -> set[int]:
 @dataclass(frozen=True, slots=True)
 class RunAs:
     """Who a desktop process runs as: ``uid``/``gid`` (``None`` = the server's own), its
-    environment (built from scratch, never inherited from the server) and working directory."""
+    environment (built from scratch, never inherited from the server) and working directory.
+
+    ``prefix``: an argv that enters the desktop's sandbox (``nsenter ... --``, which also sets
+    the user and the working directory inside); the command runs after it, a shell string as
+    ``/bin/sh -c``.
+    """
 
     env: dict[str, str]
     cwd: str
     uid: int | None = None
     gid: int | None = None
+    prefix: tuple[str, ...] = ()
+
+    def command(self, argv: Sequence[str] | str, shell: bool) -> tuple[Sequence[str] | str, bool]:
+        """``(argv, shell)`` for ``Popen``: the command behind :attr:`prefix`, if any."""
+        if not self.prefix:
+            return argv, shell
+        if shell:
+            command = argv if isinstance(argv, str) else " ".join(argv)
+            return [*self.prefix, "/bin/sh", "-c", command], False
+        if isinstance(argv, str):
+            return [*self.prefix, argv], False
+        return [*self.prefix, *argv], False
 
     def popen_kwargs(self) -> dict:
         kwargs: dict = {"env": self.env, "cwd": self.cwd, "umask": 0o022}
@@ -128,6 +145,7 @@ class ProcessTable:
 
         Raises ``OSError`` (e.g. ``FileNotFoundError``) when it cannot be started.
         """
+        argv, shell = run_as.command(argv, shell)
         with self._lock:
             proc = subprocess.Popen(
                 argv,

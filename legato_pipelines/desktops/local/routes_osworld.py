@@ -68,7 +68,7 @@ async def open_file(request: Request) -> Response:
     raw = param(p, "path")
     timeout = float(param(p, "timeout", (int, float), OPEN_FILE_TIMEOUT_S))
     path = apps.resolve_path(raw, s.home)
-    if os.path.exists(path):
+    if os.path.exists(s.session.host_path(path)):
         argv = apps.opener_for(path)
     elif apps.shutil.which(raw):
         argv = [raw]

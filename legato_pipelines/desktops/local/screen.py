@@ -2,7 +2,7 @@
 
 A raw 1080p grab with ``xshmgetimage`` takes ~1.4 ms; PNG encoding dominates an observation
 (``mss.tools.to_png`` at zlib level 1: ~25 ms and ~100 KB at 1080p, vs ~38 ms at level 6;
-LOCAL_DESKTOP.md §4), so each observation is encoded exactly once. Observations include the
+docs/local-desktop.md §4), so each observation is encoded exactly once. Observations include the
 mouse cursor (as OSWorld's screenshots do); ready-signal frames do not, so a parked pointer
 never counts as a change.
 """

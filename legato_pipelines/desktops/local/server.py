@@ -22,15 +22,15 @@ Project routes
   POST /legato/wait      {mode: action|launch|reset|eval, stable_s?, timeout_s?, interval_s?} -> {ready_s, ...}
   GET|POST /legato/observe   PNG; headers X-Screen-Width, X-Screen-Height
   POST /legato/reset     {full: bool} -> {kind: fast|full, reset_s, ...}
-  GET  /legato/health    {ok, display, user, home, width, height, pid, generation}
+  GET  /legato/health    {ok, display, user, home, host_home, sandbox, width, height, pid, generation}
   GET  /legato/processes {server_pid, task: [{pid, comm, state}], infra: [...]}
 
 Every request needs the desktop's token (``Authorization: Bearer <token>`` or
 ``X-Legato-Token``); it is read from an environment variable (``--token-env``), never argv.
 The server listens on 127.0.0.1 unless told otherwise. Commands run as the desktop user, in
-its HOME. This is isolation between desktops and from the collector's files, **not a sandbox
-against a hostile policy**: the policy can type into a terminal and run anything the
-desktop user may run. Use VMs (the ``osworld`` backend) for that.
+its HOME, inside the desktop's sandbox (``sandbox.py``: OSWorld's ``user`` and
+``/home/user``, sudo with OSWorld's password, the host's files and processes out of sight,
+revert in ~0.1 s) unless started with ``--no-sandbox``.
 """
 
 from __future__ import annotations
@@ -150,6 +150,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["libreoffice"],
         help="build this app's profile into the baseline HOME at start (repeatable)",
     )
+    parser.add_argument(
+        "--sandbox",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the task's processes in the desktop's own namespaces as OSWorld's `user`"
+        " (default); --no-sandbox runs them on the host as --user, with no isolation",
+    )
+    parser.add_argument(
+        "--network",
+        choices=["host", "none"],
+        default="host",
+        help="sandboxed desktops: the host's network, or none at all (a loopback of its own)",
+    )
     parser.add_argument("--log-level", default="warning")
     return parser.parse_args(argv)
 
@@ -178,6 +191,8 @@ def main(argv: list[str] | None = None) -> None:
         user=args.user,
         template=args.template,
         prebuild=tuple(args.prebuild),
+        sandbox=args.sandbox,
+        network=args.network == "host",
     )
     server = DesktopServer(session, remove_state=own_state or args.remove_state)
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so (else Nagle +
@@ -213,7 +228,8 @@ def main(argv: list[str] | None = None) -> None:
                     "url": f"http://{host}:{port}",
                     "display": session.display,
                     "pid": os.getpid(),
-                    "home": str(session.home),
+                    "home": session.desktop_home,
+                    "host_home": str(session.home),
                 }
                 print(f"{READY_LINE} {json.dumps(ready)}", flush=True)
                 os.dup2(2, 1)  # nothing else goes to stdout

@@ -70,7 +70,8 @@ class DesktopServer:
 
     @property
     def home(self) -> str:
-        return str(self.session.home)
+        """HOME as the desktop's processes see it (``/home/user`` in a sandbox)."""
+        return self.session.desktop_home
 
     async def run_command(
         self, argv, shell: bool, timeout: float, input: bytes | None = None
@@ -115,6 +116,8 @@ class DesktopServer:
             if kind == "fast":
                 try:
                     detail = await self.x.run(self._fast_reset_sync)
+                    if detail.get("reverted"):
+                        kind = "revert"  # the task wrote outside HOME: the sandbox was reverted
                 except Exception as exc:  # fall back to the full restart
                     detail = {"fast_error": str(exc)}
                     kind = "full"

@@ -9,12 +9,16 @@ Layout of the state directory (one per desktop server)::
     wm/         HOME of the window manager (its config and cache stay out of the task's HOME)
     apps.log    stdout/stderr of the task's processes; xvfb.log, wm.log of the infrastructure
 
-When the server runs as root, task processes run as an unprivileged user (``legato-desktop``
-by default, created with ``useradd`` if missing). Xvfb and openbox run as the server itself
-under ``setpriv --pdeathsig KILL``, so they die with it even when it is SIGKILLed; X apps then
-exit because their display is gone.
+Sandboxed (the default; :mod:`.sandbox`): task processes run inside the desktop's own
+namespaces as OSWorld's ``user`` with HOME ``/home/user``; HOME then lives in
+``sandbox/homes/user`` and ``tmp/`` and ``run/`` are seen inside as ``/tmp`` and
+``/run/user/1000``. Unsandboxed (``sandbox=False``), when the server runs as root, task
+processes run as an unprivileged host user (``legato-desktop`` by default, created with
+``useradd`` if missing) with the state directory's paths as they are. Xvfb and openbox run as
+the server itself under ``setpriv --pdeathsig KILL``, so they die with it even when it is
+SIGKILLed; X apps then exit because their display is gone.
 
-Timings this is built on (LOCAL_DESKTOP.md §3, §7): Xvfb ready ~50 ms via ``-displayfd``,
+Timings this is built on (docs/local-desktop.md §3, §7): Xvfb ready ~50 ms,
 openbox ready ~50 ms, kill + verify ~40 ms, ``rm -rf`` + ``cp -a`` ~13 ms.
 """
 
@@ -23,21 +27,24 @@ from __future__ import annotations
 import os
 import pwd
 import re
-import select
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 from . import home as home_mod
 from .procs import ProcessTable, RunAs, descendants, process_table
+from .sandbox import SANDBOX_HOME, SANDBOX_UID, SANDBOX_USER, Sandbox, SandboxError
 
 DESKTOP_USER = "legato-desktop"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: X resources set on the root window: a scalable xterm font (no "cannot load font" warning,
-#: LOCAL_DESKTOP.md §9) and no blinking cursors.
+#: docs/local-desktop.md §9) and no blinking cursors.
 X_RESOURCES = "XTerm*faceName: DejaVu Sans Mono\nXTerm*faceSize: 11\n*cursorBlink: false\n"
 XVFB_TIMEOUT_S = 10.0
+#: First X display number a desktop tries (lower ones are left to the machine's own X servers).
+DISPLAY_BASE = 20
 PREBUILD_APPS = ("libreoffice",)
 WM_TIMEOUT_S = 10.0
 
@@ -117,6 +124,9 @@ class Session:
       template       a directory copied into the baseline HOME (e.g. pre-built app profiles)
       prebuild       apps whose profile is built into the baseline at start (``libreoffice``:
                      ~0.3 s once; a GUI launch then skips creating its profile)
+      sandbox        run the task's processes in the desktop's own namespaces (:mod:`.sandbox`);
+                     ``False`` runs them on the host as ``user`` (no isolation)
+      network        sandboxed only: ``True`` the host's network, ``False`` none (own loopback)
     """
 
     def __init__(
@@ -128,6 +138,8 @@ class Session:
         user: str | None = DESKTOP_USER,
         template: Path | None = None,
         prebuild: tuple[str, ...] = (),
+        sandbox: bool = True,
+        network: bool = True,
     ):
         unknown = set(prebuild) - set(PREBUILD_APPS)
         if unknown:
@@ -139,21 +151,42 @@ class Session:
         self.state = Path(state_dir)
         self.template = template
         self.procs = ProcessTable()
-        if os.geteuid() == 0 and user:
+        self.run_dir = self.state / "run"
+        self.tmp = self.state / "tmp"
+        self.sandbox: Sandbox | None = None
+        if not sandbox and not network:
+            raise SessionError("network=none needs the sandbox (sandbox=true)")
+        if sandbox:
+            self.sandbox = Sandbox(
+                self.state, tmp_dir=self.tmp, run_dir=self.run_dir, network=network
+            )
+            self.user, self.uid, self.gid = SANDBOX_USER, SANDBOX_UID, SANDBOX_UID
+            self.home = self.sandbox.home
+        elif os.geteuid() == 0 and user:
             self.user = user
             self.uid, self.gid = ensure_user(user)
+            self.home = self.state / "home"
         else:
             self.user = pwd.getpwuid(os.geteuid()).pw_name
             self.uid = self.gid = None
+            self.home = self.state / "home"
         self.baseline = self.state / "baseline"
-        self.home = self.state / "home"
-        self.run_dir = self.state / "run"
-        self.tmp = self.state / "tmp"
         self.wm_home = self.state / "wm"
         self.display: str | None = None
         self._xvfb: subprocess.Popen | None = None
         self._wm: subprocess.Popen | None = None
         self.generation = 0  # bumped on every X (re)start; X clients reconnect when it changes
+
+    # -- paths as the task sees them ---------------------------------------------------------
+
+    @property
+    def desktop_home(self) -> str:
+        """HOME as the task's processes see it (``/home/user`` in a sandbox)."""
+        return SANDBOX_HOME if self.sandbox is not None else str(self.home)
+
+    def host_path(self, path: str) -> str:
+        """The host path of ``path`` as the task's processes see it."""
+        return self.sandbox.host_path(path) if self.sandbox is not None else path
 
     # -- environment -------------------------------------------------------------------------
 
@@ -161,9 +194,10 @@ class Session:
         """The environment of every task process (built from scratch, nothing inherited).
 
         ``NO_AT_BRIDGE``/``GTK_A11Y``/``GSETTINGS_BACKEND=memory`` keep GTK apps from
-        autolaunching at-spi, dconf and dbus helpers that outlive them (LOCAL_DESKTOP.md §9).
+        autolaunching at-spi, dconf and dbus helpers that outlive them (docs/local-desktop.md §9).
         """
-        home = str(self.home)
+        home = self.desktop_home
+        sandboxed = self.sandbox is not None
         return {
             "HOME": home,
             "USER": self.user,
@@ -173,19 +207,26 @@ class Session:
             "LANG": "C.UTF-8",
             "DISPLAY": self.display or "",
             "XDG_SESSION_TYPE": "x11",
-            "XDG_RUNTIME_DIR": str(self.run_dir),
+            "XDG_RUNTIME_DIR": f"/run/user/{SANDBOX_UID}" if sandboxed else str(self.run_dir),
             "XDG_CONFIG_HOME": f"{home}/.config",
             "XDG_CACHE_HOME": f"{home}/.cache",
             "XDG_DATA_HOME": f"{home}/.local/share",
             "XDG_STATE_HOME": f"{home}/.local/state",
-            "TMPDIR": str(self.tmp),
+            "TMPDIR": "/tmp" if sandboxed else str(self.tmp),
             "NO_AT_BRIDGE": "1",
             "GTK_A11Y": "none",
             "GSETTINGS_BACKEND": "memory",
         }
 
     def run_as(self) -> RunAs:
-        """How task, setup and evaluator processes run: the desktop user, in its HOME."""
+        """How task, setup and evaluator processes run: the desktop user, in its HOME (inside
+        the sandbox when there is one). Raises :class:`SessionError` when the sandbox is down."""
+        if self.sandbox is not None:
+            try:
+                prefix = tuple(self.sandbox.enter_argv())
+            except SandboxError as exc:
+                raise SessionError(str(exc)) from None
+            return RunAs(env=self.task_env(), cwd="/", prefix=prefix)
         return RunAs(env=self.task_env(), cwd=str(self.home), uid=self.uid, gid=self.gid)
 
     def _infra_run_as(self) -> RunAs:
@@ -200,6 +241,11 @@ class Session:
         """Prepare the state directory, build the baseline HOME, start Xvfb and openbox."""
         self.state.mkdir(parents=True, exist_ok=True)
         os.chmod(self.state, 0o711)  # the desktop user must traverse it to reach its HOME
+        if self.sandbox is not None:
+            try:
+                self.sandbox.prepare()
+            except SandboxError as exc:
+                raise SessionError(str(exc)) from None
         for path in (self.run_dir, self.tmp):
             self._fresh_private_dir(path)
         self.wm_home.mkdir(exist_ok=True)
@@ -210,41 +256,61 @@ class Session:
             self._prebuild_libreoffice()
         home_mod.restore(self.baseline, self.home)
         self.start_x()
+        self._start_sandbox()
+
+    def _start_sandbox(self) -> None:
+        if self.sandbox is None:
+            return
+        try:
+            self.sandbox.start(self.x_socket)
+        except SandboxError as exc:
+            raise SessionError(str(exc)) from None
+
+    @property
+    def x_socket(self) -> str | None:
+        """The X server's socket file (``None`` before X started)."""
+        return f"/tmp/.X11-unix/X{self.display[1:]}" if self.display else None
 
     def start_x(self) -> None:
-        """Start Xvfb (``-displayfd``: it picks a free display and reports it) and openbox.
+        """Start Xvfb on the first free display number from :data:`DISPLAY_BASE` and openbox.
 
+        A display is claimed through Xvfb's own lock file (``/tmp/.X<n>-lock``, created
+        atomically; a second server on the same number exits at once, and the next number is
+        tried). ``-displayfd`` is not used: with it Xvfb takes no lock, and without its
+        abstract socket (off when sandboxed) two servers would pick the same number.
         Raises :class:`SessionError` when either is not ready within 10 s.
         """
-        read_fd, write_fd = os.pipe()
-        log = open(self.state / "xvfb.log", "ab")
-        try:
-            self._xvfb = self.procs.spawn(
-                [
-                    "setpriv",
-                    "--pdeathsig",
-                    "KILL",
-                    "--",
-                    "Xvfb",
-                    "-displayfd",
-                    str(write_fd),
-                    "-screen",
-                    "0",
-                    f"{self.width}x{self.height}x24",
-                    "-nolisten",
-                    "tcp",
-                    "-noreset",
-                ],
-                self._infra_run_as(),
-                stderr=log,
-                stdout=log,
-                pass_fds=[write_fd],
-            )
-            os.close(write_fd)
-            self.display = ":" + _read_display(read_fd, self._xvfb, XVFB_TIMEOUT_S)
-        finally:
-            os.close(read_fd)
-            log.close()
+        deadline = time.monotonic() + XVFB_TIMEOUT_S
+        number = DISPLAY_BASE
+        with open(self.state / "xvfb.log", "ab") as log:
+            while True:
+                number = _free_display(number)
+                self._xvfb = self.procs.spawn(
+                    [
+                        "setpriv",
+                        "--pdeathsig",
+                        "KILL",
+                        "--",
+                        "Xvfb",
+                        f":{number}",
+                        "-screen",
+                        "0",
+                        f"{self.width}x{self.height}x24",
+                        "-nolisten",
+                        "tcp",
+                        # sandboxed: no abstract socket (one namespace for every process on
+                        # the host network), so a sandbox reaches only its own socket file
+                        *(["-nolisten", "local"] if self.sandbox is not None else []),
+                        "-noreset",
+                    ],
+                    self._infra_run_as(),
+                    stderr=log,
+                    stdout=log,
+                )
+                if _wait_for_x(number, self._xvfb, deadline):
+                    break
+                number += 1
+        self.display = f":{number}"
         with open(self.state / "wm.log", "ab") as wm_log:
             self._wm = self.procs.spawn(
                 [
@@ -280,13 +346,15 @@ class Session:
         """Kill every process of the desktop (tasks and infrastructure)."""
         me = os.getpid()
         self.stop_x()
+        if self.sandbox is not None:
+            self.sandbox.stop()
         self.procs.kill(lambda table: descendants(me, table))
 
     # -- the task's processes ---------------------------------------------------------------
 
     def infra_pids(self, table) -> set[int]:
-        """Xvfb, the window manager and anything below them."""
-        pids: set[int] = set()
+        """Xvfb, the window manager and anything below them; the sandbox's own processes."""
+        pids: set[int] = set(self.sandbox.anchor_pids()) if self.sandbox is not None else set()
         for proc in (self._xvfb, self._wm):
             if proc is not None and proc.pid in table:
                 pids.add(proc.pid)
@@ -310,25 +378,50 @@ class Session:
 
     # -- reset ---------------------------------------------------------------------------------
 
-    def fast_reset(self) -> dict[str, float]:
-        """Kill the task's processes and restore HOME and TMPDIR. Returns step timings (s)."""
+    def fast_reset(self) -> dict:
+        """Kill the task's processes and restore HOME and TMPDIR. Returns step timings (s).
+
+        Sandboxed, when the task wrote outside HOME and ``/tmp`` (a non-empty overlay upper
+        layer) or the sandbox died, the sandbox is reverted too: ``reverted`` lists what was
+        written (``etc/x``, ...) and ``revert_s`` what it cost.
+        """
         t0 = time.perf_counter()
         killed = self.kill_task_processes()
         t1 = time.perf_counter()
-        self._restore_files()
+        detail: dict = {}
+        if self.sandbox is not None:
+            dirty = self.sandbox.dirty()
+            if dirty or not self.sandbox.alive():
+                detail = {"reverted": dirty or ["(sandbox exited)"]}
+                detail |= self._revert_sandbox()
         t2 = time.perf_counter()
-        return {"kill_s": t1 - t0, "restore_s": t2 - t1, "killed": killed}
+        self._restore_files()
+        t3 = time.perf_counter()
+        return {"kill_s": t1 - t0, "restore_s": t3 - t2, "killed": killed, **detail}
 
     def full_reset(self) -> dict[str, float]:
-        """Restart Xvfb and openbox too (the local analogue of a snapshot revert)."""
+        """Restart Xvfb and openbox too, and start a clean sandbox (the local snapshot revert)."""
         t0 = time.perf_counter()
         self.stop_x()
+        if self.sandbox is not None:
+            self.sandbox.stop()
         killed = self.kill_task_processes()
+        if self.sandbox is not None:
+            self.sandbox.clear_layers()
+            _empty_dir(self.tmp / ".X11-unix")
         self._restore_files()
         t1 = time.perf_counter()
         self.start_x()
+        self._start_sandbox()
         t2 = time.perf_counter()
         return {"kill_restore_s": t1 - t0, "restart_s": t2 - t1, "killed": killed}
+
+    def _revert_sandbox(self) -> dict[str, float]:
+        assert self.sandbox is not None
+        try:
+            return self.sandbox.revert(self.x_socket)
+        except SandboxError as exc:
+            raise SessionError(str(exc)) from None
 
     def _prebuild_libreoffice(self) -> None:
         """Create a LibreOffice profile in the baseline (headless, no display needed)."""
@@ -370,31 +463,66 @@ class Session:
         self._fresh_private_dir(self.tmp)
 
     def _fresh_private_dir(self, path: Path) -> None:
+        """An empty TMPDIR / XDG_RUNTIME_DIR. Sandboxed, the directory is bound into the
+        sandbox, so it is emptied in place (its X socket mount point kept) and ``tmp/`` is
+        ``/tmp`` inside (1777, root's)."""
+        if self.sandbox is not None and path.is_dir():
+            _empty_dir(path, keep=(".X11-unix",))
+            return
         if path.exists():
             shutil.rmtree(path)
         path.mkdir(mode=0o700)
-        if self.uid is not None:
+        if self.sandbox is not None and path == self.tmp:
+            os.chmod(path, 0o1777)
+        elif self.uid is not None:
             os.chown(path, self.uid, self.gid)
 
 
-def _read_display(fd: int, proc: subprocess.Popen, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    data = b""
-    while not data.endswith(b"\n"):
-        left = deadline - time.monotonic()
-        ready, _, _ = select.select([fd], [], [], max(0.0, left))
-        if not ready:
+def _empty_dir(path: Path, keep: tuple[str, ...] = ()) -> None:
+    """Remove everything inside ``path`` but the names in ``keep`` (missing path: no-op)."""
+    if not path.is_dir():
+        return
+    for entry in os.scandir(path):
+        if entry.name in keep:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+
+
+def _free_display(number: int) -> int:
+    """The first display number >= ``number`` without an X lock file."""
+    while os.path.exists(f"/tmp/.X{number}-lock"):
+        number += 1
+    return number
+
+
+def _wait_for_x(number: int, proc: subprocess.Popen, deadline: float) -> bool:
+    """True once display ``number``'s socket accepts connections; False when Xvfb exited
+    because the number was taken (another server holds its lock). Raises
+    :class:`SessionError` when Xvfb cannot run or is not ready by ``deadline``."""
+    path = f"/tmp/.X11-unix/X{number}"
+    while True:
+        code = proc.poll()
+        if code is not None:
+            if code == 1 and os.path.exists(f"/tmp/.X{number}-lock"):
+                return False
+            raise SessionError(
+                f"Xvfb exited with {code} at start (is xvfb installed? see xvfb.log)"
+            )
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            try:
+                sock.connect(path)
+                return True
+            except OSError:
+                pass
+        if time.monotonic() > deadline:
             proc.kill()
             raise SessionError(
-                f"Xvfb did not report its display within {timeout:.0f} s (see xvfb.log)"
+                f"Xvfb was not ready on :{number} within {XVFB_TIMEOUT_S:.0f} s (see xvfb.log)"
             )
-        chunk = os.read(fd, 64)
-        if not chunk:
-            raise SessionError(
-                f"Xvfb exited with {proc.wait()} before reporting its display (is xvfb installed? see xvfb.log)"
-            )
-        data += chunk
-    return data.decode().strip()
+        time.sleep(0.002)
 
 
 def _wait_for_wm(display: str, wm: subprocess.Popen, timeout: float) -> None:

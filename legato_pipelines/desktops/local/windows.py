@@ -118,7 +118,7 @@ class Windows:
 
     def ensure_focus(self) -> int | None:
         """If no managed window has the focus (e.g. after a click on the empty desktop, which
-        unfocuses everything in openbox: LOCAL_DESKTOP.md §5), focus the newest one.
+        unfocuses everything in openbox: docs/local-desktop.md §5), focus the newest one.
         Returns the focused window id, or ``None`` when there is no window."""
         current = self.focused_client()
         if current is not None:

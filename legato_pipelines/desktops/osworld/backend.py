@@ -1,6 +1,6 @@
 """The ``osworld`` backend: OSWorld's ``DesktopEnv`` in a worker process per desktop.
 
-desktop-env pins numpy<2, pandas<2.3 and torch 2.5 (OSWORLD.md §7), so each desktop is one
+desktop-env pins numpy<2, pandas<2.3 and torch 2.5 (docs/osworld.md §7), so each desktop is one
 worker subprocess (``worker.py``) under the OSWorld interpreter (``legato osworld install``),
 talking JSON lines over its stdin/stdout (:mod:`.channel`); the options below are checked and
 turned into each worker's start request by :mod:`.options`.
@@ -18,7 +18,7 @@ Per attempt::
 
 Snapshot revert instead of a fast reset: ``DesktopConfig.fast_reset=False``, tasks of the
 ``os`` and ``multi_apps`` domains, any task :func:`needs_full_reset` flags (state outside
-HOME, OSWORLD.md §6), and the first reset after a failure.
+HOME, docs/osworld.md §6), and the first reset after a failure.
 
 ``DesktopConfig.options`` of the osworld backend:
   osworld_python  interpreter with desktop-env (default: the venv of ``legato osworld install``)

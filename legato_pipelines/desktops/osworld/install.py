@@ -1,9 +1,9 @@
 """Create the interpreter the ``osworld`` backend's workers run under (``legato osworld install``).
 
-``desktop-env`` 1.0.2 pins numpy<2, pandas<2.3 and torch 2.5 (OSWORLD.md §7), so it lives in
+``desktop-env`` 1.0.2 pins numpy<2, pandas<2.3 and torch 2.5 (docs/osworld.md §7), so it lives in
 its own virtual environment, never in the project's. A plain ``pip install desktop-env`` pulls
-torch with CUDA (3.6 GB download, 7.3 GB venv, OSWORLD.md §8); instead the package is installed
-with ``--no-deps`` and then one of two measured recipes:
+torch with CUDA (3.6 GB download, 7.3 GB venv, docs/osworld.md §8); instead the package is
+installed with ``--no-deps`` and then one of two measured recipes:
 
 ``core``   (default) what DesktopEnv, SetupController, the getters that read files and run
            commands, and the general/text/table metrics import. With the worker's lazy metric
@@ -24,10 +24,10 @@ import venv
 from pathlib import Path
 
 DESKTOP_ENV = "desktop-env==1.0.2"
-#: OSWORLD.md §8 "core", plus pandas and PyPDF2 (``getters/file.py`` — vm_file, cloud_file —
-#: imports pandas and ``metrics/vscode.py`` — compare_text_file — PyPDF2 at module level),
-#: plus what the docker and vmware providers import (docker, psutil, filelock, tqdm). Cloud
-#: providers need their SDK on top (e.g. ``<venv>/bin/pip install boto3`` for aws).
+#: docs/osworld.md §8 "core", plus pandas and PyPDF2 (``getters/file.py`` — vm_file,
+#: cloud_file — imports pandas and ``metrics/vscode.py`` — compare_text_file — PyPDF2 at
+#: module level), plus what the docker and vmware providers import (docker, psutil, filelock,
+#: tqdm). Cloud providers need their SDK on top (e.g. ``<venv>/bin/pip install boto3`` for aws).
 CORE = (
     "gymnasium~=0.28.1",
     "numpy==1.26.4",
@@ -54,7 +54,7 @@ CORE = (
     "filelock",
     "tqdm",
 )
-#: OSWORLD.md §8 "no-torch" on top of core.
+#: docs/osworld.md §8 "no-torch" on top of core.
 FULL = (
     "Pillow==11.0.0",
     "opencv-python-headless==4.11.0.86",

@@ -63,7 +63,7 @@ def default_cache_root() -> Path:
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The clean environment of a worker: a pass-list of the parent's plus ``extra``.
 
-    ``PYTHON_DOTENV_DISABLED=1`` stops desktop_env's import-time ``load_dotenv()`` (OSWORLD.md §8).
+    ``PYTHON_DOTENV_DISABLED=1`` stops desktop_env's import-time ``load_dotenv()`` (docs/osworld.md §8).
     """
     env = {
         k: v

@@ -6,7 +6,7 @@ Worker side (loaded by ``worker.py`` under the OSWorld interpreter): standard li
 token; so the real ``DesktopEnv``, ``SetupController`` and OSWorld's evaluators run unchanged
 against a real X11 desktop, with no Docker engine and no VM image.
 
-Lifecycle mapping (OSWORLD.md §1, §8):
+Lifecycle mapping (docs/osworld.md §1, §8):
   start_emulator        wait until ``/legato/health`` says the display is up (the backend
                         started the server: it is the hypervisor here)
   get_ip_address        ``"127.0.0.1:<server>:<cdp>:<vnc>:<vlc>"``: exactly the five fields
@@ -107,7 +107,8 @@ class LocalProvider(Provider):
 
 
 class LocalVMManager(VMManager):
-    """The one "VM" is the server URL; DesktopEnv only calls ``get_vm_path`` (OSWORLD.md §8)."""
+    """The one "VM" is the server URL; DesktopEnv only calls ``get_vm_path``
+    (docs/osworld.md §8)."""
 
     def __init__(self, url: str):
         self.url = url

@@ -3,7 +3,7 @@
 Runs under the OSWorld interpreter (``legato osworld install``), never the project's: it
 imports only the standard library and ``desktop_env`` (and what desktop_env itself depends
 on). The backend starts it as ``<osworld-python> -I worker.py`` in an empty working directory
-with a clean environment (OSWORLD.md §8: ``dotenv.load_dotenv()`` runs at import and would
+with a clean environment (docs/osworld.md §8: ``dotenv.load_dotenv()`` runs at import and would
 read a ``.env`` from the working directory or a folder above the package; it is also turned
 off with ``PYTHON_DOTENV_DISABLED=1``).
 
@@ -27,7 +27,7 @@ Operations (``result`` shapes):
             the evaluator is a reward 0 with its reason, not a failure.
   close     ``DesktopEnv.close()`` (stops the VM), then the worker exits.
 
-Silent failures of DesktopEnv become errors here (OSWORLD.md §8): a dead server before
+Silent failures of DesktopEnv become errors here (docs/osworld.md §8): a dead server before
 reset/step/evaluate (``vm``: probed with a short timeout instead of DesktopEnv's 20 x 5 s
 retries), a screenshot of ``None`` (``vm``), a setup that returned False (``setup``), an
 action the server never answered (``vm``). Setup steps that raise are ``setup``. The
@@ -51,7 +51,7 @@ import types
 import urllib.error
 import urllib.request
 
-#: Providers ``DesktopEnv.__init__`` accepts; the first group starts "clean" (OSWORLD.md §8).
+#: Providers ``DesktopEnv.__init__`` accepts; the first group starts "clean" (docs/osworld.md §8).
 CLEAN_START = ("docker", "aws", "gcp", "azure", "aliyun", "volcengine")
 KNOWN_PROVIDERS = CLEAN_START + ("vmware", "virtualbox")
 PROBE_TIMEOUT_S = 5.0
@@ -88,7 +88,7 @@ class WorkerError(Exception):
 def install_lazy_evaluators() -> None:
     """Make ``desktop_env.evaluators.metrics`` and ``.getters`` lazy packages.
 
-    OSWORLD.md §8: their ``__init__`` imports every metric module (easyocr -> torch, librosa,
+    docs/osworld.md §8: their ``__init__`` imports every metric module (easyocr -> torch, librosa,
     cv2, ...). Here each package module is created without running its ``__init__``'s imports;
     a name the ``__init__`` imports ``from .sub import name`` is imported from ``sub`` on first
     access, so a task pulls in only the modules of the functions it names. Other statements of
@@ -134,7 +134,7 @@ def install_lazy_evaluators() -> None:
 
 
 #: Modules imported at the top of metric modules but used by few metrics: ``metrics/docs.py``
-#: imports easyocr (-> torch) for ``compare_image_text`` alone (OSWORLD.md §7, §8).
+#: imports easyocr (-> torch) for ``compare_image_text`` alone (docs/osworld.md §7, §8).
 DEFERRED_IMPORTS = ("easyocr",)
 
 
@@ -160,7 +160,7 @@ def defer_import(name: str) -> None:
 
 
 def evaluator_names(task: dict) -> list[tuple[str, str]]:
-    """``(package, name)`` of every metric and getter a task's evaluator names (OSWORLD.md §3)."""
+    """``(package, name)`` of every metric and getter a task's evaluator names (docs/osworld.md §3)."""
     evaluator = task.get("evaluator") or {}
     names = []
     funcs = evaluator.get("func")
@@ -369,7 +369,7 @@ class Worker:
         ports = req.get("ports") or {}
         if self.vm_token:
             add_vm_token(url, self.vm_token)
-        # DesktopEnv uses the name imported into desktop_env.desktop_env (OSWORLD.md §8).
+        # DesktopEnv uses the name imported into desktop_env.desktop_env (docs/osworld.md §8).
         de.create_vm_manager_and_provider = lambda name, region, use_proxy=False: (
             module.LocalVMManager(url),
             module.LocalProvider(url, self.vm_token, **ports),

@@ -1,0 +1,452 @@
+"""A local desktop's sandbox: Linux namespaces that make it look like OSWorld's VM.
+
+Every process of the task (apps, setup and evaluator commands, whatever the policy starts)
+runs in the desktop's own user, mount, pid and ipc namespaces (and optionally its own network
+namespace with nothing but a loopback), built with util-linux's ``unshare`` and entered with
+``nsenter``; no home-made container runtime. Inside (docs/sandbox.md has the whole picture):
+
+- account ``user`` (uid 1000), HOME ``/home/user``, password ``password`` (OSWorld's
+  ``{CLIENT_PASSWORD}``), ``sudo -S`` accepting it: root *inside the sandbox only*;
+- the root filesystem is the host's ``/etc``, ``/usr``, ``/var``, ``/opt`` read through
+  overlayfs, each with a per-desktop writable upper layer (``upper/``) beside the state
+  directory; ``/home`` holds only this desktop's HOME; ``/tmp`` and ``XDG_RUNTIME_DIR`` are
+  the desktop's own directories; ``/root`` is empty; everything else of the host (``/root``,
+  ``/work``, other desktops, run directories, the policy key) is simply not there;
+- a fresh ``/proc`` of its own pid namespace: host processes are invisible; ``/dev`` holds
+  only ``null zero full random urandom tty``, a private ``pts`` and ``shm``;
+- the X display through its socket file alone (the X server listens on no abstract socket,
+  so one sandbox cannot reach another desktop's display).
+
+Revert is dropping the sandbox: killing its pid namespace's init kills every process in it,
+the upper layers are emptied, and a new sandbox starts from the host's view again (~70 ms).
+A non-empty upper layer (:meth:`Sandbox.dirty`) says the task changed the system outside
+HOME, so the next reset must revert.
+
+Why these choices (measured on Debian bookworm, kernel 6.x, as root):
+
+- uid maps: the sandbox maps uids/gids ``0..65535`` to the *same* host ids, written by the
+  server itself (root may write any map). Identity maps are what make the host's
+  root-owned ``sudo`` and ``/etc/sudoers`` work inside; the cost is that root inside is host
+  uid 0 *for files bound in from the host*, which is why nothing writable of the host is
+  bound in (the overlays' lower layers cannot be written through the overlay).
+- bubblewrap was tried first: it always sets ``no_new_privs`` and mounts its binds
+  ``nosuid``, so ``sudo`` cannot work inside a bubblewrap sandbox; and Debian bookworm's
+  bubblewrap (0.8) has no overlay option.
+- ``pivot_root`` (not ``chroot``): the kernel refuses new user namespaces to chrooted
+  processes, and Chromium builds its own sandbox from user namespaces.
+
+Namespaces are not a VM boundary: a kernel exploit inside escapes, as from any container.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+#: The account OSWorld's VM has, and its HOME (paths in task configs and evaluators name it).
+SANDBOX_USER = "user"
+SANDBOX_UID = 1000
+SANDBOX_HOME = "/home/user"
+#: OSWorld's ``{CLIENT_PASSWORD}``; sudo inside the sandbox accepts it.
+SANDBOX_PASSWORD = "password"
+#: ``openssl passwd -6 -salt legatodesktop password`` (SHA-512 crypt of SANDBOX_PASSWORD).
+PASSWORD_HASH = (
+    "$6$legatodesktop$c5kJS.t8vkEh5Ut.HplxuWW70CavyAfRhpwyzxdAy3xIRXI7PxvkGPC4DNYDMUqkDt0Q"
+    ".aoIChYtaYYj9N3L.."
+)
+#: Host directories seen inside through an overlay with a per-desktop upper layer.
+OVERLAID = ("etc", "usr", "var", "opt")
+#: uid/gid range mapped one to one (host id = sandbox id).
+ID_MAP = "0 0 65536\n"
+START_TIMEOUT_S = 10.0
+TOOLS = ("unshare", "nsenter", "mount", "pivot_root", "tini", "sudo")
+
+# Runs as root inside the new user + mount + pid namespaces (pid 1 of the new pid namespace),
+# after the server has written the uid/gid maps (it writes a line on stdin when done).
+SETUP_SCRIPT = r"""
+set -eu
+read -r _ || exit 3
+R="$SB/root"
+mount -t tmpfs -o mode=0755 legato-root "$R"
+for d in $OVERLAID; do
+  [ -d "/$d" ] || continue
+  mkdir -p "$R/$d"
+  lower="/$d"; [ -d "$SB/seed/$d" ] && lower="$SB/seed/$d:/$d"
+  mount -t overlay "legato-$d" -o "lowerdir=$lower,upperdir=$SB/upper/$d,workdir=$SB/work/$d,userxattr" "$R/$d"
+done
+for l in bin sbin lib lib32 lib64 libx32; do [ -L "/$l" ] && ln -s "$(readlink "/$l")" "$R/$l"; done
+mkdir -p "$R/proc" "$R/sys" "$R/dev" "$R/tmp" "$R/home" "$R/root" "$R/run" "$R/mnt" "$R/media" "$R/srv" "$R/.old"
+mount -t proc -o nosuid,nodev,noexec proc "$R/proc"
+mount --rbind /sys "$R/sys"
+mount -o remount,bind,ro "$R/sys"
+mount -t tmpfs -o mode=0755,nosuid dev "$R/dev"
+for n in null zero full random urandom tty; do
+  touch "$R/dev/$n"; mount --bind "/dev/$n" "$R/dev/$n"
+done
+mkdir "$R/dev/pts" "$R/dev/shm"
+mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts "$R/dev/pts"
+mount -t tmpfs -o mode=1777,nosuid,nodev shm "$R/dev/shm"
+ln -s pts/ptmx "$R/dev/ptmx"
+ln -s /proc/self/fd "$R/dev/fd"
+ln -s /proc/self/fd/0 "$R/dev/stdin"; ln -s /proc/self/fd/1 "$R/dev/stdout"; ln -s /proc/self/fd/2 "$R/dev/stderr"
+mount --bind "$SB/homes" "$R/home"
+mount --bind "$TMP_DIR" "$R/tmp"
+mount -t tmpfs -o mode=0700 legato-root-home "$R/root"
+mount -t tmpfs -o mode=0755,nosuid,nodev legato-run "$R/run"
+mkdir -p "$R/run/user/$UID_IN"
+mount --bind "$RUN_DIR" "$R/run/user/$UID_IN"
+if [ -n "$X_SOCKET" ]; then
+  mkdir -p "$R/tmp/.X11-unix"; chmod 1777 "$R/tmp/.X11-unix"
+  x="$R/tmp/.X11-unix/$(basename "$X_SOCKET")"
+  [ -e "$x" ] || touch "$x"
+  mount --bind "$X_SOCKET" "$x"
+fi
+if [ "$OWN_NET" = 1 ]; then ip link set lo up; fi
+cd "$R"
+pivot_root . .old
+cd /
+umount -l /.old
+rmdir /.old
+echo ready
+exec env -i /usr/bin/tini -s -- /bin/sleep infinity </dev/null >/dev/null 2>&1
+"""
+
+
+class SandboxError(RuntimeError):
+    """The sandbox cannot be built here, or did not start; the message says what to fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxSupport:
+    """Whether this host can build sandboxes: ``ok``, else ``problem`` says what is missing
+    and how to fix it."""
+
+    ok: bool
+    problem: str = ""
+
+
+def check_support() -> SandboxSupport:
+    """Can this process build desktop sandboxes? (root, user namespaces, the tools).
+
+    Sandboxes need root on the host (only root may write the uid maps that give the sandbox
+    both ``user`` and a working ``sudo``), user namespaces enabled, and util-linux, tini and
+    sudo installed.
+    """
+    if os.geteuid() != 0:
+        return SandboxSupport(
+            False,
+            "sandboxed local desktops need root on the host (it writes the sandbox's uid maps);"
+            " run the desktop server as root, or pass --desktop-option sandbox=false to run"
+            " desktops unsandboxed (the policy can then read what the desktop user can read"
+            " on this host)",
+        )
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    if missing:
+        return SandboxSupport(
+            False,
+            f"sandboxed local desktops need {', '.join(missing)}: apt-get install util-linux"
+            " tini sudo (scripts/setup.sh installs them)",
+        )
+    try:
+        limit = int(Path("/proc/sys/user/max_user_namespaces").read_text())
+    except (OSError, ValueError):
+        limit = 1
+    if limit == 0:
+        return SandboxSupport(
+            False,
+            "user namespaces are disabled on this host (/proc/sys/user/max_user_namespaces is 0):"
+            " enable them with `sysctl -w user.max_user_namespaces=15000`, or pass"
+            " --desktop-option sandbox=false to run desktops unsandboxed",
+        )
+    return SandboxSupport(True)
+
+
+def _seed_files() -> dict[str, tuple[str, int]]:
+    """Files laid over the host's ``/etc`` (path -> (text, mode)): the ``user`` account
+    (replacing any host account with its name or uid 1000), a shadow file holding only
+    locked entries and ``user``'s password, and a sudoers entry for ``user``."""
+
+    def without_user(path: str) -> list[str]:
+        lines = Path(path).read_text().splitlines()
+        return [
+            line
+            for line in lines
+            if line.count(":") >= 3
+            and line.split(":")[0] != SANDBOX_USER
+            and line.split(":")[2] != str(SANDBOX_UID)
+        ]
+
+    passwd = without_user("/etc/passwd")
+    group = without_user("/etc/group")
+    uid = SANDBOX_UID
+    passwd.append(f"{SANDBOX_USER}:x:{uid}:{uid}:{SANDBOX_USER}:{SANDBOX_HOME}:/bin/bash")
+    group.append(f"{SANDBOX_USER}:x:{uid}:")
+    shadow = [f"{line.split(':')[0]}:*:19000:0:99999:7:::" for line in passwd[:-1]]
+    shadow.append(f"{SANDBOX_USER}:{PASSWORD_HASH}:19000:0:99999:7:::")
+    return {
+        "etc/passwd": ("\n".join(passwd) + "\n", 0o644),
+        "etc/group": ("\n".join(group) + "\n", 0o644),
+        "etc/shadow": ("\n".join(shadow) + "\n", 0o640),
+        "etc/sudoers.d/legato-user": (f"{SANDBOX_USER} ALL=(ALL:ALL) ALL\n", 0o440),
+    }
+
+
+class Sandbox:
+    """The namespaces of one desktop, rooted at ``state/sandbox``.
+
+    Layout::
+
+        sandbox/seed/etc/   passwd, group, shadow, sudoers.d/ (lower layer over /etc)
+        sandbox/upper/D/    what the task wrote under /D (D in etc usr var opt)
+        sandbox/work/D/     overlayfs work directories
+        sandbox/homes/user/ HOME, seen inside as /home/user
+        sandbox/root/       mount point of the sandbox's root (empty on the host)
+
+    Args:
+      state        the desktop's state directory
+      tmp_dir      host directory seen inside as ``/tmp`` (emptied by the session on reset)
+      run_dir      host directory seen inside as ``/run/user/1000`` (``XDG_RUNTIME_DIR``)
+      network      ``True``: the host's network (as an unsandboxed desktop); ``False``: a
+                   network namespace of its own with only a loopback (no route out)
+
+    Not thread-safe: the session calls it from its one X thread.
+    """
+
+    def __init__(self, state: Path, *, tmp_dir: Path, run_dir: Path, network: bool = True):
+        self.dir = Path(state) / "sandbox"
+        self.tmp_dir = Path(tmp_dir)
+        self.run_dir = Path(run_dir)
+        self.network = network
+        self.home = self.dir / "homes" / SANDBOX_USER
+        self._anchor: subprocess.Popen | None = None
+        self.init_pid: int | None = None
+        self.starts = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Lay out the sandbox directory (seed files, empty layers). Raises SandboxError when
+        this host cannot build sandboxes (:func:`check_support`)."""
+        support = check_support()
+        if not support.ok:
+            raise SandboxError(support.problem)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o711)
+        (self.dir / "root").mkdir(exist_ok=True)
+        (self.dir / "homes").mkdir(exist_ok=True)
+        os.chmod(self.dir / "homes", 0o755)
+        for rel, (text, mode) in _seed_files().items():
+            path = self.dir / "seed" / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            os.chmod(path, mode)
+        self.clear_layers()
+
+    def start(self, x_socket: str | None) -> float:
+        """Start the namespaces; returns the seconds it took (~0.07 s).
+
+        ``x_socket``: the X server's socket file, bound into the sandbox's ``/tmp/.X11-unix``.
+        Raises :class:`SandboxError` with the setup's own error when it fails.
+        """
+        t0 = time.perf_counter()
+        env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "SB": str(self.dir),
+            "OVERLAID": " ".join(OVERLAID),
+            "TMP_DIR": str(self.tmp_dir),
+            "RUN_DIR": str(self.run_dir),
+            "UID_IN": str(SANDBOX_UID),
+            "X_SOCKET": x_socket or "",
+            "OWN_NET": "0" if self.network else "1",
+        }
+        argv = ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--user", "--mount"]
+        argv += ["--pid", "--ipc", "--fork", "--kill-child", "--propagation", "private"]
+        if not self.network:
+            argv.append("--net")
+        argv += ["--", "sh", "-c", SETUP_SCRIPT]
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        self._anchor = proc
+        try:
+            self._write_id_maps(proc)
+            proc.stdin.write(b"go\n")
+            proc.stdin.close()
+            self._wait_ready(proc)
+            self.init_pid = self._wait_init(proc)
+        except BaseException:
+            self.stop()
+            raise
+        self.starts += 1
+        return time.perf_counter() - t0
+
+    def stop(self) -> None:
+        """Kill every process of the sandbox (SIGKILL to its pid namespace's init) and reap."""
+        if self.init_pid is not None:
+            try:
+                os.kill(self.init_pid, 9)
+            except ProcessLookupError:
+                pass
+        if self._anchor is not None:
+            if self._anchor.poll() is None:
+                self._anchor.kill()
+            self._anchor.wait()
+            for stream in (self._anchor.stdout, self._anchor.stderr):
+                if stream is not None:
+                    stream.close()
+        self._anchor = None
+        self.init_pid = None
+
+    def revert(self, x_socket: str | None) -> dict[str, float]:
+        """Drop the sandbox and start a clean one: all its processes die, the upper layers are
+        emptied (HOME is the session's to restore). Returns ``{revert_s}``."""
+        t0 = time.perf_counter()
+        self.stop()
+        self.clear_layers()
+        self.start(x_socket)
+        return {"revert_s": time.perf_counter() - t0}
+
+    def alive(self) -> bool:
+        return self._anchor is not None and self._anchor.poll() is None
+
+    # -- what the session needs ------------------------------------------------------------------
+
+    def anchor_pids(self) -> set[int]:
+        """The sandbox's own processes on the host (unshare, its init, init's sleep)."""
+        pids: set[int] = set()
+        if self._anchor is not None:
+            pids.add(self._anchor.pid)
+        if self.init_pid is not None:
+            pids.add(self.init_pid)
+            try:
+                children = Path(f"/proc/{self.init_pid}/task/{self.init_pid}/children")
+                for pid in children.read_text().split():
+                    if _comm(int(pid)) == "sleep":
+                        pids.add(int(pid))
+            except OSError:
+                pass
+        return pids
+
+    def enter_argv(self, *, uid: int = SANDBOX_UID, cwd: str = SANDBOX_HOME) -> list[str]:
+        """The argv prefix that runs a command inside the sandbox as ``uid``, in ``cwd``.
+
+        Raises :class:`SandboxError` when the sandbox is not running.
+        """
+        if self.init_pid is None:
+            raise SandboxError("the desktop's sandbox is not running")
+        argv = ["nsenter", "-t", str(self.init_pid), "--user", "--mount", "--pid", "--ipc"]
+        if not self.network:
+            argv.append("--net")
+        argv += ["--root", "-S", str(uid), "-G", str(uid), "--", "env", "-C", cwd, "--"]
+        return argv
+
+    def host_path(self, path: str) -> str:
+        """Where the host reaches ``path`` as the sandbox sees it (through its init's root)."""
+        if self.init_pid is None:
+            raise SandboxError("the desktop's sandbox is not running")
+        return f"/proc/{self.init_pid}/root/{path.lstrip('/')}"
+
+    def dirty(self) -> list[str]:
+        """Top entries the task wrote outside HOME and ``/tmp`` (``etc/x``, ``usr/local``...);
+        empty when the overlays' upper layers are clean."""
+        found: list[str] = []
+        for name in OVERLAID:
+            upper = self.dir / "upper" / name
+            if upper.is_dir():
+                found += [f"{name}/{entry}" for entry in sorted(os.listdir(upper))]
+        return found
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def clear_layers(self) -> None:
+        """Empty the overlays' upper and work directories (only while the sandbox is stopped)."""
+        for kind in ("upper", "work"):
+            top = self.dir / kind
+            if top.exists():
+                shutil.rmtree(top)
+            for name in OVERLAID:
+                (top / name).mkdir(parents=True)
+
+    def _write_id_maps(self, proc: subprocess.Popen) -> None:
+        mine = os.readlink("/proc/self/ns/user")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                if os.readlink(f"/proc/{proc.pid}/ns/user") != mine:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None:
+                raise SandboxError(f"unshare failed: {_stderr(proc)}")
+            if time.monotonic() > deadline:
+                raise SandboxError("unshare did not create the user namespace within 10 s")
+            time.sleep(0.0005)
+        try:
+            Path(f"/proc/{proc.pid}/uid_map").write_text(ID_MAP)
+            Path(f"/proc/{proc.pid}/gid_map").write_text(ID_MAP)
+        except OSError as exc:
+            raise SandboxError(
+                f"cannot write the sandbox's uid/gid maps ({exc.strerror}): the desktop server"
+                " must run as root with user namespaces enabled"
+            ) from None
+
+    def _wait_ready(self, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)
+        line = proc.stdout.readline() if ready else b""
+        if line.strip() != b"ready":
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            raise SandboxError(f"the sandbox did not start: {_stderr(proc) or 'timed out'}")
+
+    def _wait_init(self, proc: subprocess.Popen) -> int:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            except OSError:
+                children = []
+            if children and _comm(int(children[0])) == "tini":
+                return int(children[0])
+            if proc.poll() is not None:
+                raise SandboxError(f"the sandbox exited at start: {_stderr(proc)}")
+            time.sleep(0.0005)
+        raise SandboxError("the sandbox's init did not start within 10 s")
+
+    def describe(self) -> dict:
+        """For ``/legato/health``: the sandbox's user, HOME, network and init pid."""
+        return {
+            "user": SANDBOX_USER,
+            "home": SANDBOX_HOME,
+            "network": "host" if self.network else "none",
+            "init_pid": self.init_pid,
+        }
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _stderr(proc: subprocess.Popen) -> str:
+    if proc.stderr is None:
+        return ""
+    try:
+        if proc.poll() is None:
+            return ""
+        return proc.stderr.read().decode(errors="replace").strip()[-500:]
+    except (OSError, ValueError):
+        return ""
