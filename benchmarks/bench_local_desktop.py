@@ -106,8 +106,8 @@ async def bench_calc(width: int, height: int, n: int) -> dict:
 
 
 def probe_cost(display: str, n: int = 200) -> dict:
-    from legato_pipelines.desktops.local.ready import frame_delta
     from legato_pipelines.desktops.local.screen import Screen
+    from legato_pipelines.desktops.ready import frame_delta
 
     screen = Screen(display)
     previous = screen.frame()

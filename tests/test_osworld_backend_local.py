@@ -12,7 +12,7 @@ import pytest
 
 from legato_pipelines.desktops import open_desktops
 from legato_pipelines.desktops.base import DesktopConfig
-from legato_pipelines.desktops.local.client import DesktopClient
+from legato_pipelines.desktops.client import DesktopClient
 from legato_pipelines.errors import DesktopError
 
 from .osworld_backend_support import (
