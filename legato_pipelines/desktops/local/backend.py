@@ -290,6 +290,19 @@ class LocalDesktop(ServerTasks, WaitsByMode):
             return False
 
 
+def sandbox_options(options: dict[str, Any]) -> tuple[bool, str]:
+    """``(sandbox, network)`` from desktop options ``sandbox`` (default true) and ``network``
+    (``"host"``, the default, or ``"none"``). Raises ``ConfigError`` naming the option."""
+    sandbox, network = options.get("sandbox", True), options.get("network", "host")
+    if not isinstance(sandbox, bool):
+        raise ConfigError(f"desktop option 'sandbox' must be true or false, got {sandbox!r}")
+    if network not in ("host", "none"):
+        raise ConfigError(f'desktop option \'network\' must be "host" or "none", got {network!r}')
+    if network == "none" and not sandbox:
+        raise ConfigError("desktop option network=none needs the sandbox (sandbox=true)")
+    return sandbox, network
+
+
 async def open_local_desktops(config: DesktopConfig, n: int) -> list[LocalDesktop]:
     """Start ``n`` desktop servers concurrently (or attach to ``options["urls"]``).
 
@@ -300,13 +313,7 @@ async def open_local_desktops(config: DesktopConfig, n: int) -> list[LocalDeskto
     options = dict(config.options)
     if n < 1:
         raise ConfigError(f"desktops must be >= 1, got {n}")
-    sandbox, network = options.get("sandbox", True), options.get("network", "host")
-    if not isinstance(sandbox, bool):
-        raise ConfigError(f"desktop option 'sandbox' must be true or false, got {sandbox!r}")
-    if network not in ("host", "none"):
-        raise ConfigError(f'desktop option \'network\' must be "host" or "none", got {network!r}')
-    if network == "none" and not sandbox:
-        raise ConfigError("desktop option network=none needs the sandbox (sandbox=true)")
+    sandbox, network = sandbox_options(options)
     urls = options.get("urls")
     if urls:
         return await _attach(config, list(urls), n, options.get("token_env", DEFAULT_TOKEN_ENV))

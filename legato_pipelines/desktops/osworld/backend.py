@@ -36,7 +36,9 @@ HOME, docs/osworld.md §6), and the first reset after a failure.
   start_timeout   seconds a worker may take to start its VM (default 120; docker boots: 600)
   call_timeout    seconds for observe/act (default 120, OSWorld's execute allows 90)
   reset_timeout   seconds for a reset with the task's setup (default 300)
-  user, template  provider local: the desktop servers' user and HOME template
+  user, template  provider local: the desktop servers' user (unsandboxed) and HOME template
+  sandbox, network provider local: the desktop servers' sandbox (default true) and network
+                  ("host" or "none"), as the local backend's options
   log_level       the worker's logging level (default WARNING)
 
 Provider ``local``: the "VM" is a project local desktop server this backend starts per desktop
@@ -63,7 +65,7 @@ from ...tasks import Evaluation, Task
 from ..base import DesktopConfig, WaitsByMode, osworld_code, screenshot_of
 from ..client import DesktopClient
 from ..domains import REVERT_DOMAINS
-from ..local import ServerProcess
+from ..local import ServerProcess, sandbox_options
 from ..ready import ScreenshotReady
 from .channel import WorkerProcess
 from .options import default_cache_root, plan_desktops, resolve_python, worker_env
@@ -303,11 +305,14 @@ async def open_osworld_desktops(config: DesktopConfig, n: int) -> list[OSWorldDe
     for i, request in enumerate(requests):
         server = None
         if request["provider"] == "local":
+            sandbox, network = sandbox_options(opts)
             server = ServerProcess(
                 width=config.screen_width,
                 height=config.screen_height,
                 user=opts.get("user"),
                 template=opts.get("template"),
+                sandbox=sandbox,
+                network=network,
             )
         desktops.append(
             OSWorldDesktop(

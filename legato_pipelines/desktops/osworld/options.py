@@ -33,6 +33,8 @@ OPTION_NAMES = frozenset(
         "reset_timeout",
         "user",
         "template",
+        "sandbox",
+        "network",
         "log_level",
     }
 )
