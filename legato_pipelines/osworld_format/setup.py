@@ -234,22 +234,19 @@ async def _open(ctx: SetupContext, p: dict[str, Any]) -> None:
     await _carry_on(ctx, ctx.controller.open_file(path))
 
 
-async def _activate_window(ctx: SetupContext, p: dict[str, Any]) -> None:
-    call = ctx.controller.activate_window(
-        _required(p, "window_name", "activate_window"),
-        strict=bool(p.get("strict", False)),
-        by_class=bool(p.get("by_class", False)),
-    )
-    await _carry_on(ctx, call)
+def _window_step(step_type: str) -> Handler:
+    """``activate_window`` / ``close_window``: the controller method of the same name, with
+    OSWorld's ``window_name``, ``strict`` and ``by_class``; no match is a fact."""
 
+    async def handler(ctx: SetupContext, p: dict[str, Any]) -> None:
+        call = getattr(ctx.controller, step_type)(
+            _required(p, "window_name", step_type),
+            strict=bool(p.get("strict", False)),
+            by_class=bool(p.get("by_class", False)),
+        )
+        await _carry_on(ctx, call)
 
-async def _close_window(ctx: SetupContext, p: dict[str, Any]) -> None:
-    call = ctx.controller.close_window(
-        _required(p, "window_name", "close_window"),
-        strict=bool(p.get("strict", False)),
-        by_class=bool(p.get("by_class", False)),
-    )
-    await _carry_on(ctx, call)
+    return handler
 
 
 async def _sleep(ctx: SetupContext, p: dict[str, Any]) -> None:
@@ -298,8 +295,8 @@ HANDLERS: dict[str, Handler] = {
     "execute": _execute,
     "command": _execute,  # OSWorld: alias of execute
     "open": _open,
-    "activate_window": _activate_window,
-    "close_window": _close_window,
+    "activate_window": _window_step("activate_window"),
+    "close_window": _window_step("close_window"),
     "sleep": _sleep,
     "download": _download,
     "upload": _upload,
