@@ -106,8 +106,8 @@ async def bench_calc(width: int, height: int, n: int) -> dict:
 
 
 def probe_cost(display: str, n: int = 200) -> dict:
-    from legato_pipelines.desktops.local.ready import frame_delta
     from legato_pipelines.desktops.local.screen import Screen
+    from legato_pipelines.desktops.ready import frame_delta
 
     screen = Screen(display)
     previous = screen.frame()
@@ -180,13 +180,21 @@ async def bench(width: int, height: int, n: int) -> dict:
     return results
 
 
-def show(results: dict) -> None:
-    def fmt(s: dict, unit: str) -> str:
-        return f"{s['median']:.3g} {unit} ({s['min']:.3g}-{s['max']:.3g}, n={s['n']})"
+def fmt(s: dict, unit: str) -> str:
+    """A :func:`summary` as ``median unit (min-max, n=N)``."""
+    return f"{s['median']:.3g} {unit} ({s['min']:.3g}-{s['max']:.3g}, n={s['n']})"
 
-    table = Table(title=f"local desktop {results['screen'][0]}x{results['screen'][1]}")
+
+def results_table(title: str) -> Table:
+    """An empty two-column table: measure, median (min-max)."""
+    table = Table(title=title)
     table.add_column("measure")
     table.add_column("median (min-max)")
+    return table
+
+
+def show(results: dict) -> None:
+    table = results_table(f"local desktop {results['screen'][0]}x{results['screen'][1]}")
     table.add_row("ready probe (grab + compare)", fmt(results["probe_ms"], "ms"))
     for name, s in results["act_ms"].items():
         table.add_row(f"act {name} (HTTP round trip)", fmt(s, "ms"))
@@ -205,12 +213,18 @@ def show(results: dict) -> None:
     Console().print(table)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def screen_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments of a desktop benchmark: --width, --height (pixels), --n, --json."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--width", type=int, default=1280)
     parser.add_argument("--height", type=int, default=720)
     parser.add_argument("--n", type=int, default=10)
     parser.add_argument("--json", default=None, help="also write the numbers to this file")
+    return parser
+
+
+def main() -> None:
+    parser = screen_parser(__doc__)
     parser.add_argument(
         "--calc", action="store_true", help="also LibreOffice Calc (needs libreoffice-calc)"
     )

@@ -17,14 +17,12 @@ Numbers are medians with (min-max). Needs root (sandboxes), Xvfb, openbox, l3afp
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import time
 
-from bench_local_desktop import EDITOR, TERMINAL, summary
+from bench_local_desktop import EDITOR, TERMINAL, fmt, results_table, screen_parser, summary
 from rich.console import Console
-from rich.table import Table
 
 from legato_pipelines.actions import Action
 from legato_pipelines.desktops.base import DesktopConfig
@@ -106,12 +104,8 @@ async def bench(width: int, height: int, n: int) -> dict:
 
 
 def show(results: dict) -> None:
-    def fmt(s: dict, unit: str) -> str:
-        return f"{s['median']:.3g} {unit} ({s['min']:.3g}-{s['max']:.3g}, n={s['n']})"
-
-    table = Table(title=f"sandboxed local desktops {results['screen'][0]}x{results['screen'][1]}")
-    table.add_column("measure")
-    table.add_column("median (min-max)")
+    width, height = results["screen"]
+    table = results_table(f"sandboxed local desktops {width}x{height}")
     for name, s in results["reset_terminal_s"].items():
         kinds = ",".join(results["reset_kinds"][name])
         table.add_row(f"reset -> ready, terminal, {name} (kind {kinds})", fmt(s, "s"))
@@ -124,12 +118,7 @@ def show(results: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--width", type=int, default=1280)
-    parser.add_argument("--height", type=int, default=720)
-    parser.add_argument("--n", type=int, default=10)
-    parser.add_argument("--json", default=None, help="also write the numbers to this file")
-    args = parser.parse_args()
+    args = screen_parser(__doc__).parse_args()
     results = asyncio.run(bench(args.width, args.height, args.n))
     show(results)
     if args.json:

@@ -186,13 +186,15 @@ class SetupFailure(_Format):
 
 class Reset(_Format):
     """How the desktop was reset (``fast`` | ``revert``) and the wait after it [s];
-    ``setup_failures`` (written only when there were any): what OSWorld carried on after."""
+    ``timed_out``: the ready wait hit its cap; ``setup_failures`` (written only when there were
+    any): what OSWorld carried on after."""
 
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"setup_failures"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"timed_out", "setup_failures"})
 
     kind: str | None = None
     ready_s: Seconds | None = None
     wait_s: Seconds | None = None
+    timed_out: bool | None = None
     setup_failures: list[SetupFailure] | None = None
 
 
@@ -239,12 +241,13 @@ class ModelCall(_Format):
 class ActionRecord(_Format):
     """One executed action of a step: the structured action (as
     :meth:`legato_pipelines.actions.Action.to_record` gives it) and its act / wait / ready
-    seconds (``ready_s`` ``None`` with the fixed-wait baseline). Keys a newer writer adds
-    (e.g. a ``timed_out`` flag) are kept."""
+    seconds (``ready_s`` ``None`` with the fixed-wait baseline) and ``timed_out`` (the ready
+    wait hit its cap; absent in records written before it was recorded). Keys a newer writer
+    adds are kept."""
 
     OPTIONAL: ClassVar[frozenset[str]] = frozenset(
         {"screen", "text", "keys", "pixels", "seconds", "status", "clamped"}
-        | {"act_s", "wait_s", "ready_s"}
+        | {"act_s", "wait_s", "ready_s", "timed_out"}
     )
 
     action: str
@@ -259,6 +262,7 @@ class ActionRecord(_Format):
     act_s: Seconds | None = None
     wait_s: Seconds | None = None
     ready_s: Seconds | None = None
+    timed_out: bool | None = None
 
 
 class Step(_Format):

@@ -54,6 +54,15 @@ class Task:
 
 
 @dataclass(frozen=True, slots=True)
+class Evaluation:
+    """A task attempt's grade: ``reward`` in [0, 1] and, when the evaluator raised, its
+    reason (reward 0). What ``Desktop.evaluate`` and the OSWorld-format evaluators return."""
+
+    reward: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TaskSet:
     """The resolved tasks of one list and their id (``task_set``, 16 hex digits)."""
 
@@ -93,15 +102,11 @@ def load_tasks(source: str | Path | list, *, osworld: str | Path | None = None) 
     path: str | None = None
     if isinstance(source, (str, Path)):
         path = str(source)
-        p = Path(source)
-        if not p.is_file():
-            raise TaskListError(
-                f"tasks: file {path!r} does not exist (fix: pass --tasks PATH to a JSON task list)"
-            )
-        try:
-            data = orjson.loads(p.read_bytes())
-        except orjson.JSONDecodeError as exc:
-            raise TaskListError(f"tasks: {path!r} is not valid JSON ({exc})") from None
+        data = _read_json(
+            Path(source),
+            f"tasks: {path!r}",
+            missing=f"tasks: file {path!r} does not exist (fix: pass --tasks PATH to a JSON task list)",
+        )
     else:
         data = source
     if isinstance(data, dict):
@@ -189,14 +194,11 @@ def _resolve(index: int, entry: Any, root: Path | None) -> Task:
                 f"{where}: an OSWorld task needs --osworld DIR (an OSWorld checkout) to resolve it"
             )
         path = osworld_task_path(root, domain, task_id)
-        if not path.is_file():
-            raise TaskListError(
-                f"{where}: field 'domain': no task config at {path} (check --osworld and the domain)"
-            )
-        try:
-            config = orjson.loads(path.read_bytes())
-        except orjson.JSONDecodeError as exc:
-            raise TaskListError(f"{where}: {path} is not valid JSON ({exc})") from None
+        config = _read_json(
+            path,
+            f"{where}: {path}",
+            missing=f"{where}: field 'domain': no task config at {path} (check --osworld and the domain)",
+        )
         source = f"osworld:{path}"
     _validate_config(where, config)
     return Task(task_id=task_id, domain=domain, config=config, source=source)
@@ -254,3 +256,14 @@ def _validate_config(where: str, config: dict) -> None:
             )
     if (problem := fake_config_problem(config)) is not None:
         raise TaskListError(f"{where}: {problem}")
+
+
+def _read_json(path: Path, shown: str, *, missing: str) -> Any:
+    """The JSON in the file at ``path``; ``TaskListError(missing)`` when there is no such file,
+    ``"<shown> is not valid JSON (...)"`` when it does not parse."""
+    if not path.is_file():
+        raise TaskListError(missing)
+    try:
+        return orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise TaskListError(f"{shown} is not valid JSON ({exc})") from None

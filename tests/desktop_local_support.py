@@ -13,7 +13,7 @@ import tempfile
 
 import pytest
 
-from legato_pipelines.desktops.local.client import DesktopClient
+from legato_pipelines.desktops.client import DesktopClient
 from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV, READY_LINE
 
 needs_xvfb = pytest.mark.skipif(

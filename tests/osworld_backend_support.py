@@ -77,6 +77,8 @@ async def run_script(desktop, task, responses):
     for text in responses:
         parsed = parse_response(text, "stop", variant="qwen3vl", coords=coords)
         for action in parsed.actions:
+            if action.action == "terminate":  # as the engine: it ends the attempt, no act
+                continue
             await desktop.act(action)
             await desktop.wait_after_action(action)
         if parsed.terminal:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from legato_pipelines.desktops.local.ready import (
+from legato_pipelines.desktops.ready import (
     Delta,
     ReadyPolicy,
     frame_delta,

@@ -15,9 +15,8 @@ from legato_pipelines import DesktopConfig, PolicyConfig, collect_async, load_ta
 from legato_pipelines.desktops.local.backend import open_local_desktops
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from legato_pipelines.rollout.profile import profile
-from legato_pipelines.tasks import Task
 from tests.desktop_local_support import RunningServer, needs_xvfb
-from tests.osworld_data import OSWORLD
+from tests.desktop_sandbox_support import osworld_task
 
 pytestmark = [needs_xvfb, pytest.mark.desktop]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes need root (uid maps)")
@@ -174,12 +173,6 @@ async def test_sandbox_false_is_explicit_and_runs_on_the_host():
         env=dict(os.environ, LEGATO_DESKTOP_TOKEN="t"),
     )
     assert bad.returncode != 0 and "needs the sandbox" in bad.stderr
-
-
-def osworld_task(task_id: str) -> Task:
-    path = next(OSWORLD.glob(f"*/{task_id}*.json"))
-    config = json.loads(path.read_text())
-    return Task(task_id=config["id"], domain="os", config=config, source=str(path))
 
 
 @needs_root

@@ -72,7 +72,7 @@ async def test_crash_needs_recover():
         ({"latency": {"act": {"dist": "gamma"}}}, "latency.act"),
         ({"latency": {"click": 1}}, "latency"),
         ({"faults": {"crash": 2}}, "faults.crash"),
-        ({"colour": 1}, "unknown fake-backend option"),
+        ({"colour": 1}, "not fake-backend options"),
     ],
 )
 def test_bad_options_name_the_field(options, field):

@@ -12,9 +12,10 @@ import pytest
 
 from legato_pipelines.desktops import open_desktops
 from legato_pipelines.desktops.base import DesktopConfig
-from legato_pipelines.desktops.local.client import DesktopClient
+from legato_pipelines.desktops.client import DesktopClient
 from legato_pipelines.errors import DesktopError
 
+from .desktop_sandbox_support import osworld_task
 from .osworld_backend_support import (
     needs_desktop_apps,
     needs_vm_python,
@@ -244,4 +245,26 @@ async def test_stopping_a_worker_stuck_in_a_desktop_env_sleep_is_prompt(tmp_path
         assert await desktop.reset(task) == "revert"
         assert (await desktop.evaluate(task)).reward == 0.0
     finally:
+        await desktop.close()
+
+
+async def test_osworld_e0df059f_on_the_sandboxed_local_provider(tmp_path):
+    """OSWorld's own SetupController and evaluator on a sandboxed local desktop: the setup's
+    ``echo {CLIENT_PASSWORD} | sudo -S mkdir`` works (root inside the sandbox), doing nothing
+    scores 0 and the rename scores 1, as on the ``local`` backend."""
+    task = osworld_task("e0df059f")
+    [desktop] = await open_desktops(osworld_config(tmp_path), 1)
+    client = DesktopClient(desktop.vm_server.url, desktop.vm_server.token)
+    try:
+        health = await client.health()
+        assert health["user"] == "user" and health["sandbox"]["home"] == "/home/user"
+        await desktop.reset(task)
+        owner = await client.execute("stat -c %U ~/Desktop/todo_list_Jan_1", shell=True)
+        assert owner["output"].strip() == "root"
+        assert (await desktop.evaluate(task)).reward == 0.0
+        mv = "mv ~/Desktop/todo_list_Jan_1 ~/Desktop/todo_list_Jan_2"
+        assert (await client.execute(mv, shell=True))["returncode"] == 0
+        assert (await desktop.evaluate(task)).reward == 1.0
+    finally:
+        await client.aclose()
         await desktop.close()

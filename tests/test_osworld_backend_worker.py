@@ -18,9 +18,11 @@ import pytest
 
 from legato_pipelines.actions import Action
 from legato_pipelines.desktops.base import DesktopConfig
-from legato_pipelines.desktops.osworld import backend as ob
-from legato_pipelines.desktops.osworld.worker import DOMAIN_PROCESSES, fast_reset_script
+from legato_pipelines.desktops.domains import DOMAIN_PROCESSES, fast_reset_script
+from legato_pipelines.desktops.osworld import channel
+from legato_pipelines.desktops.osworld import options as osworld_options
 from legato_pipelines.errors import ConfigError, DesktopError
+from legato_pipelines.harness import render
 
 from .osworld_backend_support import osworld_python
 
@@ -30,8 +32,10 @@ def python() -> str:
     return osworld_python()
 
 
-async def started_worker(python: str, tmp_path, **env) -> ob.WorkerProcess:
-    worker = ob.WorkerProcess(python, env=ob.worker_env(env), cwd=str(tmp_path), name="t")
+async def started_worker(python: str, tmp_path, **env) -> channel.WorkerProcess:
+    worker = channel.WorkerProcess(
+        python, env=osworld_options.worker_env(env), cwd=str(tmp_path), name="t"
+    )
     await worker.start()
     return worker
 
@@ -43,7 +47,7 @@ async def test_plan_docker_provider_is_what_desktop_env_gets(python, tmp_path):
         screen_height=1080,
         options={"osworld_python": python, "cache_dir": str(tmp_path / "c"), "region": "x"},
     )
-    requests = ob.plan_desktops(config, 2)
+    requests = osworld_options.plan_desktops(config, 2)
     assert [r["cache_dir"] for r in requests] == [
         str(tmp_path / "c" / "desktop-0"),
         str(tmp_path / "c" / "desktop-1"),
@@ -134,7 +138,7 @@ async def test_plan_local_stands_in_for_a_clean_start_provider(python, tmp_path)
 
 
 def test_lazy_loader_imports_only_the_modules_a_task_names(python, tmp_path):
-    worker_py = str(ob.WORKER_SCRIPT)
+    worker_py = str(channel.WORKER_SCRIPT)
     probe = f"""
 import sys, time, runpy
 t0 = time.perf_counter()
@@ -195,7 +199,7 @@ def test_worker_env_is_a_pass_list(monkeypatch):
     monkeypatch.setenv("LEGATO_POLICY_KEY", "sk-secret")
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/docker.sock")
     monkeypatch.setenv("PYTHONPATH", "/somewhere")
-    env = ob.worker_env({"X": "1"})
+    env = osworld_options.worker_env({"X": "1"})
     assert "LEGATO_POLICY_KEY" not in env and "PYTHONPATH" not in env
     assert env["DOCKER_HOST"] == "unix:///run/docker.sock"
     assert env["PYTHON_DOTENV_DISABLED"] == "1" and env["X"] == "1"
@@ -203,7 +207,7 @@ def test_worker_env_is_a_pass_list(monkeypatch):
 
 def test_options_are_validated(tmp_path):
     def plan(**options):
-        return ob.plan_desktops(DesktopConfig(backend="osworld", options=options), 1)
+        return osworld_options.plan_desktops(DesktopConfig(backend="osworld", options=options), 1)
 
     with pytest.raises(ConfigError, match="urls"):
         plan(urls=["http://x"])
@@ -217,23 +221,23 @@ def test_options_are_validated(tmp_path):
     assert plan(provider="docker")[0]["fast_mode"] == "vm"
     assert plan(provider="local")[0]["fast_mode"] == "server"
     local_vm = plan(provider="local", fast_mode="vm")[0]
-    assert local_vm["baseline_dir"] == ob.LOCAL_VM_BASELINE
+    assert local_vm["baseline_dir"] == osworld_options.LOCAL_VM_BASELINE
     with pytest.raises(ConfigError, match="legato osworld install"):
-        ob.resolve_python(
+        osworld_options.resolve_python(
             DesktopConfig(backend="osworld", options={"osworld_python": str(tmp_path / "nope")})
         )
 
 
 def test_less_than_is_typed_as_osworld_fixes_it():
-    code = ob.render_code(Action(action="type", text="a<b\n<"))
+    code = render.render_osworld_code(Action(action="type", text="a<b\n<"))
     assert code.splitlines() == [
         "pyautogui.typewrite('a', interval=0.03)",
-        ob.LESS_THAN,
+        render.LESS_THAN,
         "pyautogui.typewrite('b', interval=0.03)",
         "pyautogui.press('enter')",
-        ob.LESS_THAN,
+        render.LESS_THAN,
     ]
-    assert ob.render_code(Action(action="type", text="ab")) == (
+    assert render.render_osworld_code(Action(action="type", text="ab")) == (
         "pyautogui.typewrite('ab', interval=0.03)"
     )
 
@@ -282,7 +286,7 @@ def test_worker_script_needs_no_project_dependency():
     import ast
 
     allowed = set(sys.stdlib_module_names) | {"desktop_env", "requests", "__future__"}
-    for path in (ob.WORKER_SCRIPT, ob.WORKER_SCRIPT.with_name("provider_local.py")):
+    for path in (channel.WORKER_SCRIPT, channel.WORKER_SCRIPT.with_name("provider_local.py")):
         tree = ast.parse(path.read_text())
         names = {
             (n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
@@ -315,7 +319,7 @@ async def test_a_cancelled_call_retires_the_worker(python, tmp_path):
 def test_evaluator_names_are_checked_before_setup(python, tmp_path):
     """A metric desktop-env 1.0.2 lacks, or whose module needs a package the venv lacks, is an
     ``evaluator`` error naming the fix; easyocr (-> torch) is imported only when used."""
-    worker_py = str(ob.WORKER_SCRIPT)
+    worker_py = str(channel.WORKER_SCRIPT)
     probe = f"""
 import json, runpy
 w = runpy.run_path({worker_py!r})

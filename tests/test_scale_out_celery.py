@@ -20,6 +20,7 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -183,6 +184,12 @@ def test_two_versions_collect_concurrently_on_two_workers(tmp_path, monkeypatch)
         }
         control = home(tmp_path, "control")
         control_env = {**common, "DAGSTER_HOME": str(control)}
+        # one process creates the Postgres schema before the others start: their first
+        # connections would race on CREATE TYPE / TABLE ("type runs already exists")
+        subprocess.run(
+            [script("dagster"), "instance", "migrate"],
+            env=control_env, cwd=control.parent, check=True, capture_output=True, timeout=180,
+        )  # fmt: skip
         logs = tmp_path / "logs"
         code = procs.start(
             "code-server",

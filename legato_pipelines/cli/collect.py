@@ -14,9 +14,9 @@ from rich.table import Table
 
 from ..record import FINAL_FOR_TRAINING
 from ..rollout.settings import CollectSettings
-from . import app
 from .console import console, err, fail
 from .options import settings_options
+from .root import app
 
 
 @app.command("collect")

@@ -32,8 +32,8 @@ import typer
 from rich.table import Table
 
 from ..rollout.settings import CollectSettings
-from . import app
 from .console import console, err, fail
+from .root import app
 
 _HELP = {name: field.description for name, field in CollectSettings.model_fields.items()}
 _DEFAULT = CollectSettings.default

@@ -24,9 +24,9 @@ from rich.table import Table
 from ..desktops.local.backend import ServerProcess
 from ..desktops.local.wire import DEFAULT_TOKEN_ENV
 from ..errors import LegatoError
-from . import app
 from .console import console, fail
 from .console import err as _err
+from .root import app
 
 desktop_app = typer.Typer(
     help="Local desktops on Xvfb (one server process per desktop).", no_args_is_help=True

@@ -17,8 +17,8 @@ import duckdb
 import typer
 from rich.table import Table
 
-from . import app
 from .console import console, fail
+from .root import app
 
 lake_app = typer.Typer(
     help="Query the Parquet lake through its DuckDB views (read-only).", no_args_is_help=True

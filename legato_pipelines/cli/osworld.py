@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from . import app
 from .console import console
+from .root import app
 
 osworld_app = typer.Typer(
     help="OSWorld's DesktopEnv in its own venv (the osworld backend).", no_args_is_help=True

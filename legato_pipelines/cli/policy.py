@@ -12,8 +12,8 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from . import app
 from .console import console, fail
+from .root import app
 
 
 def _why_not(report) -> str:
@@ -166,7 +166,7 @@ def scripted_policy_command(
     deterministic defaults, with synthetic token ids and logprobs, for tests, demos and wiring
     up a trainer before a model exists.
     """
-    from ..policy.config import policy_api_key
+    from ..policy.key import policy_api_key
     from ..policy.scripted import FLAVORS, Faults, Latency, ScriptedPolicyServer
 
     if flavor not in FLAVORS:

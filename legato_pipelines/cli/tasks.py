@@ -13,12 +13,12 @@ from rich.table import Table
 
 from ..errors import TaskListError
 from ..osworld_format import BackendSupport, TaskClass, classify_task, summarize
-from ..osworld_format.classify import BACKENDS
+from ..osworld_format.problems import BACKENDS
 from ..tasks import load_tasks
-from . import app
 from .console import console as _out
 from .console import err as _err
 from .console import fail
+from .root import app
 
 tasks_app = typer.Typer(
     help="Task lists: validate and classify (OSWorld format).", no_args_is_help=True

@@ -17,8 +17,8 @@ from typing import Annotated
 
 import typer
 
-from . import app
 from .console import console, fail
+from .root import app
 
 
 @app.command("view")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ..errors import ConfigError
-from .base import Backend, Desktop, DesktopConfig, Evaluation, Wait
+from .base import Backend, Desktop, DesktopConfig, Evaluation, Wait, Waits
 
-__all__ = ["Backend", "Desktop", "DesktopConfig", "Evaluation", "Wait", "open_desktops"]
+__all__ = ["Backend", "Desktop", "DesktopConfig", "Evaluation", "Wait", "Waits", "open_desktops"]
 
 
 async def open_desktops(config: DesktopConfig, n: int) -> list[Desktop]:

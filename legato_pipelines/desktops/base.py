@@ -11,19 +11,30 @@ Per attempt the engine calls::
     -> wait_before_eval() -> evaluate(task, last_action_fail=)
 
 and ``recover()`` after any :class:`~legato_pipelines.errors.DesktopError`, before the
-desktop takes new work. ``close()`` once at the end.
+desktop takes new work. ``close()`` once at the end. The agent's ``terminate`` is not an
+action on the screen: the engine never passes it to ``act``; it ends the attempt and reaches
+the desktop as ``evaluate(task, last_action_fail=)`` (True after ``terminate`` with status
+``failure``).
+
+Every wait is named in :class:`Waits` (``DesktopConfig.waits``) and reported as a
+:class:`Wait` (``wait_s``, ``ready_s``, ``timed_out``), which the engine records per action.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..actions import Action
+from ..errors import ConfigError, DesktopError
+from ..harness.render import render_osworld_code
 from ..images import Screenshot
-from ..tasks import Task
+from ..osworld_format.controller import EXECUTE_TIMEOUT_S
+from ..tasks import Evaluation, Task
 
 Backend = Literal["fake", "local", "osworld"]
 
@@ -34,18 +45,13 @@ class Wait:
 
     ``wait_s`` is the whole wait. ``ready_s`` is the ready signal's answer (seconds until the
     screen was stable), or ``None`` when a fixed wait (the OSWorld-style baseline) was used.
+    ``timed_out``: the ready signal hit its cap (:class:`Waits`) before the screen was stable;
+    ``None`` with a fixed wait.
     """
 
     wait_s: float
     ready_s: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Evaluation:
-    """A grade: ``reward`` in [0, 1] and, when the evaluator raised, its reason (reward 0)."""
-
-    reward: float
-    error: str | None = None
+    timed_out: bool | None = None
 
 
 @runtime_checkable
@@ -68,7 +74,8 @@ class Desktop(Protocol):
     async def observe(self) -> Screenshot: ...
 
     async def act(self, action: Action) -> None:
-        """Execute one structured action (never model text as code)."""
+        """Execute one structured action (never model text as code). ``wait`` sleeps
+        ``action.seconds`` (else ``Waits.wait_action_s``); ``terminate`` never comes here."""
 
     async def wait_after_action(self, action: Action) -> Wait: ...
 
@@ -84,6 +91,42 @@ class Desktop(Protocol):
     async def close(self) -> None: ...
 
 
+class Waits(BaseModel):
+    """Every wait and timeout of a desktop, in seconds, with its default in one place.
+
+    ready_after_action_s  cap of the ready signal after an action (then ``timed_out``)
+    ready_after_reset_s   cap of the ready signal after a reset and the task's setup
+    ready_before_eval_s   cap of the ready signal before grading
+    wait_action_s         a ``wait`` action without ``seconds``
+    execute_timeout_s     one command of OSWorld's ``/execute`` (a setup step's command, an
+                          action's pyautogui code): OSWorld's own ``subprocess.run`` timeout
+
+    Set them as ``DesktopConfig(waits=...)``, or by name among the desktop options
+    (``--desktop-option ready_after_action_s=8``, ``LEGATO_BACKEND_OPTIONS``, the Dagster
+    desktop resource's ``options``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ready_after_action_s: float = Field(5.0, gt=0)
+    ready_after_reset_s: float = Field(10.0, gt=0)
+    ready_before_eval_s: float = Field(5.0, gt=0)
+    wait_action_s: float = Field(1.0, ge=0)
+    execute_timeout_s: float = Field(EXECUTE_TIMEOUT_S, gt=0)
+
+    def ready_cap(self, mode: str) -> float:
+        """The cap of the ready wait of ``mode`` (``reset`` | ``action`` | ``eval``)."""
+        return {
+            "reset": self.ready_after_reset_s,
+            "action": self.ready_after_action_s,
+            "eval": self.ready_before_eval_s,
+        }[mode]
+
+    def wait_action(self, action: Action) -> float:
+        """Seconds a ``wait`` action sleeps."""
+        return action.seconds if action.seconds is not None else self.wait_action_s
+
+
 class DesktopConfig(BaseModel):
     """How desktops are made and waited on. Defaults in one place (the httpx ``Timeout`` idea).
 
@@ -94,6 +137,8 @@ class DesktopConfig(BaseModel):
       fixed_wait    seconds to sleep instead (the OSWorld-style baseline; needs ready_signal off)
       fast_reset    fast reset where the task allows it, else full restart / snapshot revert
       eval_timeout  seconds an evaluation may take before the desktop counts as failed
+      waits         the named waits and timeouts (:class:`Waits`); its fields may also be
+                    given by name in ``options``, which hands them over
       options       backend-specific options (see each backend's docs)
     """
 
@@ -106,7 +151,23 @@ class DesktopConfig(BaseModel):
     fixed_wait: float | None = Field(None, ge=0)
     fast_reset: bool = True
     eval_timeout: float = Field(120.0, gt=0)
+    waits: Waits = Field(default_factory=Waits)
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _waits_from_options(cls, data: Any) -> Any:
+        """Fields of :class:`Waits` given among ``options`` (the CLI's ``--desktop-option``,
+        the Dagster resource) move into ``waits``."""
+        if not isinstance(data, dict) or not isinstance(data.get("options"), dict):
+            return data
+        named = {k: v for k, v in data["options"].items() if k in Waits.model_fields}
+        if not named:
+            return data
+        waits = data.get("waits") or {}
+        waits = waits.model_dump() if isinstance(waits, Waits) else dict(waits)
+        options = {k: v for k, v in data["options"].items() if k not in named}
+        return {**data, "waits": {**waits, **named}, "options": options}
 
     @model_validator(mode="after")
     def _wait_mode(self) -> DesktopConfig:
@@ -121,23 +182,63 @@ class DesktopConfig(BaseModel):
         return (self.screen_width, self.screen_height)
 
 
+def check_options(config: DesktopConfig, allowed: frozenset[str], backend: str) -> None:
+    """Raise ``ConfigError`` naming the options of ``config`` that ``backend`` does not know."""
+    unknown = set(config.options) - allowed
+    if unknown:
+        raise ConfigError(
+            f"desktop options {sorted(unknown)} are not {backend}-backend options; allowed: {sorted(allowed)}"
+        )
+
+
+def screenshot_of(png: bytes, name: str, kind: str = "observe") -> Screenshot:
+    """The :class:`Screenshot` of a server's PNG; ``DesktopError(kind)`` when it is not one."""
+    try:
+        return Screenshot(png)
+    except ValueError:
+        raise DesktopError(
+            f"{name}: the desktop sent a screenshot that is not a PNG", kind=kind
+        ) from None
+
+
+def osworld_code(action: Action, name: str) -> str:
+    """The pyautogui code OSWorld's ``DesktopEnv.step`` runs for ``action``
+    (:func:`~legato_pipelines.harness.render.render_osworld_code`); ``DesktopError(kind="act")``
+    naming desktop ``name`` when the action cannot be rendered."""
+    try:
+        return render_osworld_code(action)
+    except ValueError as exc:
+        raise DesktopError(f"{name}: cannot render {action.action}: {exc}", kind="act") from None
+
+
 class WaitsByMode:
-    """The protocol's three waits over one ``_wait(mode)`` (``"reset"`` | ``"action"`` |
-    ``"eval"``), for backends whose waiting differs only by mode. ``terminate`` and ``wait``
-    actions change nothing on screen, so they get no screen wait (``ready_s`` 0 with the ready
-    signal on, ``None`` with the fixed-wait baseline)."""
+    """The protocol's three waits over one ready wait per mode (``"reset"`` | ``"action"`` |
+    ``"eval"``), for backends whose waiting differs only by mode: the fixed-wait baseline
+    sleeps ``fixed_wait``; else :meth:`_ready` waits for a stable screen, capped by
+    ``config.waits``. A ``wait`` action changes nothing on screen, so it gets no screen wait
+    (``ready_s`` 0 with the ready signal on, ``None`` with the fixed-wait baseline)."""
 
     config: DesktopConfig
 
-    async def _wait(self, mode: str) -> Wait:
+    async def _ready(self, mode: str, cap_s: float) -> tuple[float, bool]:
+        """Wait until the screen is stable, at most ``cap_s`` seconds; ``(ready_s, timed_out)``."""
         raise NotImplementedError
+
+    async def _wait(self, mode: str) -> Wait:
+        t0 = time.perf_counter()
+        if not self.config.ready_signal:
+            await asyncio.sleep(self.config.fixed_wait or 0.0)
+            return Wait(time.perf_counter() - t0, None)
+        ready_s, timed_out = await self._ready(mode, self.config.waits.ready_cap(mode))
+        return Wait(time.perf_counter() - t0, ready_s, timed_out)
 
     async def wait_after_reset(self) -> Wait:
         return await self._wait("reset")
 
     async def wait_after_action(self, action: Action) -> Wait:
-        if action.action in ("terminate", "wait"):
-            return Wait(0.0, 0.0 if self.config.ready_signal else None)
+        if action.action == "wait":
+            ready = self.config.ready_signal
+            return Wait(0.0, 0.0 if ready else None, False if ready else None)
         return await self._wait("action")
 
     async def wait_before_eval(self) -> Wait:

@@ -34,11 +34,13 @@ from typing import Any
 from ..actions import Action
 from ..errors import ConfigError, DesktopError
 from ..images import Screenshot
-from ..tasks import Task
-from .base import DesktopConfig, Evaluation, Wait
+from ..tasks import Evaluation, Task
+from .base import DesktopConfig, Wait, check_options
 
 PHASES = ("reset", "act", "observe", "evaluate")
 FAULTS = ("reset_failure", "act_failure", "crash", "hung_evaluator")
+
+OPTION_NAMES = frozenset({"latency", "faults", "frames", "seed", "unique"})
 
 
 class Latency:
@@ -130,12 +132,8 @@ class FakeDesktop:
     the per-attempt seed, and fails on purpose at the configured rates (see module docs)."""
 
     def __init__(self, config: DesktopConfig, index: int = 0):
+        check_options(config, OPTION_NAMES, "fake")
         opts = dict(config.options)
-        unknown = set(opts) - {"latency", "faults", "frames", "seed", "unique"}
-        if unknown:
-            raise ConfigError(
-                f"desktop.options: unknown fake-backend option(s) {sorted(unknown)} (latency, faults, frames, seed, unique)"
-            )
         latency = opts.get("latency") or {}
         if not isinstance(latency, dict) or set(latency) - set(PHASES):
             raise ConfigError(f"desktop.options.latency: a mapping with keys among {PHASES}")
@@ -192,7 +190,8 @@ class FakeDesktop:
         if self.config.fixed_wait:
             await asyncio.sleep(self.config.fixed_wait)
             return Wait(self.config.fixed_wait, None)
-        return Wait(0.0, 0.0 if self.config.ready_signal else None)
+        ready = self.config.ready_signal
+        return Wait(0.0, 0.0 if ready else None, False if ready else None)
 
     async def wait_after_reset(self) -> Wait:
         return await self._wait()

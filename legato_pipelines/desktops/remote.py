@@ -39,15 +39,13 @@ from urllib.parse import urlsplit
 from ..errors import ConfigError, DesktopError
 from ..tasks import Task
 from .base import Desktop, DesktopConfig
-from .local.backend import LocalDesktop, open_local_desktops
-from .local.client import DesktopClient
-from .local.wire import DEFAULT_TOKEN_ENV
+from .client import DesktopClient
+from .local import DEFAULT_TOKEN_ENV, LocalDesktop, open_local_desktops
 from .reconnect import reconnect
 from .vmserver import attach_vm_server
 
 log = logging.getLogger("legato_pipelines.desktops.remote")
 
-POOL_OPTIONS = frozenset({"urls", "token_env", "local", "reconnect_s"})
 HEALTH_TIMEOUT_S = 5.0
 DEFAULT_RECONNECT_S = 20.0
 

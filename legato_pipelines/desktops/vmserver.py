@@ -13,8 +13,8 @@ server, and the URL becomes a :class:`VMServerDesktop`. Per attempt::
     observe            GET /screenshot -> Screenshot
     act(action)        POST /execute ["python", "-c", "import pyautogui; import time;
                        pyautogui.FAILSAFE = False; <code>"], as OSWorld's DesktopEnv.step runs
-                       it; <code> is render_code(action) (escaped pyautogui from the structured
-                       action, never model text); ``wait`` sleeps, ``terminate`` runs nothing
+                       it; <code> is render_osworld_code(action) (escaped pyautogui from the structured
+                       action, never model text); ``wait`` sleeps
     wait_after_action  poll GET /screenshot until stable   (or sleep fixed_wait)
     wait_before_eval   poll GET /screenshot until stable   (or sleep fixed_wait)
     evaluate(task)     postconfig + getters + metrics over the base API (osworld_format.evaluate_task)
@@ -32,21 +32,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-import tempfile
 import time
 
 from ..actions import Action
 from ..errors import DesktopError
 from ..images import Screenshot
-from ..tasks import Task
-from .base import DesktopConfig, Evaluation, Wait, WaitsByMode
-from .local.apps import TEXT_EDITORS
-from .local.client import DesktopClient
-from .osworld.backend import REVERT_DOMAINS, png_size, render_code
-from .osworld.worker import DOMAIN_PROCESSES, baseline_script, fast_reset_script
+from ..osworld_format import needs_full_reset
+from ..tasks import Evaluation, Task
+from .base import DesktopConfig, WaitsByMode, osworld_code, screenshot_of
+from .client import DesktopClient
+from .domains import REVERT_DOMAINS, baseline_script, domain_processes, fast_reset_script
+from .ready import ScreenshotReady
 from .reconnect import reconnect
-from .screenshot_ready import ScreenshotReady
+from .server_tasks import ServerTasks
 
 log = logging.getLogger("legato_pipelines.desktops.vmserver")
 
@@ -55,22 +53,12 @@ PYAUTOGUI_PREFIX = "import pyautogui; import time; pyautogui.FAILSAFE = False; "
 #: Where the clean HOME is kept on the desktop: its TMPDIR when set (a local desktop server
 #: gives each desktop its own), else /var/tmp (a VM). Expanded by the desktop's shell.
 BASELINE_DIR = "${TMPDIR:-/var/tmp}/legato-home-baseline"
-#: Apps of the project's local suite (examples/tasks/local) besides OSWorld's domains
-#: (docs/osworld.md §6).
-LOCAL_SUITE_PROCESSES = {"terminal": ("xterm",), "text_editor": TEXT_EDITORS}
 PROBE_TIMEOUT_S = 5.0
 RESET_SCRIPT_TIMEOUT_S = 60.0
-DEFAULT_WAIT_ACTION_S = 1.0
 REVERT_MESSAGE = (
     "this desktop is an OSWorld VM server attached by URL; snapshot revert needs the "
     "osworld backend (which owns the VM)"
 )
-
-
-def domain_processes(domain: str) -> tuple[str, ...]:
-    """Process names (``comm``) a fast reset kills for a task of ``domain`` (docs/osworld.md §6,
-    plus the local suite's apps); ``()`` for a domain without apps of its own."""
-    return tuple(DOMAIN_PROCESSES.get(domain) or LOCAL_SUITE_PROCESSES.get(domain, ()))
 
 
 def execute_argv(code: str) -> list[str]:
@@ -78,7 +66,7 @@ def execute_argv(code: str) -> list[str]:
     return ["python", "-c", PYAUTOGUI_PREFIX + code]
 
 
-class VMServerDesktop(WaitsByMode):
+class VMServerDesktop(ServerTasks, WaitsByMode):
     """One desktop behind a plain OSWorld in-VM server at ``client.url`` (implements
     :class:`~legato_pipelines.desktops.base.Desktop`). Make it with :func:`attach_vm_server`.
 
@@ -94,20 +82,11 @@ class VMServerDesktop(WaitsByMode):
         *,
         reconnect_s: float,
     ):
-        self.name = name
-        self.client = client
-        self.config = config
-        self.screen_size = screen_size
+        super().__init__(name, client, config, screen_size)
         self.reconnect_s = reconnect_s
         self.last_reset: dict[str, float] | None = None
-        self._ready = ScreenshotReady(self._fetch_png)
-        self._last_action_fail = False
+        self._ready_signal = ScreenshotReady(self.client.screenshot)
         self._last_domain: str | None = None  # the previous task's apps are killed as well
-        self._work_dir: str | None = None
-        self._cache_dir = config.options.get("cache_dir")
-
-    def __repr__(self) -> str:
-        return f"VMServerDesktop({self.name!r}, {self.client.url!r})"
 
     # -- attach ------------------------------------------------------------------------------------
 
@@ -125,7 +104,7 @@ class VMServerDesktop(WaitsByMode):
                 f"{(out.get('output') or '')[-200:]}{(out.get('error') or '')[-200:]}".strip(),
                 kind="vm",
             )
-        await self._ready.capture_blank()
+        await self._ready_signal.capture_blank()
 
     # -- Desktop protocol ----------------------------------------------------------------------
 
@@ -136,8 +115,6 @@ class VMServerDesktop(WaitsByMode):
         answer, ``vm`` when the task needs a snapshot revert (see the module docs) or the
         fast reset failed (an app survived, no baseline), ``setup`` from the task's setup.
         """
-        from ..osworld_format import needs_full_reset, run_setup
-
         if not self.config.fast_reset or task.domain in REVERT_DOMAINS or needs_full_reset(task):
             why = (
                 "fast_reset is off"
@@ -167,27 +144,14 @@ class VMServerDesktop(WaitsByMode):
             )
         clean_s = time.perf_counter() - t0
         self._last_domain = task.domain
-        self._last_action_fail = False
-        self._new_work_dir()
-        self._ready.prepare(task)
-        self.setup_failures = await run_setup(
-            task,
-            self.client,
-            cache_dir=self._cache_dir,
-            work_dir=self._work_dir,
-            screen_size=self.screen_size,
-        )
+        self._ready_signal.prepare(task)
+        await self._run_task_setup(task)
         self.last_reset = {"clean_s": clean_s, "reset_s": time.perf_counter() - t0}
         return "fast"
 
     async def observe(self) -> Screenshot:
         """``GET /screenshot``; raises ``DesktopError(kind="observe")`` for a non-PNG answer."""
-        png = await self.client.screenshot()
-        try:
-            width, height = png_size(png)
-        except DesktopError as exc:
-            raise DesktopError(f"{self.name}: {exc}", kind="observe") from None
-        return Screenshot(png, width, height)
+        return screenshot_of(await self.client.screenshot(), self.name)
 
     async def act(self, action: Action) -> None:
         """One action as OSWorld's DesktopEnv.step runs it (see the module docs).
@@ -195,22 +159,13 @@ class VMServerDesktop(WaitsByMode):
         Raises ``DesktopError(kind="act")`` when the action cannot be rendered or its code
         failed on the desktop (e.g. no ``python`` with pyautogui there).
         """
-        if action.action == "terminate":
-            self._last_action_fail = action.status == "failure"
-            return
-        self._last_action_fail = False
         if action.action == "wait":
-            await asyncio.sleep(
-                action.seconds if action.seconds is not None else DEFAULT_WAIT_ACTION_S
-            )
+            await asyncio.sleep(self.config.waits.wait_action(action))
             return
-        try:
-            code = render_code(action)
-        except ValueError as exc:
-            raise DesktopError(
-                f"{self.name}: cannot render {action.action}: {exc}", kind="act"
-            ) from None
-        out = await self.client.execute(execute_argv(code))
+        code = osworld_code(action, self.name)
+        out = await self.client.execute(
+            execute_argv(code), timeout=self.config.waits.execute_timeout_s
+        )
         if out.get("returncode") != 0:
             raise DesktopError(
                 f"{self.name}: the action's pyautogui code failed on the desktop "
@@ -224,20 +179,7 @@ class VMServerDesktop(WaitsByMode):
         ``last_action_fail``: the agent's last action was FAIL (OSWorld ``infeasible``).
         Raises ``DesktopError(kind="evaluator")`` when the evaluation hangs.
         """
-        from ..osworld_format import evaluate_task_within
-
-        fail = last_action_fail or self._last_action_fail
-        self._last_action_fail = False
-        return await evaluate_task_within(
-            task,
-            self.client,
-            timeout=self.config.eval_timeout,
-            desktop=self.name,
-            last_action_fail=fail,
-            cache_dir=self._cache_dir,
-            work_dir=self._work_dir,
-            screen_size=self.screen_size,
-        )
+        return await self._grade(task, last_action_fail)
 
     async def recover(self) -> None:
         """Wait up to ``reconnect_s`` seconds for the server to answer (the next reset cleans
@@ -258,25 +200,9 @@ class VMServerDesktop(WaitsByMode):
                 f"{self.name}: VM server does not answer {when}: {exc or 'timeout'}", kind="crash"
             ) from None
 
-    async def _fetch_png(self) -> bytes:
-        return await self.client.screenshot()
-
-    async def _wait(self, mode: str) -> Wait:
-        t0 = time.perf_counter()
-        if not self.config.ready_signal:
-            await asyncio.sleep(self.config.fixed_wait or 0.0)
-            return Wait(time.perf_counter() - t0, None)
-        result = await self._ready.wait(mode)
-        return Wait(time.perf_counter() - t0, result.ready_s)
-
-    def _new_work_dir(self) -> None:
-        self._drop_work_dir()
-        self._work_dir = tempfile.mkdtemp(prefix=f"legato-{self.name.replace(':', '-')}-work-")
-
-    def _drop_work_dir(self) -> None:
-        if self._work_dir is not None:
-            shutil.rmtree(self._work_dir, ignore_errors=True)
-            self._work_dir = None
+    async def _ready(self, mode: str, cap_s: float) -> tuple[float, bool]:
+        result = await self._ready_signal.wait(mode, timeout_s=cap_s)
+        return result.ready_s, result.timed_out
 
 
 async def attach_vm_server(

@@ -18,7 +18,7 @@ hysteresis policies), ``parse`` (responses -> :class:`~legato_pipelines.actions.
 from .episode import Episode, Harness
 from .history import HistoryPolicy, HysteresisPolicy, WindowPolicy
 from .parse import CoordinateMap, ParsedResponse, parse_response
-from .render import render_pyautogui
+from .render import render_osworld_code, render_pyautogui
 from .resize import smart_resize
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "ParsedResponse",
     "WindowPolicy",
     "parse_response",
+    "render_osworld_code",
     "render_pyautogui",
     "smart_resize",
 ]

@@ -23,10 +23,13 @@ terminate           ``"DONE"``; ``"FAIL"`` for ``status: failure`` unless ``oswo
 ==================  ==========================================================
 
 Multi-statement code (``type`` with newlines) is joined with newlines: OSWorld runs it with
-``python -c`` after its ``import pyautogui; ...`` prefix.
+``python -c`` after its ``import pyautogui; ...`` prefix. :func:`render_osworld_code` is what
+the desktops that run actions as OSWorld's ``DesktopEnv.step`` does send (with its ``<`` fix).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from ..actions import Action
 
@@ -122,3 +125,28 @@ def _int(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"expected an int coordinate or amount, got {value!r}")
     return int(value)
+
+
+#: How OSWorld types ``<`` (its ``_fix_pyautogui_less_than_bug``): pyautogui's X11 backend
+#: types ``>`` for ``<`` (pyautogui issue 198).
+LESS_THAN = 'pyautogui.hotkey("shift", ",")'
+
+
+def render_osworld_code(action: Action) -> str:
+    """pyautogui code for ``action``: :func:`render_pyautogui`, with OSWorld's ``<`` fix.
+
+    ``DesktopEnv.step`` rewrites ``<`` only inside ``typewrite('...')`` without arguments;
+    the harness renders ``typewrite('...', interval=0.03)`` (newer OSWorld Qwen agents), which
+    the rewrite misses, so ``<`` would arrive as ``>``. The same fix is applied here on the
+    structured action: the text is split at ``<`` and each ``<`` typed as shift+comma.
+    """
+    if action.action == "type" and action.text and "<" in action.text:
+        parts = action.text.split("<")
+        code = []
+        for i, part in enumerate(parts):
+            if part:
+                code.append(render_pyautogui(replace(action, text=part)))
+            if i < len(parts) - 1:
+                code.append(LESS_THAN)
+        return "\n".join(code)
+    return render_pyautogui(action)

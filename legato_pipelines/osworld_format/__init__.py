@@ -1,7 +1,7 @@
 """OSWorld's task format on any desktop: setup steps, evaluators (getters + metrics), classification.
 
 The task runtime every backend shares. It drives a desktop only through the
-:class:`~legato_pipelines.desktops.controller.DesktopController` protocol (the OSWorld server's
+:class:`~legato_pipelines.osworld_format.controller.DesktopController` protocol (the OSWorld server's
 base API), so the local backend, the osworld backend's test provider and unit tests with a
 directory-backed controller all run the same code::
 
@@ -20,13 +20,12 @@ from .classify import (
     TaskTotals,
     classify_task,
     needs_full_reset,
-    preflight,
     summarize,
-    task_problems,
 )
 from .evaluate import evaluate_task, evaluate_task_within, evaluator_unsupported
 from .getters import GETTERS
 from .metrics import METRICS
+from .problems import preflight, task_problems
 from .setup import SUPPORTED_STEP_TYPES, run_setup
 from .unsupported import UnsupportedStep
 

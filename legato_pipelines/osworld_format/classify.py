@@ -5,8 +5,8 @@ Nothing here touches a desktop. :func:`classify_task` reads the task's setup ste
 it needs the internet (and which URLs), whether it changes state outside ``/home/user`` (so a
 fast reset cannot undo it: docs/osworld.md §6), whether its evaluator runs locally, and which
 backends (``local`` / ``osworld`` / ``fake``) can run it. ``legato tasks check`` prints it.
-:func:`preflight` lists, per backend, the problems that make tasks unrunnable there (a task
-with such problems is not in its class's ``backends``); the engine calls it before any desktop.
+:func:`~.problems.preflight` lists, per backend, the problems that make tasks unrunnable there
+(a task with such problems is not in its class's ``backends``, :mod:`.problems`).
 
 The outside-HOME verdict is the union of the explicit task list of docs/osworld.md §6 and command
 heuristics (``sudo``, ``apt``/``dpkg``, system ``pip install``, ``/tmp``, ``gsettings``/``dconf``,
@@ -16,25 +16,19 @@ and evaluator commands (an evaluator reading ``gsettings`` means the agent is to
 
 from __future__ import annotations
 
-import difflib
-import inspect
 import re
 import shlex
 from collections import Counter
-from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..tasks import Task, fake_config_problem
+from ..tasks import Task
 from .evaluate import evaluator_parts, evaluator_unsupported
-from .getters import GETTERS
-from .metrics import METRICS
+from .problems import BACKENDS, BackendName, evaluator_problems, task_problems
 from .setup import SUPPORTED_STEP_TYPES
 from .sources import find_source, is_internet_url
-
-BackendName = Literal["local", "osworld", "fake"]
 
 # OSWorld's SetupController step types (``_<type>_setup`` methods).
 OSWORLD_STEP_TYPES = frozenset(
@@ -259,17 +253,17 @@ def _steps_commands(steps: list[dict]) -> list[str]:
     return out
 
 
-def _evaluator_commands(evaluator: dict) -> list[str]:
-    out = []
+def _evaluator_getters(evaluator: dict) -> list[dict]:
+    """The evaluator's ``result`` and ``expected`` getters (none when it is malformed)."""
     try:
         parts = evaluator_parts(evaluator) if evaluator.get("func") else []
     except ValueError:
         parts = []
-    for _, result, expected, _ in parts:
-        for getter in (result, expected):
-            if getter and "command" in getter:
-                out.append(_command_text(getter["command"]))
-    return out
+    return [getter for _, result, expected, _ in parts for getter in (result, expected) if getter]
+
+
+def _evaluator_commands(evaluator: dict) -> list[str]:
+    return [_command_text(g["command"]) for g in _evaluator_getters(evaluator) if "command" in g]
 
 
 def classify_task(task: Task, *, backend_support: BackendSupport | None = None) -> TaskClass:
@@ -303,26 +297,22 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
             urls.extend(params.get("urls_to_open", []))
         elif step.get("type") in ("googledrive", "login"):
             reasons.append(f"{step['type']} (Google account)")
-    try:
-        parts = evaluator_parts(evaluator) if evaluator.get("func") else []
-    except ValueError:
-        parts = []
-    for _, result, expected, _ in parts:
-        for getter in (result, expected):
-            if getter and getter.get("type") == "cloud_file":
-                paths = getter["path"] if getter.get("multi") else [getter.get("path")]
-                dests = getter["dest"] if getter.get("multi") else [getter.get("dest")]
-                for url, dest in zip(paths, dests, strict=False):
-                    if (
-                        url
-                        and is_internet_url(url)
-                        and not find_source(
-                            url, dest=dest, cache_dir=support.cache_dir, task_id=task.task_id
-                        )
-                    ):
-                        urls.append(url)
-            elif getter and getter.get("type") == "googledrive_file":
-                reasons.append("googledrive_file getter (Google account)")
+    getters = _evaluator_getters(evaluator)
+    for getter in getters:
+        if getter.get("type") == "cloud_file":
+            paths = getter["path"] if getter.get("multi") else [getter.get("path")]
+            dests = getter["dest"] if getter.get("multi") else [getter.get("dest")]
+            for url, dest in zip(paths, dests, strict=False):
+                if (
+                    url
+                    and is_internet_url(url)
+                    and not find_source(
+                        url, dest=dest, cache_dir=support.cache_dir, task_id=task.task_id
+                    )
+                ):
+                    urls.append(url)
+        elif getter.get("type") == "googledrive_file":
+            reasons.append("googledrive_file getter (Google account)")
     launched = {
         _command_text(s.get("parameters", {}).get("command"))
         for s in all_steps
@@ -368,7 +358,7 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     for text in commands:
         outside.extend(reason for reason, pattern in OUTSIDE_HOME_PATTERNS if pattern.search(text))
     if any(s.get("type") == "googledrive" for s in all_steps) or any(
-        g and g.get("type") == "googledrive_file" for _, r, e, _ in parts for g in (r, e)
+        g.get("type") == "googledrive_file" for g in getters
     ):
         outside.append("remote state (Google Drive)")
     outside = _unique(outside)
@@ -376,7 +366,7 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     # Evaluator.
     funcs = evaluator.get("func")
     funcs = _unique(funcs if isinstance(funcs, list) else [funcs])
-    getter_types = _unique(g.get("type") for _, r, e, _ in parts for g in (r, e) if g)
+    getter_types = _unique(g.get("type") for g in getters)
     unsupported_eval = evaluator_unsupported(evaluator)
 
     # Backends.
@@ -392,7 +382,7 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     local_blockers += [f"evaluator: {part}" for part in unsupported_eval]
     problems = {name: task_problems(task, name, cache_dir=support.cache_dir) for name in BACKENDS}
     # structure only (no result, mismatched lists): the local runtime cannot grade it either
-    evaluator_broken = _evaluator_problems(task, "osworld", support.cache_dir)
+    evaluator_broken = evaluator_problems(task, "osworld", support.cache_dir)
     backends: list[BackendName] = []
     if not local_blockers and not problems["local"]:
         backends.append("local")
@@ -451,282 +441,3 @@ def summarize(classes: list[TaskClass], *, top: int = 10) -> TaskTotals:
         top_unsupported_evaluator_parts=dict(unsupported.most_common(top)),
         top_local_blockers=dict(blockers.most_common(top)),
     )
-
-
-# --- preflight: what makes a task unrunnable on a backend, before any desktop starts ---
-
-BACKENDS: tuple[BackendName, ...] = ("local", "osworld", "fake")
-
-# Parameters a setup step cannot run without (this runtime's handlers, as OSWorld's
-# SetupController ``_<type>_setup`` signatures).
-REQUIRED_STEP_PARAMETERS: dict[str, tuple[str, ...]] = {
-    "launch": ("command",),
-    "execute": ("command",),
-    "command": ("command",),
-    "open": ("path",),
-    "activate_window": ("window_name",),
-    "close_window": ("window_name",),
-    "download": ("files",),
-    "upload": ("files",),
-    "upload_file": ("files",),
-}
-# Keys a getter config cannot work without (see :mod:`.getters`).
-REQUIRED_GETTER_KEYS: dict[str, tuple[str, ...]] = {
-    "vm_file": ("path", "dest"),
-    "vm_command_line": ("command",),
-    "rule": ("rules",),
-    "cache_file": ("path",),
-    "cloud_file": ("path", "dest"),
-}
-
-
-def _did_you_mean(name: Any, known: Iterable[str]) -> str:
-    """`` (did you mean X?)`` for a close spelling (difflib ratio >= 0.75), else ``""``."""
-    close = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.75)
-    return f" (did you mean {close[0]}?)" if close else ""
-
-
-def _missing_parameter(where: str, params: dict, name: str, what: str) -> str:
-    """The problem text for a missing required key, naming a present key that looks misspelled."""
-    close = difflib.get_close_matches(name, [str(k) for k in params], n=1, cutoff=0.6)
-    found = f"; found {close[0]!r}: a misspelling of {name!r}?" if close else ""
-    fix = f"rename {close[0]!r} to {name!r}" if close else f"add {name!r}"
-    return f"field '{where}.{name}': {what} needs parameter {name!r}, it is missing{found} (fix: {fix})"
-
-
-def _metric_needs_expected(name: str, options: dict) -> str | None:
-    """The name of the metric's second positional parameter when it has no default and
-    ``options`` does not supply it (OSWorld calls ``metric(result, expected, **options)``,
-    or ``metric(result, **options)`` without an ``expected``), else ``None``."""
-    try:
-        params = list(inspect.signature(METRICS[name]).parameters.values())
-    except (KeyError, TypeError, ValueError):
-        return None
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(positional) < 2 or positional[1].default is not inspect.Parameter.empty:
-        return None
-    return None if positional[1].name in options else positional[1].name
-
-
-def _step_problems(
-    steps: Any, field: str, task: Task, backend: str, cache_dir: Path | None
-) -> list[str]:
-    """Problems of setup/postconfig ``steps`` (``field`` names the list, e.g. ``config.config``)."""
-    if not isinstance(steps, list):
-        return [f"field '{field}' must be a list of setup steps (fix: wrap the steps in [...])"]
-    problems: list[str] = []
-    for i, step in enumerate(steps):
-        where = f"{field}[{i}]"
-        if not isinstance(step, dict) or not isinstance(step.get("type"), str):
-            problems.append(f"field '{where}.type' must be a setup step type (a string)")
-            continue
-        step_type, params = step["type"], step.get("parameters") or {}
-        if not isinstance(params, dict):
-            problems.append(f"field '{where}.parameters' must be an object")
-            continue
-        if backend != "local":
-            continue
-        if step_type not in SUPPORTED_STEP_TYPES:
-            problems.append(
-                f"field '{where}.type': step type {step_type!r} is not supported by the local "
-                f"runtime{_did_you_mean(step_type, SUPPORTED_STEP_TYPES)} (supported: "
-                f"{', '.join(sorted(SUPPORTED_STEP_TYPES))}; fix: correct the type or run the "
-                "task on the osworld backend)"
-            )
-            continue
-        for name in REQUIRED_STEP_PARAMETERS.get(step_type, ()):
-            if params.get(name) in (None, "", []):
-                problems.append(
-                    _missing_parameter(f"{where}.parameters", params, name, f"a {step_type} step")
-                )
-        if step_type == "sleep" and "seconds" in params:
-            seconds = params["seconds"]
-            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
-                problems.append(
-                    f"field '{where}.parameters.seconds' must be a number >= 0, got {seconds!r}"
-                )
-        files = params.get("files")
-        if step_type in ("download", "upload", "upload_file") and isinstance(files, list):
-            for j, file in enumerate(files):
-                fwhere = f"{where}.parameters.files[{j}]"
-                if not isinstance(file, dict):
-                    problems.append(f"field '{fwhere}' must be an object")
-                    continue
-                if step_type == "download":
-                    problems += _download_problems(fwhere, file, task, cache_dir)
-                elif not file.get("path"):
-                    problems.append(
-                        _missing_parameter(fwhere, file, "path", f"an {step_type} file")
-                    )
-                elif "content" not in file and not file.get("local_path"):
-                    problems.append(
-                        f"field '{fwhere}': an {step_type} file needs 'local_path' or 'content' "
-                        "(fix: add one of them)"
-                    )
-    return problems
-
-
-def _download_problems(fwhere: str, file: dict, task: Task, cache_dir: Path | None) -> list[str]:
-    problems = [
-        _missing_parameter(fwhere, file, name, "a download file")
-        for name in ("url", "path")
-        if not file.get(name)
-    ]
-    url = file.get("url")
-    if url and not find_source(
-        str(url), dest=file.get("path"), cache_dir=cache_dir, task_id=task.task_id
-    ):
-        problems.append(_source_problem(f"{fwhere}.url", str(url), cache_dir))
-    return problems
-
-
-def _source_problem(field: str, url: str, cache_dir: Path | None) -> str:
-    if not is_internet_url(url):
-        return f"field '{field}': {url} does not exist (fix: create the file or correct the URL)"
-    where = f"not in the file cache {cache_dir}" if cache_dir else "no file cache given"
-    return (
-        f"field '{field}': {url} needs the internet ({where}; local desktops never download; "
-        "fix: put the file in the cache directory (--cache-dir) or run the task on the osworld backend)"
-    )
-
-
-def _evaluator_problems(task: Task, backend: str, cache_dir: Path | None) -> list[str]:
-    """Problems of the task's evaluator for ``local`` (everything) or ``osworld`` (structure)."""
-    evaluator = task.config.get("evaluator")
-    if not evaluator:
-        return [
-            "field 'config.evaluator' is missing: the task cannot be graded (fix: add an "
-            'evaluator {"func", "result", "expected"} in OSWorld\'s format, or run it on the fake backend)'
-        ]
-    if not isinstance(evaluator, dict):
-        return ['field \'config.evaluator\' must be an object (fix: {"func": ..., "result": ...})']
-    func = evaluator.get("func")
-    if not (
-        isinstance(func, str)
-        or (isinstance(func, list) and func and all(isinstance(f, str) for f in func))
-    ):
-        return [
-            "field 'config.evaluator.func' must be a metric name or a list of them (fix: add it)"
-        ]
-    problems = _step_problems(
-        evaluator.get("postconfig") or [], "config.evaluator.postconfig", task, backend, cache_dir
-    )
-    if func == "infeasible":
-        return problems
-    try:
-        parts = evaluator_parts(evaluator)
-    except ValueError as exc:
-        return [*problems, f"field 'config.evaluator': {str(exc).removeprefix('evaluator: ')}"]
-    listed = isinstance(func, list)
-    for i, (name, result, expected, options) in enumerate(parts):
-        at = f"[{i}]" if listed else ""
-        if result is None:
-            problems.append(
-                f"field 'config.evaluator.result{at}' is missing: metric {name!r} needs a result "
-                'getter (fix: add e.g. {"type": "vm_file", "path": ..., "dest": ...})'
-            )
-        if backend != "local":
-            continue
-        if name not in METRICS:
-            problems.append(
-                f"field 'config.evaluator.func{at}': metric {name!r} is unknown or not supported "
-                f"locally{_did_you_mean(name, METRICS)} (fix: correct the name or run the task on "
-                "the osworld backend)"
-            )
-        elif expected is None and (param := _metric_needs_expected(name, options)):
-            problems.append(
-                f"field 'config.evaluator.expected{at}' is missing: metric {name!r} needs its "
-                f'{param!r} argument (fix: add an expected getter, e.g. {{"type": "rule", "rules": ...}})'
-            )
-        for side, getter in (("result", result), ("expected", expected)):
-            if getter is None:
-                continue
-            gwhere = f"config.evaluator.{side}{at}"
-            if not isinstance(getter, dict):
-                problems.append(f"field '{gwhere}' must be a getter object {{\"type\": ...}}")
-                continue
-            kind = getter.get("type")
-            if kind not in GETTERS:
-                problems.append(
-                    f"field '{gwhere}.type': getter {kind!r} is unknown or not supported locally"
-                    f"{_did_you_mean(kind, GETTERS)} (supported: {', '.join(sorted(GETTERS))}; "
-                    "fix: correct the type or run the task on the osworld backend)"
-                )
-                continue
-            problems += [
-                _missing_parameter(gwhere, getter, key, f"a {kind} getter")
-                for key in REQUIRED_GETTER_KEYS.get(kind, ())
-                if getter.get(key) in (None, "", [])
-            ]
-            if kind == "cloud_file" and getter.get("path") and getter.get("dest"):
-                multi = bool(getter.get("multi"))
-                urls = getter["path"] if multi else [getter["path"]]
-                dests = getter["dest"] if multi else [getter["dest"]]
-                for url, dest in zip(urls, dests, strict=False):
-                    if not find_source(
-                        str(url), dest=dest, cache_dir=cache_dir, task_id=task.task_id
-                    ):
-                        problems.append(_source_problem(f"{gwhere}.path", str(url), cache_dir))
-    if backend == "local":
-        if listed and evaluator.get("conj", "and") not in ("and", "or"):
-            problems.append(
-                f"field 'config.evaluator.conj' must be 'and' or 'or', got {evaluator['conj']!r}"
-            )
-        problems += [
-            f"field 'config.evaluator.options': {part} is not supported locally "
-            "(fix: run the task on the osworld backend)"
-            for part in evaluator_unsupported(evaluator)
-            if part.startswith("compare_table")
-        ]
-    return problems
-
-
-def _fake_problems(task: Task) -> list[str]:
-    problem = fake_config_problem(task.config)
-    return [problem] if problem else []
-
-
-def task_problems(task: Task, backend: str, *, cache_dir: Path | None = None) -> list[str]:
-    """What makes ``task`` unrunnable on ``backend`` (see :func:`preflight`), without the
-    ``tasks[i] (task_id ...)`` prefix. Empty: nothing known stops it.
-
-    Raises ``ValueError`` for a backend other than ``local``, ``osworld`` or ``fake``.
-    """
-    if backend not in BACKENDS:
-        raise ValueError(
-            f"preflight: backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
-        )
-    if backend == "fake":
-        return _fake_problems(task)
-    problems = _step_problems(
-        task.config.get("config") or [], "config.config", task, backend, cache_dir
-    )
-    return problems + _evaluator_problems(task, backend, cache_dir)
-
-
-def preflight(
-    task_set: Iterable[Task], backend: str, *, cache_dir: Path | None = None
-) -> list[str]:
-    """Human-readable problems that make tasks of ``task_set`` unrunnable on ``backend``.
-
-    Call it before any desktop starts; an empty list means nothing known stops the run. Each
-    problem reads ``tasks[<index>] (task_id '<id>'): field '<field>' ... (fix: ...)``.
-
-    ``local``: unknown/unsupported metric and getter names (with a difflib "did you mean"),
-    evaluator parts a metric needs (``result``; ``expected`` when the metric's second argument
-    has no default), parallel ``func``/``result``/``expected``/``options`` lists of different
-    lengths, step types with no local implementation, steps missing a required parameter (a
-    misspelled key is named), getters missing a required key, ``download``/``cloud_file`` URLs
-    neither ``file://`` nor in ``cache_dir`` (they would need the internet), a bad ``conj``,
-    unsupported ``compare_table`` rules. ``osworld``: structure only (no evaluator, a metric
-    without ``result``, mismatched parallel lists), as OSWorld's ``DesktopEnv`` would fail on
-    them. ``fake``: only ``config.fake.success`` not a number in [0, 1].
-
-    ``task_set``: a :class:`~legato_pipelines.tasks.TaskSet` or any iterable of ``Task``.
-    Raises ``ValueError`` for an unknown ``backend``. Never touches a desktop or the network.
-    """
-    out: list[str] = []
-    for index, task in enumerate(task_set):
-        prefix = f"tasks[{index}] (task_id {task.task_id!r}): "
-        out.extend(prefix + p for p in task_problems(task, backend, cache_dir=cache_dir))
-    return out

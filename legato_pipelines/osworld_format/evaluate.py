@@ -23,10 +23,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..desktops.base import Evaluation
-from ..desktops.controller import DesktopController
 from ..errors import DesktopError
-from ..tasks import Task
+from ..tasks import Evaluation, Task
+from .controller import DesktopController
 from .getters import GETTERS, EvalContext
 from .metrics import METRICS, TABLE_RULE_TYPES
 from .setup import run_setup

@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ..desktops.controller import DesktopController
+from .controller import DesktopController
 from .sources import resolve_source
 
 

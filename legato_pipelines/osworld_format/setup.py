@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..desktops.controller import DesktopController
 from ..errors import DesktopError
 from ..tasks import Task
+from .controller import EXECUTE_TIMEOUT_S, DesktopController
 from .placeholders import placeholder_values, substitute
 from .sources import resolve_source
 from .unsupported import UnsupportedStep
@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 UNTIL_TIMEOUT_S = 60.0  # cap on an ``execute`` step's ``until`` polling, seconds
 UNTIL_POLL_S = 0.3  # OSWorld's poll interval for ``until``, seconds
 UNTIL_MAX_FAILURES = 5  # failed requests tolerated while polling (OSWorld: 5)
-EXECUTE_TIMEOUT_S = 120.0  # per command, as OSWorld's server (``subprocess.run`` timeout)
 FAILURE_TAIL_CHARS = 500  # the stderr / message tail kept in a setup failure fact
 
 # Errors that mean the desktop itself is gone: passed through unchanged so the engine recovers it.
@@ -55,7 +54,7 @@ class SetupContext:
 
     ``cache_dir`` is the read-only file cache for downloads; ``work_dir`` receives ``stdout`` /
     ``stderr`` captures of ``execute`` steps (read back by the ``cache_file`` getter), or ``None``
-    to drop them.
+    to drop them; ``execute_timeout`` the seconds one ``execute`` command may run.
     """
 
     controller: DesktopController
@@ -63,6 +62,7 @@ class SetupContext:
     values: dict[str, str]
     cache_dir: Path | None
     work_dir: Path | None
+    execute_timeout: float = EXECUTE_TIMEOUT_S
     failures: list[dict[str, Any]] = field(default_factory=list)
     step: list[Any] = field(default_factory=lambda: [0, ""])  # [index, type] of the running step
 
@@ -92,10 +92,12 @@ async def run_setup(
     work_dir: Path | None = None,
     screen_size: tuple[int, int] = (1280, 720),
     client_password: str = "password",
+    execute_timeout: float = EXECUTE_TIMEOUT_S,
 ) -> list[dict[str, Any]]:
     """Run ``task.setup`` (or ``steps``, e.g. an evaluator's postconfig) through ``controller``.
 
-    ``screen_size`` (pixels) and ``client_password`` fill the command placeholders. Every step
+    ``screen_size`` (pixels) and ``client_password`` fill the command placeholders;
+    ``execute_timeout`` bounds each ``execute`` command (seconds). Every step
     is checked first: an unknown step type or a download URL that needs the internet raises
     :class:`UnsupportedStep` before anything runs. Then steps run in order; the first failure
     raises ``DesktopError(kind="setup")`` naming its index and type (transport failures of the
@@ -109,6 +111,7 @@ async def run_setup(
         values=placeholder_values(client_password, screen_size),
         cache_dir=Path(cache_dir) if cache_dir is not None else None,
         work_dir=Path(work_dir) if work_dir is not None else None,
+        execute_timeout=execute_timeout,
     )
     _precheck(steps, ctx)
     for index, step in enumerate(steps):
@@ -184,7 +187,7 @@ async def _execute(ctx: SetupContext, p: dict[str, Any]) -> None:
     deadline = time.monotonic() + UNTIL_TIMEOUT_S
     failures = 0
     while True:
-        result = await ctx.controller.execute(command, shell=shell, timeout=EXECUTE_TIMEOUT_S)
+        result = await ctx.controller.execute(command, shell=shell, timeout=ctx.execute_timeout)
         if result.get("status") == "error":
             failures += 1
             if not until or failures >= UNTIL_MAX_FAILURES:
@@ -231,22 +234,19 @@ async def _open(ctx: SetupContext, p: dict[str, Any]) -> None:
     await _carry_on(ctx, ctx.controller.open_file(path))
 
 
-async def _activate_window(ctx: SetupContext, p: dict[str, Any]) -> None:
-    call = ctx.controller.activate_window(
-        _required(p, "window_name", "activate_window"),
-        strict=bool(p.get("strict", False)),
-        by_class=bool(p.get("by_class", False)),
-    )
-    await _carry_on(ctx, call)
+def _window_step(step_type: str) -> Handler:
+    """``activate_window`` / ``close_window``: the controller method of the same name, with
+    OSWorld's ``window_name``, ``strict`` and ``by_class``; no match is a fact."""
 
+    async def handler(ctx: SetupContext, p: dict[str, Any]) -> None:
+        call = getattr(ctx.controller, step_type)(
+            _required(p, "window_name", step_type),
+            strict=bool(p.get("strict", False)),
+            by_class=bool(p.get("by_class", False)),
+        )
+        await _carry_on(ctx, call)
 
-async def _close_window(ctx: SetupContext, p: dict[str, Any]) -> None:
-    call = ctx.controller.close_window(
-        _required(p, "window_name", "close_window"),
-        strict=bool(p.get("strict", False)),
-        by_class=bool(p.get("by_class", False)),
-    )
-    await _carry_on(ctx, call)
+    return handler
 
 
 async def _sleep(ctx: SetupContext, p: dict[str, Any]) -> None:
@@ -295,8 +295,8 @@ HANDLERS: dict[str, Handler] = {
     "execute": _execute,
     "command": _execute,  # OSWorld: alias of execute
     "open": _open,
-    "activate_window": _activate_window,
-    "close_window": _close_window,
+    "activate_window": _window_step("activate_window"),
+    "close_window": _window_step("close_window"),
     "sleep": _sleep,
     "download": _download,
     "upload": _upload,

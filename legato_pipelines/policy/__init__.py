@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .client import PolicyClient
-from .config import API_KEY_ENV, PolicyConfig, policy_api_key
+from .config import PolicyConfig
+from .key import API_KEY_ENV, policy_api_key
 from .probe import ProbeReport, probe  # eager: the function shadows the submodule name
 from .response import PolicyResponse
 

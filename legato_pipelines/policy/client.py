@@ -33,7 +33,8 @@ import orjson
 
 from ..errors import ImageLimitError, PolicyConfigError, PolicyError, PolicyTimeout
 from ..images import Screenshot
-from .config import PolicyConfig, policy_api_key
+from .config import PolicyConfig
+from .key import policy_api_key
 from .response import PolicyResponse
 from .wire import (
     TOKEN_ID_FIELDS,
@@ -232,10 +233,6 @@ class PolicyClient:
         return models
 
     # -- completions -----------------------------------------------------------------------
-
-    def request_fields(self) -> dict[str, Any]:
-        """The request object (without messages) this client sends now, id fields included."""
-        return {**self._fields, **self._id_fields}
 
     async def complete(
         self, messages: list[dict[str, Any]], images: Mapping[str, Screenshot] | None = None

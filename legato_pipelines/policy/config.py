@@ -1,23 +1,18 @@
 """Policy configuration: which OpenAI-compatible server, which model, which policy version.
 
-The API key is read from the environment variable ``LEGATO_POLICY_KEY`` only: there is no
-flag or field to pass it, it is never part of ``repr``/``model_dump``, and it never reaches a
-log line, record, Dagster metadata or exception message.
+The API key is not a field: it is read from ``LEGATO_POLICY_KEY`` only (:mod:`.key`).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-API_KEY_ENV = "LEGATO_POLICY_KEY"
+from .key import API_KEY_ENV, policy_api_key
+from .wire import check_extra_body
 
-
-def policy_api_key() -> str | None:
-    """The policy API key from ``LEGATO_POLICY_KEY`` (``None`` when unset or empty)."""
-    return os.environ.get(API_KEY_ENV) or None
+__all__ = ["API_KEY_ENV", "PolicyConfig", "policy_api_key"]
 
 
 class PolicyConfig(BaseModel):
@@ -68,8 +63,6 @@ class PolicyConfig(BaseModel):
     @field_validator("extra_body")
     @classmethod
     def _extra_body(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from .wire import check_extra_body  # wire imports this module
-
         check_extra_body(value)
         return value
 

@@ -28,7 +28,7 @@ import orjson
 
 from ..errors import ConfigError
 from ..images import IMAGE_REF_PREFIX
-from .config import policy_api_key
+from .key import policy_api_key
 from .response import PolicyResponse
 
 # Fields the client sets itself; extra_body must not override them (use the PolicyConfig field).

@@ -54,7 +54,8 @@ class DesktopPoolResource(dg.ConfigurableResource):
     screen_height: int = _desktop_field("screen_height", "Pixels.")
     eval_timeout: float = _desktop_field("eval_timeout", "Seconds an evaluation may take.")
     options: dict[str, Any] = Field(
-        default_factory=dict, description="Backend-specific options (LEGATO_BACKEND_OPTIONS, JSON)."
+        default_factory=dict,
+        description="Backend-specific options, and the named waits (ready_after_action_s, ...) (LEGATO_BACKEND_OPTIONS, JSON).",
     )
     osworld: str | None = Field(
         default=None, description="OSWorld checkout for domain/id task lists (LEGATO_OSWORLD)."

@@ -96,7 +96,9 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
     try:
         kind = await desktop.reset(task, seed=ex.seed)
         wait = await desktop.wait_after_reset()
-        record.reset = Reset(kind=kind, ready_s=wait.ready_s, wait_s=wait.wait_s)
+        record.reset = Reset(
+            kind=kind, ready_s=wait.ready_s, wait_s=wait.wait_s, timed_out=wait.timed_out
+        )
         # what OSWorld carries on after (a setup command that exited non-zero, ...): facts
         setup_failures = list(getattr(desktop, "setup_failures", None) or [])
         if setup_failures:
@@ -169,6 +171,7 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
                 wait = await desktop.wait_after_action(action)
                 done.wait_s = wait.wait_s
                 done.ready_s = wait.ready_s
+                done.timed_out = wait.timed_out
                 timing.wait_s += wait.wait_s
                 step_record.actions.append(done)
             if parsed.terminal:

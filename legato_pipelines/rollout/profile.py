@@ -36,7 +36,8 @@ def summarize(
     requests cut at ``step_timeout`` (in completed steps, and every request of a call that failed
     with ``PolicyTimeout``); ``prefix_cache_hit_rate`` is cached / prompt tokens over
     the calls that reported cached tokens (``None`` when none did); ``logprobs_share`` /
-    ``token_ids_share`` are shares of steps whose response carried them; ``eval_errors`` counts
+    ``token_ids_share`` are shares of steps whose response carried them; ``ready_timeouts`` counts
+    the actions whose ready wait hit its cap (:func:`ready_timeouts`); ``eval_errors`` counts
     graded attempts whose evaluator failed (scored 0 with the reason in ``eval_error``). ``missing`` is the
     number of logical attempts without a final record (0 after a complete batch), so
     ``records == scheduled - missing + retries``.
@@ -122,10 +123,19 @@ def summarize(
         "logprobs_share": _share(steps, "logprobs"),
         "token_ids_share": _share(steps, "token_ids"),
         "parse_errors": sum(1 for s in steps if s.parse_error),
+        "ready_timeouts": ready_timeouts(steps),
         "eval_errors": sum(1 for r in final if r.eval_error),
         "setup_failures": _setup_failures(records),
         "desktops": desktop_health(records),
     }
+
+
+def ready_timeouts(steps: list[Step]) -> dict[str, Any]:
+    """Actions whose ready wait hit its cap (``timed_out`` in the action's record): ``count``,
+    and ``share`` of the actions that had a ready wait (``None`` when none had: fixed waits,
+    or records from before ``timed_out`` was recorded)."""
+    flags = [a.timed_out for s in steps for a in s.actions or () if a.timed_out is not None]
+    return {"count": sum(flags), "share": sum(flags) / len(flags) if flags else None}
 
 
 def desktop_health(records: Iterable[Record | Mapping[str, Any]]) -> dict[str, Any]:

@@ -157,6 +157,10 @@ PROFILE_SCHEMA = pa.schema(
         pa.field("env_errors", pa.int64()),
         pa.field("env_failures", pa.int64()),
         pa.field("parse_errors", pa.int64()),
+        pa.field(
+            "setup_failure_attempts", pa.int64()
+        ),  # attempts whose setup carried on past a failure
+        pa.field("ready_timeouts", pa.int64()),  # actions whose ready wait hit its cap
         pa.field("prefix_cache_hit_rate", pa.float64()),
         pa.field("logprobs_share", pa.float64()),
         pa.field("token_ids_share", pa.float64()),
@@ -322,6 +326,8 @@ def profile_table(summary: Mapping[str, Any], lineage: Lineage) -> pa.Table:
         "env_errors": summary.get("env_errors"),
         "env_failures": summary.get("env_failures"),
         "parse_errors": summary.get("parse_errors"),
+        "setup_failure_attempts": (summary.get("setup_failures") or {}).get("attempts"),
+        "ready_timeouts": (summary.get("ready_timeouts") or {}).get("count"),
         "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate"),
         "logprobs_share": summary.get("logprobs_share"),
         "token_ids_share": summary.get("token_ids_share"),

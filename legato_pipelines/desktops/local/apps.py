@@ -14,6 +14,8 @@ import os
 import shlex
 import shutil
 
+from ..domains import TEXT_EDITORS
+
 #: Programs wrapped in ``dbus-run-session``.
 DBUS_APPS = frozenset(
     {
@@ -62,7 +64,6 @@ OFFICE_EXTS = {
     **dict.fromkeys((".docx", ".doc", ".odt", ".rtf"), "--writer"),
     **dict.fromkeys((".pptx", ".ppt", ".odp"), "--impress"),
 }
-TEXT_EDITORS = ("l3afpad", "mousepad", "gedit")
 OSWORLD_HOME = "/home/user"  # the HOME of OSWorld's VM user
 
 

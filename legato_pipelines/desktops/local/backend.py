@@ -37,16 +37,17 @@ import shutil
 import signal
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from ...actions import Action
 from ...errors import ConfigError, DesktopError
 from ...images import Screenshot
-from ...tasks import Task
-from ..base import DesktopConfig, Evaluation, Wait, WaitsByMode
-from .client import DesktopClient
+from ...osworld_format import needs_full_reset
+from ...tasks import Evaluation, Task
+from ..base import DesktopConfig, WaitsByMode, check_options
+from ..client import DesktopClient
+from ..server_tasks import ServerTasks
 from .wire import DEFAULT_TOKEN_ENV, READY_LINE
 
 OPTION_NAMES = frozenset(
@@ -65,7 +66,6 @@ OPTION_NAMES = frozenset(
     }
 )
 SECRET_ENV = ("LEGATO_POLICY_KEY",)  # never handed to a desktop server or its apps
-DEFAULT_WAIT_ACTION_S = 1.0  # a ``wait`` action without ``seconds``
 
 
 class ServerProcess:
@@ -188,7 +188,7 @@ class ServerProcess:
             self._proc.kill()
 
 
-class LocalDesktop(WaitsByMode):
+class LocalDesktop(ServerTasks, WaitsByMode):
     """One local desktop (implements :class:`~legato_pipelines.desktops.base.Desktop`).
 
     ``client`` talks to the server; ``server`` is the process this object owns, or ``None``
@@ -204,21 +204,12 @@ class LocalDesktop(WaitsByMode):
         *,
         server: ServerProcess | None = None,
     ):
-        self.name = name
-        self.client = client
-        self.config = config
-        self.screen_size = screen_size
+        super().__init__(name, client, config, screen_size)
         self.server = server
         self.last_reset: dict[str, Any] | None = None
         self._force_full = False
-        self._work_dir: str | None = None
-        self._cache_dir = config.options.get("cache_dir")
-        self.setup_failures: list[dict[str, Any]] = []
         # servers this backend starts are sandboxed unless sandbox=false; attached ones may not be
         self.sandboxed = server is not None and config.options.get("sandbox", True) is True
-
-    def __repr__(self) -> str:
-        return f"LocalDesktop({self.name!r}, {self.client.url!r})"
 
     # -- Desktop protocol ----------------------------------------------------------------------
 
@@ -227,36 +218,22 @@ class LocalDesktop(WaitsByMode):
 
         ``seed`` is ignored: a real desktop has no randomness of its own to seed.
         """
-        from ...osworld_format import needs_full_reset, run_setup
-
         # A sandboxed server reverts by itself when the task wrote outside HOME (the overlay's
         # upper layer is not empty), so tasks that do need no full restart up front.
         outside = needs_full_reset(task) and not self.sandboxed
         full = self._force_full or not self.config.fast_reset or outside
         self.last_reset = await self.client.reset(full=full)
         self._force_full = False
-        self._new_work_dir()
-        self.setup_failures = []
-        self.setup_failures = await run_setup(
-            task,
-            self.client,
-            cache_dir=self._cache_dir,
-            work_dir=self._work_dir,
-            screen_size=self.screen_size,
-        )
+        await self._run_task_setup(task)
         return "fast" if self.last_reset["kind"] == "fast" else "revert"
 
     async def observe(self) -> Screenshot:
         return await self.client.observe()
 
     async def act(self, action: Action) -> None:
-        """XTest input on the server; ``wait`` sleeps here, ``terminate`` does nothing."""
-        if action.action == "terminate":
-            return
+        """XTest input on the server; ``wait`` sleeps here."""
         if action.action == "wait":
-            await asyncio.sleep(
-                action.seconds if action.seconds is not None else DEFAULT_WAIT_ACTION_S
-            )
+            await asyncio.sleep(self.config.waits.wait_action(action))
             return
         await self.client.act(action)
 
@@ -266,19 +243,8 @@ class LocalDesktop(WaitsByMode):
         ``last_action_fail``: the agent's last action was FAIL (OSWorld ``infeasible``).
         Raises ``DesktopError(kind="evaluator")`` when the evaluation hangs.
         """
-        from ...osworld_format import evaluate_task_within
-
         try:
-            return await evaluate_task_within(
-                task,
-                self.client,
-                timeout=self.config.eval_timeout,
-                desktop=self.name,
-                last_action_fail=last_action_fail,
-                cache_dir=self._cache_dir,
-                work_dir=self._work_dir,
-                screen_size=self.screen_size,
-            )
+            return await self._grade(task, last_action_fail)
         except DesktopError:
             self._force_full = True  # a hung evaluation may leave the desktop in any state
             raise
@@ -311,13 +277,9 @@ class LocalDesktop(WaitsByMode):
 
     # -- helpers -------------------------------------------------------------------------------
 
-    async def _wait(self, mode: str) -> Wait:
-        t0 = time.perf_counter()
-        if self.config.ready_signal:
-            result = await self.client.wait(mode)
-            return Wait(time.perf_counter() - t0, float(result["ready_s"]))
-        await asyncio.sleep(self.config.fixed_wait or 0.0)
-        return Wait(time.perf_counter() - t0, None)
+    async def _ready(self, mode: str, cap_s: float) -> tuple[float, bool]:
+        result = await self.client.wait(mode, timeout_s=cap_s)
+        return float(result["ready_s"]), bool(result.get("timed_out"))
 
     async def _healthy(self) -> bool:
         if self.server is not None and not self.server.alive():
@@ -327,14 +289,18 @@ class LocalDesktop(WaitsByMode):
         except DesktopError:
             return False
 
-    def _new_work_dir(self) -> None:
-        self._drop_work_dir()
-        self._work_dir = tempfile.mkdtemp(prefix=f"legato-{self.name}-work-")
 
-    def _drop_work_dir(self) -> None:
-        if self._work_dir is not None:
-            shutil.rmtree(self._work_dir, ignore_errors=True)
-            self._work_dir = None
+def sandbox_options(options: dict[str, Any]) -> tuple[bool, str]:
+    """``(sandbox, network)`` from desktop options ``sandbox`` (default true) and ``network``
+    (``"host"``, the default, or ``"none"``). Raises ``ConfigError`` naming the option."""
+    sandbox, network = options.get("sandbox", True), options.get("network", "host")
+    if not isinstance(sandbox, bool):
+        raise ConfigError(f"desktop option 'sandbox' must be true or false, got {sandbox!r}")
+    if network not in ("host", "none"):
+        raise ConfigError(f'desktop option \'network\' must be "host" or "none", got {network!r}')
+    if network == "none" and not sandbox:
+        raise ConfigError("desktop option network=none needs the sandbox (sandbox=true)")
+    return sandbox, network
 
 
 async def open_local_desktops(config: DesktopConfig, n: int) -> list[LocalDesktop]:
@@ -343,21 +309,11 @@ async def open_local_desktops(config: DesktopConfig, n: int) -> list[LocalDeskto
     Raises ``ConfigError`` for unknown options, too few URLs or a missing token variable, and
     ``DesktopError(kind="crash")`` when a server does not come up (the others are stopped).
     """
+    check_options(config, OPTION_NAMES, "local")
     options = dict(config.options)
-    unknown = set(options) - OPTION_NAMES
-    if unknown:
-        raise ConfigError(
-            f"desktop options {sorted(unknown)} are not local-backend options; allowed: {sorted(OPTION_NAMES)}"
-        )
     if n < 1:
         raise ConfigError(f"desktops must be >= 1, got {n}")
-    sandbox, network = options.get("sandbox", True), options.get("network", "host")
-    if not isinstance(sandbox, bool):
-        raise ConfigError(f"desktop option 'sandbox' must be true or false, got {sandbox!r}")
-    if network not in ("host", "none"):
-        raise ConfigError(f'desktop option \'network\' must be "host" or "none", got {network!r}')
-    if network == "none" and not sandbox:
-        raise ConfigError("desktop option network=none needs the sandbox (sandbox=true)")
+    sandbox, network = sandbox_options(options)
     urls = options.get("urls")
     if urls:
         return await _attach(config, list(urls), n, options.get("token_env", DEFAULT_TOKEN_ENV))

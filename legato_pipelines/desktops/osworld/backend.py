@@ -2,9 +2,8 @@
 
 desktop-env pins numpy<2, pandas<2.3 and torch 2.5 (docs/osworld.md §7), so each desktop is one
 worker subprocess (``worker.py``) under the OSWorld interpreter (``legato osworld install``),
-talking JSON lines over its stdin/stdout. This side is asyncio only: every request has a
-deadline; a worker that misses one is stopped (SIGTERM: it closes its VM; SIGKILL after a
-grace period) and the call raises :class:`~legato_pipelines.errors.DesktopError`.
+talking JSON lines over its stdin/stdout (:mod:`.channel`); the options below are checked and
+turned into each worker's start request by :mod:`.options`.
 
 Per attempt::
 
@@ -37,7 +36,9 @@ HOME, docs/osworld.md §6), and the first reset after a failure.
   start_timeout   seconds a worker may take to start its VM (default 120; docker boots: 600)
   call_timeout    seconds for observe/act (default 120, OSWorld's execute allows 90)
   reset_timeout   seconds for a reset with the task's setup (default 300)
-  user, template  provider local: the desktop servers' user and HOME template
+  user, template  provider local: the desktop servers' user (unsandboxed) and HOME template
+  sandbox, network provider local: the desktop servers' sandbox (default true) and network
+                  ("host" or "none"), as the local backend's options
   log_level       the worker's logging level (default WARNING)
 
 Provider ``local``: the "VM" is a project local desktop server this backend starts per desktop
@@ -50,12 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
-import json
 import os
-import signal
-import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -64,262 +60,19 @@ import numpy as np
 from ...actions import Action
 from ...errors import ConfigError, DesktopError
 from ...images import Screenshot
-from ...tasks import Task
-from ..base import DesktopConfig, Evaluation, Wait, WaitsByMode
-from ..screenshot_ready import ScreenshotReady
-from .install import default_venv, venv_python
+from ...osworld_format import needs_full_reset
+from ...tasks import Evaluation, Task
+from ..base import DesktopConfig, WaitsByMode, osworld_code, screenshot_of
+from ..client import DesktopClient
+from ..domains import REVERT_DOMAINS
+from ..local import ServerProcess, sandbox_options
+from ..ready import ScreenshotReady
+from .channel import WorkerProcess
+from .options import default_cache_root, plan_desktops, resolve_python, worker_env
 
-WORKER_SCRIPT = Path(__file__).with_name("worker.py")
-PROVIDERS = ("docker", "local", "vmware", "virtualbox", "aws", "azure", "aliyun", "volcengine")
-REVERT_DOMAINS = frozenset({"os", "multi_apps"})  # state outside /home/user (docs/osworld.md §6)
-OPTION_NAMES = frozenset(
-    {
-        "osworld_python",
-        "provider",
-        "path_to_vm",
-        "region",
-        "snapshot_name",
-        "os_type",
-        "client_password",
-        "headless",
-        "enable_proxy",
-        "cache_dir",
-        "work_dir",
-        "ready",
-        "fast_mode",
-        "start_timeout",
-        "call_timeout",
-        "reset_timeout",
-        "user",
-        "template",
-        "log_level",
-    }
-)
-#: Environment variables a worker inherits (providers' credentials and endpoints); nothing
-#: else, so neither the policy key nor a stray configuration reaches DesktopEnv.
-PASS_ENV_PREFIXES = (
-    "DOCKER_",
-    "HF_",
-    "AWS_",
-    "AZURE_",
-    "ALIYUN_",
-    "ALIBABA",
-    "VOLCENGINE_",
-    "KVM",
-)
-PASS_ENV = ("HOME", "PATH", "LANG", "LC_ALL", "TMPDIR", "http_proxy", "https_proxy", "no_proxy")
-SECRET_ENV = ("LEGATO_POLICY_KEY",)
 VM_TOKEN_ENV = "LEGATO_OSWORLD_VM_TOKEN"
-#: The HOME baseline of a local desktop in ``fast_mode`` ``vm`` (expanded by the desktop's shell).
-LOCAL_VM_BASELINE = "$TMPDIR/legato-home-baseline"
-PROTOCOL_LINE_LIMIT = 64 * 2**20  # bytes: a base64 screenshot fits on one line
-STOP_GRACE_S = 30.0  # a worker closing a docker VM needs a while
-DEFAULT_WAIT_ACTION_S = 1.0
 #: Deadline per request that is not configurable on its own (seconds).
 CLOSE_TIMEOUT_S = 60.0
-#: What a missed deadline counts as, per request.
-DEADLINE_KIND = {
-    "start": "vm",
-    "reset": "setup",
-    "observe": "vm",
-    "step": "vm",
-    "evaluate": "evaluator",
-    "close": "vm",
-    "plan": "transport",
-}
-
-
-#: How OSWorld types ``<`` (its ``_fix_pyautogui_less_than_bug``): pyautogui's X11 backend
-#: types ``>`` for ``<`` (pyautogui issue 198).
-LESS_THAN = 'pyautogui.hotkey("shift", ",")'
-
-
-def render_code(action: Action) -> str:
-    """pyautogui code for ``action``: :func:`render_pyautogui`, with OSWorld's ``<`` fix.
-
-    ``DesktopEnv.step`` rewrites ``<`` only inside ``typewrite('...')`` without arguments;
-    the harness renders ``typewrite('...', interval=0.03)`` (newer OSWorld Qwen agents), which
-    the rewrite misses, so ``<`` would arrive as ``>``. The same fix is applied here on the
-    structured action: the text is split at ``<`` and each ``<`` typed as shift+comma.
-    """
-    from ...harness import render_pyautogui
-
-    if action.action == "type" and action.text and "<" in action.text:
-        parts = action.text.split("<")
-        code = []
-        for i, part in enumerate(parts):
-            if part:
-                code.append(render_pyautogui(replace(action, text=part)))
-            if i < len(parts) - 1:
-                code.append(LESS_THAN)
-        return "\n".join(code)
-    return render_pyautogui(action)
-
-
-def default_cache_root() -> Path:
-    """``$XDG_CACHE_HOME/legato/osworld-cache`` (``~/.cache/...``): DesktopEnv cache dirs."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "legato" / "osworld-cache"
-
-
-def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The clean environment of a worker: a pass-list of the parent's plus ``extra``.
-
-    ``PYTHON_DOTENV_DISABLED=1`` stops desktop_env's import-time ``load_dotenv()``
-    (docs/osworld.md §8).
-    """
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if (k in PASS_ENV or k.startswith(PASS_ENV_PREFIXES)) and k not in SECRET_ENV
-    }
-    env["PYTHON_DOTENV_DISABLED"] = "1"
-    env.update(extra or {})
-    return env
-
-
-def png_size(png: bytes) -> tuple[int, int]:
-    """(width, height) in pixels from a PNG's IHDR chunk. Raises ``DesktopError`` if not a PNG."""
-    if len(png) < 24 or png[:8] != b"\x89PNG\r\n\x1a\n":
-        raise DesktopError("the VM sent a screenshot that is not a PNG", kind="vm")
-    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
-
-
-class WorkerProcess:
-    """One worker subprocess and its JSON-lines channel.
-
-    ``python``: the OSWorld interpreter; ``env``: the worker's whole environment; ``cwd``: its
-    working directory. :meth:`call` sends one request and waits at most ``timeout`` seconds.
-    """
-
-    def __init__(
-        self,
-        python: str,
-        *,
-        env: dict[str, str],
-        cwd: str,
-        name: str = "osworld",
-        log_path: str | None = None,
-    ):
-        self.python, self.env, self.cwd, self.name = python, env, cwd, name
-        self.log_path = log_path
-        self._proc: asyncio.subprocess.Process | None = None
-        self._lock = asyncio.Lock()
-        self._next_id = 0
-        self._broken = False  # a call was cancelled mid-way: the channel is out of step
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    def alive(self) -> bool:
-        return self._proc is not None and self._proc.returncode is None and not self._broken
-
-    async def start(self) -> None:
-        """Spawn the worker (``<python> -I worker.py``; isolated mode: no user site, no PYTHON* env).
-
-        Its stderr (DesktopEnv's logging and prints) is appended to ``log_path`` when given.
-        """
-        os.makedirs(self.cwd, exist_ok=True)
-        log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
-        try:
-            self._proc = await asyncio.create_subprocess_exec(
-                self.python,
-                "-I",
-                str(WORKER_SCRIPT),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                env=self.env,
-                cwd=self.cwd,
-                stderr=log,
-                limit=PROTOCOL_LINE_LIMIT,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot run the OSWorld interpreter {self.python!r}: {exc} "
-                "(fix: legato osworld install, or --osworld-python PATH)"
-            ) from None
-        finally:
-            if log is not None:
-                log.close()  # the child has its own descriptor
-
-    async def call(self, op: str, timeout: float, **fields: Any) -> dict[str, Any]:
-        """Send ``{op, **fields}``; return the worker's ``result``.
-
-        Raises ``DesktopError`` with the worker's failure kind, with kind ``transport`` when the
-        worker is gone, or with the op's kind (:data:`DEADLINE_KIND`) when ``timeout`` seconds
-        pass (the worker is stopped then: it may be stuck in one of DesktopEnv's sleeps).
-        """
-        async with self._lock:
-            if not self.alive():
-                raise DesktopError(
-                    f"{self.name}: the OSWorld worker is not running", kind="transport"
-                )
-            proc = self._proc  # stop() may run meanwhile and drop self._proc
-            self._next_id += 1
-            rid = self._next_id
-            line = json.dumps({"id": rid, "op": op, **fields}).encode() + b"\n"
-            try:
-                proc.stdin.write(line)
-                await proc.stdin.drain()
-                raw = await asyncio.wait_for(proc.stdout.readline(), timeout)
-            except asyncio.CancelledError:
-                # the caller gave up (e.g. the engine's own eval deadline): the answer would
-                # arrive for the next request, so this worker is done; stop() reaps it
-                self._broken = True
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
-                    proc.send_signal(signal.SIGCONT)
-                raise
-            except TimeoutError:
-                await self.stop(grace=5.0)
-                raise DesktopError(
-                    f"{self.name}: OSWorld worker {op} gave no answer within {timeout:g} s (worker stopped)",
-                    kind=DEADLINE_KIND.get(op, "vm"),
-                ) from None
-            except (ConnectionError, BrokenPipeError, ValueError) as exc:
-                raise DesktopError(
-                    f"{self.name}: OSWorld worker channel broke during {op}: {exc}",
-                    kind="transport",
-                ) from None
-            if not raw:
-                code = await proc.wait()
-                raise DesktopError(
-                    f"{self.name}: the OSWorld worker exited ({code}) during {op} (log: {self.log_path or 'stderr'})",
-                    kind="transport",
-                )
-            answer = json.loads(raw)
-            if answer.get("id") != rid:
-                await self.stop(grace=5.0)
-                raise DesktopError(
-                    f"{self.name}: OSWorld worker answered request {answer.get('id')} to {rid}",
-                    kind="transport",
-                )
-            if not answer.get("ok"):
-                error = answer.get("error") or {}
-                kind = error.get("kind") or "vm"
-                raise DesktopError(
-                    f"{self.name}: {op}: {error.get('message', 'failed')}",
-                    kind="transport" if kind == "protocol" else kind,
-                )
-            return answer.get("result") or {}
-
-    async def stop(self, grace: float = STOP_GRACE_S) -> None:
-        """SIGTERM (the worker closes its DesktopEnv), SIGKILL after ``grace`` seconds."""
-        proc, self._proc = self._proc, None
-        self._broken = False
-        if proc is None or proc.returncode is not None:
-            return
-        if proc.stdin is not None:
-            proc.stdin.close()
-        proc.send_signal(signal.SIGTERM)
-        proc.send_signal(signal.SIGCONT)  # a stopped worker gets to handle the SIGTERM
-        try:
-            await asyncio.wait_for(proc.wait(), grace)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
 
 
 class OSWorldDesktop(WaitsByMode):
@@ -351,9 +104,8 @@ class OSWorldDesktop(WaitsByMode):
         self.last_reset: dict[str, Any] | None = None
         self.last_start: dict[str, Any] | None = None
         self._force_revert = False
-        self._last_action_fail = False
         self._http = None
-        self._ready = ScreenshotReady(self._fetch_png)
+        self._ready_signal = ScreenshotReady(self._fetch_png)
         self._ready_client = None
         opts = config.options
         self.ready_mode = opts.get("ready", "screenshot")
@@ -405,18 +157,14 @@ class OSWorldDesktop(WaitsByMode):
             base_url=self.server_url, headers=headers, timeout=httpx.Timeout(10.0)
         )
         if self.ready_mode == "server":
-            from ..local.client import DesktopClient
-
             if self._ready_client is not None:
                 await self._ready_client.aclose()
             self._ready_client = DesktopClient(self.vm_server.url, self.vm_server.token)
         # the clean desktop: a launch during setup counts once the screen differs from it
-        await self._ready.capture_blank()
+        await self._ready_signal.capture_blank()
 
     async def reset(self, task: Task, *, seed: int = 0) -> str:
         """Fast reset where allowed, else a snapshot revert; then the task's setup. ``"fast"`` | ``"revert"``."""
-        from ...osworld_format import needs_full_reset
-
         revert = (
             self._force_revert
             or not self.config.fast_reset
@@ -424,8 +172,7 @@ class OSWorldDesktop(WaitsByMode):
             or needs_full_reset(task)
         )
         task_config = {**task.config, "id": task.config.get("id") or task.task_id}
-        self._last_action_fail = False
-        self._ready.prepare(task)
+        self._ready_signal.prepare(task)
         try:
             self.last_reset = await self._call(
                 "reset",
@@ -442,30 +189,20 @@ class OSWorldDesktop(WaitsByMode):
 
     async def observe(self) -> Screenshot:
         png = base64.b64decode((await self._call("observe", self.call_timeout))["png"])
-        width, height = png_size(png)
-        return Screenshot(png, width, height)
+        return screenshot_of(png, self.name, kind="vm")
 
     async def act(self, action: Action) -> None:
-        """:func:`render_code` (``render_pyautogui`` + OSWorld's ``<`` fix) through ``DesktopEnv.step(code, pause=0)``.
+        """:func:`~legato_pipelines.harness.render.render_osworld_code` (``render_pyautogui`` +
+        OSWorld's ``<`` fix) through ``DesktopEnv.step(code, pause=0)``.
 
         ``wait`` is OSWorld's ``WAIT`` (``step`` sleeps ``pause`` twice, so ``pause`` is half
-        the wait); ``terminate`` runs nothing (the engine grades with ``last_action_fail``).
-        Raises ``DesktopError(kind="act")`` when the action's code failed on the VM.
+        the wait). Raises ``DesktopError(kind="act")`` when the action's code failed on the VM.
         """
-        if action.action == "terminate":
-            self._last_action_fail = action.status == "failure"
-            return
-        self._last_action_fail = False
         if action.action == "wait":
-            seconds = action.seconds if action.seconds is not None else DEFAULT_WAIT_ACTION_S
+            seconds = self.config.waits.wait_action(action)
             await self._call("step", self.call_timeout + seconds, code="WAIT", pause=seconds / 2)
             return
-        try:
-            code = render_code(action)
-        except ValueError as exc:
-            raise DesktopError(
-                f"{self.name}: cannot render {action.action}: {exc}", kind="act"
-            ) from None
+        code = osworld_code(action, self.name)
         result = await self._call("step", self.call_timeout, code=code, pause=0)
         if result.get("returncode") not in (0, None):
             raise DesktopError(
@@ -480,11 +217,9 @@ class OSWorldDesktop(WaitsByMode):
         An evaluator exception is ``Evaluation(0, error=reason)``; a dead VM or a hung
         evaluation raises ``DesktopError`` (kinds ``vm`` / ``evaluator``).
         """
-        fail = last_action_fail or self._last_action_fail
-        try:
-            result = await self._call("evaluate", self.config.eval_timeout, last_action_fail=fail)
-        finally:
-            self._last_action_fail = False
+        result = await self._call(
+            "evaluate", self.config.eval_timeout, last_action_fail=last_action_fail
+        )
         return Evaluation(float(result["reward"]), result.get("error"))
 
     async def recover(self) -> None:
@@ -530,7 +265,7 @@ class OSWorldDesktop(WaitsByMode):
 
     async def grab_frame(self) -> np.ndarray:
         """One frame of ``GET /screenshot`` from the VM server (:class:`ScreenshotReady`)."""
-        return await self._ready.grab_frame()
+        return await self._ready_signal.grab_frame()
 
     async def _fetch_png(self) -> bytes:
         import httpx
@@ -545,95 +280,15 @@ class OSWorldDesktop(WaitsByMode):
             )
         return response.content
 
-    async def _wait(self, mode: str) -> Wait:
+    async def _ready(self, mode: str, cap_s: float) -> tuple[float, bool]:
         """Stable screen (``reset``: after the task's setup; when the setup launched or opened
         something, the screen must first differ from the clean desktop, as the local server's
         launch wait does; heavy domains get the 0.5 s stable window)."""
-        t0 = time.perf_counter()
-        if not self.config.ready_signal:
-            await asyncio.sleep(self.config.fixed_wait or 0.0)
-            return Wait(time.perf_counter() - t0, None)
         if self.ready_mode == "server":
-            result = await self._ready_client.wait(mode)
-            return Wait(time.perf_counter() - t0, float(result["ready_s"]))
-        result = await self._ready.wait(mode)
-        return Wait(time.perf_counter() - t0, result.ready_s)
-
-
-def _start_request(config: DesktopConfig, provider: str, cache_dir: Path) -> dict[str, Any]:
-    opts = config.options
-    request: dict[str, Any] = {
-        "provider": provider,
-        "screen": [config.screen_width, config.screen_height],
-        "cache_dir": str(cache_dir),
-        "headless": bool(opts.get("headless", True)),
-    }
-    for key in (
-        "path_to_vm",
-        "region",
-        "snapshot_name",
-        "os_type",
-        "client_password",
-        "enable_proxy",
-    ):
-        if opts.get(key) is not None:
-            request[key] = opts[key]
-    return request
-
-
-def resolve_python(config: DesktopConfig) -> str:
-    """The OSWorld interpreter: option ``osworld_python`` or the default venv's python.
-
-    Raises ``ConfigError`` naming the fix when it does not exist.
-    """
-    given = config.options.get("osworld_python")
-    python = Path(given).expanduser() if given else venv_python(default_venv())
-    if not python.exists():
-        where = "--osworld-python" if given else f"the default venv {default_venv()}"
-        raise ConfigError(
-            f"osworld backend: no OSWorld interpreter at {python} ({where}); "
-            "fix: `legato osworld install` or --osworld-python PATH"
-        )
-    return str(python)
-
-
-def plan_desktops(config: DesktopConfig, n: int) -> list[dict[str, Any]]:
-    """Validate ``config`` for the osworld backend; the ``start`` request of each of ``n`` desktops.
-
-    Raises ``ConfigError`` for unknown options, an unknown provider, or ``ready="server"``
-    without provider ``local``.
-    """
-    options = dict(config.options)
-    unknown = set(options) - OPTION_NAMES
-    if unknown:
-        raise ConfigError(
-            f"desktop options {sorted(unknown)} are not osworld-backend options; allowed: {sorted(OPTION_NAMES)}"
-        )
-    if n < 1:
-        raise ConfigError(f"desktops must be >= 1, got {n}")
-    provider = str(options.get("provider") or "docker").lower()
-    if provider not in PROVIDERS:
-        raise ConfigError(
-            f"desktop option provider={provider!r} is unknown; use one of {list(PROVIDERS)} (--osworld-provider)"
-        )
-    ready = options.get("ready", "screenshot")
-    if ready not in ("screenshot", "server") or (ready == "server" and provider != "local"):
-        raise ConfigError(
-            f"desktop option ready={ready!r}: use 'screenshot', or 'server' with provider 'local'"
-        )
-    fast_mode = options.get("fast_mode", "server" if provider == "local" else "vm")
-    if fast_mode not in ("vm", "server") or (fast_mode == "server" and provider != "local"):
-        raise ConfigError(
-            f"desktop option fast_mode={fast_mode!r}: use 'vm', or 'server' with provider 'local'"
-        )
-    root = Path(options.get("cache_dir") or default_cache_root()).expanduser().resolve()
-    requests = [_start_request(config, provider, root / f"desktop-{i}") for i in range(n)]
-    for request in requests:
-        request["fast_mode"] = fast_mode
-        if provider == "local" and fast_mode == "vm":
-            # several local desktops share one user: each keeps its baseline in its own TMPDIR
-            request["baseline_dir"] = LOCAL_VM_BASELINE
-    return requests
+            result = await self._ready_client.wait(mode, timeout_s=cap_s)
+            return float(result["ready_s"]), bool(result.get("timed_out"))
+        result = await self._ready_signal.wait(mode, timeout_s=cap_s)
+        return result.ready_s, result.timed_out
 
 
 async def open_osworld_desktops(config: DesktopConfig, n: int) -> list[OSWorldDesktop]:
@@ -650,13 +305,14 @@ async def open_osworld_desktops(config: DesktopConfig, n: int) -> list[OSWorldDe
     for i, request in enumerate(requests):
         server = None
         if request["provider"] == "local":
-            from ..local.backend import ServerProcess
-
+            sandbox, network = sandbox_options(opts)
             server = ServerProcess(
                 width=config.screen_width,
                 height=config.screen_height,
                 user=opts.get("user"),
                 template=opts.get("template"),
+                sandbox=sandbox,
+                network=network,
             )
         desktops.append(
             OSWorldDesktop(

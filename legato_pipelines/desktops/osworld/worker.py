@@ -56,24 +56,22 @@ CLEAN_START = ("docker", "aws", "gcp", "azure", "aliyun", "volcengine")
 KNOWN_PROVIDERS = CLEAN_START + ("vmware", "virtualbox")
 PROBE_TIMEOUT_S = 5.0
 
-#: Per-domain task processes a fast reset kills (docs/osworld.md §6). Names are process names
-#: (``comm``, at most 15 characters: ``gnome-terminal-server`` is ``gnome-terminal-``).
-DOMAIN_PROCESSES = {
-    "chrome": ("chrome", "google-chrome", "chromium", "socat"),
-    "gimp": ("gimp", "gimp-2.10"),
-    "libreoffice_calc": ("soffice.bin", "oosplash"),
-    "libreoffice_impress": ("soffice.bin", "oosplash"),
-    "libreoffice_writer": ("soffice.bin", "oosplash"),
-    "thunderbird": ("thunderbird",),
-    "vlc": ("vlc",),
-    "vs_code": ("code",),
-    "os": ("gnome-terminal-", "nautilus"),
-}
-#: multi_apps: all of the above plus nautilus and the default .pdf/.mp4/.txt handlers.
-DOMAIN_PROCESSES["multi_apps"] = tuple(
-    sorted({p for names in DOMAIN_PROCESSES.values() for p in names} | {"evince", "totem", "gedit"})
-)
-BASELINE_DIR = "/var/tmp/legato-home-baseline"
+
+def _load_domains():
+    """``desktops/domains.py`` (standard library only), loaded by its path: this interpreter
+    cannot import the project's package."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "domains.py")
+    spec = importlib.util.spec_from_file_location("legato_desktop_domains", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_domains = _load_domains()
+DOMAIN_PROCESSES = _domains.DOMAIN_PROCESSES
+BASELINE_DIR = _domains.BASELINE_DIR
+baseline_script = _domains.baseline_script
+fast_reset_script = _domains.fast_reset_script
 
 
 class WorkerError(Exception):
@@ -162,8 +160,7 @@ def defer_import(name: str) -> None:
 
 
 def evaluator_names(task: dict) -> list[tuple[str, str]]:
-    """``(package, name)`` of every metric and getter a task's evaluator names
-    (docs/osworld.md §3)."""
+    """``(package, name)`` of every metric and getter a task's evaluator names (docs/osworld.md §3)."""
     evaluator = task.get("evaluator") or {}
     names = []
     funcs = evaluator.get("func")
@@ -258,63 +255,6 @@ def http_post_json(url: str, body: dict, token: str | None, timeout: float) -> d
         raise WorkerError("vm", f"POST {url}: HTTP {exc.code}: {detail}") from None
     except (OSError, urllib.error.URLError, ValueError) as exc:
         raise WorkerError("vm", f"POST {url}: {exc}") from None
-
-
-# -- fast reset inside a VM -------------------------------------------------------------------------
-
-
-def fast_reset_script(
-    processes: list[str] | tuple[str, ...],
-    baseline: str = BASELINE_DIR,
-    *,
-    same_display: bool = False,
-) -> str:
-    """The shell script a fast reset runs in the VM through ``/setup/execute``.
-
-    Kills the VM user's processes named ``processes`` (exact ``comm`` names), verifies none
-    survived (exit 3 names the survivor; zombies do not count: OSWorld's server never reaps
-    what ``/setup/launch`` started), then restores ``$HOME`` from ``baseline`` (made by
-    :func:`baseline_script` on the clean VM; exit 4 when there is none: the caller reverts).
-    ``same_display``: only processes whose environment has this ``$DISPLAY`` (several
-    desktops share one user on a host; a VM has one display, so it is off there).
-    """
-    names = " ".join(sorted(set(processes)))
-    scope = "1" if same_display else ""
-    return f"""set -u
-names="{names}"
-scope="{scope}"
-me="$(id -u)"
-pids_of() {{  # live processes of ours named $1 (zombies have no environ: never listed)
-  for p in $(pgrep -x -U "$me" -- "$1"); do
-    [ "$(awk '{{print $3}}' "/proc/$p/stat" 2>/dev/null)" = Z ] && continue
-    if [ -n "$scope" ]; then
-      tr '\\0' '\\n' < "/proc/$p/environ" 2>/dev/null | grep -qx -- "DISPLAY=${{DISPLAY:-}}" || continue
-    fi
-    echo "$p"
-  done
-}}
-for n in $names; do for p in $(pids_of "$n"); do kill -KILL "$p" 2>/dev/null; done; done
-left=""
-for i in 1 2 3 4 5 6 7 8 9 10; do
-  left=""
-  for n in $names; do [ -n "$(pids_of "$n")" ] && left="$left $n"; done
-  [ -z "$left" ] && break
-  sleep 0.1
-done
-[ -n "$left" ] && {{ echo "survived:$left"; exit 3; }}
-[ -d "{baseline}" ] || {{ echo "no baseline"; exit 4; }}
-find "$HOME" -mindepth 1 -maxdepth 1 -exec rm -rf -- {{}} + 2>/dev/null
-cp -a "{baseline}/." "$HOME/" || exit 5
-echo clean
-"""
-
-
-def baseline_script(baseline: str = BASELINE_DIR) -> str:
-    """Shell script that snapshots the clean ``$HOME`` into ``baseline`` once (after a boot or revert)."""
-    return (
-        f'rm -rf "{baseline}.tmp" && mkdir -p "{baseline}.tmp" && cp -a "$HOME/." "{baseline}.tmp/" '
-        f'&& rm -rf "{baseline}" && mv "{baseline}.tmp" "{baseline}" && echo baseline'
-    )
 
 
 # -- the worker ------------------------------------------------------------------------------------

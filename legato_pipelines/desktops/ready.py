@@ -1,5 +1,10 @@
 """The ready signal: sample the screen until it stops changing, tolerant of a blinking caret.
 
+One module for every desktop: the local desktop server runs it on its X frames
+(``/legato/wait``); :class:`ScreenshotReady` runs it over a server's ``GET /screenshot`` for
+desktops whose server has no ``/legato/wait`` (OSWorld's in-VM server: the ``osworld``
+backend and VM servers attached by URL).
+
 Method (docs/local-desktop.md §6): successive full-resolution uint32 frames are compared by the
 number of changed pixels and their bounding box. A pair of frames is *quiet* when nothing
 changed, or when at most 64 pixels changed inside a box at most 4 px wide and 40 px tall (a
@@ -14,12 +19,16 @@ ready before its window exists). Every wait is capped; ``ready_s`` is reported e
 from __future__ import annotations
 
 import asyncio
+import io
 import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
+
+from ..errors import DesktopError
+from ..tasks import Task
 
 #: Process names (``/proc/<pid>/comm``) of apps that need the longer stable window.
 HEAVY_APPS = frozenset(
@@ -185,3 +194,86 @@ async def wait_until_ready(
             quiet = 0
         if armed and quiet >= policy.stable_pairs:
             return ReadyResult(clock() - start, frames, changed, False)
+
+
+# -- over a server's GET /screenshot ----------------------------------------------------------
+
+#: Setup steps that start an app (docs/osworld.md §3): the reset wait first waits for it to show.
+LAUNCH_STEPS = frozenset({"launch", "open", "chrome_open_tabs"})
+#: Domains of apps that repaint for a while after their first paint (the 0.5 s window).
+HEAVY_DOMAINS = frozenset(
+    {
+        "chrome",
+        "gimp",
+        "libreoffice_calc",
+        "libreoffice_impress",
+        "libreoffice_writer",
+        "thunderbird",
+        "vlc",
+        "vs_code",
+        "multi_apps",
+    }
+)
+
+
+def png_frame(png: bytes) -> np.ndarray:
+    """A PNG as an ``(h, w)`` uint32 frame (RGBA packed), the ready signal's unit."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(png)) as img:
+        rgba = np.ascontiguousarray(np.asarray(img.convert("RGBA")))
+    return rgba.view(np.uint32).reshape(rgba.shape[:2])
+
+
+class ScreenshotReady:
+    """Ready waits of one desktop from ``fetch()`` (PNG bytes of ``GET /screenshot``; it raises
+    ``DesktopError`` when the server does not answer, which the waits pass on).
+
+    Per attempt: :meth:`capture_blank` once on the clean desktop (at start), :meth:`prepare`
+    with the task before its reset wait, then :meth:`wait` per mode
+    (``reset`` | ``action`` | ``eval``). After a reset whose setup launched or opened an app,
+    the screen must first differ from the clean desktop (the app showed) before stability
+    counts; domains of heavy apps get the 0.5 s stable window.
+    """
+
+    def __init__(self, fetch: Callable[[], Awaitable[bytes]]):
+        self._fetch = fetch
+        self._last_png: tuple[bytes, np.ndarray] | None = None
+        self._blank: np.ndarray | None = None
+        self._launching = self._heavy = False
+
+    async def grab_frame(self) -> np.ndarray:
+        """One frame, decoded off the event loop (not at all when the PNG bytes equal the
+        previous frame's)."""
+        png = await self._fetch()
+        if self._last_png is not None and png == self._last_png[0]:
+            return self._last_png[1]  # same bytes, same frame: skip the decode
+        frame = await asyncio.to_thread(png_frame, png)
+        self._last_png = (png, frame)
+        return frame
+
+    async def capture_blank(self) -> None:
+        """Remember the clean desktop (a failed grab leaves no reference: no launch wait)."""
+        self._last_png = None
+        try:
+            self._blank = await self.grab_frame()
+        except DesktopError:
+            self._blank = None
+
+    def prepare(self, task: Task) -> None:
+        """Note whether ``task``'s setup launches an app and whether its domain is heavy."""
+        self._launching = any(step.get("type") in LAUNCH_STEPS for step in task.setup)
+        self._heavy = task.domain in HEAVY_DOMAINS
+
+    async def wait(self, mode: str, **overrides: float | None) -> ReadyResult:
+        """Poll until the screen is stable (:func:`wait_until_ready`); never raises on its cap
+        (``timed_out``), only ``DesktopError`` from ``fetch``. ``overrides``: fields of
+        :class:`ReadyPolicy` (``timeout_s``: the cap)."""
+        reference = None
+        if mode == "reset":
+            pending = self._launching and self._blank is not None
+            policy = policy_for(mode, heavy=self._heavy, launch_pending=pending, **overrides)
+            reference = self._blank if pending else None
+        else:
+            policy = policy_for(mode, **overrides)
+        return await wait_until_ready(self.grab_frame, policy, reference=reference)

@@ -14,12 +14,12 @@ from typing import Any
 
 import httpx
 
-from ...actions import Action
-from ...errors import DesktopError
-from ...images import Screenshot
+from ..actions import Action
+from ..errors import DesktopError
+from ..images import Screenshot
+from ..osworld_format.controller import EXECUTE_TIMEOUT_S
 
 DEFAULT_TIMEOUT_S = 30.0
-EXECUTE_TIMEOUT_S = 120.0
 RESET_TIMEOUT_S = 60.0
 
 
@@ -34,7 +34,7 @@ class DesktopClient:
     """One desktop server at ``url`` with its ``token`` (``None``: no ``Authorization`` header,
     for OSWorld's in-VM server, which has no token).
 
-    Implements :class:`~legato_pipelines.desktops.controller.DesktopController`. ``timeout`` is
+    Implements :class:`~legato_pipelines.osworld_format.controller.DesktopController`. ``timeout`` is
     the default per-request timeout in seconds (commands and resets get longer ones).
     """
 

@@ -3,12 +3,17 @@
 OSWorld's in-VM server (``desktop_env/server/main.py``, port 5000) and the project's local
 desktop server speak the same routes, so one client type implements this protocol for both;
 the task runtime (setup steps, getters, metrics) is written against it and runs on the
-collector's side, as OSWorld's ``SetupController`` and evaluators do.
+collector's side, as OSWorld's ``SetupController`` and evaluators do. The protocol lives with
+the runtime: the desktop backends use ``osworld_format``, never the other way round.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
+
+#: Seconds a command of ``/execute`` may run unless told otherwise: OSWorld's server's own
+#: ``subprocess.run`` timeout. The one definition the server, its client and the setup steps use.
+EXECUTE_TIMEOUT_S = 120.0
 
 
 @runtime_checkable
@@ -16,7 +21,7 @@ class DesktopController(Protocol):
     """Async access to one desktop's server. Methods raise ``DesktopError`` on transport failure."""
 
     async def execute(
-        self, command: list[str] | str, shell: bool = False, timeout: float = 120.0
+        self, command: list[str] | str, shell: bool = False, timeout: float = EXECUTE_TIMEOUT_S
     ) -> dict[str, Any]:
         """``POST /execute``: run a command as the desktop's user in its HOME, wait for it.
 

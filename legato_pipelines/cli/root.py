@@ -1,0 +1,13 @@
+"""The root ``legato`` Typer app every command module registers its commands on."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="legato",
+    help="Rollout collection for computer-use RL: desktops x policy server -> graded trajectories.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,  # locals could hold the policy key
+    add_completion=False,
+)

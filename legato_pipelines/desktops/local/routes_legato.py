@@ -1,0 +1,113 @@
+"""The project's ``/legato/`` routes of a local desktop server: structured actions as XTest
+input, the ready wait, observe, reset, health and the task's processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from .procs import process_table
+from .route_params import BadRequest, error_response, param, parse_action, request_params
+from .server_state import desktop_of
+from .session import SessionError
+
+
+async def act(request: Request) -> Response:
+    s = desktop_of(request)
+    action = parse_action(await request_params(request))
+    t0 = time.perf_counter()
+    if action.action == "wait":
+        await asyncio.sleep(min(float(action.seconds or 0.0), 60.0))
+    else:
+        await s.x.run(s.perform, action)
+    return JSONResponse({"act_s": time.perf_counter() - t0})
+
+
+async def wait(request: Request) -> Response:
+    s = desktop_of(request)
+    p = await request_params(request)
+    mode = param(p, "mode", str, "action")
+    overrides = {k: p.get(k) for k in ("stable_s", "timeout_s", "interval_s")}
+    for key, value in overrides.items():
+        if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+            raise BadRequest(f"field {key!r} must be a positive number of seconds")
+    try:
+        result = await s.wait_ready(mode, **overrides)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    return JSONResponse({"mode": mode, **result.to_json()})
+
+
+async def observe(request: Request) -> Response:
+    s = desktop_of(request)
+    t0 = time.perf_counter()
+    png, size = await s.x.run(lambda: (s.x.ctx().screen.png(), s.x.ctx().screen.size))
+    headers = {
+        "X-Screen-Width": str(size[0]),
+        "X-Screen-Height": str(size[1]),
+        "X-Observe-S": f"{time.perf_counter() - t0:.6f}",
+    }
+    return Response(png, media_type="image/png", headers=headers)
+
+
+async def reset(request: Request) -> Response:
+    s = desktop_of(request)
+    p = await request_params(request)
+    try:
+        return JSONResponse(await s.reset(param(p, "full", bool, False)))
+    except SessionError as exc:
+        return error_response(500, f"reset failed: {exc}", "reset")
+
+
+async def health(request: Request) -> Response:
+    s = desktop_of(request)
+    sess = s.session
+    return JSONResponse(
+        {
+            "ok": sess.alive(),
+            "display": sess.display,
+            "user": sess.user,
+            "home": sess.desktop_home,
+            "host_home": str(sess.home),
+            "sandbox": sess.sandbox.describe() if sess.sandbox is not None else None,
+            "width": sess.width,
+            "height": sess.height,
+            "pid": os.getpid(),
+            "generation": sess.generation,
+        }
+    )
+
+
+async def processes(request: Request) -> Response:
+    s = desktop_of(request)
+
+    def collect() -> dict:
+        table = process_table()
+        rows = lambda pids: [  # noqa: E731
+            {"pid": pid, "comm": table[pid].comm, "state": table[pid].state}
+            for pid in sorted(pids)
+            if pid in table
+        ]
+        return {
+            "server_pid": os.getpid(),
+            "task": rows(s.session.task_pids(table)),
+            "infra": rows(s.session.infra_pids(table)),
+        }
+
+    return JSONResponse(await asyncio.to_thread(collect))
+
+
+#: (path, endpoint, methods) of the project's ``/legato/`` routes.
+LEGATO_ROUTES = [
+    ("/legato/act", act, ["POST"]),
+    ("/legato/wait", wait, ["POST"]),
+    ("/legato/observe", observe, ["GET", "POST"]),
+    ("/legato/reset", reset, ["POST"]),
+    ("/legato/health", health, ["GET"]),
+    ("/legato/processes", processes, ["GET"]),
+]

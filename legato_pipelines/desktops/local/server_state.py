@@ -1,0 +1,199 @@
+"""The state behind a local desktop server's routes: the session, its X thread, the pending
+launch and the operations several routes share (reset, the ready wait, performing an action).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from starlette.requests import Request
+
+from ...actions import Action
+from ..ready import HEAVY_APPS, ReadyResult, policy_for, wait_until_ready
+from . import apps
+from .procs import process_table
+from .session import Session
+from .xthread import XThread
+
+REAP_INTERVAL_S = 1.0
+LAUNCH_CHECK_S = 0.05  # a launched app that exits non-zero this soon is reported as failed
+
+
+@dataclass
+class LaunchMark:
+    """What the screen looked like when the last app was launched (for the launch ready wait)."""
+
+    frame: np.ndarray
+    windows: frozenset[int]
+
+
+class DesktopServer:
+    """The state behind the routes: the session, its X thread and the pending launch."""
+
+    def __init__(self, session: Session, *, remove_state: bool = False):
+        self.session = session
+        self.remove_state = remove_state
+        self.x = XThread(session)
+        self.reset_lock = asyncio.Lock()
+        self.launch_mark: LaunchMark | None = None
+        self.before_action: np.ndarray | None = None  # the screen just before the last action
+        self._reaper: asyncio.Task | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.x.run(self.session.start)
+        await self.x.run(self.x.ctx)
+        self._reaper = asyncio.create_task(self._reap_forever())
+
+    async def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        await self.x.run(self.x.drop_ctx)
+        await self.x.run(self.session.close)
+        self.x.shutdown()
+        if self.remove_state:
+            shutil.rmtree(self.session.state, ignore_errors=True)
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(REAP_INTERVAL_S)
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.session.procs.reap)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    @property
+    def home(self) -> str:
+        """HOME as the desktop's processes see it (``/home/user`` in a sandbox)."""
+        return self.session.desktop_home
+
+    async def run_command(
+        self, argv, shell: bool, timeout: float, input: bytes | None = None
+    ) -> subprocess.CompletedProcess:
+        return await asyncio.to_thread(
+            self.session.procs.run,
+            argv,
+            self.session.run_as(),
+            shell=shell,
+            timeout=timeout,
+            input=input,
+        )
+
+    def _mark_launch(self) -> None:
+        ctx = self.x.ctx()
+        self.launch_mark = LaunchMark(ctx.screen.frame(), frozenset(ctx.windows.client_ids()))
+
+    def _spawn_app(self, argv, shell: bool) -> subprocess.Popen:
+        argv, shell = apps.with_session_bus(argv, shell)
+        self._mark_launch()
+        with open(self.session.state / "apps.log", "ab") as log:
+            return self.session.procs.spawn(
+                argv, self.session.run_as(), shell=shell, stdout=log, stderr=log
+            )
+
+    async def died_at_once(self, proc: subprocess.Popen) -> int | None:
+        """The exit status of a just-launched app that failed within ``LAUNCH_CHECK_S``
+        seconds (a missing program exits 127 in a few ms), else ``None`` (running, or 0)."""
+        deadline = time.monotonic() + LAUNCH_CHECK_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        return proc.returncode or None
+
+    def apps_log_tail(self, chars: int = 500) -> str:
+        """The end of ``apps.log`` (the launched apps' stdout and stderr)."""
+        try:
+            with open(self.session.state / "apps.log", "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - chars))
+                return f.read().decode(errors="replace").strip()
+        except OSError:
+            return ""
+
+    def heavy_app_running(self) -> bool:
+        table = process_table()
+        return any(
+            table[pid].comm in HEAVY_APPS for pid in self.session.task_pids(table) if pid in table
+        )
+
+    # -- operations used by several routes ------------------------------------------------------
+
+    async def reset(self, full: bool) -> dict:
+        """Fast reset (kill the task's processes, restore HOME), or a full restart when asked,
+        when the display died, or when the fast reset failed."""
+        async with self.reset_lock:
+            t0 = time.perf_counter()
+            kind = "full" if full or not self.session.alive() else "fast"
+            detail: dict = {}
+            if kind == "fast":
+                try:
+                    detail = await self.x.run(self._fast_reset_sync)
+                    if detail.get("reverted"):
+                        kind = "revert"  # the task wrote outside HOME: the sandbox was reverted
+                except Exception as exc:  # fall back to the full restart
+                    detail = {"fast_error": str(exc)}
+                    kind = "full"
+            if kind == "full":
+                detail |= await self.x.run(self._full_reset_sync)
+            self.launch_mark = self.before_action = None
+            return {"kind": kind, "reset_s": time.perf_counter() - t0, **detail}
+
+    def _fast_reset_sync(self) -> dict:
+        detail = self.session.fast_reset()
+        self._settle_input()
+        return detail
+
+    def _full_reset_sync(self) -> dict:
+        self.x.drop_ctx()
+        detail = self.session.full_reset()
+        self._settle_input()
+        return detail
+
+    def _settle_input(self) -> None:
+        ctx = self.x.ctx()
+        ctx.input.release_all()
+        width, height = ctx.screen.size
+        # Park the pointer where it hovers over nothing, one pixel off the corner: a pointer
+        # in a corner trips pyautogui's fail-safe in OSWorld's setup commands (FailSafeException).
+        ctx.input.move(width - 2, height - 2)
+        ctx.display.sync()
+
+    async def wait_ready(self, mode: str, **overrides) -> ReadyResult:
+        mark = self.launch_mark if mode in ("launch", "reset") else None
+        reference = (
+            mark.frame if mark is not None else self.before_action if mode == "action" else None
+        )
+        heavy = mode in ("launch", "reset") and await asyncio.to_thread(self.heavy_app_running)
+        policy = policy_for(mode, heavy=heavy, launch_pending=mark is not None, **overrides)
+
+        async def grab() -> np.ndarray:
+            return await self.x.run(lambda: self.x.ctx().screen.frame())
+
+        async def new_window() -> bool:
+            ids = await self.x.run(lambda: self.x.ctx().windows.client_ids())
+            return bool(set(ids) - mark.windows) if mark is not None else False
+
+        result = await wait_until_ready(grab, policy, reference=reference, new_window=new_window)
+        if mark is not None and result.changed:
+            self.launch_mark = None
+        if mode == "action":
+            self.before_action = None
+        return result
+
+    def perform(self, action: Action) -> None:
+        """Grab the screen (the action wait's reference), then perform ``action`` (X thread)."""
+        ctx = self.x.ctx()
+        self.before_action = ctx.screen.frame()
+        ctx.input.perform(action)
+
+
+def desktop_of(request: Request) -> DesktopServer:
+    """The :class:`DesktopServer` a request is served by (set on the app by ``build_app``)."""
+    return request.app.state.desktop

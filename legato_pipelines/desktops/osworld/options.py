@@ -1,0 +1,149 @@
+"""The ``osworld`` backend's options: validated once, turned into each worker's ``start``
+request, its interpreter and its clean environment (see :mod:`.backend` for the option list).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ...errors import ConfigError
+from ..base import DesktopConfig, check_options
+from .install import default_venv, venv_python
+
+PROVIDERS = ("docker", "local", "vmware", "virtualbox", "aws", "azure", "aliyun", "volcengine")
+OPTION_NAMES = frozenset(
+    {
+        "osworld_python",
+        "provider",
+        "path_to_vm",
+        "region",
+        "snapshot_name",
+        "os_type",
+        "client_password",
+        "headless",
+        "enable_proxy",
+        "cache_dir",
+        "work_dir",
+        "ready",
+        "fast_mode",
+        "start_timeout",
+        "call_timeout",
+        "reset_timeout",
+        "user",
+        "template",
+        "sandbox",
+        "network",
+        "log_level",
+    }
+)
+#: Environment variables a worker inherits (providers' credentials and endpoints); nothing
+#: else, so neither the policy key nor a stray configuration reaches DesktopEnv.
+PASS_ENV_PREFIXES = (
+    "DOCKER_",
+    "HF_",
+    "AWS_",
+    "AZURE_",
+    "ALIYUN_",
+    "ALIBABA",
+    "VOLCENGINE_",
+    "KVM",
+)
+PASS_ENV = ("HOME", "PATH", "LANG", "LC_ALL", "TMPDIR", "http_proxy", "https_proxy", "no_proxy")
+SECRET_ENV = ("LEGATO_POLICY_KEY",)
+#: The HOME baseline of a local desktop in ``fast_mode`` ``vm`` (expanded by the desktop's shell).
+LOCAL_VM_BASELINE = "$TMPDIR/legato-home-baseline"
+
+
+def default_cache_root() -> Path:
+    """``$XDG_CACHE_HOME/legato/osworld-cache`` (``~/.cache/...``): DesktopEnv cache dirs."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "legato" / "osworld-cache"
+
+
+def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The clean environment of a worker: a pass-list of the parent's plus ``extra``.
+
+    ``PYTHON_DOTENV_DISABLED=1`` stops desktop_env's import-time ``load_dotenv()`` (docs/osworld.md §8).
+    """
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if (k in PASS_ENV or k.startswith(PASS_ENV_PREFIXES)) and k not in SECRET_ENV
+    }
+    env["PYTHON_DOTENV_DISABLED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def _start_request(config: DesktopConfig, provider: str, cache_dir: Path) -> dict[str, Any]:
+    opts = config.options
+    request: dict[str, Any] = {
+        "provider": provider,
+        "screen": [config.screen_width, config.screen_height],
+        "cache_dir": str(cache_dir),
+        "headless": bool(opts.get("headless", True)),
+    }
+    for key in (
+        "path_to_vm",
+        "region",
+        "snapshot_name",
+        "os_type",
+        "client_password",
+        "enable_proxy",
+    ):
+        if opts.get(key) is not None:
+            request[key] = opts[key]
+    return request
+
+
+def resolve_python(config: DesktopConfig) -> str:
+    """The OSWorld interpreter: option ``osworld_python`` or the default venv's python.
+
+    Raises ``ConfigError`` naming the fix when it does not exist.
+    """
+    given = config.options.get("osworld_python")
+    python = Path(given).expanduser() if given else venv_python(default_venv())
+    if not python.exists():
+        where = "--osworld-python" if given else f"the default venv {default_venv()}"
+        raise ConfigError(
+            f"osworld backend: no OSWorld interpreter at {python} ({where}); "
+            "fix: `legato osworld install` or --osworld-python PATH"
+        )
+    return str(python)
+
+
+def plan_desktops(config: DesktopConfig, n: int) -> list[dict[str, Any]]:
+    """Validate ``config`` for the osworld backend; the ``start`` request of each of ``n`` desktops.
+
+    Raises ``ConfigError`` for unknown options, an unknown provider, or ``ready="server"``
+    without provider ``local``.
+    """
+    check_options(config, OPTION_NAMES, "osworld")
+    options = dict(config.options)
+    if n < 1:
+        raise ConfigError(f"desktops must be >= 1, got {n}")
+    provider = str(options.get("provider") or "docker").lower()
+    if provider not in PROVIDERS:
+        raise ConfigError(
+            f"desktop option provider={provider!r} is unknown; use one of {list(PROVIDERS)} (--osworld-provider)"
+        )
+    ready = options.get("ready", "screenshot")
+    if ready not in ("screenshot", "server") or (ready == "server" and provider != "local"):
+        raise ConfigError(
+            f"desktop option ready={ready!r}: use 'screenshot', or 'server' with provider 'local'"
+        )
+    fast_mode = options.get("fast_mode", "server" if provider == "local" else "vm")
+    if fast_mode not in ("vm", "server") or (fast_mode == "server" and provider != "local"):
+        raise ConfigError(
+            f"desktop option fast_mode={fast_mode!r}: use 'vm', or 'server' with provider 'local'"
+        )
+    root = Path(options.get("cache_dir") or default_cache_root()).expanduser().resolve()
+    requests = [_start_request(config, provider, root / f"desktop-{i}") for i in range(n)]
+    for request in requests:
+        request["fast_mode"] = fast_mode
+        if provider == "local" and fast_mode == "vm":
+            # several local desktops share one user: each keeps its baseline in its own TMPDIR
+            request["baseline_dir"] = LOCAL_VM_BASELINE
+    return requests

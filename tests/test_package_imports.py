@@ -1,0 +1,159 @@
+"""The package's import structure: no circles, backends apart, OSWorld's task format below the desktops.
+
+The graph is read with ``ast`` from the source (nothing is imported): an edge A -> B for every
+``import``/``from ... import`` in module A naming module B of the package, at module level or
+inside a function alike (a lazy import still ties the two modules). ``from pkg import name``
+points at ``pkg.name`` when that is a module, else at ``pkg``. Importing ``a.b.c`` also runs
+``a/__init__`` and ``a/b/__init__``; those implicit edges are not counted (a package's
+``__init__`` is its face: it hands names on, and the factory in ``desktops/__init__`` imports
+its backends lazily by design).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = "legato_pipelines"
+ROOT = Path(__file__).resolve().parents[1] / PACKAGE
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in ROOT.rglob("*.py"):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+MODULES = _modules()
+
+
+def _is_package(name: str) -> bool:
+    return MODULES[name].name == "__init__.py"
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    if not _is_package(module):
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(module: str) -> set[str]:
+    """The package modules ``module`` imports (module level and inside functions)."""
+    tree = ast.parse(MODULES[module].read_text(), str(MODULES[module]))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, node)
+            targets = [
+                f"{target}.{alias.name}" if f"{target}.{alias.name}" in MODULES else target
+                for alias in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:  # import a.b.c.name -> the module a.b.c
+                target = target.rpartition(".")[0]
+            if target.startswith(PACKAGE) and target != module:
+                found.add(target)
+    return found
+
+
+GRAPH = {module: imports_of(module) for module in MODULES}
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle():
+    assert _cycles() == []
+
+
+def test_osworld_format_never_imports_desktops():
+    """The task runtime (setup steps, getters, metrics) is written against its own
+    ``DesktopController`` protocol; the backends use it, never the other way round."""
+    wrong = {
+        (m, t)
+        for m, targets in GRAPH.items()
+        if m.startswith(f"{PACKAGE}.osworld_format")
+        for t in targets
+        if t.startswith(f"{PACKAGE}.desktops")
+    }
+    assert wrong == set()
+
+
+#: The desktop backends. One backend may use another only through its package's face
+#: (``desktops/local/__init__.py``: what it exports), never its modules.
+BACKENDS = {
+    "fake": f"{PACKAGE}.desktops.fake",
+    "local": f"{PACKAGE}.desktops.local",
+    "osworld": f"{PACKAGE}.desktops.osworld",
+    "vmserver": f"{PACKAGE}.desktops.vmserver",
+}
+
+
+def _backend_of(module: str) -> str | None:
+    for name, prefix in BACKENDS.items():
+        if module == prefix or module.startswith(prefix + "."):
+            return name
+    return None
+
+
+def test_backends_do_not_reach_into_each_other():
+    wrong = set()
+    for module, targets in GRAPH.items():
+        own = _backend_of(module)
+        if own is None:
+            continue
+        for target in targets:
+            other = _backend_of(target)
+            if other is not None and other != own and target != BACKENDS[other]:
+                wrong.add((module, target))
+    assert wrong == set()
+
+
+def test_the_graph_is_read():
+    """Guards the reader itself: known edges are found."""
+    assert f"{PACKAGE}.desktops.base" in GRAPH[f"{PACKAGE}.rollout.attempt"]
+    assert f"{PACKAGE}.errors" in GRAPH[f"{PACKAGE}.desktops.fake"]
