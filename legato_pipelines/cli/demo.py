@@ -137,7 +137,9 @@ def demo_command(
     tasks: Annotated[
         Path | None,
         typer.Option(
-            "--tasks", help="Task list JSON; default $LEGATO_TASKS or the shipped fake tasks."
+            "--tasks",
+            help="Task list JSON; default: the local suite on real desktops, else $LEGATO_TASKS or "
+            "the shipped fake tasks. A list of your own runs on fake desktops unless --backend local.",
         ),
     ] = None,
     lake: Annotated[

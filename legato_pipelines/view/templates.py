@@ -148,7 +148,7 @@ ROLLOUT = """{% extends "base" %}
 {% for s in steps %}
 <section class="step" id="step-{{ s.step }}">
  <div class="shot" data-screen="{{ s.screen[0] }}x{{ s.screen[1] }}">
-  {% if s.image %}<img src="{{ s.image }}" alt="step {{ s.step }} screenshot" width="{{ s.image_size[0] }}" height="{{ s.image_size[1] }}">
+  {% if s.image %}<img src="{{ s.image }}" alt="step {{ s.step }} screenshot" width="{{ s.image_size[0] }}" height="{{ s.image_size[1] }}"{% if loop.index > 2 %} loading="lazy"{% endif %}>
   <svg viewBox="0 0 {{ s.screen[0] }} {{ s.screen[1] }}" preserveAspectRatio="none" xmlns="http://www.w3.org/2000/svg">
   {% for m in s.marks %}
    {% if m.kind == "click" %}<g class="mark mark-click" data-action="{{ m.index }}" data-x="{{ m.x }}" data-y="{{ m.y }}">
@@ -204,6 +204,7 @@ function place() {
   }
 }
 window.addEventListener("load", place);
+for (const img of document.querySelectorAll(".shot img")) img.addEventListener("load", place);
 </script>{% endblock %}
 """
 
