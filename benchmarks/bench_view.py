@@ -164,6 +164,7 @@ def _view(run: Path) -> dict:
 
 
 def main() -> None:
+    """Write the batch, run ``legato view`` on it cold and warm, print one JSON line."""
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -155,6 +155,7 @@ def training_signal(records: list[Record], samples: pa.Table) -> dict[str, Any]:
     png = _signal_chart(rewards, advs, lengths, tokens, "Training signal")
 
     def mean(values: list) -> float | None:
+        """The mean, ``None`` for no values."""
         return statistics.fmean(values) if values else None
 
     return {

@@ -163,6 +163,7 @@ class _Images:
         self.rel = {}
 
     def path(self, sha: str) -> Path:
+        """The screenshot's file in the run directory."""
         return self.source / f"{sha}.png"
 
     def href(self, sha: str, page_dir: Path) -> str:
@@ -421,6 +422,7 @@ def _write_group_pages(
                 made[sha] = path is not None
 
     def href(sha: str | None) -> str | None:
+        """A group page's URL for a screenshot: its thumbnail, else the screenshot."""
         if not sha:
             return None
         if made.get(sha):
