@@ -65,6 +65,25 @@ def collect_command(
             help="Backend osworld: DesktopEnv provider (docker | local | vmware | aws | ...; default docker).",
         ),
     ] = None,
+    temperature: Annotated[
+        float,
+        typer.Option("--temperature", help="Sampling temperature (RL: 1.0, the behaviour policy)."),
+    ] = 1.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling top_p (0, 1].")] = 1.0,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", help="Completion tokens per step (the server's cap).")
+    ] = 2048,
+    sampling_seed: Annotated[
+        int | None,
+        typer.Option("--sampling-seed", help="The request's sampling seed (default: not sent)."),
+    ] = None,
+    logprobs_mode: Annotated[
+        str | None,
+        typer.Option(
+            "--logprobs-mode",
+            help="The server's logprobs mode as you started it (vLLM --logprobs-mode); recorded.",
+        ),
+    ] = None,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     **settings: Any,
@@ -101,6 +120,11 @@ def collect_command(
             version=version,
             step_timeout=knobs.step_timeout,
             retries=knobs.retries,
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            sampling_seed=sampling_seed,
+            logprobs_mode=logprobs_mode,
         )
         desktop = DesktopConfig(
             backend=backend,
