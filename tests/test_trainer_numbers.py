@@ -249,6 +249,13 @@ def test_context_length_400_truncates_that_attempt_and_the_batch_goes_on(flavor,
     assert "--image-max (now 20)" in summary["quality"]["advice"]
     assert "--max-tokens (now 64)" in summary["quality"]["advice"]
     assert len(_samples(tmp_path / "run", tmp_path)) == 18
+    from typer.testing import CliRunner
+
+    from legato_pipelines.cli import app
+
+    shown = CliRunner().invoke(app, ["profile", str(tmp_path / "run")], terminal_width=400)
+    assert shown.exit_code == 0, shown.output
+    assert "context-length truncations" in shown.output and "--image-max" in shown.output
 
 
 def test_other_config_errors_still_fail_the_batch(tmp_path):

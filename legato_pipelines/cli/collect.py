@@ -265,7 +265,18 @@ def print_profile(summary: dict) -> None:
         f"{summary['records']} = scheduled {summary['scheduled']} - missing {summary['missing']} + retries {summary['retries']}",
     )
     table.add_row("groups closed", f"{summary['groups']['closed']}/{summary['groups']['total']}")
-    table.add_row("success rate", _fmt(summary["success_rate"], pct=True))
+    graded = summary.get("graded")
+    table.add_row(
+        "success rate",
+        _fmt(summary["success_rate"], pct=True)
+        + (f" of {graded} graded attempts" if graded is not None else ""),
+    )
+    sampling = summary.get("sampling")
+    if sampling:
+        table.add_row(
+            "sampling",
+            "  ".join(f"{k} {'-' if v is None else v}" for k, v in sampling.items()),
+        )
     table.add_row("rollouts / hour", _fmt(summary["rollouts_per_hour"]))
     table.add_row("wall time", f"{summary['wall_s']:.1f} s, {summary['steps']} steps")
     table.add_row("time share", "  ".join(f"{k} {v:.0%}" for k, v in summary["time_share"].items()))
@@ -292,6 +303,21 @@ def print_profile(summary: dict) -> None:
     )
     table.add_row("parse errors", str(summary.get("parse_errors", 0)))
     table.add_row("evaluator errors", str(summary.get("eval_errors", 0)))
+    quality = summary.get("quality")
+    if quality:
+        table.add_row(
+            "numbers",
+            f"invalid rewards {quality['invalid_rewards']}  length mismatches "
+            f"{quality['length_mismatches']}  sentinel-logprob steps "
+            f"{quality['logprob_sentinel_steps']}  valid logprobs "
+            f"{_fmt(quality['logprobs_valid_share'], pct=True)}  server aborts "
+            f"{quality['server_aborts']}  prompt ids {_fmt(quality['prompt_token_ids_share'], pct=True)}",
+        )
+        table.add_row(
+            "context-length truncations",
+            str(quality["context_length_truncations"])
+            + (f" ({quality['advice']})" if quality.get("advice") else ""),
+        )
     setup = summary.get("setup_failures") or {"attempts": 0, "by_step": {}}
     table.add_row(
         "setup failures",
