@@ -364,8 +364,17 @@ def encode_prompt_ids(previous: list[int] | None, ids: list[int]) -> dict[str, A
     prefix = 0
     if previous:
         limit = min(len(previous), len(ids))
-        while prefix < limit and previous[prefix] == ids[prefix]:
-            prefix += 1
+        if ids[:limit] == previous[:limit]:  # the usual case (the prompt grew), compared in C
+            prefix = limit
+        else:  # binary search on slice equality: O(n log n) in C, not a Python loop per id
+            lo, hi = 0, limit  # ids[:lo] == previous[:lo]; ids[:hi] != previous[:hi]
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if ids[:mid] == previous[:mid]:
+                    lo = mid
+                else:
+                    hi = mid
+            prefix = lo if ids[:hi] != previous[:hi] else hi
     tail: list[Any] = []
     i, n = prefix, len(ids)
     while i < n:

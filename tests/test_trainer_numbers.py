@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import orjson
 import pyarrow.parquet as pq
@@ -86,6 +87,18 @@ def test_prompt_ids_codec_round_trips_runs_and_prefixes():
     assert decode_prompt_ids(a, enc_b) == b
     assert decode_prompt_ids(b, encode_prompt_ids(b, c)) == c
     assert decode_prompt_ids(None, encode_prompt_ids(None, [])) == []
+    rng = random.Random(1)
+    for _ in range(500):  # any pair of prompts: the prefix is the longest common one
+        prev = [rng.randrange(3) for _ in range(rng.randrange(12))]
+        ids = prev[: rng.randrange(len(prev) + 1)] + [
+            rng.randrange(3) for _ in range(rng.randrange(12))
+        ]
+        enc = encode_prompt_ids(prev, ids)
+        common = next(
+            (i for i, (x, y) in enumerate(zip(prev, ids, strict=False)) if x != y),
+            min(len(prev), len(ids)),
+        )
+        assert enc["prefix"] == common and decode_prompt_ids(prev, enc) == ids
 
 
 def test_no_prompt_ids_column_values_when_the_server_sends_none(tmp_path):
