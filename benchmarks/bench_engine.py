@@ -5,6 +5,12 @@ loopback scripted policy server (vLLM wire format, in its own process) and image
     python benchmarks/bench_engine.py --desktops 64 1024 --steps 15
 
 Goal (issue 2): <= 3 ms of collector CPU per step. Prints one JSON line per run.
+
+Storage of prompt ids (issue 13): ``--image-tokens 880`` makes the server's prompt ids as long
+as Qwen3-VL's for 1280x704 screenshots (880 ``<|image_pad|>`` ids each); the storage report
+then gives the bytes per step of ``rollouts.jsonl`` and of the ``samples`` Parquet with the
+prompt ids and without them (the same records with ``prompt_ids`` dropped: byte for byte what
+the writer wrote before it stored them; the samples without ``prompt_token_ids``).
 """
 
 from __future__ import annotations
@@ -71,6 +77,7 @@ def run(
         )
         wall, cpu = time.perf_counter() - t0, cpu_s() - c0
         storage = storage_report(Path(out))
+        storage |= prompt_ids_report(Path(out))
     n = summary["steps"]
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     window = image_max * (60_000 * 7 // 3)  # a window's images: ~60 KB PNG + its base64 data URL
@@ -104,6 +111,49 @@ def storage_report(run_dir: Path) -> dict:
     }  # fmt: skip
 
 
+def prompt_ids_report(run_dir: Path) -> dict:
+    """Bytes per step that storing the server's prompt ids costs: ``rollouts.jsonl`` with and
+    without the steps' ``prompt_ids`` (the key is written only when set, so the lines without
+    it are what the writer wrote before), and the ``samples`` Parquet (pyarrow defaults:
+    dictionary + RLE, snappy) with and without ``prompt_token_ids``; and the raw size of the
+    prompt ids (int64 each, what storing every step's prompt whole would hold)."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from legato_pipelines import export_steps
+
+    lines = (run_dir / "rollouts.jsonl").read_bytes().splitlines()
+    without = 0
+    n_steps = 0
+    for line in lines:
+        record = orjson.loads(line)
+        for step in record["steps"]:
+            step.pop("prompt_ids", None)
+            n_steps += 1
+        without += len(orjson.dumps(record)) + 1
+    with_ids = sum(len(line) + 1 for line in lines)
+    table = export_steps(run_dir)
+
+    def parquet_bytes(t) -> int:
+        buf = io.BytesIO()
+        pq.write_table(t, buf)
+        return buf.tell()
+
+    samples = parquet_bytes(table)
+    samples_without = parquet_bytes(table.drop_columns(["prompt_token_ids"]))
+    ids = table.column("prompt_token_ids").to_pylist()
+    raw = sum(8 * len(v) for v in ids if v)
+    n = max(1, n_steps)
+    rows = max(1, table.num_rows)
+    return {
+        "records_bytes_per_step": round(with_ids / n), "records_bytes_per_step_without_prompt_ids": round(without / n),
+        "samples_parquet_bytes_per_step": round(samples / rows), "samples_parquet_bytes_per_step_without_prompt_ids": round(samples_without / rows),
+        "prompt_ids_raw_int64_bytes_per_step": round(raw / rows),
+        "prompt_tokens_mean": round(sum(len(v) for v in ids if v) / rows),
+    }  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -120,12 +170,19 @@ def main() -> None:
         action="store_true",
         help="every screenshot distinct (storage runs; each is resized)",
     )
+    ap.add_argument(
+        "--image-tokens",
+        type=int,
+        default=64,
+        help="the scripted server's prompt tokens per image (Qwen3-VL at 1280x704: 880)",
+    )
     args = ap.parse_args()
     script = Path(tempfile.mkdtemp()) / "script.json"
     script.write_text(
         json.dumps({"default": [CLICK]})
     )  # never terminates: every attempt runs --steps steps
-    with policy_server_process("--script", str(script)) as url:
+    server_args = ("--script", str(script), "--image-tokens", str(args.image_tokens))
+    with policy_server_process(*server_args) as url:
         for n in args.desktops:
             print(
                 json.dumps(

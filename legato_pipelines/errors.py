@@ -50,6 +50,14 @@ class PolicyTimeout(PolicyError):
     """The hard per-call deadline (``step_timeout`` seconds) passed, on every try."""
 
 
+class ContextLengthError(PolicyError):
+    """The prompt plus ``max_tokens`` no longer fit the server's context (a 400 "maximum
+    context length", vLLM / SGLang / OpenAI wording). Not a configuration error of the batch:
+    the prompt grew with the attempt, so that attempt ends as ``truncated`` (reason recorded)
+    and the batch goes on. Fix: lower ``--image-max`` or ``--max-tokens``, or raise the
+    server's ``--max-model-len`` / ``--context-length``."""
+
+
 class PolicyConfigError(PolicyError, ConfigError):
     """The server answered 400/401/403/404: a configuration problem, not a flaky call.
 

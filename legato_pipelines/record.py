@@ -26,6 +26,7 @@ which are taken as they are: reading a large run directory must stay cheap.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -268,7 +269,11 @@ class ActionRecord(_Format):
 class Step(_Format):
     """One policy call and what followed: ``request`` (message hashes: the exact prompt),
     ``response``, ``model`` (call numbers), the parsed ``action_text`` / ``parse_error``, the
-    executed ``actions``, ``obs_s`` [s] to take the screenshot, ``observation`` (its image sha)."""
+    executed ``actions``, ``obs_s`` [s] to take the screenshot, ``observation`` (its image sha);
+    ``prompt_ids`` (written only when the server returned the prompt's token ids): those ids,
+    encoded against the previous step's (:func:`encode_prompt_ids`)."""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"prompt_ids"})
 
     step: int
     request: list[str] = Field(default_factory=list)
@@ -279,11 +284,16 @@ class Step(_Format):
     actions: list[ActionRecord] = Field(default_factory=list)
     obs_s: Seconds | None = None
     observation: str | None = None
+    prompt_ids: Annotated[dict[str, Any] | None, SkipValidation] = None
 
 
 class Record(_Format):
     """One execution of one logical attempt (``task_id``, ``group_id``, ``attempt``);
-    ``rollout_id`` names the execution, ``execution`` counts re-tries (0 first)."""
+    ``rollout_id`` names the execution, ``execution`` counts re-tries (0 first);
+    ``truncation`` (written only when set): why a ``truncated`` attempt stopped early other
+    than ``rollout_timeout`` (the server's context-length message, with the fix)."""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"truncation"})
 
     format: str = FORMAT
     rollout_id: str
@@ -306,6 +316,12 @@ class Record(_Format):
     timing: Timing = Field(default_factory=Timing)
     reset: Reset | None = None
     steps: list[Step] = Field(default_factory=list)
+    truncation: str | None = None
+
+    @property
+    def reward_valid(self) -> bool:
+        """The record carries a valid reward (:func:`valid_reward`)."""
+        return valid_reward(self.reward)
 
     @property
     def final(self) -> bool:
@@ -326,6 +342,66 @@ class Record(_Format):
     def env_failure(self) -> bool:
         """The desktop failed during this execution (status ``retried`` or ``error``)."""
         return self.error_kind == ENV
+
+
+def valid_reward(value: Any) -> bool:
+    """Whether ``value`` is a reward a trainer may use: a finite number (not ``None``, NaN,
+    +-inf, a bool or a string). An evaluator that gives anything else has failed."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+RUN_MIN = 8
+"""Shortest run of one repeated id that :func:`encode_prompt_ids` writes as ``[id, count]``."""
+
+
+def encode_prompt_ids(previous: list[int] | None, ids: list[int]) -> dict[str, Any]:
+    """A step's prompt token ids, stored near their unique bytes: ``{"prefix": n, "tail": [...]}``
+    where ``n`` ids are shared with ``previous`` (the same attempt's previous prompt; ``None``
+    for the first step) and ``tail`` holds the rest, each run of at least :data:`RUN_MIN` equal
+    ids (an image's placeholder tokens) written as a two-element list ``[id, count]``.
+    Consecutive prompts of an attempt share everything up to the newest turn, so a step
+    stores only its new tokens. :func:`decode_prompt_ids` inverts it."""
+    prefix = 0
+    if previous:
+        limit = min(len(previous), len(ids))
+        if ids[:limit] == previous[:limit]:  # the usual case (the prompt grew), compared in C
+            prefix = limit
+        else:  # binary search on slice equality: O(n log n) in C, not a Python loop per id
+            lo, hi = 0, limit  # ids[:lo] == previous[:lo]; ids[:hi] != previous[:hi]
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if ids[:mid] == previous[:mid]:
+                    lo = mid
+                else:
+                    hi = mid
+            prefix = lo if ids[:hi] != previous[:hi] else hi
+    tail: list[Any] = []
+    i, n = prefix, len(ids)
+    while i < n:
+        j = i + 1
+        while j < n and ids[j] == ids[i]:
+            j += 1
+        if j - i >= RUN_MIN:
+            tail.append([ids[i], j - i])
+        else:
+            tail.extend(ids[i:j])
+        i = j
+    return {"prefix": prefix, "tail": tail}
+
+
+def decode_prompt_ids(previous: list[int] | None, encoded: Mapping[str, Any]) -> list[int]:
+    """The prompt token ids of a step from :func:`encode_prompt_ids`'s form and the previous
+    step's ids. Raises ``ValueError`` when ``prefix`` is longer than ``previous``."""
+    prefix = int(encoded.get("prefix") or 0)
+    if prefix > len(previous or ()):
+        raise ValueError(f"prompt_ids: prefix {prefix} longer than the previous prompt")
+    out = list((previous or [])[:prefix])
+    for item in encoded.get("tail") or ():
+        if isinstance(item, list):
+            out.extend([item[0]] * item[1])
+        else:
+            out.append(item)
+    return out
 
 
 def as_record(record: Record | Mapping[str, Any]) -> Record:

@@ -94,11 +94,11 @@ def _click(x, y) -> str:
 @pytest.mark.parametrize(
     "screen, model, expected",
     [
-        # OSWorld: int(x * (W / 999)), int(y * (H / 999)).
+        # OSWorld's scale x * (W / 999), rounded to the nearest pixel (OSWorld truncates).
         ((1920, 1080), (0, 0), (0, 0)),
-        ((1920, 1080), (500, 500), (960, 540)),
-        ((1920, 1080), (100, 900), (192, 972)),
-        ((1280, 720), (250, 750), (320, 540)),
+        ((1920, 1080), (500, 500), (961, 541)),
+        ((1920, 1080), (100, 900), (192, 973)),
+        ((1280, 720), (250, 750), (320, 541)),
         ((1920, 1080), (999, 999), (1919, 1079)),
     ],
 )
@@ -117,7 +117,21 @@ def test_qwen25vl_absolute_mapping_uses_the_requested_image_size():
     (action,) = ep.parse(_click(658, 364), "stop").actions
     assert (action.x, action.y) == (960, 540)  # int(658 * 1920/1316), int(364 * 1080/728)
     (corner,) = ep.parse(_click(1315, 727), "stop").actions
-    assert (corner.x, corner.y, corner.clamped) == (1918, 1078, False)
+    assert (corner.x, corner.y, corner.clamped) == (1919, 1079, False)  # 1918.54, 1078.52
     (off,) = ep.parse(_click(-20, 800), "stop").actions
     assert (off.x, off.y, off.clamped) == (0, 1079, True)
     assert off.to_record()["clamped"] is True
+
+
+def test_qwen25vl_absolute_click_rounds_to_the_nearest_pixel():
+    # 1522x1022 screen -> 1512x1008 image; (756, 504) is (761, 511) on the screen:
+    # 756 * (1522 / 1512) computes as 760.9999..., which truncation would make 760.
+    from legato_pipelines.harness.parse import CoordinateMap, parse_response
+
+    coords = CoordinateMap.absolute((1522, 1022), (1512, 1008))
+    assert 756 * (1522 / 1512) < 761
+    (action,) = parse_response(_click(756, 504), "stop", variant="qwen25vl", coords=coords).actions
+    assert (action.x, action.y, action.clamped) == (761, 511, False)
+    assert action.to_record()["screen"] == [761, 511]
+    # relative coordinates round too: 500 * 1522 / 999 = 761.76 -> 762 (truncated: 761)
+    assert CoordinateMap.relative((1522, 1022)).map(500, 500) == (762, 512, False)

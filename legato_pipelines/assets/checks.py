@@ -4,9 +4,11 @@ partition it just wrote (``check_specs`` on the asset; results in the same mater
 ``no_attempt_unaccounted`` (rollouts)  every scheduled logical attempt has exactly one final
     record, every ``retried`` execution is followed by one, and
     ``records == scheduled + retries`` (docs/architecture.md §3 accounting)
-``logprobs_coverage`` (training_samples)  the shares of samples with logprobs and with token
-    ids are at least a floor (run config ``logprobs_floor``, default 0.95 or
-    ``LEGATO_LOGPROBS_FLOOR``): a trainer needs the behaviour policy's logprobs
+``logprobs_coverage`` (training_samples)  the shares of samples with *valid* logprobs (present,
+    no sentinel, as many as token ids: ``logprobs_valid``) and with token ids are at least a
+    floor (run config ``logprobs_floor``, default 0.95 or ``LEGATO_LOGPROBS_FLOOR``): a trainer
+    needs the behaviour policy's logprobs; the metadata counts length mismatches and samples
+    with sentinel logprobs
 ``advantages_centered`` (training_samples)  within each group whose rewards vary, the rollouts'
     GRPO advantages sum to ~0 (|sum| <= 1e-6 per rollout); groups without variance have 0
 ``success_rate_reported`` (profile_summary)  the profile reports a success rate in [0, 1]
@@ -38,7 +40,7 @@ NO_ATTEMPT_UNACCOUNTED = dg.AssetCheckSpec(
 LOGPROBS_COVERAGE = dg.AssetCheckSpec(
     "logprobs_coverage",
     asset="training_samples",
-    description="Shares of samples with logprobs and with token ids are at least the floor.",
+    description="Shares of samples with valid logprobs (no sentinel, no length mismatch) and with token ids are at least the floor.",
 )
 ADVANTAGES_CENTERED = dg.AssetCheckSpec(
     "advantages_centered",
@@ -79,9 +81,25 @@ def no_attempt_unaccounted(rollouts: pa.Table, scheduled: int | None) -> dg.Asse
 
 
 def logprobs_coverage(samples: pa.Table, floor: float) -> dg.AssetCheckResult:
-    """Shares of ``samples`` rows with non-empty ``response_logprobs`` / ``response_token_ids``."""
+    """Shares of ``samples`` rows with valid logprobs (``logprobs_valid``; a table without that
+    column: non-empty ``response_logprobs``) and non-empty ``response_token_ids``, against
+    ``floor``; metadata also counts ``length_mismatches`` and ``logprob_sentinel_samples``."""
     n = samples.num_rows
-    logprobs = sum(1 for v in samples.column("response_logprobs").to_pylist() if v)
+    names = samples.column_names
+    if "logprobs_valid" in names:
+        logprobs = sum(1 for v in samples.column("logprobs_valid").to_pylist() if v)
+    else:
+        logprobs = sum(1 for v in samples.column("response_logprobs").to_pylist() if v)
+    mismatches = (
+        sum(1 for v in samples.column("length_mismatch").to_pylist() if v)
+        if "length_mismatch" in names
+        else 0
+    )
+    sentinels = (
+        sum(1 for v in samples.column("logprob_sentinels").to_pylist() if v)
+        if "logprob_sentinels" in names
+        else 0
+    )
     token_ids = sum(1 for v in samples.column("response_token_ids").to_pylist() if v)
     logprobs_share = logprobs / n if n else 0.0
     token_ids_share = token_ids / n if n else 0.0
@@ -93,6 +111,8 @@ def logprobs_coverage(samples: pa.Table, floor: float) -> dg.AssetCheckResult:
             "samples": n,
             "logprobs_share": logprobs_share,
             "token_ids_share": token_ids_share,
+            "length_mismatches": mismatches,
+            "logprob_sentinel_samples": sentinels,
             "floor": floor,
         },
     )

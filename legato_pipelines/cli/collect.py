@@ -65,6 +65,25 @@ def collect_command(
             help="Backend osworld: DesktopEnv provider (docker | local | vmware | aws | ...; default docker).",
         ),
     ] = None,
+    temperature: Annotated[
+        float,
+        typer.Option("--temperature", help="Sampling temperature (RL: 1.0, the behaviour policy)."),
+    ] = 1.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling top_p (0, 1].")] = 1.0,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", help="Completion tokens per step (the server's cap).")
+    ] = 2048,
+    sampling_seed: Annotated[
+        int | None,
+        typer.Option("--sampling-seed", help="The request's sampling seed (default: not sent)."),
+    ] = None,
+    logprobs_mode: Annotated[
+        str | None,
+        typer.Option(
+            "--logprobs-mode",
+            help="The server's logprobs mode as you started it (vLLM --logprobs-mode); recorded.",
+        ),
+    ] = None,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     **settings: Any,
@@ -101,6 +120,11 @@ def collect_command(
             version=version,
             step_timeout=knobs.step_timeout,
             retries=knobs.retries,
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            sampling_seed=sampling_seed,
+            logprobs_mode=logprobs_mode,
         )
         desktop = DesktopConfig(
             backend=backend,
@@ -241,7 +265,18 @@ def print_profile(summary: dict) -> None:
         f"{summary['records']} = scheduled {summary['scheduled']} - missing {summary['missing']} + retries {summary['retries']}",
     )
     table.add_row("groups closed", f"{summary['groups']['closed']}/{summary['groups']['total']}")
-    table.add_row("success rate", _fmt(summary["success_rate"], pct=True))
+    graded = summary.get("graded")
+    table.add_row(
+        "success rate",
+        _fmt(summary["success_rate"], pct=True)
+        + (f" of {graded} graded attempts" if graded is not None else ""),
+    )
+    sampling = summary.get("sampling")
+    if sampling:
+        table.add_row(
+            "sampling",
+            "  ".join(f"{k} {'-' if v is None else v}" for k, v in sampling.items()),
+        )
     table.add_row("rollouts / hour", _fmt(summary["rollouts_per_hour"]))
     table.add_row("wall time", f"{summary['wall_s']:.1f} s, {summary['steps']} steps")
     table.add_row("time share", "  ".join(f"{k} {v:.0%}" for k, v in summary["time_share"].items()))
@@ -268,6 +303,21 @@ def print_profile(summary: dict) -> None:
     )
     table.add_row("parse errors", str(summary.get("parse_errors", 0)))
     table.add_row("evaluator errors", str(summary.get("eval_errors", 0)))
+    quality = summary.get("quality")
+    if quality:
+        table.add_row(
+            "numbers",
+            f"invalid rewards {quality['invalid_rewards']}  length mismatches "
+            f"{quality['length_mismatches']}  sentinel-logprob steps "
+            f"{quality['logprob_sentinel_steps']}  valid logprobs "
+            f"{_fmt(quality['logprobs_valid_share'], pct=True)}  server aborts "
+            f"{quality['server_aborts']}  prompt ids {_fmt(quality['prompt_token_ids_share'], pct=True)}",
+        )
+        table.add_row(
+            "context-length truncations",
+            str(quality["context_length_truncations"])
+            + (f" ({quality['advice']})" if quality.get("advice") else ""),
+        )
     setup = summary.get("setup_failures") or {"attempts": 0, "by_step": {}}
     table.add_row(
         "setup failures",

@@ -159,6 +159,22 @@ def scripted_policy_command(
         bool,
         typer.Option("--require-key", help="Require Bearer $LEGATO_POLICY_KEY (401 otherwise)."),
     ] = False,
+    image_tokens: Annotated[
+        int,
+        typer.Option(
+            "--image-tokens",
+            help="Prompt tokens per image (<|image_pad|> ids; Qwen3-VL at 1280x704: 880).",
+            min=1,
+        ),
+    ] = 64,
+    max_model_len: Annotated[
+        int | None,
+        typer.Option(
+            "--max-model-len",
+            help="Context [tokens]: longer prompt + max_tokens is vLLM's 400 (default: none).",
+            min=1,
+        ),
+    ] = None,
 ) -> None:
     """Run a scripted OpenAI-compatible policy server in the foreground (Ctrl-C to stop).
 
@@ -186,6 +202,7 @@ def scripted_policy_command(
         reject_unknown_fields=reject_unknown,
         no_logprobs=no_logprobs,
         cache_report=not no_cache_report,
+        max_model_len=max_model_len,
         seed=seed,
     )
     try:
@@ -198,6 +215,7 @@ def scripted_policy_command(
             faults=faults,
             latency=Latency(latency, sigma, seed),
             api_key=key if require_key else None,
+            image_tokens=image_tokens,
         )
     except (ValueError, OSError) as exc:
         fail(f"--script {script}: {exc}" if script else str(exc))

@@ -7,9 +7,11 @@ What is read (OSWorld ``mm_agents/qwen3vl_agent.py`` / ``qwen25vl_agent.py``):
 - Every ``<tool_call>...</tool_call>`` block, and every bare one-line JSON
   ``{"name": ..., "arguments": ...}``, is one ``computer_use`` call, in order: several calls
   give several actions. A final ``<tool_call>`` left open is read too (OSWorld does).
-- Model coordinates map to screen pixels exactly as OSWorld does:
-  relative ``int(x * (W / 999))`` (``qwen3vl``), absolute ``int(x * (W / processed_W))``
-  (``qwen25vl``); then they are clamped to the screen.
+- Model coordinates map to screen pixels with OSWorld's scale factors, relative
+  ``x * (W / 999)`` (``qwen3vl``), absolute ``x * (W / processed_W)`` (``qwen25vl``), rounded
+  to the nearest pixel (half up; OSWorld's ``int()`` truncates, so a product computed as
+  760.9999 would land one pixel off the point the image processor's maths gives: 761); then
+  they are clamped to the screen.
 
 Where this parser is stricter than OSWorld's (which logs and skips what it cannot read),
 a response that cannot be fully read yields ``parse_error`` (the reason) and no actions,
@@ -78,9 +80,9 @@ class CoordinateMap:
 
     ``screen`` is (W, H) in pixels; ``divisor`` the value a model coordinate is divided by
     (999 for relative coordinates; the processed image size for absolute ones); ``limit``
-    the largest valid model coordinate per axis. ``map`` returns OSWorld's
-    ``int(v * (W / divisor))`` clamped to ``[0, W-1]``, and whether the model coordinate
-    was outside ``[0, limit]`` (the ``clamped`` flag).
+    the largest valid model coordinate per axis. ``map`` returns ``v * (W / divisor)``
+    rounded to the nearest pixel (half up, never truncated) and clamped to ``[0, W-1]``, and
+    whether the model coordinate was outside ``[0, limit]`` (the ``clamped`` flag).
     """
 
     screen: tuple[int, int]
@@ -99,10 +101,15 @@ class CoordinateMap:
 
     def map(self, x: float, y: float) -> tuple[int, int, bool]:
         width, height = self.screen
-        sx = int(x * (width / self.divisor[0]))
-        sy = int(y * (height / self.divisor[1]))
+        sx = _nearest(x * (width / self.divisor[0]))
+        sy = _nearest(y * (height / self.divisor[1]))
         flagged = not (0 <= x <= self.limit[0] and 0 <= y <= self.limit[1])
         return min(max(sx, 0), width - 1), min(max(sy, 0), height - 1), flagged
+
+
+def _nearest(value: float) -> int:
+    """``value`` [px] rounded to the nearest integer pixel, halves up (760.9999 -> 761)."""
+    return math.floor(value + 0.5)
 
 
 class _Unreadable(Exception):

@@ -31,13 +31,20 @@ from typing import Any
 import httpx
 import orjson
 
-from ..errors import ImageLimitError, PolicyConfigError, PolicyError, PolicyTimeout
+from ..errors import (
+    ContextLengthError,
+    ImageLimitError,
+    PolicyConfigError,
+    PolicyError,
+    PolicyTimeout,
+)
 from ..images import Screenshot
 from .config import PolicyConfig
 from .key import policy_api_key
 from .response import PolicyResponse
 from .wire import (
     TOKEN_ID_FIELDS,
+    context_length,
     encode_body,
     error_text,
     image_limit,
@@ -85,6 +92,22 @@ def _connect_reason(exc: BaseException) -> str:
     return redact(str(exc)) or "connection failed"
 
 
+def _server_failure(result: PolicyResponse) -> str | None:
+    """Why an HTTP 200 answer is a failure of the server, not the model's output: the request
+    was aborted (``finish_reason: "abort"``, vLLM / SGLang when the engine drops it) or the
+    answer is empty (no text, no reasoning, no tokens). ``None`` when it is a real answer."""
+    if result.finish_reason == "abort":
+        return 'an aborted answer (HTTP 200, finish_reason "abort")'
+    if (
+        not (result.content or "").strip()
+        and not (result.reasoning or "").strip()
+        and not result.token_ids
+        and not result.completion_tokens
+    ):
+        return "an empty answer (HTTP 200: no text, reasoning or tokens)"
+    return None
+
+
 class PolicyClient:
     """Async client of one OpenAI-compatible ``/v1/chat/completions`` server, for one batch.
 
@@ -125,8 +148,10 @@ class PolicyClient:
             "max_tokens": config.max_tokens,
             "logprobs": True,
             "top_logprobs": 0,
+            **({"seed": config.sampling_seed} if config.sampling_seed is not None else {}),
             **config.extra_body,
         }
+        self.logprobs_mode: str | None = None  # as the server reports it (/v1/models), if it does
         self._id_fields: dict[str, bool] = (
             {"return_token_ids": True} if config.request_token_ids else {}
         )
@@ -214,7 +239,11 @@ class PolicyClient:
             )
         try:
             data = orjson.loads(resp.content).get("data") or []
-            return [str(entry["id"]) for entry in data]
+            ids = [str(entry["id"]) for entry in data]
+            for entry in data:
+                if entry.get("id") == self.config.model and entry.get("logprobs_mode"):
+                    self.logprobs_mode = str(entry["logprobs_mode"])
+            return ids
         except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
             raise PolicyConfigError(f"GET {url} did not return an OpenAI model list") from None
 
@@ -245,7 +274,9 @@ class PolicyClient:
         :func:`~legato_pipelines.policy.wire.encode_body`).
 
         Each HTTP request gets a hard deadline of ``step_timeout`` seconds; up to ``retries``
-        re-tries follow timeouts, connection errors, 429 and 5xx after a full-jitter backoff of
+        re-tries follow timeouts, connection errors, 429, 5xx and server-side failures inside
+        an HTTP 200 (``finish_reason: "abort"``: the engine dropped the request, its text or
+        tool call is cut; an empty answer: no text, reasoning or tokens) after a full-jitter backoff of
         ``uniform(0, backoff * 2**i)`` seconds (capped at 30 s). The returned record carries
         ``seconds`` (wall time of the call without waiting for an in-flight slot),
         ``attempts`` and ``timeouts``.
@@ -253,13 +284,15 @@ class PolicyClient:
         Raises:
           ImageLimitError     400 "At most N image(s) ..." (fix: lower --image-max or raise the
                               server's --limit-mm-per-prompt); at once, no re-try
+          ContextLengthError  400 "maximum context length": the prompt outgrew the context; at
+                              once (the engine ends that attempt as ``truncated``)
           PolicyConfigError   400/401/403/404 and other 4xx; at once (404 lists the models)
           PolicyTimeout       every attempt hit the deadline
           PolicyError         re-tries exhausted otherwise (``status_code`` of the last one)
           ValueError          a message refers to an image not in ``images``
         """
         cfg = self.config
-        attempts = timeouts = 0
+        attempts = timeouts = aborts = 0
         elapsed = 0.0
         body_fields = self._id_fields
         body = encode_body({**self._fields, **body_fields, "messages": messages}, images)
@@ -292,12 +325,25 @@ class PolicyClient:
                             f"unreadable answer from {self._url}: {type(exc).__name__}: {redact(str(exc))}"
                         )
                     else:
-                        return self._finish(result, body_fields, elapsed, attempts, timeouts)
+                        if (why := _server_failure(result)) is None:
+                            if aborts:
+                                result.notes.append(f"server_aborts: {aborts}")
+                            return self._finish(result, body_fields, elapsed, attempts, timeouts)
+                        aborts += 1
+                        failure = _Retryable(f"{why} from {self._url}")
                 else:
                     message = error_text(content)
                     if status == 400 and (field := refused_field(message, list(body_fields))):
                         self._refuse(field, message)
                         continue  # the same call without the field; not a re-try
+                    if status == 400 and context_length(message):
+                        raise ContextLengthError(
+                            f"the prompt no longer fits the model's context (HTTP 400): {message} "
+                            f"(fix: lower --image-max or --max-tokens (now {cfg.max_tokens}), or "
+                            "raise the server's --max-model-len)",
+                            attempts=attempts,
+                            status_code=status,
+                        )
                     if status < 500 and status not in RETRY_STATUSES:
                         raise await self._config_error(status, message, attempts)
                     failure = _Retryable(

@@ -24,6 +24,10 @@ class PolicyConfig(BaseModel):
       version       the policy version every record is tied to (the Dagster partition key)
       temperature, top_p, max_tokens [tokens]   sampling; RL defaults sample the policy as is
                     (temperature 1, top_p 1) so logprobs are those of the behaviour policy
+      sampling_seed the request's ``seed`` (``None``: not sent, the server's own randomness)
+      logprobs_mode what the server's logprobs are (vLLM ``--logprobs-mode``: ``raw_logprobs``,
+                    ``processed_logprobs``...), as you started it; recorded, not sent (the
+                    server reports it on ``/v1/models`` only if it does, and that wins)
       extra_body    server-specific request fields (e.g. vLLM ``chat_template_kwargs``); checked
                     against the fields this client sets itself
       step_timeout  [s] hard deadline per HTTP request, enforced even if the server trickles
@@ -40,6 +44,8 @@ class PolicyConfig(BaseModel):
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(2048, ge=1)
+    sampling_seed: int | None = None
+    logprobs_mode: str | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
     step_timeout: float = Field(60.0, gt=0)
     retries: int = Field(1, ge=0)
@@ -74,6 +80,19 @@ class PolicyConfig(BaseModel):
                 "version must be non-empty, without '/', '...' or control characters (it names a partition)"
             )
         return value
+
+    def sampling(self, logprobs_mode: str | None = None) -> dict[str, Any]:
+        """The sampling settings a run is collected with (``run.json``'s ``sampling``, each
+        sample's lineage): ``temperature``, ``top_p``, ``max_tokens`` [tokens],
+        ``seed`` (``None``: not sent) and ``logprobs_mode`` (``logprobs_mode`` as the server
+        reported it, else this config's, else ``None``: unknown)."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+            "seed": self.sampling_seed,
+            "logprobs_mode": logprobs_mode or self.logprobs_mode,
+        }
 
     @property
     def api_base(self) -> str:

@@ -22,14 +22,16 @@ class PolicyResponse:
                            the server did not report it (unknown, not 0)
       token_ids_source     where ids came from: ``choice.token_ids`` | ``sglext.output_ids`` |
                            ``logprobs.token_id_strings`` | ``None``
-      prompt_token_ids     prompt ids when the server returned them (not stored per step)
+      prompt_token_ids     prompt ids when the server returned them (stored per step as
+                           ``Step.prompt_ids``, exported as ``prompt_token_ids``)
       reasoning_field      which message field carried reasoning: ``reasoning`` (vLLM >= 0.11),
                            ``reasoning_content`` (SGLang, older vLLM) or ``None`` (not stored)
       seconds              wall time of the call including re-tries
       attempts             HTTP requests made (1 + re-tries used)
       timeouts             how many of those hit ``step_timeout``
       notes                facts worth keeping: ``token_ids_dropped`` (server refused the field),
-                           ``token_ids_ignored`` (asked, none came back), ``length_mismatch``...
+                           ``token_ids_ignored`` (asked, none came back), ``length_mismatch``,
+                           ``logprob_sentinels: N`` (sentinel logprobs, stored as ``None``)...
     """
 
     content: str | None = None

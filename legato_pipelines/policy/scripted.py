@@ -109,6 +109,14 @@ class Faults:
     no_logprobs     never return logprobs (a server unusable for RL)
     token_ids_null  return ``token_ids: null`` although asked (vLLM #28246)
     completion_tokens_offset  add this to ``usage.completion_tokens`` (length mismatch)
+    sentinel_every  every Nth request's first logprob is ``-9999.0`` (vLLM's clamp of -inf)
+    mismatch_every  every Nth request has ``extra_logprobs`` more logprob entries than token
+                    ids (reasoning tokens counted in logprobs, not in ids)
+    abort_every     every Nth request answers HTTP 200 with ``finish_reason: "abort"`` and the
+                    first ``abort_tokens`` tokens of its text (a half tool call)
+    empty_every     every Nth request answers HTTP 200 with no text and no tokens
+    max_model_len   [tokens] prompt + max_tokens above it -> a 400 in the server's words
+                    ("This model's maximum context length is N tokens..." for vLLM)
     """
 
     hang_every: int = 0
@@ -123,6 +131,13 @@ class Faults:
     no_logprobs: bool = False
     token_ids_null: bool = False
     completion_tokens_offset: int = 0
+    sentinel_every: int = 0
+    mismatch_every: int = 0
+    extra_logprobs: int = 11
+    abort_every: int = 0
+    abort_tokens: int = 5
+    empty_every: int = 0
+    max_model_len: int | None = None
     cache_report: bool = True
     seed: int = 0
 
@@ -229,6 +244,7 @@ class ScriptedPolicyServer:
       api_key     require ``Authorization: Bearer <api_key>`` (401 otherwise)
       image_tokens  prompt tokens counted per image
       record_bodies keep each chat request's raw body in :attr:`requests` (tests)
+      logprobs_mode report this on ``/v1/models`` (``None``: not reported, as vLLM and SGLang)
 
     ``start()`` runs it in a background thread and returns once it listens; ``stop()`` ends it;
     also a context manager. ``serve_forever()`` runs it in the calling thread until
@@ -250,6 +266,7 @@ class ScriptedPolicyServer:
         image_tokens: int = 64,
         record_bodies: bool = False,
         max_log: int = 100_000,
+        logprobs_mode: str | None = None,
     ):
         if flavor not in _FLAVORS:
             raise ValueError(
@@ -266,6 +283,8 @@ class ScriptedPolicyServer:
         self.api_key = api_key
         self.image_tokens = image_tokens
         self.record_bodies = record_bodies
+        self.logprobs_mode = logprobs_mode
+        self.prompt_ids_sent: list[list[int]] = []  # prompt ids of every answer that sent them
         self.requests: collections.deque[RequestLog] = collections.deque(maxlen=max_log)
         self.request_count = 0  # chat requests
         self.inflight = 0  # chat requests being answered now
@@ -379,8 +398,10 @@ class ScriptedPolicyServer:
             "created": 0,
             "owned_by": "legato-scripted (not a model)",
             "root": self.model,
-            "max_model_len": 32768,
+            "max_model_len": self.faults.max_model_len or 32768,
         }
+        if self.logprobs_mode:
+            model["logprobs_mode"] = self.logprobs_mode
         return Response(
             orjson.dumps({"object": "list", "data": [model]}), media_type="application/json"
         )
@@ -532,12 +553,41 @@ class ScriptedPolicyServer:
                 msg += " Set `--limit-mm-per-prompt` to increase this limit."
             raise _Reject(400, msg, param="image")
 
+        max_tokens = req.get("max_completion_tokens") or req.get("max_tokens") or 1 << 30
+        if (max_len := self.faults.max_model_len) and len(prompt_ids) + min(
+            max_tokens, max_len
+        ) > max_len:
+            total = len(prompt_ids) + max_tokens
+            if self.flavor == "sglang":
+                msg = (
+                    f"Requested token count exceeds the model's maximum context length of "
+                    f"{max_len} tokens. You requested a total of {total} tokens: "
+                    f"{len(prompt_ids)} tokens from the input messages and {max_tokens} tokens "
+                    "for the completion. Please reduce the number of tokens in the input "
+                    "messages or the completion to fit within the limit."
+                )
+            else:
+                msg = (
+                    f"This model's maximum context length is {max_len} tokens. However, you "
+                    f"requested {total} tokens ({len(prompt_ids)} in the messages, {max_tokens} "
+                    "in the completion). Please reduce the length of the messages or completion."
+                )
+            raise _Reject(400, msg, param="messages")
         content, reasoning = self._script_step(instruction, step)
         text = content if not reasoning else f"{reasoning}\n</think>\n\n{content}"
         tokens = self.tokenizer.tokenize(text)
-        max_tokens = req.get("max_completion_tokens") or req.get("max_tokens") or 1 << 30
         finish = "stop"
-        if len(tokens) > max_tokens:
+        faults = self.faults
+        seq = entry.seq
+        if faults.empty_every and seq % faults.empty_every == 0:
+            entry.fault = "empty"
+            tokens, content, reasoning = [], "", None
+        elif faults.abort_every and seq % faults.abort_every == 0:
+            entry.fault = "abort"
+            tokens = tokens[: faults.abort_tokens]
+            content, reasoning, text = "".join(tokens), None, "".join(tokens)
+            finish = "abort"
+        if finish == "stop" and len(tokens) > max_tokens:
             tokens = tokens[:max_tokens]
             finish = "length"
             text = "".join(tokens)
@@ -550,9 +600,10 @@ class ScriptedPolicyServer:
         ids = [token_id(t) for t in tokens]
         cached = self.prefix_cache.lookup_and_insert(keys)
         entry.cached_tokens = cached
-        return orjson.dumps(
-            self._body(req, prompt_ids, content, reasoning, tokens, ids, finish, cached)
-        )
+        body = self._body(req, prompt_ids, content, reasoning, tokens, ids, finish, cached, seq)
+        if body.get("prompt_token_ids") is not None or body["choices"][0].get("prompt_token_ids"):
+            self.prompt_ids_sent.append(prompt_ids)
+        return orjson.dumps(body)
 
     def _prompt(self, messages: list[Any]) -> tuple[list[int], list[int], str, int, int]:
         """(prompt keys, prompt token ids, instruction text, image count, step) of a request.
@@ -632,6 +683,7 @@ class ScriptedPolicyServer:
         ids: list[int],
         finish: str,
         cached: int,
+        seq: int = 0,
     ) -> dict[str, Any]:
         fl = self._flavor
         faults = self.faults
@@ -651,6 +703,14 @@ class ScriptedPolicyServer:
                         "top_logprobs": [],
                     }
                 )
+            if faults.sentinel_every and seq % faults.sentinel_every == 0 and entries:
+                entries[0]["logprob"] = -9999.0  # vLLM's clamp of -inf
+            if faults.mismatch_every and seq % faults.mismatch_every == 0:
+                # reasoning tokens counted in logprobs but not in token_ids
+                for _ in range(faults.extra_logprobs):
+                    entries.append(
+                        {"token": "▁", "logprob": -0.5, "bytes": [32], "top_logprobs": []}
+                    )
             logprobs = {"content": entries}
 
         message: dict[str, Any] = {"role": "assistant", "content": content}

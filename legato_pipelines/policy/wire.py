@@ -20,6 +20,7 @@ Facts per server: ``docs/wire-formats.md``.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -38,6 +39,7 @@ CLIENT_FIELDS: dict[str, str] = {
     "temperature": "PolicyConfig.temperature",
     "top_p": "PolicyConfig.top_p",
     "max_tokens": "PolicyConfig.max_tokens",
+    "seed": "PolicyConfig.sampling_seed",
     "logprobs": "the client (always on: RL needs the behaviour policy's logprobs)",
     "top_logprobs": "the client (0: a null top_logprobs yields no logprobs on vLLM)",
     "return_token_ids": "PolicyConfig.request_token_ids",
@@ -81,7 +83,15 @@ KNOWN_EXTRA_FIELDS: frozenset[str] = frozenset(
 
 _IMAGE_LIMIT_RE = re.compile(r"At most (\d+) image\(s\) may be provided in one (?:prompt|request)")
 _IMAGE_REF_RE = re.compile(rb'"url":"' + re.escape(IMAGE_REF_PREFIX.encode()) + rb'([0-9a-f]{64})"')
+_CONTEXT_LENGTH_RE = re.compile(
+    r"maximum context length|context length|max_model_len|maximum model length"
+    r"|context_length_exceeded|longer than the model's context",
+    re.IGNORECASE,
+)
 _TOKEN_ID_STRING = "token_id:"
+SENTINEL_LOGPROB = -9999.0
+"""vLLM's clamp for a ``-inf`` logprob (a token the sampler could not have drawn): any logprob
+at or below it, or not finite, is a sentinel, never a real logprob (docs/wire-formats.md §1)."""
 REDACTED = "[redacted]"
 _MAX_QUOTE = 1000  # characters of a server message kept in an exception
 
@@ -204,6 +214,33 @@ def image_limit(message: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def context_length(message: str) -> bool:
+    """Whether a 400 message says the prompt (plus ``max_tokens``) exceeds the model's context:
+    vLLM "This model's maximum context length is N tokens" / "... is longer than the maximum
+    model length", SGLang "... exceeds the model's maximum context length" / "longer than the
+    model's context length", OpenAI ``context_length_exceeded``."""
+    return bool(_CONTEXT_LENGTH_RE.search(message))
+
+
+def clean_logprobs(values: list[Any]) -> tuple[list[float | None], int]:
+    """(logprobs, sentinels): each logprob as a float, with every sentinel (``<= -9999``, NaN,
+    +-inf, missing, not a number) replaced by ``None`` so it can never pass for a real logprob,
+    and how many were replaced."""
+    out: list[float | None] = []
+    bad = 0
+    for value in values:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = math.nan
+        if math.isfinite(number) and number > SENTINEL_LOGPROB:
+            out.append(number)
+        else:
+            out.append(None)
+            bad += 1
+    return out, bad
+
+
 def refused_field(message: str, candidates: tuple[str, ...] | list[str]) -> str | None:
     """Which of ``candidates`` a 400 message names (OpenAI: "Unrecognized request argument
     supplied: return_token_ids"; pydantic servers: "Extra inputs are not permitted" with the
@@ -236,6 +273,8 @@ def normalize(
     A missing ``usage.prompt_tokens_details.cached_tokens`` stays ``None`` (vLLM and SGLang omit
     it when 0 and when reporting is off). When ids are present, ``len(token_ids) ==
     len(logprobs) == completion_tokens`` is checked and a mismatch is noted (vLLM #28246).
+    Sentinel logprobs (vLLM's ``-9999.0`` for ``-inf``, non-finite values) become ``None`` and
+    are noted ``logprob_sentinels: N`` (:func:`clean_logprobs`).
 
     ``seconds``/``attempts``/``timeouts`` are left for the caller. Raises ``ValueError`` when
     the body has no choices.
@@ -260,8 +299,10 @@ def normalize(
     lp = choice.get("logprobs")
     content_lp = lp.get("content") if isinstance(lp, dict) else None
     if isinstance(content_lp, list):
-        logprobs = [float(entry["logprob"]) for entry in content_lp]
+        logprobs, sentinels = clean_logprobs([entry.get("logprob") for entry in content_lp])
         token_strings = [entry.get("token") for entry in content_lp]
+        if sentinels:
+            notes.append(f"logprob_sentinels: {sentinels}")
     elif asked_logprobs:
         notes.append("logprobs_missing")
 

@@ -28,7 +28,7 @@ class PolicyResource(dg.ConfigurableResource):
     Fields: ``base_url`` (server root, ``http://HOST:PORT`` or ``.../v1``; no default: a
     deployment names its server, so a run never calls a port that happens to be free), ``model`` (the
     ``/v1/models`` id), ``api_key`` (secret: ``EnvVar`` only), sampling (``temperature``,
-    ``top_p``, ``max_tokens`` [tokens]) and ``extra_body`` (server-specific request fields).
+    ``top_p``, ``max_tokens`` [tokens], ``sampling_seed``; ``logprobs_mode`` recorded) and ``extra_body`` (server-specific request fields).
     The policy *version* is not a field: it is the partition key of the run.
     """
 
@@ -50,6 +50,13 @@ class PolicyResource(dg.ConfigurableResource):
     )
     top_p: float = Field(default=1.0, gt=0, le=1)
     max_tokens: int = Field(default=2048, ge=1, description="Completion tokens per step.")
+    sampling_seed: int | None = Field(
+        default=None, description="The request's sampling seed (None: not sent)."
+    )
+    logprobs_mode: str | None = Field(
+        default=None,
+        description="The server's logprobs mode as started (vLLM --logprobs-mode); recorded only.",
+    )
     extra_body: dict[str, Any] = Field(
         default_factory=dict, description="Server-specific request fields."
     )
@@ -68,6 +75,8 @@ class PolicyResource(dg.ConfigurableResource):
             temperature=self.temperature,
             top_p=self.top_p,
             max_tokens=self.max_tokens,
+            sampling_seed=self.sampling_seed,
+            logprobs_mode=self.logprobs_mode,
             extra_body=dict(self.extra_body),
         )
 

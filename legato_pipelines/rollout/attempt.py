@@ -4,7 +4,10 @@ reset -> wait -> [observe -> policy call -> parse -> act -> wait until ready]* -
 
 Everything it measures goes into the record: per-phase seconds, per-step model stats, per
 action act/wait/ready seconds. It raises nothing but :class:`PolicyConfigError` (which aborts
-the batch); every other failure becomes the record's status.
+the batch); every other failure becomes the record's status: a context-length 400 ends the
+attempt as ``truncated`` (graded, ``truncation`` says why); an evaluator that gives no valid
+reward (``None``, NaN, +-inf) is a desktop failure of kind ``invalid_reward`` (retried, then
+``error``), never a reward.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 
 from .. import record as fmt
 from ..desktops.base import Desktop
-from ..errors import DesktopError, PolicyConfigError, PolicyError
+from ..errors import ContextLengthError, DesktopError, PolicyConfigError, PolicyError
 from ..record import (
     ActionRecord,
     ErrorInfo,
@@ -28,6 +31,8 @@ from ..record import (
     SetupFailure,
     Step,
     StepResponse,
+    encode_prompt_ids,
+    valid_reward,
 )
 from ..store.rundir import RunWriter
 from .scheduler import Execution
@@ -109,6 +114,7 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
         hashes: dict[
             int, tuple[dict, str]
         ] = {}  # id(message) -> (message, sha): hash each message once
+        prompt_ids: list[int] | None = None  # the last prompt ids the server returned
         for step in range(ctx.max_steps):
             if group.closed:
                 outcome = "cancelled"
@@ -157,6 +163,9 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
                 obs_s=obs_s,
                 observation=shot.sha,
             )
+            if response.prompt_token_ids is not None:
+                step_record.prompt_ids = encode_prompt_ids(prompt_ids, response.prompt_token_ids)
+                prompt_ids = response.prompt_token_ids
             steps.append(step_record)
             record.n_steps = len(steps)
             phase = "act"
@@ -187,6 +196,10 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
         outcome, status = "timeout", fmt.TRUNCATED
     except PolicyConfigError:
         raise
+    except ContextLengthError as exc:
+        # the prompt outgrew the model's context: this attempt ends here, the batch goes on
+        outcome, status = "context_length", fmt.TRUNCATED
+        record.truncation = str(exc)
     except PolicyError as exc:
         record.status = fmt.ERROR
         record.error = ErrorInfo(
@@ -218,6 +231,14 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
         timing.eval_s = time.perf_counter() - t
         return _desktop_failure(ctx, record, ex, exc, phase, start, t0)
     timing.eval_s = time.perf_counter() - t
+    if not valid_reward(evaluation.reward):
+        exc = DesktopError(
+            f"the evaluator gave no valid reward ({evaluation.reward!r}"
+            + (f": {evaluation.error}" if evaluation.error else "")
+            + "): an evaluator error, not a reward",
+            kind="invalid_reward",
+        )
+        return _desktop_failure(ctx, record, ex, exc, phase, start, t0)
     record.reward = float(evaluation.reward)
     record.eval_error = evaluation.error
     record.status = fmt.SURPLUS if group.closed else status

@@ -110,6 +110,7 @@ async def collect_async(
         "tasks_path": task_set.path,
         "n_tasks": len(task_set),
         "knobs": knobs,
+        "sampling": policy.sampling(),
         "created_at": time.time(),
     }
 
@@ -133,6 +134,9 @@ async def collect_async(
     ) as client:
         if peek.pending() and check_policy:
             await client.check()  # a wrong URL or model fails here, in seconds, writing nothing
+            if client.logprobs_mode:  # the server reported it: that is what the logprobs are
+                meta["sampling"] = policy.sampling(client.logprobs_mode)
+                writer.check(meta)
         # takes the run directory's lock; cuts a torn last line
         previous = as_records(writer.open(meta))
         started, prior_wall_s = time.time(), writer.previous_wall_s()

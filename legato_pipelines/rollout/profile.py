@@ -28,8 +28,9 @@ def summarize(
 ) -> dict[str, Any]:
     """The summary of a batch.
 
-    Definitions: ``success_rate`` is the mean reward over ``ok``+``truncated`` attempts
-    (OSWorld's score convention: a reward is in [0, 1]); ``rollouts_per_hour`` counts those
+    Definitions: ``success_rate`` is the mean reward over the ``ok``+``truncated`` attempts
+    with a valid reward (``graded`` of them; OSWorld's score convention: a reward is in
+    [0, 1]; ``None`` only when none was graded); ``rollouts_per_hour`` counts those
     attempts per hour of wall time; ``time_share`` is each phase's share of the summed phase
     seconds of executed attempts; ``model_call_s`` percentiles are over every model call;
     ``retried_calls`` are calls that needed more than one HTTP request, ``hung_calls`` the
@@ -40,13 +41,14 @@ def summarize(
     the actions whose ready wait hit its cap (:func:`ready_timeouts`); ``eval_errors`` counts
     graded attempts whose evaluator failed (scored 0 with the reason in ``eval_error``). ``missing`` is the
     number of logical attempts without a final record (0 after a complete batch), so
-    ``records == scheduled - missing + retries``.
+    ``records == scheduled - missing + retries``. ``sampling`` is ``run.json``'s sampling
+    settings; ``quality`` is :func:`quality`.
     """
     records = as_records(records)
     knobs = meta.get("knobs", {})
     counts = Counter(r.status for r in records)
     final = [r for r in records if r.final]
-    rewards = [r.reward for r in final if r.reward is not None]
+    rewards = [float(r.reward) for r in final if r.reward_valid]
     logical_done = {r.logical_attempt for r in records if r.status != fmt.RETRIED}
     if scheduled is None:
         per_group = knobs.get("group", 0) + int(
@@ -100,6 +102,7 @@ def summarize(
         "missing": max(0, scheduled - len(logical_done)),
         "groups": {"total": n_groups, "closed": closed},
         "success_rate": float(np.mean(rewards)) if rewards else None,
+        "graded": len(rewards),
         "rollouts_per_hour": (len(final) / wall_s * 3600.0) if wall_s > 0 else None,
         "wall_s": round(wall_s, 6),
         "steps": len(steps),
@@ -127,7 +130,73 @@ def summarize(
         "eval_errors": sum(1 for r in final if r.eval_error),
         "setup_failures": _setup_failures(records),
         "desktops": desktop_health(records),
+        "sampling": meta.get("sampling"),
+        "quality": quality(records, steps, knobs, meta.get("sampling") or {}),
     }
+
+
+def _note_count(notes: list[str], prefix: str) -> int:
+    """N of a ``"<prefix>: N"`` note (1 for a bare ``prefix``), summed over ``notes``."""
+    total = 0
+    for note in notes:
+        if str(note).startswith(prefix):
+            _, _, n = str(note).partition(": ")
+            total += int(n) if n.isdigit() else 1
+    return total
+
+
+def quality(
+    records: list[Record], steps: list[Step], knobs: Mapping[str, Any], sampling: Mapping[str, Any]
+) -> dict[str, Any]:
+    """How far a trainer can trust the batch's numbers (counts; shares in [0, 1]):
+
+    ``graded`` final attempts with a valid reward (the success rate's denominator);
+    ``invalid_rewards`` executions whose evaluator gave no valid reward (NaN, inf, None: an
+    evaluator error, excluded from groups and samples); ``length_mismatches`` /
+    ``logprob_sentinel_steps`` steps whose ids and logprobs disagree / that hold sentinel
+    logprobs; ``logprobs_valid_share`` steps whose logprobs an importance ratio can use;
+    ``server_aborts`` HTTP 200 answers that were aborted or empty (re-tried as server
+    failures); ``context_length_truncations`` attempts ended by a context-length 400, with
+    ``advice`` naming the settings to change; ``prompt_token_ids_share`` steps with the
+    server's prompt ids stored.
+    """
+    from ..store.export import step_quality  # store.export imports nothing of the engine
+
+    flags = [step_quality(s) for s in steps]
+    context = [r for r in records if r.outcome == "context_length"]
+    aborts = sum(_note_count(s.model.notes or [], "server_aborts") for s in steps) + sum(
+        1
+        for r in records
+        if r.error is not None
+        and r.error.kind == fmt.POLICY
+        and (
+            'finish_reason "abort"' in (r.error.message or "")
+            or "empty answer" in (r.error.message or "")
+        )
+    )
+    out: dict[str, Any] = {
+        "graded": sum(1 for r in records if r.final and r.reward_valid),
+        "invalid_rewards": sum(
+            1 for r in records if r.error is not None and r.error.type == "invalid_reward"
+        ),
+        "length_mismatches": sum(1 for f in flags if f["length_mismatch"]),
+        "logprob_sentinel_steps": sum(1 for f in flags if f["logprob_sentinels"]),
+        "logprobs_valid_share": (sum(1 for f in flags if f["logprobs_valid"]) / len(flags))
+        if flags
+        else None,
+        "server_aborts": aborts,
+        "context_length_truncations": len(context),
+        "prompt_token_ids_share": (sum(1 for s in steps if s.prompt_ids is not None) / len(steps))
+        if steps
+        else None,
+    }
+    if context:
+        out["advice"] = (
+            f"{len(context)} attempt(s) outgrew the model's context: lower --image-max "
+            f"(now {knobs.get('image_max')}) or --max-tokens (now {sampling.get('max_tokens')}), "
+            "or raise the server's --max-model-len"
+        )
+    return out
 
 
 def ready_timeouts(steps: list[Step]) -> dict[str, Any]:

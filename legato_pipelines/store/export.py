@@ -1,21 +1,30 @@
-"""Training samples: one row per step of every ``ok``/``truncated`` rollout, with its group
-advantage (GRPO), ready for a trainer (``legato export``, the ``samples`` lake table).
+"""Training samples: one row per step of every ``ok``/``truncated`` rollout with a valid
+reward, with its group advantage (GRPO), ready for a trainer (``legato export``, the
+``samples`` lake table).
+
+Every row says what a trainer must know before trusting its numbers (:func:`step_quality`):
+``parse_error``, ``finish_reason``, ``length_mismatch`` (token ids, logprobs and
+``completion_tokens`` disagree), ``logprob_sentinels`` (logprobs the server clamped or sent
+non-finite: stored as null, never as a number), ``logprobs_valid`` (all of it fine: one
+``WHERE logprobs_valid`` keeps what an importance ratio can use) and ``reward_valid``; the
+exact prompt ids the server saw (``prompt_token_ids``, when it returned them) and the
+sampling settings of the run (lineage).
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import ConfigError
-from ..record import Record, is_final
+from ..record import Record, Step, decode_prompt_ids, is_final, valid_reward
 from .rundir import load_messages, read_meta, read_typed_records
 
 SAMPLE_SCHEMA = pa.schema(
@@ -37,58 +46,155 @@ SAMPLE_SCHEMA = pa.schema(
         ("status", pa.string()),
         ("policy_version", pa.string()),
         ("task_set", pa.string()),
+        # the exact prompt the server tokenized (None: the server did not return it)
+        ("prompt_token_ids", pa.list_(pa.int64())),
+        # quality: one WHERE filters what a trainer must not use (see step_quality)
+        ("parse_error", pa.string()),
+        ("length_mismatch", pa.bool_()),
+        ("logprob_sentinels", pa.int32()),
+        ("logprobs_valid", pa.bool_()),
+        ("reward_valid", pa.bool_()),
+        # sampling settings of the run (run.json's sampling; None: not recorded)
+        ("temperature", pa.float64()),
+        ("top_p", pa.float64()),
+        ("max_tokens", pa.int64()),
+        ("sampling_seed", pa.int64()),
+        ("logprobs_mode", pa.string()),
     ]
 )
 
+SAMPLING_COLUMNS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "max_tokens": "max_tokens",
+    "sampling_seed": "seed",
+    "logprobs_mode": "logprobs_mode",
+}
+"""Sample column -> key of ``run.json``'s ``sampling``."""
 
-def group_advantages(records: Iterable[Record | Mapping[str, Any]]) -> dict[str, float]:
+
+def clean_logprob(value: Any) -> float | None:
+    """A stored logprob as a trainer may read it: the float, or ``None`` for a sentinel
+    (``None``, ``<= -9999`` (vLLM's clamp of -inf), NaN, +-inf: records written before the
+    client cleaned them may hold ``-9999.0``)."""
+    if isinstance(value, int | float) and math.isfinite(value) and value > -9999.0:
+        return float(value)
+    return None
+
+
+def step_quality(step: Step) -> dict[str, Any]:
+    """What a trainer must know about one step's numbers (units: counts of tokens).
+
+    ``length_mismatch``: the step has token ids and logprobs of different lengths, or the
+    client noted ids / logprobs / ``completion_tokens`` disagreeing (``length_mismatch: ...``);
+    ``logprob_sentinels``: logprobs that are no logprob (see :func:`clean_logprob`);
+    ``logprobs_valid``: logprobs present, none a sentinel, no length mismatch (what an
+    importance ratio can use); ``logprobs``: the logprobs with sentinels as ``None``;
+    ``parse_error`` and ``finish_reason`` as recorded.
+    """
+    response = step.response
+    notes = step.model.notes or []
+    raw = response.logprobs
+    logprobs = None if raw is None else [clean_logprob(v) for v in raw]
+    sentinels = 0 if logprobs is None else sum(1 for v in logprobs if v is None)
+    ids = response.token_ids
+    mismatch = any(str(n).startswith("length_mismatch") for n in notes) or (
+        ids is not None and raw is not None and len(ids) != len(raw)
+    )
+    return {
+        "logprobs": logprobs,
+        "parse_error": step.parse_error,
+        "finish_reason": response.finish_reason,
+        "length_mismatch": mismatch,
+        "logprob_sentinels": sentinels,
+        "logprobs_valid": bool(logprobs) and not sentinels and not mismatch,
+    }
+
+
+def prompt_token_ids(record: Record) -> list[list[int] | None]:
+    """Per step of ``record``, the prompt token ids the server returned (decoded from
+    ``Step.prompt_ids``), or ``None`` for a step without them."""
+    out: list[list[int] | None] = []
+    previous: list[int] | None = None
+    for step in record.steps:
+        if step.prompt_ids is None:
+            out.append(None)
+            continue
+        previous = decode_prompt_ids(previous, step.prompt_ids)
+        out.append(previous)
+    return out
+
+
+def group_advantages(
+    records: Iterable[Record | Mapping[str, Any]],
+) -> dict[str, float | None]:
     """GRPO advantages: ``rollout_id -> (reward - group mean) / group std``.
 
-    The group is a task's ``ok`` + ``truncated`` attempts. The std is the *population* std
+    The group is a task's ``ok`` + ``truncated`` attempts **with a valid reward** (a finite
+    number, :func:`~legato_pipelines.record.valid_reward`). The std is the *population* std
     (ddof=0), as GRPO (DeepSeekMath; TRL's and verl's implementations) normalizes by the std of
     the rewards actually sampled, not an unbiased estimate of a wider population; it is also
-    defined for a group of one. When every reward in a group is equal (std 0) the advantages
-    are 0: the group carries no learning signal.
+    defined for a group of one. When every valid reward in a group is equal (std 0) the
+    advantages are 0: the group carries no learning signal.
+
+    Total over any input: an attempt whose reward is ``None``, NaN, +-inf or not a number is
+    left out of its group's mean and std and gets ``None`` (never NaN, never an invented 0);
+    a group with no valid reward gives ``None`` to all. Every returned number is finite.
 
     ``records``: typed records, or their JSON dicts (only ``rollout_id``, ``group_id``,
     ``reward`` and ``status`` are read).
     """
-    groups: dict[str, list[tuple[str, float | None]]] = defaultdict(list)
+    groups: dict[str, list[tuple[str, Any]]] = defaultdict(list)
     for r in records:
         if isinstance(r, Record):
             status, group_id, member = r.status, r.group_id, (r.rollout_id, r.reward)
         else:
-            status, group_id, member = r["status"], r["group_id"], (r["rollout_id"], r["reward"])
+            status, group_id = r.get("status"), r.get("group_id")
+            member = (r.get("rollout_id"), r.get("reward"))
         if is_final(status):
             groups[group_id].append(member)
-    out: dict[str, float] = {}
+    out: dict[str, float | None] = {}
     for members in groups.values():
-        rewards = np.array(
-            [0.0 if reward is None else reward for _, reward in members], dtype=float
-        )
-        mean, std = rewards.mean(), rewards.std()
-        for (rollout_id, _), reward in zip(members, rewards, strict=True):
-            out[rollout_id] = 0.0 if std < 1e-12 else float((reward - mean) / std)
+        rewards = [float(reward) for _, reward in members if valid_reward(reward)]
+        mean = std = 0.0
+        if rewards:
+            mean = math.fsum(rewards) / len(rewards)
+            std = math.sqrt(math.fsum((x - mean) ** 2 for x in rewards) / len(rewards))
+        for rollout_id, reward in members:
+            if not valid_reward(reward):
+                out[rollout_id] = None
+            elif std < 1e-12 or not math.isfinite(std):
+                out[rollout_id] = 0.0
+            else:
+                out[rollout_id] = (float(reward) - mean) / std
     return out
 
 
 def export_steps(run_dir: str | Path, *, inline_images: bool = False) -> pa.Table:
-    """One row per step of every ``ok``/``truncated`` rollout (schema :data:`SAMPLE_SCHEMA`).
+    """One row per step of every ``ok``/``truncated`` rollout with a valid reward (schema
+    :data:`SAMPLE_SCHEMA`). A final rollout without a valid reward (a run written before
+    such rewards became evaluator errors) is no training sample and is left out.
 
     ``messages`` is the JSON of the exact prompt sent at that step; images are
     ``legato-image://<sha>`` refs into ``<run_dir>/images/`` unless ``inline_images`` (then the
-    data URLs that went over the wire: large).
+    data URLs that went over the wire: large). ``prompt_token_ids`` are the ids the server
+    returned for that prompt (vLLM ``return_token_ids``, SGLang), ``None`` when it did not;
+    sentinel logprobs are ``None`` inside ``response_logprobs`` (see :func:`step_quality`).
+    Raises ``ConfigError`` when ``run_dir`` is not a run directory.
     """
-    read_meta(run_dir)  # raises ConfigError when run_dir is not a run directory
+    meta = read_meta(run_dir)  # raises ConfigError when run_dir is not a run directory
+    sampling = meta.get("sampling") or {}
     records = read_typed_records(run_dir)
     advantages = group_advantages(records)
     rows: dict[str, list] = {name: [] for name in SAMPLE_SCHEMA.names}
     message_cache: dict[str, str] = {}
     for record in records:
-        if not record.final:
+        if not record.final or not record.reward_valid:
             continue
-        for step in record.steps:
+        prompts = prompt_token_ids(record)
+        for step, prompt_ids in zip(record.steps, prompts, strict=True):
             response = step.response
+            quality = step_quality(step)
             rows["rollout_id"].append(record.rollout_id)
             rows["group_id"].append(record.group_id)
             rows["task_id"].append(record.task_id)
@@ -100,7 +206,7 @@ def export_steps(run_dir: str | Path, *, inline_images: bool = False) -> pa.Tabl
             rows["response_text"].append(response.content)
             rows["response_reasoning"].append(response.reasoning)
             rows["response_token_ids"].append(response.token_ids)
-            rows["response_logprobs"].append(response.logprobs)
+            rows["response_logprobs"].append(quality["logprobs"])
             rows["response_tokens"].append(response.tokens)
             rows["finish_reason"].append(response.finish_reason)
             rows["reward"].append(record.reward)
@@ -108,6 +214,12 @@ def export_steps(run_dir: str | Path, *, inline_images: bool = False) -> pa.Tabl
             rows["status"].append(record.status)
             rows["policy_version"].append(record.policy.version)
             rows["task_set"].append(record.task_set)
+            rows["prompt_token_ids"].append(prompt_ids)
+            for name in ("parse_error", "length_mismatch", "logprob_sentinels", "logprobs_valid"):
+                rows[name].append(quality[name])
+            rows["reward_valid"].append(True)
+            for column, key in SAMPLING_COLUMNS.items():
+                rows[column].append(sampling.get(key))
     return pa.Table.from_pydict(rows, schema=SAMPLE_SCHEMA)
 
 

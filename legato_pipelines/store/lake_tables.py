@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from ..record import PHASES, STATUSES, Record, as_record
 from ..versions import version_step
+from .export import step_quality
 
 # PHASES: timing phases of a record (``timing.<phase>_s``), in the order an attempt runs them.
 # STATUSES: record statuses (docs/architecture.md §3); ``profile`` has one ``count_<status>``
@@ -90,6 +91,7 @@ ROLLOUTS_SCHEMA = pa.schema(
         pa.field("completion_tokens", pa.int64()),
         pa.field("cached_tokens", pa.int64()),
         pa.field("model", pa.string()),
+        pa.field("truncation", pa.string()),  # why a truncated attempt stopped (context length)
         *_LINEAGE_FIELDS,
     ]
 )
@@ -124,6 +126,12 @@ STEPS_SCHEMA = pa.schema(
         pa.field("ready_s", pa.float64()),
         pa.field("obs_s", pa.float64()),
         pa.field("observation", pa.string()),  # image sha of the screen after the step
+        # quality of the step's numbers (store/export.py step_quality)
+        pa.field("length_mismatch", pa.bool_()),
+        pa.field("logprob_sentinels", pa.int32()),
+        pa.field("logprobs_valid", pa.bool_()),
+        pa.field("reward_valid", pa.bool_()),  # the record's reward is a finite number
+        pa.field("has_prompt_token_ids", pa.bool_()),
         *_LINEAGE_FIELDS,
     ]
 )
@@ -164,6 +172,18 @@ PROFILE_SCHEMA = pa.schema(
         pa.field("prefix_cache_hit_rate", pa.float64()),
         pa.field("logprobs_share", pa.float64()),
         pa.field("token_ids_share", pa.float64()),
+        pa.field("graded", pa.int64()),  # final attempts with a valid reward
+        pa.field("invalid_rewards", pa.int64()),  # executions whose evaluator gave no reward
+        pa.field("length_mismatches", pa.int64()),  # steps
+        pa.field("logprob_sentinel_steps", pa.int64()),  # steps with sentinel logprobs
+        pa.field("server_aborts", pa.int64()),  # calls re-tried after an abort / empty 200
+        pa.field("context_length_truncations", pa.int64()),
+        pa.field("prompt_token_ids_share", pa.float64()),
+        pa.field("temperature", pa.float64()),
+        pa.field("top_p", pa.float64()),
+        pa.field("max_tokens", pa.int64()),
+        pa.field("sampling_seed", pa.int64()),
+        pa.field("logprobs_mode", pa.string()),
         pa.field("knobs", pa.string()),  # JSON
         pa.field("summary", pa.string()),  # the whole summary.json, JSON
     ]
@@ -226,6 +246,7 @@ def rollouts_table(records: Iterable[Record | Mapping[str, Any]], lineage: Linea
             "completion_tokens": _sum_int(m.completion_tokens for m in models),
             "cached_tokens": _sum_int(m.cached_tokens for m in models),
             "model": r.policy.model,
+            "truncation": r.truncation,
         }
         rows.append(row)
     return _table(rows, ROLLOUTS_SCHEMA, lineage)
@@ -236,8 +257,10 @@ def steps_table(records: Iterable[Record | Mapping[str, Any]], lineage: Lineage)
     sum the step's actions (``ready_s`` is ``None`` when every wait was fixed)."""
     rows: list[dict[str, Any]] = []
     for r in map(as_record, records):
+        reward_valid = r.reward_valid
         for s in r.steps:
             response, model, actions = s.response, s.model, s.actions
+            quality = step_quality(s)
             rows.append(
                 {
                     "rollout_id": r.rollout_id,
@@ -268,6 +291,11 @@ def steps_table(records: Iterable[Record | Mapping[str, Any]], lineage: Lineage)
                     "ready_s": _sum(a.ready_s for a in actions),
                     "obs_s": s.obs_s,
                     "observation": s.observation,
+                    "length_mismatch": quality["length_mismatch"],
+                    "logprob_sentinels": quality["logprob_sentinels"],
+                    "logprobs_valid": quality["logprobs_valid"],
+                    "reward_valid": reward_valid,
+                    "has_prompt_token_ids": s.prompt_ids is not None,
                 }
             )
     return _table(rows, STEPS_SCHEMA, lineage)
@@ -296,12 +324,25 @@ def samples_table(export: pa.Table, lineage: Lineage) -> pa.Table:
     return table
 
 
+_QUALITY_COLUMNS = (
+    "graded",
+    "invalid_rewards",
+    "length_mismatches",
+    "logprob_sentinel_steps",
+    "server_aborts",
+    "context_length_truncations",
+    "prompt_token_ids_share",
+)
+
+
 def profile_table(summary: Mapping[str, Any], lineage: Lineage) -> pa.Table:
     """One row (:data:`PROFILE_SCHEMA`) from a run's ``summary.json`` / ``profile(run_dir)``."""
     counts = summary.get("counts") or {}
     groups = summary.get("groups") or {}
     calls = summary.get("model_call_s") or {}
     share = summary.get("time_share") or {}
+    quality = summary.get("quality") or {}
+    sampling = summary.get("sampling") or {}
     row = {
         "model": (summary.get("policy") or {}).get("model"),
         "tasks_path": summary.get("tasks_path"),
@@ -331,6 +372,12 @@ def profile_table(summary: Mapping[str, Any], lineage: Lineage) -> pa.Table:
         "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate"),
         "logprobs_share": summary.get("logprobs_share"),
         "token_ids_share": summary.get("token_ids_share"),
+        **{name: quality.get(name) for name in _QUALITY_COLUMNS},
+        "temperature": sampling.get("temperature"),
+        "top_p": sampling.get("top_p"),
+        "max_tokens": sampling.get("max_tokens"),
+        "sampling_seed": sampling.get("seed"),
+        "logprobs_mode": sampling.get("logprobs_mode"),
         "knobs": _json(summary.get("knobs") or {}),
         "summary": _json(summary),
     }

@@ -2,7 +2,8 @@
 
 Layout::
 
-    run.json              what this run is: format, policy {model, version}, task_set, knobs
+    run.json              what this run is: format, policy {model, version}, task_set, knobs,
+                          sampling {temperature, top_p, max_tokens, seed, logprobs_mode}
     rollouts.jsonl        one record per execution, appended and flushed one at a time
     messages/<sha>.json   each prompt message once (canonical JSON; images as legato-image:// refs)
     images/<sha>.png      each screenshot once
@@ -52,6 +53,16 @@ def atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+SAMPLING_FLAGS = {
+    "temperature": "--temperature",
+    "top_p": "--top-p",
+    "max_tokens": "--max-tokens",
+    "seed": "--sampling-seed",
+    "logprobs_mode": "--logprobs-mode",
+}
+"""``legato collect`` flag of each ``run.json`` ``sampling`` setting (the resume check's fix)."""
 
 
 class RunWriter:
@@ -110,6 +121,18 @@ class RunWriter:
             (k, old_knobs.get(k), knobs.get(k), f"--{k.replace('_', '-')}")
             for k in self.resume_knobs
         ]
+        # sampling settings are part of the run's identity (a run.json from before they were
+        # recorded has none: nothing to compare)
+        old_sampling, sampling = old.get("sampling"), meta.get("sampling") or {}
+        if isinstance(old_sampling, dict):
+            for k, a in old_sampling.items():
+                b = sampling.get(k)
+                if a != b and not (k == "logprobs_mode" and (a is None or b is None)):
+                    raise ResumeError(
+                        f"out: {self.root} holds a run sampled with {k} {a!r}, not {b!r}; "
+                        "sampling settings are part of a run's identity (fix: "
+                        f"{SAMPLING_FLAGS.get(k, k)} {a!r}, or another --out)"
+                    )
         for label, a, b, flag in checks:
             if a is not None and a != b:
                 raise ResumeError(
