@@ -25,9 +25,8 @@ from legato_pipelines.store.lake import Lake
 from legato_pipelines.store.rundir import read_typed_records
 from tests.view_support import (
     ARTIFACTS,
-    CHROMIUM,
-    HAVE_DESKTOPS,
     REPO,
+    REPORT_TEST_MARKS,
     SUITE,
     Browser,
     chromium,
@@ -36,12 +35,7 @@ from tests.view_support import (
     subset_tasks,
 )
 
-pytestmark = [
-    pytest.mark.desktop,
-    pytest.mark.slow,
-    pytest.mark.skipif(not HAVE_DESKTOPS, reason="needs Xvfb and apps"),
-    pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium"),
-]
+pytestmark = REPORT_TEST_MARKS
 
 TASKS = ["local-term-mkdir", "local-term-rename", "local-edit-append"]
 VERSIONS = ["step-100", "step-50"]  # materialized in this order; training order is the reverse

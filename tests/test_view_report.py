@@ -21,19 +21,13 @@ from legato_pipelines import read_records
 from legato_pipelines.view import safe_name, write_report
 from tests.view_support import (
     ARTIFACTS,
-    CHROMIUM,
-    HAVE_DESKTOPS,
+    REPORT_TEST_MARKS,
     chromium,
     collect_local,
     subset_tasks,
 )
 
-pytestmark = [
-    pytest.mark.desktop,
-    pytest.mark.slow,
-    pytest.mark.skipif(not HAVE_DESKTOPS, reason="needs Xvfb and apps"),
-    pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium"),
-]
+pytestmark = REPORT_TEST_MARKS
 
 TASKS = ["local-term-mkdir", "local-term-rename", "local-edit-append"]
 SCREEN = (1280, 720)  # the local backend's screen

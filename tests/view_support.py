@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import orjson
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SUITE = REPO / "examples" / "tasks" / "local"
@@ -21,6 +22,13 @@ ARTIFACTS = REPO / "tests" / "artifacts" / "view"
 """Screenshots the report tests take (gitignored), for the author to look at."""
 LOCAL_APPS = ("Xvfb", "openbox", "xterm", "l3afpad")
 HAVE_DESKTOPS = all(shutil.which(a) for a in LOCAL_APPS)
+#: The marks of a report test: real local desktops and Debian's headless Chromium.
+REPORT_TEST_MARKS = [
+    pytest.mark.desktop,
+    pytest.mark.slow,
+    pytest.mark.skipif(not HAVE_DESKTOPS, reason="needs Xvfb and apps"),
+    pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium"),
+]
 
 _FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -63,6 +63,21 @@ class Report:
         return self.out / "groups" / f"{safe_name(group_id)}.html"
 
 
+def attempt_summary(r, advantages: dict) -> dict:
+    """What the index and a group page show of one rollout: id, attempt, execution, status,
+    reward, advantage, steps and seconds (wall, queue included)."""
+    return {
+        "id": r.rollout_id,
+        "attempt": r.attempt,
+        "execution": r.execution,
+        "status": r.status,
+        "reward": r.reward,
+        "advantage": advantages.get(r.rollout_id),
+        "steps": r.n_steps or len(r.steps),
+        "seconds": r.timing.total_s,
+    }
+
+
 def safe_name(name: str) -> str:
     """A file name for an id: kept when it is plain, else made plain and suffixed with a hash
     (two ids never share a page)."""
@@ -225,16 +240,9 @@ def _index_rows(
         groups[group].append(r)
         rows.append(
             {
-                "id": r.rollout_id,
+                **attempt_summary(r, advantages),
                 "task": r.task_id,
                 "group": group,
-                "attempt": r.attempt,
-                "execution": r.execution,
-                "status": r.status,
-                "reward": r.reward,
-                "advantage": advantages.get(r.rollout_id),
-                "steps": r.n_steps or len(r.steps),
-                "seconds": r.timing.total_s,
                 "desktop": r.desktop,
                 "page": f"rollouts/{safe_name(r.rollout_id)}.html",
                 "group_page": f"groups/{safe_name(group)}.html",
@@ -436,14 +444,7 @@ def _write_group_pages(
             last = r.steps[-1] if r.steps else None
             attempts.append(
                 {
-                    "id": r.rollout_id,
-                    "attempt": r.attempt,
-                    "execution": r.execution,
-                    "status": r.status,
-                    "reward": r.reward,
-                    "advantage": advantages.get(r.rollout_id),
-                    "steps": r.n_steps or len(r.steps),
-                    "seconds": r.timing.total_s,
+                    **attempt_summary(r, advantages),
                     "first": href(shots[0].observation) if shots else None,
                     "last": href(shots[-1].observation) if shots else None,
                     "last_step": shots[-1].step if shots else 0,
