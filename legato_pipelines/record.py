@@ -149,10 +149,19 @@ class _Format(BaseModel):
 
 
 class PolicyRef(_Format):
-    """Which policy produced the record: the served model id and the policy version."""
+    """Which policy produced the record: the served model id (the model the batch called) and
+    the policy version; written only when the batch was given a load mode
+    (``legato_pipelines.policy.loading``): ``load`` (``none`` | ``lora`` | ``weights`` |
+    ``external``), ``checkpoint`` (the version's folder) and ``fingerprint``
+    (``sha256:<hex>`` of its file sizes and config/index files)."""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"load", "checkpoint", "fingerprint"})
 
     model: str | None = None
     version: str | None = None
+    load: str | None = None
+    checkpoint: str | None = None
+    fingerprint: str | None = None
 
 
 class Timing(_Format):
@@ -279,7 +288,11 @@ class Step(_Format):
 
 class Record(_Format):
     """One execution of one logical attempt (``task_id``, ``group_id``, ``attempt``);
-    ``rollout_id`` names the execution, ``execution`` counts re-tries (0 first)."""
+    ``rollout_id`` names the execution, ``execution`` counts re-tries (0 first);
+    ``collected_by`` (written only when the collection was given one) names the session that
+    collected it, e.g. the Dagster run id, so a resumed run keeps each attempt's own."""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"collected_by"})
 
     format: str = FORMAT
     rollout_id: str
@@ -302,6 +315,7 @@ class Record(_Format):
     timing: Timing = Field(default_factory=Timing)
     reset: Reset | None = None
     steps: list[Step] = Field(default_factory=list)
+    collected_by: str | None = None
 
     @property
     def final(self) -> bool:
