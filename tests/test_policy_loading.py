@@ -311,3 +311,28 @@ def test_scripted_routes_speak_each_flavor(tmp_path):
         gone = httpx.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": "a1"})
         assert gone.status_code == 200
     asyncio.run(asyncio.sleep(0))
+
+
+def test_legato_collect_load_flags(tmp_path, no_policy_key):
+    from tests.test_engine_cli import collect_args, legato, write_tasks
+
+    tasks = write_tasks(tmp_path / "tasks.json", 2)
+    path = adapter(tmp_path / "ckpts", "step-3")
+    with ScriptedPolicyServer(flavor="vllm") as server:  # no runtime LoRA: refused, exit 2
+        out = legato(
+            *collect_args(server, tasks, tmp_path / "a", "--load", "lora", "--checkpoint", path)
+        )
+        assert out.returncode == 2, out.stderr
+        assert "/v1/load_lora_adapter answered HTTP 404" in out.stderr
+        assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" in out.stderr
+        assert server.chat_requests == []
+    with ScriptedPolicyServer(flavor="vllm", runtime_lora=True) as server:
+        args = collect_args(
+            server, tasks, tmp_path / "b", "--load", "lora", "--checkpoint", path, "--group", "1"
+        )
+        out = legato(*args)
+        assert out.returncode == 0, out.stderr
+        assert server.chat_requests and {r.served for r in server.chat_requests} == {"step-3"}
+        assert json.loads((tmp_path / "b" / "run.json").read_text())["checkpoint"]["load"] == "lora"
+        bad = legato(*collect_args(server, tasks, tmp_path / "c", "--load", "sideways"))
+        assert bad.returncode == 2 and "--load" in bad.stderr
