@@ -259,7 +259,7 @@ def test_fingerprint_and_completeness(tmp_path):
     assert "missing shard" in incomplete(path)
     empty = tmp_path / "step-2"
     empty.mkdir()
-    assert incomplete(empty) == "empty"
+    assert incomplete(empty) is None  # an empty folder may be a version marker
     (empty / "adapter_model.safetensors.tmp").write_bytes(b"x")
     assert "still being written" in incomplete(empty)
 

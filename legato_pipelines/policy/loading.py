@@ -26,8 +26,8 @@ checkpoint into the server and checks that the server serves it. Modes (:data:`L
 ``none``      today's behaviour, named as such: the configured model is called, nothing is
               loaded or checked; the run records that the tie is unproven.
 
-Errors are :class:`~legato_pipelines.errors.LoadError` quoting the server's answer and naming
-the setting to change. The API key (``LEGATO_POLICY_KEY``) is sent as a bearer token and never
+Errors are :class:`~legato_pipelines.errors.LoadError` (a ``ConfigError``) quoting the
+server's answer, or saying what is wrong with the folder, and naming the setting to change. The API key (``LEGATO_POLICY_KEY``) is sent as a bearer token and never
 appears in a message, a proof or a record.
 """
 
@@ -122,12 +122,12 @@ def fingerprint(folder: str | Path) -> dict[str, Any]:
 
     Returns ``{"digest": "sha256:<64 hex>", "files": {name: {"size": bytes[, "sha256": hex]}}}``;
     the digest covers the whole listing, so a rewritten shard of another size, a new or missing
-    file, or an edited config changes it. Raises ``ConfigError`` when ``folder`` is not a
+    file, or an edited config changes it. Raises ``LoadError`` when ``folder`` is not a
     directory.
     """
     root = Path(folder)
     if not root.is_dir():
-        raise ConfigError(
+        raise LoadError(
             f"checkpoint {str(folder)!r} is not a directory (fix: --checkpoint the version's folder)"
         )
     files: dict[str, dict[str, Any]] = {}
@@ -149,17 +149,17 @@ def fingerprint(folder: str | Path) -> dict[str, Any]:
 
 
 def incomplete(folder: str | Path) -> str | None:
-    """Why a checkpoint folder is not complete yet, or ``None`` when it looks complete: empty;
-    a file still being written (``*.tmp``, ``*.partial``, ``*.incomplete``, ``*.lock``); an
+    """Why a checkpoint folder is not complete yet, or ``None`` when it looks complete: a file
+    still being written (``*.tmp``, ``*.partial``, ``*.incomplete``, ``*.lock``); an
     ``*.index.json`` naming shards that are not there; ``adapter_config.json`` without adapter
-    weights. A few ``stat`` calls and the index files read: cheap enough for a sensor tick."""
+    weights. An empty folder counts as complete (some trainers signal a version with an empty
+    folder, and ``load none`` needs nothing in it). A few ``stat`` calls and the index files
+    read: cheap enough for a sensor tick."""
     root = Path(folder)
     try:
         names = sorted(os.listdir(root))
     except OSError as exc:
         return f"cannot be listed ({exc.strerror or exc})"
-    if not names:
-        return "empty"
     partial = [n for n in names if n.endswith(PARTIAL_SUFFIXES)]
     if partial:
         return f"still being written ({', '.join(partial[:3])})"
@@ -244,11 +244,12 @@ async def plan_load(spec: LoadSpec, policy: PolicyConfig) -> LoadPlan:
     (``auto``: one ``GET /get_model_info``), and the model id the batch will call (``external``
     is verified here: it only reads).
 
-    Raises ``ConfigError`` (missing folder, a folder of the wrong kind) and ``LoadError`` (the
-    server cannot be reached), each naming the setting to change."""
+    Raises ``LoadError`` (no folder, a folder of the wrong kind, the server cannot be reached,
+    ``external``: the version is not served), naming the setting to change; ``ConfigError`` is
+    its base class."""
     path = spec.checkpoint
     if spec.mode in ("lora", "weights") and not path:
-        raise ConfigError(
+        raise LoadError(
             f"load {spec.mode!r} needs the version's checkpoint folder (fix: --checkpoint PATH)"
         )
     prints = fingerprint(path) if path else None
@@ -257,7 +258,7 @@ async def plan_load(spec: LoadSpec, policy: PolicyConfig) -> LoadPlan:
         need = {"lora": "adapter_config.json", "weights": "config.json"}.get(spec.mode)
         if need and not (Path(path) / need).is_file():
             other = "weights" if spec.mode == "lora" else "lora"
-            raise ConfigError(
+            raise LoadError(
                 f"load {spec.mode!r}: {path} has no {need} (is it a "
                 f"{'full-weights' if spec.mode == 'lora' else 'LoRA adapter'} checkpoint? "
                 f"fix: --load {other}, or --checkpoint the right folder)"
