@@ -132,9 +132,8 @@ def test_full_weights_loaded_and_proven(tmp_path, flavor, route, no_policy_key):
             assert {r.served for r in server.chat_requests[before:]} == {version}
             entry = json.loads((tmp_path / version / "run.json").read_text())["checkpoint"]
             assert entry["served_model"] == server.model  # full weights: the base id is called
-            assert entry["proof"]["kind"] == (
-                "model_path" if flavor == "sglang" else "route_answer"
-            )
+            kind = "model_path" if flavor == "sglang" else "route_reported_path"
+            assert entry["proof"]["kind"] == kind  # the scripted route echoes model_path
 
 
 def test_runtime_lora_refused_without_the_variable_names_the_server_answer(

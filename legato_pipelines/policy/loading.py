@@ -19,7 +19,9 @@ checkpoint into the server and checks that the server serves it. Modes (:data:`L
               ``/update_weights`` as prime-rl's server adds it; ``weights_payload`` with
               ``{checkpoint}`` / ``{version}`` placeholders). The base model id is called.
               Proof: SGLang's ``/get_model_info`` ``model_path`` = the folder; for vLLM the
-              route's success answer (vLLM reports no weights path).
+              route's success answer (vLLM reports no weights path), checked against the path
+              it names when it names one (``model_path``, ``checkpoint`` or ``path``).
+              Full weights replace what every caller gets: one version at a time per server.
 ``external``  the trainer loads the weights itself; nothing is loaded, the run only verifies:
               ``/v1/models`` lists the version's name (``adapter``, default the version), or
               SGLang's ``model_path`` is the folder. Otherwise the run refuses to start.
@@ -513,10 +515,29 @@ class _Loader:
             raise self.refused(
                 route, resp, "--weights-payload (the body your route expects), or --checkpoint"
             )
+        answer = _json(resp) or {}
+        reported = next(
+            (
+                answer[k]
+                for k in ("model_path", "checkpoint", "path")
+                if isinstance(answer.get(k), str)
+            ),
+            None,
+        )
+        if reported is not None and _norm(reported) != _norm(plan.checkpoint):
+            raise LoadError(
+                f"{route} answered HTTP {resp.status_code} but reports {reported!r}, not "
+                f"{plan.checkpoint}; nothing was collected (fix: --weights-payload, the body "
+                "your route expects)"
+            )
         plan.proof = {
-            "kind": "route_answer",
-            "detail": f"{route} answered HTTP {resp.status_code}: {_answer(resp)[:200]} "
-            "(vLLM reports no weights path: the route's answer is the proof)",
+            "kind": "route_reported_path" if reported else "route_answer",
+            "detail": f"{route} answered HTTP {resp.status_code}: {_answer(resp)[:200]}"
+            + (
+                ""
+                if reported
+                else " (vLLM reports no weights path: the route's answer is the proof)"
+            ),
         }
 
     # -- external ---------------------------------------------------------------------------
