@@ -12,6 +12,9 @@ Public API::
     export_steps(run_dir) -> pyarrow.Table               # training samples with advantages
     load_request(run_dir, rollout_id, step) -> messages  # the exact prompt of a step
     profile(run_dir) -> summary                          # recompute the profile
+
+``collect(..., load=LoadSpec(mode="lora", checkpoint=FOLDER))`` loads the version's checkpoint
+into the model server before any desktop starts (``legato_pipelines.policy.loading``).
 """
 
 from .desktops.base import DesktopConfig
@@ -20,6 +23,7 @@ from .errors import (
     DesktopError,
     ImageLimitError,
     LegatoError,
+    LoadError,
     PolicyConfigError,
     PolicyError,
     PolicyTimeout,
@@ -27,6 +31,7 @@ from .errors import (
     TaskListError,
 )
 from .policy.config import PolicyConfig
+from .policy.loading import LoadSpec
 from .record import Record
 from .rollout.engine import collect, collect_async
 from .rollout.profile import profile
@@ -49,6 +54,7 @@ __all__ = [
     "Task",
     "TaskSet",
     "PolicyConfig",
+    "LoadSpec",
     "DesktopConfig",
     "LegatoError",
     "ConfigError",
@@ -58,5 +64,6 @@ __all__ = [
     "PolicyTimeout",
     "PolicyConfigError",
     "ImageLimitError",
+    "LoadError",
     "DesktopError",
 ]

@@ -3,7 +3,9 @@
     LegatoError
     ├── ConfigError            bad input; the message names the field and the fix
     │   ├── TaskListError      a task list entry is invalid (names index, task_id, field)
-    │   └── ResumeError        --out holds a run of another policy version or task set
+    │   ├── ResumeError        --out holds a run of another policy version or task set
+    │   └── LoadError          a checkpoint could not be loaded into the model server, or the
+    │                          server does not serve the version (quotes the server's answer)
     ├── PolicyError            a model call failed after its retries (record: error kind "policy")
     │   ├── PolicyTimeout      the hard per-call deadline (step_timeout) passed
     │   └── PolicyConfigError  400/401/403/404: the batch cannot work; fail fast (also a ConfigError)
@@ -31,6 +33,12 @@ class TaskListError(ConfigError):
 
 class ResumeError(ConfigError):
     """The output directory already holds a run of another policy version or task set."""
+
+
+class LoadError(ConfigError):
+    """A policy version's checkpoint could not be put into the model server, or the server does
+    not serve it (``legato_pipelines.policy.loading``). Raised before any desktop starts; the
+    message quotes the server's answer and names the setting to change."""
 
 
 class PolicyError(LegatoError):

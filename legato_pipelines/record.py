@@ -150,10 +150,19 @@ class _Format(BaseModel):
 
 
 class PolicyRef(_Format):
-    """Which policy produced the record: the served model id and the policy version."""
+    """Which policy produced the record: the served model id (the model the batch called) and
+    the policy version; written only when the batch was given a load mode
+    (``legato_pipelines.policy.loading``): ``load`` (``none`` | ``lora`` | ``weights`` |
+    ``external``), ``checkpoint`` (the version's folder) and ``fingerprint``
+    (``sha256:<hex>`` of its file sizes and config/index files)."""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"load", "checkpoint", "fingerprint"})
 
     model: str | None = None
     version: str | None = None
+    load: str | None = None
+    checkpoint: str | None = None
+    fingerprint: str | None = None
 
 
 class Timing(_Format):
@@ -291,9 +300,11 @@ class Record(_Format):
     """One execution of one logical attempt (``task_id``, ``group_id``, ``attempt``);
     ``rollout_id`` names the execution, ``execution`` counts re-tries (0 first);
     ``truncation`` (written only when set): why a ``truncated`` attempt stopped early other
-    than ``rollout_timeout`` (the server's context-length message, with the fix)."""
+    than ``rollout_timeout`` (the server's context-length message, with the fix);
+    ``collected_by`` (written only when the collection was given one) names the session that
+    collected it, e.g. the Dagster run id, so a resumed run keeps each attempt's own."""
 
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"truncation"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"truncation", "collected_by"})
 
     format: str = FORMAT
     rollout_id: str
@@ -317,6 +328,7 @@ class Record(_Format):
     reset: Reset | None = None
     steps: list[Step] = Field(default_factory=list)
     truncation: str | None = None
+    collected_by: str | None = None
 
     @property
     def reward_valid(self) -> bool:

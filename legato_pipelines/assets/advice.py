@@ -27,6 +27,14 @@ RESOURCE_SETTINGS = {
     "--desktop-option": "LEGATO_BACKEND_OPTIONS / the desktops resource's options",
     "--osworld-python": 'LEGATO_BACKEND_OPTIONS {"osworld_python": PATH}',
     "--osworld-provider": 'LEGATO_BACKEND_OPTIONS {"provider": NAME}',
+    "--load": "LEGATO_POLICY_LOAD / the policy resource's load",
+    "--load-server": "LEGATO_POLICY_SERVER / the policy resource's load_server",
+    "--load-keep": "LEGATO_POLICY_LOAD_KEEP / the policy resource's load_keep",
+    "--weights-route": "LEGATO_POLICY_WEIGHTS_ROUTE / the policy resource's weights_route",
+    "--weights-payload": "LEGATO_POLICY_WEIGHTS_PAYLOAD / the policy resource's weights_payload",
+    "--checkpoint": "the run's legato/checkpoint tag (set by the checkpoint sensor) or "
+    "LEGATO_CHECKPOINTS/<version>",
+    "--adapter": "the partition key (the adapter is named after the version)",
     "--out": "the partition's run directory <lake>/runs/policy_version=<key>: another "
     "policy_version partition, or LEGATO_LAKE",
 }

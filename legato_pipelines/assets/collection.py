@@ -4,11 +4,19 @@ Thin: it turns resources and run config into one :func:`legato_pipelines.collect
 the partition's run directory (``<lake>/runs/policy_version=<key>``; materializing the same
 partition again resumes it) and reports what happened as metadata. The ``legato_collection``
 pool limits how many collections run at once (``concurrency.pools`` in ``dagster.yaml``).
+
+Before any desktop starts, the version's checkpoint (the run's ``legato/checkpoint`` tag, set
+by the checkpoint sensor, else ``<policy.checkpoint_root>/<version>``) is loaded into the
+server or verified there, as the policy resource's ``load`` says
+(:mod:`legato_pipelines.policy.loading`). The run's tags say how it went: ``legato/load`` is
+``<mode>: loaded`` / ``verified`` / ``not checked``, or ``failed`` with ``legato/load_error``
+(the server's answer), so a checkpoint that failed to load is visible on the run itself.
 """
 
 import dagster as dg
 
 from .. import collect, load_tasks
+from ..errors import ConfigError, LoadError
 from ..resources import DesktopPoolResource, LakeResource, PolicyResource
 from .advice import in_dagster
 from .config import CollectConfig
@@ -19,6 +27,11 @@ COLLECTION_POOL = "legato_collection"
 GROUP = "legato"
 PROGRESS_EVERY = 25
 """Log a progress line every this many records."""
+CHECKPOINT_TAG = "legato/checkpoint"
+"""Run tag naming the version's checkpoint folder (set by the checkpoint sensor)."""
+LOAD_TAG = "legato/load"
+LOAD_ERROR_TAG = "legato/load_error"
+_LOAD_DONE = {"none": "not checked", "lora": "loaded", "weights": "loaded", "external": "verified"}
 
 
 @dg.asset(
@@ -43,6 +56,7 @@ def rollout_batch(
     with in_dagster("policy"):
         task_set = load_tasks(config.tasks, osworld=desktops.osworld)
         policy_config = policy.config(version, model=config.model)
+        load = policy.load_spec(version, context.run.tags.get(CHECKPOINT_TAG))
     store = lake.lake
     run_dir = store.pull_run(version)  # a URL lake: its copy, to resume on any worker host
     seen = 0
@@ -69,9 +83,18 @@ def rollout_batch(
                 desktop=desktops.config(),
                 osworld=desktops.osworld,
                 on_record=progress,
+                load=load,
+                collected_by=context.run.run_id,
             )
+    except LoadError as exc:
+        _tag_load_failure(context, load.mode, str(exc))
+        raise
     finally:
         store.push_run(version)  # a URL lake: upload what was collected, even after a failure
+    served = _served(run_dir)
+    context.instance.add_run_tags(
+        context.run.run_id, {LOAD_TAG: f"{load.mode}: {_LOAD_DONE[load.mode]}"}
+    )
     counts = summary.get("counts") or {}
     return dg.MaterializeResult(
         metadata={
@@ -90,5 +113,29 @@ def rollout_batch(
             "wall_s": number(summary.get("wall_s")),
             "desktops": dg.MetadataValue.json(summary.get("desktops") or {}),  # lost/recovered
             "run_dir": dg.MetadataValue.path(str(store.run_location(version))),
+            "load": load.mode,
+            "served_model": served.get("served_model") or policy_config.model,
+            "checkpoint": dg.MetadataValue.path(served["path"]) if served.get("path") else "n/a",
+            "checkpoint_fingerprint": served.get("fingerprint") or "n/a",
+            "load_proof": dg.MetadataValue.json(served.get("proof") or {}),
         }
+    )
+
+
+def _served(run_dir) -> dict:
+    """``run.json``'s ``checkpoint`` entry (mode, served model, folder, fingerprint, proof)."""
+    from ..store.rundir import read_meta
+
+    try:
+        return read_meta(run_dir).get("checkpoint") or {}
+    except ConfigError:
+        return {}
+
+
+def _tag_load_failure(context: dg.AssetExecutionContext, mode: str, message: str) -> None:
+    """Mark the run: its checkpoint failed to load (tags ``legato/load`` = ``failed`` and
+    ``legato/load_error``, the server's answer cut to 500 characters) and log it as an error."""
+    context.log.error(f"checkpoint load failed ({mode}): {message}")
+    context.instance.add_run_tags(
+        context.run.run_id, {LOAD_TAG: f"{mode}: failed", LOAD_ERROR_TAG: message[:500]}
     )

@@ -4,8 +4,11 @@
 views (:meth:`~legato_pipelines.store.lake.Lake.refresh_views`, under the lake's lock).
 
 Lineage: the rows' ``run_id`` is the Dagster run that materialized ``rollout_batch`` for the
-partition (the collection), found in the instance's event log; the run directory is the one
-that materialization recorded (``run_dir`` metadata), else ``<lake>/runs/policy_version=<key>``.
+partition (the collection), found in the instance's event log; ``collect_run_id`` the run that
+collected each attempt (the records' ``collected_by``: a re-executed partition keeps the run
+that collected what it resumed); the served model, checkpoint folder and fingerprint come from
+``run.json``. The run directory is the one that materialization recorded (``run_dir``
+metadata), else ``<lake>/runs/policy_version=<key>``.
 """
 
 from dataclasses import dataclass
@@ -59,7 +62,16 @@ def find_batch(instance: dg.DagsterInstance, version: str, lake: Lake, run_id: s
             f"{run_dir} holds policy version {(meta.get('policy') or {}).get('version')!r}, not {version!r} "
             "(fix: materialize rollout_batch for this partition first)"
         )
-    return Batch(run_dir, Lineage(version, meta["task_set"], run_id))
+    served = meta.get("checkpoint") or {}
+    lineage = Lineage(
+        version,
+        meta["task_set"],
+        run_id,
+        served_model=served.get("served_model") or (meta.get("policy") or {}).get("model"),
+        checkpoint_path=served.get("path"),
+        checkpoint_fingerprint=served.get("fingerprint"),
+    )
+    return Batch(run_dir, lineage)
 
 
 def _summary(batch: Batch) -> dict:
@@ -128,7 +140,8 @@ def training_samples(
 ) -> dg.MaterializeResult:
     store = lake.lake
     batch = find_batch(context.instance, context.partition_key, store, context.run.run_id)
-    table = samples_table(export_steps(batch.run_dir), batch.lineage)
+    collected_by = {r.rollout_id: r.collected_by for r in read_typed_records(batch.run_dir)}
+    table = samples_table(export_steps(batch.run_dir), batch.lineage, collected_by)
     path = store.write("samples", batch.lineage.policy_version, table)
     store.refresh_views()
     with_logprobs = sum(1 for v in table.column("response_logprobs").to_pylist() if v)

@@ -84,6 +84,39 @@ def collect_command(
             help="The server's logprobs mode as you started it (vLLM --logprobs-mode); recorded.",
         ),
     ] = None,
+    load: Annotated[
+        str,
+        typer.Option(
+            "--load",
+            help="How the version reaches the server before any desktop starts: none | lora "
+            "(adapter, vLLM/SGLang runtime API) | weights (SGLang update_weights_from_disk, or "
+            "--weights-route on vLLM) | external (the trainer loads it; only verified).",
+        ),
+    ] = "none",
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option("--checkpoint", help="The version's checkpoint folder (fingerprinted)."),
+    ] = None,
+    load_server: Annotated[
+        str, typer.Option("--load-server", help="auto | vllm | sglang (auto: asks the server).")
+    ] = "auto",
+    load_keep: Annotated[
+        int, typer.Option("--load-keep", help="LoRA adapters of this directory kept loaded.")
+    ] = 2,
+    adapter: Annotated[
+        str | None,
+        typer.Option("--adapter", help="Served name of the version (default: --version)."),
+    ] = None,
+    weights_route: Annotated[
+        str,
+        typer.Option("--weights-route", help="vLLM full-weights route (e.g. prime-rl's)."),
+    ] = "/update_weights",
+    weights_payload: Annotated[
+        str,
+        typer.Option(
+            "--weights-payload", help="JSON body of --weights-route; {checkpoint} {version} filled."
+        ),
+    ] = '{"model_path": "{checkpoint}"}',
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     **settings: Any,
@@ -95,6 +128,7 @@ def collect_command(
     from ..desktops.base import DesktopConfig
     from ..errors import LegatoError
     from ..policy.config import PolicyConfig
+    from ..policy.loading import LoadSpec
     from ..rollout.engine import collect
     from ..tasks import load_tasks
     from .progress import CollectProgress
@@ -134,6 +168,19 @@ def collect_command(
             options=options,
         )
         task_set = load_tasks(tasks, osworld=osworld)
+        try:
+            payload = json.loads(weights_payload)
+        except json.JSONDecodeError as exc:
+            fail(f"--weights-payload must be a JSON object ({exc})")
+        load_spec = LoadSpec.checked(
+            mode=load,
+            checkpoint=str(checkpoint) if checkpoint else None,
+            server=load_server,
+            keep=load_keep,
+            adapter=adapter,
+            weights_route=weights_route,
+            weights_payload=payload,
+        )
     except ValidationError as exc:
         fail(_pydantic_message(exc))
     except LegatoError as exc:
@@ -150,6 +197,7 @@ def collect_command(
                 settings=knobs,
                 desktop=desktop,
                 on_record=progress.on_record if progress else None,
+                load=load_spec,
             )
     except LegatoError as exc:
         fail(str(exc))

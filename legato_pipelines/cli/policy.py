@@ -175,6 +175,14 @@ def scripted_policy_command(
             min=1,
         ),
     ] = None,
+    weights_route: Annotated[
+        str | None,
+        typer.Option(
+            "--weights-route",
+            help="vLLM flavors: a full-weights route taking {model_path} (e.g. /update_weights, "
+            "as prime-rl adds); runtime LoRA routes follow VLLM_ALLOW_RUNTIME_LORA_UPDATING.",
+        ),
+    ] = None,
 ) -> None:
     """Run a scripted OpenAI-compatible policy server in the foreground (Ctrl-C to stop).
 
@@ -216,6 +224,7 @@ def scripted_policy_command(
             latency=Latency(latency, sigma, seed),
             api_key=key if require_key else None,
             image_tokens=image_tokens,
+            weights_route=weights_route,
         )
     except (ValueError, OSError) as exc:
         fail(f"--script {script}: {exc}" if script else str(exc))

@@ -31,6 +31,33 @@ openai     none (tokens + bytes)             nested          (none)             
 
 Cached tokens: vLLM and SGLang report ``usage.prompt_tokens_details.cached_tokens`` only when
 non-zero; OpenAI always reports it.
+
+Loading checkpoints (the routes RL teams use to put a new policy version into a running server;
+:mod:`legato_pipelines.policy.loading` is the client side):
+
+=========================  ==========================================================  ==========
+route                      what it does here                                           flavors
+=========================  ==========================================================  ==========
+/v1/load_lora_adapter      ``{lora_name, lora_path}``: the folder (with                vllm,
+/v1/unload_lora_adapter    ``adapter_config.json``) becomes model id ``lora_name``     vllm-old
+                           (listed in ``/v1/models`` with ``root`` = path, ``parent``
+                           = the base model); only when runtime LoRA updating is on
+                           (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``, as vLLM), else 404
+``weights_route``          vLLM has no full-weights route of its own; teams add one    vllm,
+(e.g. /update_weights)     (prime-rl's ``/update_weights``). ``{"model_path": path}``  vllm-old
+                           (key ``weights_key``) loads the folder (with
+                           ``config.json``) as the base model's weights
+/load_lora_adapter         SGLang's: ``{lora_name, lora_path}`` -> ``{success,          sglang
+/unload_lora_adapter       error_message, loaded_adapters}``; the adapter is called
+                           as model ``<base>:<lora_name>`` or with ``lora_path``
+/update_weights_from_disk  ``{model_path}`` -> ``{success, message}``; the new path    sglang
+/get_model_info            is reported as ``model_path`` by ``/get_model_info``
+=========================  ==========================================================  ==========
+
+Every chat request is answered by the weights loaded at that moment: :attr:`RequestLog.served`
+and the response's ``system_fingerprint`` (``...:served=<name>``) name them (an adapter's
+name, or the folder name of the full weights last loaded; the model id before any load), so a
+test proves which weights served each request.
 """
 
 from __future__ import annotations
@@ -39,6 +66,7 @@ import asyncio
 import collections
 import logging
 import math
+import os
 import random
 import socket
 import threading
@@ -59,6 +87,8 @@ from .synthetic import IMAGE_PAD_ID, PrefixCache, SyntheticTokenizer, default_re
 log = logging.getLogger(__name__)
 
 NOT_A_MODEL = "legato scripted policy server: NOT a model (scripted responses, synthetic tokens)"
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+"""vLLM registers its runtime LoRA routes only when this variable is true ("1"/"true")."""
 FLAVORS = ("vllm", "vllm-old", "sglang", "openai")
 
 # Request fields hosted OpenAI accepts on chat completions (anything else: 400).
@@ -185,6 +215,7 @@ class RequestLog:
     step: int | None = None
     cached_tokens: int | None = None
     body: bytes | None = None
+    served: str | None = None  # the weights that answered (adapter name or weights folder name)
     at: float = field(default_factory=time.time)
 
 
@@ -245,6 +276,12 @@ class ScriptedPolicyServer:
       image_tokens  prompt tokens counted per image
       record_bodies keep each chat request's raw body in :attr:`requests` (tests)
       logprobs_mode report this on ``/v1/models`` (``None``: not reported, as vLLM and SGLang)
+      runtime_lora  vLLM flavors: serve ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``
+                  (``None``: when ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` is true in the environment
+                  at construction, as vLLM decides at start-up)
+      weights_route vLLM flavors: path of a full-weights route (e.g. ``/update_weights``), or
+                  ``None`` for none (stock vLLM); ``weights_key`` names its path field
+      enable_lora   SGLang flavor: the LoRA routes work (``--enable-lora``); off, they answer 400
 
     ``start()`` runs it in a background thread and returns once it listens; ``stop()`` ends it;
     also a context manager. ``serve_forever()`` runs it in the calling thread until
@@ -267,6 +304,10 @@ class ScriptedPolicyServer:
         record_bodies: bool = False,
         max_log: int = 100_000,
         logprobs_mode: str | None = None,
+        runtime_lora: bool | None = None,
+        weights_route: str | None = None,
+        weights_key: str = "model_path",
+        enable_lora: bool = True,
     ):
         if flavor not in _FLAVORS:
             raise ValueError(
@@ -296,13 +337,37 @@ class ScriptedPolicyServer:
         self._stopping = False
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
-        self.app = Starlette(
-            routes=[
-                Route("/v1/chat/completions", self._chat, methods=["POST"]),
-                Route("/v1/models", self._models, methods=["GET"]),
-                Route("/health", self._health, methods=["GET"]),
+        if runtime_lora is None:
+            runtime_lora = os.environ.get(RUNTIME_LORA_ENV, "").lower() in ("1", "true")
+        self.runtime_lora = runtime_lora
+        self.weights_route = weights_route
+        self.weights_key = weights_key
+        self.enable_lora = enable_lora
+        self.adapters: dict[str, str] = {}  # LoRA name -> folder, in load order
+        self.weights = model  # name of the full weights served (a folder name once loaded)
+        self.weights_path: str = model  # what SGLang's /get_model_info reports as model_path
+        self.loads: list[tuple[str, str, str]] = []  # (route, name, path) of each load, in order
+        routes = [
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/health", self._health, methods=["GET"]),
+        ]
+        if flavor.startswith("vllm"):
+            if runtime_lora:
+                routes += [
+                    Route("/v1/load_lora_adapter", self._vllm_load_lora, methods=["POST"]),
+                    Route("/v1/unload_lora_adapter", self._vllm_unload_lora, methods=["POST"]),
+                ]
+            if weights_route:
+                routes.append(Route(weights_route, self._vllm_load_weights, methods=["POST"]))
+        elif flavor == "sglang":
+            routes += [
+                Route("/load_lora_adapter", self._sglang_load_lora, methods=["POST"]),
+                Route("/unload_lora_adapter", self._sglang_unload_lora, methods=["POST"]),
+                Route("/update_weights_from_disk", self._sglang_update_weights, methods=["POST"]),
+                Route("/get_model_info", self._sglang_model_info, methods=["GET"]),
             ]
-        )
+        self.app = Starlette(routes=routes)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -402,9 +467,196 @@ class ScriptedPolicyServer:
         }
         if self.logprobs_mode:
             model["logprobs_mode"] = self.logprobs_mode
+        data = [model]
+        if self.flavor.startswith("vllm"):  # vLLM lists LoRA adapters: root = path, parent = base
+            data += [
+                {**model, "id": name, "root": path, "parent": self.model}
+                for name, path in self.adapters.items()
+            ]
         return Response(
-            orjson.dumps({"object": "list", "data": [model]}), media_type="application/json"
+            orjson.dumps({"object": "list", "data": data}), media_type="application/json"
         )
+
+    # -- loading checkpoints (module doc) ----------------------------------------------------
+
+    async def _load_request(self, request: Request, path: str) -> tuple[dict, Response | None]:
+        """The JSON body of a load/unload request (logged), or an error response."""
+        entry = RequestLog(seq=0, path=path)
+        self.requests.append(entry)
+        if (err := self._auth(request, entry)) is not None:
+            return {}, err
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            body = None
+            message = f"request body is not JSON: {exc}"
+        else:
+            message = "request body must be a JSON object"
+        if not isinstance(body, dict):
+            entry.status = 400
+            return {}, self._error(_Reject(400, message))
+        entry.fields = tuple(body)
+        return body, None
+
+    @staticmethod
+    def _text(text: str, status: int = 200) -> Response:
+        return Response(orjson.dumps(text), status_code=status, media_type="application/json")
+
+    async def _vllm_load_lora(self, request: Request) -> Response:
+        body, err = await self._load_request(request, "/v1/load_lora_adapter")
+        if err is not None:
+            return err
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not name or not path:
+            return self._error(_Reject(400, "Both 'lora_name' and 'lora_path' must be provided."))
+        if name in self.adapters:
+            return self._error(
+                _Reject(
+                    400, f"The lora adapter '{name}' has already been loaded.", param="lora_name"
+                )
+            )
+        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+            return self._error(
+                _Reject(
+                    404,
+                    f"Loading lora {name} failed: No adapter found for {path}",
+                    kind="NotFoundError",
+                    param="lora_path",
+                )
+            )
+        self.adapters[name] = path
+        self.loads.append(("/v1/load_lora_adapter", name, path))
+        return self._text(f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def _vllm_unload_lora(self, request: Request) -> Response:
+        body, err = await self._load_request(request, "/v1/unload_lora_adapter")
+        if err is not None:
+            return err
+        name = body.get("lora_name")
+        if name not in self.adapters:
+            return self._error(
+                _Reject(
+                    404,
+                    f"The lora adapter '{name}' cannot be found.",
+                    kind="NotFoundError",
+                    param="lora_name",
+                )
+            )
+        del self.adapters[name]
+        return self._text(f"Success: LoRA adapter '{name}' removed successfully.")
+
+    async def _vllm_load_weights(self, request: Request) -> Response:
+        route = self.weights_route or ""
+        body, err = await self._load_request(request, route)
+        if err is not None:
+            return err
+        path = body.get(self.weights_key)
+        if not isinstance(path, str) or not os.path.isfile(os.path.join(path, "config.json")):
+            return self._error(
+                _Reject(400, f"cannot load weights from {path!r}: no config.json there")
+            )
+        self._set_weights(route, path)
+        return Response(
+            orjson.dumps({"status": "ok", self.weights_key: path}), media_type="application/json"
+        )
+
+    def _set_weights(self, route: str, path: str) -> None:
+        self.weights = os.path.basename(os.path.normpath(path))
+        self.weights_path = path
+        self.loads.append((route, self.weights, path))
+
+    async def _sglang_load_lora(self, request: Request) -> Response:
+        body, err = await self._load_request(request, "/load_lora_adapter")
+        if err is not None:
+            return err
+        name, path = body.get("lora_name"), body.get("lora_path")
+        error = None
+        if not self.enable_lora:
+            error = "LoRA is not enabled. Please set `--enable-lora` to True."
+        elif not name or not path:
+            error = "lora_name and lora_path are required"
+        elif name in self.adapters:
+            error = f"Failed to load LoRA adapter {name}: LoRA adapter {name} is already loaded."
+        elif not os.path.isfile(os.path.join(path, "adapter_config.json")):
+            error = f"Failed to load LoRA adapter {name}: no adapter_config.json in {path}"
+        if error is None:
+            self.adapters[name] = path
+            self.loads.append(("/load_lora_adapter", name, path))
+        return self._sglang_answer(error, error_key="error_message", loaded=True)
+
+    async def _sglang_unload_lora(self, request: Request) -> Response:
+        body, err = await self._load_request(request, "/unload_lora_adapter")
+        if err is not None:
+            return err
+        name = body.get("lora_name")
+        error = None
+        if not self.enable_lora:
+            error = "LoRA is not enabled. Please set `--enable-lora` to True."
+        elif name not in self.adapters:
+            error = f"LoRA adapter {name} is not loaded."
+        else:
+            del self.adapters[name]
+        return self._sglang_answer(error, error_key="error_message", loaded=True)
+
+    async def _sglang_update_weights(self, request: Request) -> Response:
+        body, err = await self._load_request(request, "/update_weights_from_disk")
+        if err is not None:
+            return err
+        path = body.get("model_path")
+        error = None
+        if not isinstance(path, str) or not os.path.isfile(os.path.join(path, "config.json")):
+            error = f"Failed to update weights: cannot load model from {path!r} (no config.json)."
+        else:
+            self._set_weights("/update_weights_from_disk", path)
+        return self._sglang_answer(error, error_key="message")
+
+    def _sglang_answer(
+        self, error: str | None, *, error_key: str, loaded: bool = False
+    ) -> Response:
+        body: dict[str, Any] = {"success": error is None, error_key: error or ""}
+        if error_key == "message" and error is None:
+            body["message"] = "Succeeded to update model weights."
+            body["num_paused_requests"] = 0
+        if loaded:
+            body["loaded_adapters"] = dict(self.adapters)
+        return Response(
+            orjson.dumps(body),
+            status_code=200 if error is None else 400,
+            media_type="application/json",
+        )
+
+    async def _sglang_model_info(self, request: Request) -> Response:
+        return Response(
+            orjson.dumps(
+                {
+                    "model_path": self.weights_path,
+                    "tokenizer_path": self.model,
+                    "is_generation": True,
+                    "preferred_sampling_params": None,
+                    "weight_version": "default",
+                }
+            ),
+            media_type="application/json",
+        )
+
+    def _served(self, model: Any, req: dict[str, Any]) -> str | None:
+        """The weights a chat request for ``model`` is answered by, or ``None`` when the model
+        is not served. vLLM: the base model id or an adapter's name; SGLang: the base model id,
+        ``<base>:<adapter>``, or the base with ``lora_path`` naming an adapter."""
+        if model == self.model:
+            lora = req.get("lora_path") if self.flavor == "sglang" else None
+            if lora is None:
+                return self.weights
+            return lora if lora in self.adapters else None
+        if not isinstance(model, str):
+            return None
+        if self.flavor.startswith("vllm") and model in self.adapters:
+            return model
+        if self.flavor == "sglang":
+            base, sep, name = model.rpartition(":")
+            if sep and base == self.model and name in self.adapters:
+                return name
+        return None
 
     def _auth(self, request: Request, entry: RequestLog) -> Response | None:
         header = request.headers.get("authorization", "")
@@ -529,10 +781,12 @@ class ScriptedPolicyServer:
                         kind="invalid_request_error",
                     )
         model = req.get("model")
-        if model != self.model:
+        served = self._served(model, req)
+        if served is None:
             raise _Reject(
                 404, f"The model `{model}` does not exist.", kind="NotFoundError", param="model"
             )
+        entry.served = served
         messages = req.get("messages")
         if not isinstance(messages, list) or not messages:
             raise _Reject(400, "messages must be a non-empty list", param="messages")
@@ -603,6 +857,8 @@ class ScriptedPolicyServer:
         body = self._body(req, prompt_ids, content, reasoning, tokens, ids, finish, cached, seq)
         if body.get("prompt_token_ids") is not None or body["choices"][0].get("prompt_token_ids"):
             self.prompt_ids_sent.append(prompt_ids)
+        body["model"] = model  # vLLM answers with the adapter's name for an adapter request
+        body["system_fingerprint"] = f"legato-scripted-not-a-model:served={served}"
         return orjson.dumps(body)
 
     def _prompt(self, messages: list[Any]) -> tuple[list[int], list[int], str, int, int]:

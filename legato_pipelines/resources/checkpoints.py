@@ -11,7 +11,11 @@ Two sources:
                runtime there). A ``/`` in an id becomes ``--`` in the partition key.
 
 Both are one cheap call per evaluation (a directory listing plus one ``stat`` per match, or one
-HTTP request), well inside Dagster's 60 s sensor limit.
+HTTP request), well inside Dagster's 60 s sensor limit. :meth:`CheckpointSourceResource.scan`
+also says which folders are *waiting*: no ready marker yet, or not complete
+(:func:`~legato_pipelines.policy.loading.incomplete`: a file still being written, an
+index naming missing shards, an adapter config without weights); only folders not requested
+yet are checked for completeness.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Literal
 import dagster as dg
 from pydantic import Field
 
+from ..policy.loading import incomplete
 from ..store.lake import check_partition_key
 from .policy import PolicyResource
 
@@ -64,7 +69,22 @@ class CheckpointSourceResource(dg.ConfigurableResource):
     )
 
     def discover(self, policy: PolicyResource | None = None) -> list[Checkpoint]:
-        """Every version currently visible, oldest first.
+        """Every version currently visible, oldest first (:meth:`scan` without the waiting
+        folders and completeness checks; raises what it raises)."""
+        return self.scan(policy, check_complete=False)[0]
+
+    def scan(
+        self,
+        policy: PolicyResource | None = None,
+        *,
+        known: set[str] | frozenset[str] = frozenset(),
+        check_complete: bool = True,
+    ) -> tuple[list[Checkpoint], list[tuple[str, str]]]:
+        """``(ready, waiting)``: every version currently visible, oldest first, and the
+        matching folders that are not ready yet with why (``"no READY marker yet"``, ``"model
+        .safetensors.index.json names 1 missing shard(s) ..."``). Folders whose version is in
+        ``known`` (already requested) are never checked for completeness; the ``models``
+        source has no waiting versions.
 
         Raises ``FileNotFoundError`` when the directory does not exist, ``ValueError`` when
         the ``directory`` source has no directory or the ``models`` source no policy resource
@@ -80,7 +100,7 @@ class CheckpointSourceResource(dg.ConfigurableResource):
                 Checkpoint(version=model_version(m), seen_at=float(i), model=m)
                 for i, m in enumerate(policy.list_models())
                 if fnmatch.fnmatchcase(m, pattern)
-            ]
+            ], []
         if not self.directory:
             raise ValueError(
                 "checkpoint source 'directory' needs a directory (fix: set LEGATO_CHECKPOINTS to "
@@ -89,6 +109,7 @@ class CheckpointSourceResource(dg.ConfigurableResource):
             )
         pattern = self.pattern or "step-*"
         found = []
+        waiting: list[tuple[str, str]] = []
         with os.scandir(self.directory) as entries:
             for entry in entries:
                 if not entry.is_dir() or not fnmatch.fnmatchcase(entry.name, pattern):
@@ -96,7 +117,13 @@ class CheckpointSourceResource(dg.ConfigurableResource):
                 if self.ready_marker and not os.path.exists(
                     os.path.join(entry.path, self.ready_marker)
                 ):
+                    waiting.append((entry.name, f"no {self.ready_marker} marker yet"))
                     continue
+                if check_complete and entry.name not in known:
+                    why = incomplete(entry.path)
+                    if why is not None:
+                        waiting.append((entry.name, why))
+                        continue
                 found.append(
                     Checkpoint(
                         version=check_partition_key(entry.name),
@@ -104,4 +131,4 @@ class CheckpointSourceResource(dg.ConfigurableResource):
                         path=entry.path,
                     )
                 )
-        return sorted(found, key=lambda c: (c.seen_at, c.version))
+        return sorted(found, key=lambda c: (c.seen_at, c.version)), sorted(waiting)

@@ -6,13 +6,18 @@ variable                   sets                                                 
 LEGATO_POLICY_URL          ``policy.base_url``                                    none: required
 LEGATO_POLICY_MODEL        ``policy.model``                                       scripted-qwen
 LEGATO_POLICY_KEY          ``policy.api_key`` (secret: ``EnvVar``, never shown)   none
+LEGATO_POLICY_LOAD         ``policy.load`` (none | lora | weights | external)     none
+LEGATO_POLICY_SERVER       ``policy.load_server`` (auto | vllm | sglang)          auto
+LEGATO_POLICY_LOAD_KEEP    ``policy.load_keep`` (LoRA adapters kept loaded)       2
+LEGATO_POLICY_WEIGHTS_ROUTE  ``policy.weights_route`` (vLLM full weights)         /update_weights
+LEGATO_POLICY_WEIGHTS_PAYLOAD  ``policy.weights_payload`` (JSON object)           {"model_path": "{checkpoint}"}
 LEGATO_BACKEND             ``desktops.backend``                                   fake
 LEGATO_DESKTOPS            ``desktops.desktops``                                  4
 LEGATO_DESKTOP_URLS        ``desktops.urls`` (space/comma-separated URLs)         none
 LEGATO_BACKEND_OPTIONS     ``desktops.options`` (JSON object)                     {}
 LEGATO_OSWORLD             ``desktops.osworld``                                   none
 LEGATO_LAKE                ``lake.root``                                          ./lake
-LEGATO_CHECKPOINTS         ``checkpoints.directory``                              none
+LEGATO_CHECKPOINTS         ``checkpoints.directory``, ``policy.checkpoint_root``  none
 LEGATO_CHECKPOINT_SOURCE   ``checkpoints.source`` (directory | models)            directory
 LEGATO_CHECKPOINT_GLOB     ``checkpoints.pattern``                                step-* / *
 LEGATO_CHECKPOINT_READY    ``checkpoints.ready_marker``                           none
@@ -90,6 +95,14 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:
             base_url=_env("LEGATO_POLICY_URL", None),
             model=_env("LEGATO_POLICY_MODEL", DEFAULT_POLICY_MODEL),
             api_key=dg.EnvVar(API_KEY_ENV) if os.environ.get(API_KEY_ENV) else None,
+            load=_env_choice("LEGATO_POLICY_LOAD", PolicyResource, "load") or "none",
+            load_server=_env_choice("LEGATO_POLICY_SERVER", PolicyResource, "load_server")
+            or "auto",
+            load_keep=_env_int("LEGATO_POLICY_LOAD_KEEP", 2),
+            weights_route=_env("LEGATO_POLICY_WEIGHTS_ROUTE", "/update_weights"),
+            weights_payload=_env_json("LEGATO_POLICY_WEIGHTS_PAYLOAD")
+            or {"model_path": "{checkpoint}"},
+            checkpoint_root=_env("LEGATO_CHECKPOINTS", None),
         ),
         "desktops": DesktopPoolResource(
             backend=_env_choice("LEGATO_BACKEND", DesktopPoolResource, "backend") or "fake",

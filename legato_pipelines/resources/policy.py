@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import dagster as dg
 import httpx
@@ -20,6 +21,7 @@ from pydantic import Field
 
 from ..errors import ConfigError
 from ..policy.config import API_KEY_ENV, PolicyConfig
+from ..policy.loading import LoadSpec
 
 
 class PolicyResource(dg.ConfigurableResource):
@@ -30,6 +32,13 @@ class PolicyResource(dg.ConfigurableResource):
     ``/v1/models`` id), ``api_key`` (secret: ``EnvVar`` only), sampling (``temperature``,
     ``top_p``, ``max_tokens`` [tokens], ``sampling_seed``; ``logprobs_mode`` recorded) and ``extra_body`` (server-specific request fields).
     The policy *version* is not a field: it is the partition key of the run.
+
+    How a version reaches the server (:mod:`legato_pipelines.policy.loading`; ``legato collect
+    --load``): ``load`` (``none`` | ``lora`` | ``weights`` | ``external``; LEGATO_POLICY_LOAD),
+    ``load_server`` (auto | vllm | sglang), ``load_keep`` [adapters], ``weights_route`` and
+    ``weights_payload`` (a vLLM full-weights route), ``checkpoint_root`` (where a version's
+    folder ``<root>/<version>`` is when the run's ``legato/checkpoint`` tag, set by the
+    checkpoint sensor, does not name it; LEGATO_CHECKPOINTS).
     """
 
     base_url: str | None = Field(
@@ -60,6 +69,30 @@ class PolicyResource(dg.ConfigurableResource):
     extra_body: dict[str, Any] = Field(
         default_factory=dict, description="Server-specific request fields."
     )
+    load: Literal["none", "lora", "weights", "external"] = Field(
+        default="none",
+        description="How a version reaches the server before collecting: none | lora | weights "
+        "| external (LEGATO_POLICY_LOAD).",
+    )
+    load_server: Literal["auto", "vllm", "sglang"] = Field(
+        default="auto", description="Server kind for loading (LEGATO_POLICY_SERVER)."
+    )
+    load_keep: int = Field(
+        default=2, description="LoRA adapters of the checkpoints directory kept loaded."
+    )
+    weights_route: str = Field(
+        default="/update_weights",
+        description="vLLM full-weights route, e.g. prime-rl's (LEGATO_POLICY_WEIGHTS_ROUTE).",
+    )
+    weights_payload: dict[str, Any] = Field(
+        default_factory=lambda: {"model_path": "{checkpoint}"},
+        description="JSON body of weights_route; {checkpoint} and {version} are filled in.",
+    )
+    checkpoint_root: str | None = Field(
+        default=None,
+        description="Checkpoints directory: a version's folder is <root>/<version> unless the "
+        "run's legato/checkpoint tag names it (LEGATO_CHECKPOINTS).",
+    )
 
     def config(self, version: str, *, model: str | None = None) -> PolicyConfig:
         """The engine's :class:`PolicyConfig` for one policy version (the partition key).
@@ -78,6 +111,24 @@ class PolicyResource(dg.ConfigurableResource):
             sampling_seed=self.sampling_seed,
             logprobs_mode=self.logprobs_mode,
             extra_body=dict(self.extra_body),
+        )
+
+    def load_spec(self, version: str, checkpoint: str | None = None) -> LoadSpec:
+        """The engine's :class:`~legato_pipelines.policy.loading.LoadSpec` for ``version``:
+        the checkpoint folder is ``checkpoint`` (the run's ``legato/checkpoint`` tag), else
+        ``<checkpoint_root>/<version>`` when that folder exists, else none (``lora`` and
+        ``weights`` then fail naming the setting). Raises ``ConfigError`` for a bad field."""
+        if checkpoint is None and self.checkpoint_root:
+            candidate = Path(self.checkpoint_root) / version
+            if candidate.is_dir():
+                checkpoint = str(candidate)
+        return LoadSpec.checked(
+            mode=self.load,
+            checkpoint=checkpoint,
+            server=self.load_server,
+            keep=self.load_keep,
+            weights_route=self.weights_route,
+            weights_payload=dict(self.weights_payload),
         )
 
     def api_base(self) -> str:

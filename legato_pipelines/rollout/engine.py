@@ -18,8 +18,9 @@ from typing import Any
 
 from ..desktops import open_desktops
 from ..desktops.base import Desktop, DesktopConfig
-from ..errors import DesktopError, TaskListError
+from ..errors import DesktopError, PolicyConfigError, TaskListError
 from ..policy.config import PolicyConfig
+from ..policy.loading import LoadSpec, load_version, plan_load
 from ..record import ENV, ERROR, FORMAT, RETRIED, SKIPPED, ErrorInfo, PolicyRef, Record, as_records
 from ..store.rundir import RunWriter, read_records
 from ..tasks import TaskSet, load_tasks
@@ -55,6 +56,8 @@ async def collect_async(
     check_policy: bool = True,
     on_record: OnRecord | None = None,
     desktop_pool: list[Desktop] | None = None,
+    load: LoadSpec | None = None,
+    collected_by: str | None = None,
     **knobs: Any,
 ) -> dict[str, Any]:
     """Collect graded attempts of every task for one policy version into the run directory
@@ -74,9 +77,19 @@ async def collect_async(
     to resolve the task list; ``desktop_pool``: already-open desktops to use instead of
     starting them.
 
-    Raises ``ConfigError`` (bad knobs, bad task list, resume into another run),
-    ``PolicyConfigError`` (wrong URL/model/option: before any desktop starts, or at the first
-    call) and ``DesktopError`` when no desktop can be started. Records already written are kept.
+    ``load``: how the policy version reaches the server
+    (:class:`~legato_pipelines.policy.loading.LoadSpec`): before any desktop starts the
+    checkpoint is fingerprinted, loaded (``lora``, ``weights``) or verified (``external``), and
+    the batch calls the model id that serves it; ``run.json`` gets a ``checkpoint`` entry (mode,
+    served model, folder, fingerprint, proof) and every record's ``policy`` the mode, folder and
+    fingerprint. A resume whose checkpoint fingerprint differs is refused. ``collected_by``: a
+    session id written on every record of this session (the Dagster run id under Dagster).
+
+    Raises ``ConfigError`` (bad knobs, bad task list, resume into another run, a checkpoint
+    folder that changed), ``LoadError`` (the checkpoint could not be loaded or is not served:
+    before any desktop starts, quoting the server), ``PolicyConfigError`` (wrong URL/model/
+    option: before any desktop starts, or at the first call) and ``DesktopError`` when no
+    desktop can be started. Records already written are kept.
     """
     from ..harness import Harness
     from ..policy.client import PolicyClient
@@ -102,7 +115,15 @@ async def collect_async(
     harness_obj = Harness(
         variant=settings.harness, history=settings.history, image_max=settings.image_max
     )
+    plan = await plan_load(load, policy) if load is not None else None
+    if plan is not None:
+        policy = policy.model_copy(update={"model": plan.model})
     policy_info = PolicyRef(model=policy.model, version=policy.version)
+    if plan is not None:
+        policy_info.load = plan.spec.mode
+        if plan.checkpoint is not None:
+            policy_info.checkpoint = plan.checkpoint
+            policy_info.fingerprint = plan.fingerprint["digest"]
     meta = {
         "format": FORMAT,
         "policy": policy_info.to_json_dict(),
@@ -113,6 +134,8 @@ async def collect_async(
         "sampling": policy.sampling(),
         "created_at": time.time(),
     }
+    if plan is not None:
+        meta["checkpoint"] = plan.meta()
 
     _preflight(task_set, desktop)
     writer = RunWriter(out, resume_knobs=RESUME_KNOBS)
@@ -132,8 +155,18 @@ async def collect_async(
     async with PolicyClient(
         policy, max_inflight=settings.max_inflight or len(desktop_pool or []) or desktops
     ) as client:
+        if peek.pending() and plan is not None:
+            # the version's weights into the server (or verified there), before any desktop
+            await load_version(plan)
+            meta["checkpoint"] = plan.meta()
         if peek.pending() and check_policy:
-            await client.check()  # a wrong URL or model fails here, in seconds, writing nothing
+            # a wrong URL or model fails here, in seconds, writing nothing
+            if plan is None or plan.listed_model == policy.model:
+                await client.check()
+            elif plan.listed_model not in await client.list_models():
+                raise PolicyConfigError(
+                    f"model {plan.listed_model!r} is not served at {policy.api_base} (fix: --model)"
+                )
             if client.logprobs_mode:  # the server reported it: that is what the logprobs are
                 meta["sampling"] = policy.sampling(client.logprobs_mode)
                 writer.check(meta)
@@ -145,6 +178,8 @@ async def collect_async(
         records: list[Record] = list(previous)
 
         def emit(record: Record) -> None:
+            if collected_by is not None:
+                record.collected_by = collected_by
             line = record.to_json_dict()
             writer.append(line)
             records.append(record)

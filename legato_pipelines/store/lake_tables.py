@@ -10,10 +10,15 @@ Four tables, one Parquet partition per policy version each (docs/architecture.md
 ``profile``   one row per policy version: the run's ``summary.json`` flattened
 
 Every row carries its lineage: ``policy_version``, ``task_set``, ``run_id`` (the Dagster run
-that collected it) and ``rollout_id`` (``profile`` rows have no rollout), and ``policy_step``,
-the training step the version key carries (null when none), to sort versions by. The schemas are
-fixed here, so partitions written at different times union cleanly (a column that is null in
-one batch keeps its type).
+that materialized the partition's collection last), ``served_model`` (the model id the batch
+called), ``checkpoint_path`` and ``checkpoint_fingerprint`` (the version's folder and its
+fingerprint, null when the batch had none) and ``rollout_id`` (``profile`` rows have no
+rollout); ``rollouts``, ``steps`` and ``samples`` rows also carry ``collect_run_id``, the run
+that collected that attempt (a re-executed partition keeps it; ``run_id`` when the record
+does not say), and ``policy_step``, the training step the version key carries (null when
+none), to sort versions by. The schemas are fixed here, so partitions written at different
+times union cleanly (a column that is null in one batch keeps its type; the views union by
+name).
 """
 
 from __future__ import annotations
@@ -37,30 +42,45 @@ from .export import step_quality
 @dataclass(frozen=True, slots=True)
 class Lineage:
     """What every lake row is tied to: the policy version (the partition key), the task set
-    id, and the Dagster run id of the collection."""
+    id, the Dagster run id of the collection, and the weights: the served model id, the
+    checkpoint folder and its fingerprint (``None`` when unknown)."""
 
     policy_version: str
     task_set: str
     run_id: str
+    served_model: str | None = None
+    checkpoint_path: str | None = None
+    checkpoint_fingerprint: str | None = None
 
     def columns(self, n: int) -> dict[str, pa.Array]:
-        """The lineage columns for ``n`` rows: the three ids, and ``policy_step``, the training
-        step the version key carries (``step-50`` -> 50; null when it carries none), so SQL
-        sorts versions in training order (``ORDER BY policy_step``)."""
+        """The lineage columns for ``n`` rows: the ids, the weights (served model, checkpoint
+        path and fingerprint), and ``policy_step``, the training step the version key carries
+        (``step-50`` -> 50; null when it carries none), so SQL sorts versions in training order
+        (``ORDER BY policy_step``)."""
         return {
             "policy_version": pa.array([self.policy_version] * n, pa.string()),
             "policy_step": pa.array([version_step(self.policy_version)] * n, pa.int64()),
             "task_set": pa.array([self.task_set] * n, pa.string()),
             "run_id": pa.array([self.run_id] * n, pa.string()),
+            "served_model": pa.array([self.served_model] * n, pa.string()),
+            "checkpoint_path": pa.array([self.checkpoint_path] * n, pa.string()),
+            "checkpoint_fingerprint": pa.array([self.checkpoint_fingerprint] * n, pa.string()),
         }
 
 
+_WEIGHTS_FIELDS = [
+    pa.field("served_model", pa.string()),
+    pa.field("checkpoint_path", pa.string()),
+    pa.field("checkpoint_fingerprint", pa.string()),
+]
 _LINEAGE_FIELDS = [
     pa.field("policy_version", pa.string(), nullable=False),
     pa.field("policy_step", pa.int64()),
     pa.field("task_set", pa.string(), nullable=False),
     pa.field("run_id", pa.string(), nullable=False),
+    *_WEIGHTS_FIELDS,
 ]
+_COLLECT_RUN = pa.field("collect_run_id", pa.string())
 _TS = pa.timestamp("us", tz="UTC")
 
 ROLLOUTS_SCHEMA = pa.schema(
@@ -93,6 +113,7 @@ ROLLOUTS_SCHEMA = pa.schema(
         pa.field("model", pa.string()),
         pa.field("truncation", pa.string()),  # why a truncated attempt stopped (context length)
         *_LINEAGE_FIELDS,
+        _COLLECT_RUN,
     ]
 )
 
@@ -133,6 +154,7 @@ STEPS_SCHEMA = pa.schema(
         pa.field("reward_valid", pa.bool_()),  # the record's reward is a finite number
         pa.field("has_prompt_token_ids", pa.bool_()),
         *_LINEAGE_FIELDS,
+        _COLLECT_RUN,
     ]
 )
 
@@ -142,6 +164,7 @@ PROFILE_SCHEMA = pa.schema(
         pa.field("policy_step", pa.int64()),
         pa.field("task_set", pa.string(), nullable=False),
         pa.field("run_id", pa.string(), nullable=False),
+        *_WEIGHTS_FIELDS,
         pa.field("model", pa.string()),
         pa.field("tasks_path", pa.string()),
         pa.field("records", pa.int64()),
@@ -247,6 +270,7 @@ def rollouts_table(records: Iterable[Record | Mapping[str, Any]], lineage: Linea
             "cached_tokens": _sum_int(m.cached_tokens for m in models),
             "model": r.policy.model,
             "truncation": r.truncation,
+            "collect_run_id": r.collected_by or lineage.run_id,
         }
         rows.append(row)
     return _table(rows, ROLLOUTS_SCHEMA, lineage)
@@ -296,15 +320,19 @@ def steps_table(records: Iterable[Record | Mapping[str, Any]], lineage: Lineage)
                     "logprobs_valid": quality["logprobs_valid"],
                     "reward_valid": reward_valid,
                     "has_prompt_token_ids": s.prompt_ids is not None,
+                    "collect_run_id": r.collected_by or lineage.run_id,
                 }
             )
     return _table(rows, STEPS_SCHEMA, lineage)
 
 
-def samples_table(export: pa.Table, lineage: Lineage) -> pa.Table:
-    """The step export with its lineage: ``run_id`` added, ``policy_version``/``task_set``
-    checked against the partition (a mismatch means the run directory belongs to another
-    version: ``ValueError``)."""
+def samples_table(
+    export: pa.Table, lineage: Lineage, collected_by: Mapping[str, str | None] | None = None
+) -> pa.Table:
+    """The step export with its lineage: ``run_id`` and the weights columns added,
+    ``collect_run_id`` per row from ``collected_by`` (rollout_id -> the run that collected it;
+    ``run_id`` where it says nothing), ``policy_version``/``task_set`` checked against the
+    partition (a mismatch means the run directory belongs to another version: ``ValueError``)."""
     for name in ("policy_version", "task_set"):
         if name in export.column_names:
             values = set(export.column(name).unique().to_pylist())
@@ -315,6 +343,11 @@ def samples_table(export: pa.Table, lineage: Lineage) -> pa.Table:
                     "(the run directory belongs to another partition)"
                 )
     columns = lineage.columns(export.num_rows)
+    by = collected_by or {}
+    columns["collect_run_id"] = pa.array(
+        [by.get(rid) or lineage.run_id for rid in export.column("rollout_id").to_pylist()],
+        pa.string(),
+    )
     table = export
     for name, array in columns.items():
         if name in table.column_names:

@@ -88,7 +88,9 @@ class RunWriter:
     def check(self, meta: dict[str, Any]) -> None:
         """Refuse, before anything is created or started, to resume into a directory that is
         not a run directory, or holds a run of another policy (version or model), task set,
-        group or oversample. Raises :class:`ResumeError` / :class:`ConfigError`."""
+        group or oversample, or of a checkpoint whose fingerprint has changed since (both
+        ``run.json``'s ``checkpoint.fingerprint``). Raises :class:`ResumeError` /
+        :class:`ConfigError`."""
         if self.root.exists() and not self.root.is_dir():
             raise ConfigError(
                 f"out: {self.root} is a file, not a directory (fix: --out a new or existing run directory)"
@@ -101,6 +103,17 @@ class RunWriter:
                 )
             return
         old = orjson.loads(meta_path.read_bytes())
+        old_print = (old.get("checkpoint") or {}).get("fingerprint")
+        new_print = (meta.get("checkpoint") or {}).get("fingerprint")
+        if old_print is not None and new_print is not None and old_print != new_print:
+            raise ResumeError(
+                f"out: {self.root} holds a run collected from checkpoint "
+                f"{(old.get('checkpoint') or {}).get('path')} with fingerprint {old_print}, but "
+                f"{(meta.get('checkpoint') or {}).get('path')} now has fingerprint {new_print}: "
+                "the checkpoint folder changed, so these weights are not the ones the run's "
+                "records came from (fix: restore the folder, or collect the new weights as "
+                "another --version into another --out)"
+            )
         old_knobs, knobs = old.get("knobs", {}), meta.get("knobs", {})
         checks = [
             (

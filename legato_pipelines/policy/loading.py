@@ -1,0 +1,623 @@
+"""Putting a policy version into the model server, proving it, and fingerprinting checkpoints.
+
+A policy version is only worth its label if the server serves that version's weights. Before a
+batch starts (before any desktop), :func:`plan_load` looks at the checkpoint folder (its
+:func:`fingerprint`) and at the server (which kind it is), and :func:`load_version` puts the
+checkpoint into the server and checks that the server serves it. Modes (:data:`LOAD_MODES`):
+
+``lora``      the folder is a LoRA adapter (``adapter_config.json``), loaded under the version's
+              name: vLLM ``POST /v1/load_lora_adapter`` (needs ``--enable-lora`` and
+              ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` in the server's environment) and called
+              as model ``<version>``; SGLang ``POST /load_lora_adapter`` (``--enable-lora``) and
+              called as model ``<base>:<version>``. Adapters loaded earlier from the same
+              checkpoints directory are unloaded past ``keep`` (the newest stay).
+              Proof: vLLM lists the adapter in ``/v1/models`` with ``root`` = the folder;
+              SGLang's answer lists it in ``loaded_adapters`` with that path.
+``weights``   the folder holds full weights (``config.json``): SGLang
+              ``POST /update_weights_from_disk {"model_path": folder}``; vLLM has no such route
+              of its own, so the team's route is configured (``weights_route``, default
+              ``/update_weights`` as prime-rl's server adds it; ``weights_payload`` with
+              ``{checkpoint}`` / ``{version}`` placeholders). The base model id is called.
+              Proof: SGLang's ``/get_model_info`` ``model_path`` = the folder; for vLLM the
+              route's success answer (vLLM reports no weights path), checked against the path
+              it names when it names one (``model_path``, ``checkpoint`` or ``path``).
+              Full weights replace what every caller gets: one version at a time per server.
+``external``  the trainer loads the weights itself; nothing is loaded, the run only verifies:
+              ``/v1/models`` lists the version's name (``adapter``, default the version), or
+              SGLang's ``model_path`` is the folder. Otherwise the run refuses to start.
+``none``      today's behaviour, named as such: the configured model is called, nothing is
+              loaded or checked; the run records that the tie is unproven.
+
+Errors are :class:`~legato_pipelines.errors.LoadError` (a ``ConfigError``) quoting the
+server's answer, or saying what is wrong with the folder, and naming the setting to change. The API key (``LEGATO_POLICY_KEY``) is sent as a bearer token and never
+appears in a message, a proof or a record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import ConfigError, LoadError
+from .config import PolicyConfig, policy_api_key
+from .wire import error_text, redact
+
+LoadMode = Literal["none", "lora", "weights", "external"]
+LOAD_MODES: tuple[str, ...] = ("none", "lora", "weights", "external")
+ServerKind = Literal["auto", "vllm", "sglang"]
+
+FINGERPRINT_FILES = (
+    "config.json",
+    "adapter_config.json",
+    "generation_config.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.json",
+    "chat_template.jinja",
+    "preprocessor_config.json",
+)
+"""Small files hashed whole by :func:`fingerprint` (plus every ``*.index.json``)."""
+HASH_LIMIT = 4 << 20
+"""[bytes] files above this size are fingerprinted by size only (never read)."""
+PARTIAL_SUFFIXES = (".tmp", ".partial", ".incomplete", ".lock")
+
+
+class LoadSpec(BaseModel):
+    """How a policy version reaches the model server (module doc). Fields:
+
+    mode            ``none`` | ``lora`` | ``weights`` | ``external`` (``--load``)
+    checkpoint      the version's checkpoint folder (``--checkpoint``); needed by ``lora`` and
+                    ``weights``, fingerprinted whenever given
+    server          ``auto`` (SGLang when ``GET /get_model_info`` answers, else vLLM) |
+                    ``vllm`` | ``sglang`` (``--load-server``)
+    adapter         the adapter / served name of the version (default: the version)
+    keep            [adapters] LoRA adapters from the same checkpoints directory kept loaded,
+                    the new one included (``--load-keep``)
+    weights_route   vLLM full-weights route (``--weights-route``)
+    weights_payload its JSON body; strings ``{checkpoint}`` / ``{version}`` are filled in
+                    (``--weights-payload``)
+    timeout         [s] per load / unload request (loading weights takes minutes)
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: LoadMode = "none"
+    checkpoint: str | None = None
+    server: ServerKind = "auto"
+    adapter: str | None = None
+    keep: int = Field(2, ge=1)
+    weights_route: str = "/update_weights"
+    weights_payload: dict[str, Any] = Field(default_factory=lambda: {"model_path": "{checkpoint}"})
+    timeout: float = Field(600.0, gt=0)
+
+    @classmethod
+    def checked(cls, **values: Any) -> LoadSpec:
+        """The spec from keyword values; raises ``ConfigError`` naming the field and its flag."""
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            name = str(first["loc"][0]) if first["loc"] else "load"
+            flag = _FLAGS.get(name, f"--{name.replace('_', '-')}")
+            raise ConfigError(
+                f"load.{name}: {first['msg']}, got {first.get('input')!r} (fix: {flag})"
+            ) from None
+
+
+_FLAGS = {"mode": "--load", "server": "--load-server", "keep": "--load-keep"}
+
+
+# -- fingerprint ------------------------------------------------------------------------------
+
+
+def fingerprint(folder: str | Path) -> dict[str, Any]:
+    """A cheap identity of a checkpoint folder: every file's size (recursively, names relative
+    to the folder), and the SHA-256 of its config and index files (:data:`FINGERPRINT_FILES`,
+    ``*.index.json``; at most :data:`HASH_LIMIT` bytes each). Weight shards are never read.
+
+    Returns ``{"digest": "sha256:<64 hex>", "files": {name: {"size": bytes[, "sha256": hex]}}}``;
+    the digest covers the whole listing, so a rewritten shard of another size, a new or missing
+    file, or an edited config changes it. Raises ``LoadError`` when ``folder`` is not a
+    directory.
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        raise LoadError(
+            f"checkpoint {str(folder)!r} is not a directory (fix: --checkpoint the version's folder)"
+        )
+    files: dict[str, dict[str, Any]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            rel = path.relative_to(root).as_posix()
+            try:
+                size = path.stat().st_size
+            except OSError:  # removed while listing
+                continue
+            entry: dict[str, Any] = {"size": size}
+            if (name in FINGERPRINT_FILES or name.endswith(".index.json")) and size <= HASH_LIMIT:
+                entry["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+            files[rel] = entry
+    digest = hashlib.sha256(orjson.dumps(files, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    return {"digest": f"sha256:{digest}", "files": files}
+
+
+def incomplete(folder: str | Path) -> str | None:
+    """Why a checkpoint folder is not complete yet, or ``None`` when it looks complete: a file
+    still being written (``*.tmp``, ``*.partial``, ``*.incomplete``, ``*.lock``); an
+    ``*.index.json`` naming shards that are not there; ``adapter_config.json`` without adapter
+    weights. An empty folder counts as complete (some trainers signal a version with an empty
+    folder, and ``load none`` needs nothing in it). A few ``stat`` calls and the index files
+    read: cheap enough for a sensor tick."""
+    root = Path(folder)
+    try:
+        names = sorted(os.listdir(root))
+    except OSError as exc:
+        return f"cannot be listed ({exc.strerror or exc})"
+    partial = [n for n in names if n.endswith(PARTIAL_SUFFIXES)]
+    if partial:
+        return f"still being written ({', '.join(partial[:3])})"
+    for name in names:
+        if not name.endswith(".index.json"):
+            continue
+        try:
+            index = orjson.loads((root / name).read_bytes())
+            shards = set((index.get("weight_map") or {}).values())
+        except (OSError, orjson.JSONDecodeError, AttributeError):
+            return f"{name} is not readable JSON yet"
+        missing = sorted(s for s in shards if not (root / s).is_file())
+        if missing:
+            return f"{name} names {len(missing)} missing shard(s), e.g. {missing[0]}"
+    if "adapter_config.json" in names and not any(n.startswith("adapter_model") for n in names):
+        return "adapter_config.json without adapter_model.* weights"
+    return None
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+@dataclass
+class LoadPlan:
+    """What :func:`plan_load` decided, before anything changes on the server: the mode, the
+    server kind, the model id the batch will call (``model``), the checkpoint folder and its
+    fingerprint."""
+
+    spec: LoadSpec
+    version: str
+    server: Literal["vllm", "sglang"] | None
+    model: str
+    base_model: str
+    checkpoint: str | None
+    fingerprint: dict[str, Any] | None
+    root: str = ""
+    proof: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def adapter(self) -> str:
+        """The adapter / served name of the version (``spec.adapter``, else the version)."""
+        return self.spec.adapter or self.version
+
+    @property
+    def listed_model(self) -> str:
+        """The id ``/v1/models`` must list for the batch's calls to work: the called model,
+        except SGLang adapters (called ``<base>:<adapter>``, the base is what it lists)."""
+        if self.server == "sglang" and self.spec.mode == "lora":
+            return self.base_model
+        return self.model
+
+    def meta(self) -> dict[str, Any]:
+        """``run.json``'s ``checkpoint`` entry: mode, server, served model, folder, fingerprint
+        (digest and files), and the proof once :func:`load_version` has run."""
+        out: dict[str, Any] = {
+            "load": self.spec.mode,
+            "server": self.server,
+            "served_model": self.model,
+            "path": self.checkpoint,
+            "fingerprint": (self.fingerprint or {}).get("digest"),
+        }
+        if self.fingerprint:
+            out["files"] = self.fingerprint["files"]
+        if self.proof:
+            out["proof"] = self.proof
+        return out
+
+
+def _root(policy: PolicyConfig) -> str:
+    base = policy.base_url.rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
+def _headers() -> dict[str, str]:
+    key = policy_api_key()
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+async def plan_load(spec: LoadSpec, policy: PolicyConfig) -> LoadPlan:
+    """Check the spec against the checkpoint folder and the server, changing nothing: the
+    folder exists and holds what the mode needs, its :func:`fingerprint`, the server kind
+    (``auto``: one ``GET /get_model_info``), and the model id the batch will call (``external``
+    is verified here: it only reads).
+
+    Raises ``LoadError`` (no folder, a folder of the wrong kind, the server cannot be reached,
+    ``external``: the version is not served), naming the setting to change; ``ConfigError`` is
+    its base class."""
+    path = spec.checkpoint
+    if spec.mode in ("lora", "weights") and not path:
+        raise LoadError(
+            f"load {spec.mode!r} needs the version's checkpoint folder (fix: --checkpoint PATH)"
+        )
+    prints = fingerprint(path) if path else None
+    if path:
+        path = str(Path(path).resolve())
+        need = {"lora": "adapter_config.json", "weights": "config.json"}.get(spec.mode)
+        if need and not (Path(path) / need).is_file():
+            other = "weights" if spec.mode == "lora" else "lora"
+            raise LoadError(
+                f"load {spec.mode!r}: {path} has no {need} (is it a "
+                f"{'full-weights' if spec.mode == 'lora' else 'LoRA adapter'} checkpoint? "
+                f"fix: --load {other}, or --checkpoint the right folder)"
+            )
+    plan = LoadPlan(
+        spec=spec,
+        version=policy.version,
+        server=None,
+        model=policy.model,
+        base_model=policy.model,
+        checkpoint=path,
+        fingerprint=prints,
+        root=_root(policy),
+    )
+    if spec.mode == "none":
+        return plan
+    plan.server = spec.server if spec.server != "auto" else await _detect(plan)
+    if spec.mode == "lora":
+        plan.model = plan.adapter if plan.server == "vllm" else f"{policy.model}:{plan.adapter}"
+    elif spec.mode == "external":  # read-only: verified now, so the model id is known
+        async with httpx.AsyncClient(timeout=30.0, headers=_headers()) as http:
+            await _Loader(plan, http).external()
+    return plan
+
+
+async def _detect(plan: LoadPlan) -> Literal["vllm", "sglang"]:
+    async with httpx.AsyncClient(timeout=10.0, headers=_headers()) as http:
+        try:
+            resp = await http.get(plan.root + "/get_model_info")
+        except httpx.HTTPError as exc:
+            raise LoadError(
+                f"cannot reach the policy server at {plan.root} to load {plan.version!r}: "
+                f"{type(exc).__name__}: {redact(str(exc))} (fix: --policy-url)"
+            ) from None
+    return "sglang" if resp.status_code == 200 else "vllm"
+
+
+async def load_version(plan: LoadPlan) -> LoadPlan:
+    """Load the plan's checkpoint into the server (``lora``, ``weights``) or verify that it is
+    served (``external``), then prove it; ``none`` does nothing. Fills ``plan.proof`` (what
+    shows the server serves the version) and, for ``external``, ``plan.model``. Returns the plan.
+
+    Raises ``LoadError`` quoting the server's answer (status and words) and naming the setting
+    to change; nothing has been collected then."""
+    if plan.spec.mode == "none":
+        plan.proof = {"kind": "none", "detail": "not loaded, not checked (load mode none)"}
+        return plan
+    async with httpx.AsyncClient(timeout=plan.spec.timeout, headers=_headers()) as http:
+        loader = _Loader(plan, http)
+        if plan.spec.mode == "lora":
+            await loader.lora()
+        elif plan.spec.mode == "weights":
+            await loader.weights()
+        elif not plan.proof:  # external: verified by plan_load already
+            await loader.external()
+    return plan
+
+
+class _Loader:
+    def __init__(self, plan: LoadPlan, http: httpx.AsyncClient):
+        self.plan = plan
+        self.http = http
+
+    async def post(self, route: str, body: dict[str, Any]) -> httpx.Response:
+        url = self.plan.root + route
+        try:
+            return await self.http.post(url, json=body)
+        except httpx.TimeoutException:
+            raise LoadError(
+                f"{url} did not answer within {self.plan.spec.timeout:g} s while loading "
+                f"{self.plan.version!r} (fix: the load timeout, or the server)"
+            ) from None
+        except httpx.HTTPError as exc:
+            raise LoadError(
+                f"cannot reach {url} to load {self.plan.version!r}: {type(exc).__name__}: "
+                f"{redact(str(exc))} (fix: --policy-url)"
+            ) from None
+
+    async def get_json(self, route: str) -> Any:
+        try:
+            resp = await self.http.get(self.plan.root + route, timeout=30.0)
+        except httpx.HTTPError:
+            return None
+        if resp.status_code != 200:
+            return None
+        try:
+            return resp.json()
+        except ValueError:
+            return None
+
+    def refused(self, route: str, resp: httpx.Response, fix: str) -> LoadError:
+        return LoadError(
+            f"the policy server refused to load {self.plan.version!r} from {self.plan.checkpoint}: "
+            f"{route} answered HTTP {resp.status_code}: {_answer(resp)} (fix: {fix})"
+        )
+
+    async def models(self) -> list[dict[str, Any]]:
+        data = await self.get_json("/v1/models")
+        items = (data or {}).get("data") if isinstance(data, dict) else None
+        return [m for m in items or [] if isinstance(m, dict) and "id" in m]
+
+    # -- lora --------------------------------------------------------------------------------
+
+    async def lora(self) -> None:
+        plan = self.plan
+        if plan.server == "vllm":
+            await self.vllm_lora()
+        else:
+            await self.sglang_lora()
+
+    async def vllm_lora(self) -> None:
+        plan, name = self.plan, self.plan.adapter
+        listed = {m["id"]: m for m in await self.models()}
+        if name in listed and listed[name].get("root") == plan.checkpoint:
+            pass  # already served from this folder (a resume): keep it
+        else:
+            if name in listed:  # the name serves other weights: replace them
+                await self.post("/v1/unload_lora_adapter", {"lora_name": name})
+            route = "/v1/load_lora_adapter"
+            resp = await self.post(route, {"lora_name": name, "lora_path": plan.checkpoint})
+            if resp.status_code == 404 and _not_found_route(resp):
+                raise self.refused(
+                    route,
+                    resp,
+                    "start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in "
+                    "its environment, or --load weights / external",
+                )
+            if resp.status_code != 200:
+                raise self.refused(
+                    route,
+                    resp,
+                    "--checkpoint a LoRA adapter folder the server can read (the same path on "
+                    "the server's host); a base model vLLM serves with --enable-lora and "
+                    "--max-lora-rank >= the adapter's rank",
+                )
+            listed = {m["id"]: m for m in await self.models()}
+        entry = listed.get(name)
+        if entry is None:
+            raise LoadError(
+                f"vLLM accepted adapter {name!r} but /v1/models does not list it "
+                f"(it lists {', '.join(sorted(listed)) or 'nothing'}); nothing was collected "
+                "(fix: check the server's log)"
+            )
+        root = entry.get("root")
+        if root is not None and root != plan.checkpoint:
+            raise LoadError(
+                f"/v1/models lists adapter {name!r} from {root}, not {plan.checkpoint} "
+                "(fix: unload it on the server, or another --load adapter name)"
+            )
+        plan.proof = {
+            "kind": "models_listing",
+            "detail": f"/v1/models lists {name!r} with root {root!r}",
+        }
+        ours = [
+            m["id"]
+            for m in listed.values()
+            if m.get("parent") and m["id"] != name and _same_dir(m.get("root"), plan.checkpoint)
+        ]
+        await self.unload_old(ours, "/v1/unload_lora_adapter")
+
+    async def sglang_lora(self) -> None:
+        plan, name = self.plan, self.plan.adapter
+        route = "/load_lora_adapter"
+        body = {"lora_name": name, "lora_path": plan.checkpoint}
+        resp = await self.post(route, body)
+        data = _json(resp)
+        if resp.status_code != 200 and "already" in _answer(resp):
+            loaded = (data or {}).get("loaded_adapters") or {}
+            if loaded.get(name) != plan.checkpoint:
+                await self.post("/unload_lora_adapter", {"lora_name": name})
+                resp = await self.post(route, body)
+                data = _json(resp)
+            else:
+                resp = None  # already served from this folder (a resume)
+        if resp is not None and (resp.status_code != 200 or not (data or {}).get("success")):
+            raise self.refused(
+                route,
+                resp,
+                "start SGLang with --enable-lora (and --max-lora-rank / --lora-target-modules "
+                "covering the adapter), --checkpoint an adapter folder the server can read, or "
+                "--load weights / external",
+            )
+        loaded = (data or {}).get("loaded_adapters") or {}
+        if loaded and loaded.get(name) != plan.checkpoint:
+            raise LoadError(
+                f"SGLang lists adapter {name!r} from {loaded.get(name)!r}, not {plan.checkpoint} "
+                "(fix: unload it on the server, or another adapter name)"
+            )
+        plan.proof = {
+            "kind": "loaded_adapters" if loaded else "load_answer",
+            "detail": f"{route} answered success; loaded_adapters[{name!r}] = {loaded.get(name)!r}",
+        }
+        ours = [n for n, p in loaded.items() if n != name and _same_dir(p, plan.checkpoint)]
+        await self.unload_old(ours, "/unload_lora_adapter")
+
+    async def unload_old(self, ours: list[str], route: str) -> None:
+        """Unload the oldest of ``ours`` (adapters from the same checkpoints directory, in load
+        order) so that ``keep`` stay loaded with the new one. A failed unload is noted in the
+        proof, not raised: the new version is loaded and proven."""
+        excess = len(ours) + 1 - self.plan.spec.keep
+        unloaded, failed = [], []
+        for name in ours[: max(0, excess)]:
+            resp = await self.post(route, {"lora_name": name})
+            (unloaded if resp.status_code == 200 else failed).append(name)
+        if unloaded:
+            self.plan.proof["unloaded"] = unloaded
+        if failed:
+            self.plan.proof["unload_failed"] = failed
+
+    # -- weights ----------------------------------------------------------------------------
+
+    async def weights(self) -> None:
+        plan = self.plan
+        if plan.server == "sglang":
+            route = "/update_weights_from_disk"
+            resp = await self.post(route, {"model_path": plan.checkpoint})
+            data = _json(resp)
+            if resp.status_code != 200 or not (data or {}).get("success"):
+                raise self.refused(
+                    route,
+                    resp,
+                    "--checkpoint a full-weights folder of the served architecture that the "
+                    "server can read, or --load lora / external",
+                )
+            info = await self.get_json("/get_model_info")
+            reported = (info or {}).get("model_path") if isinstance(info, dict) else None
+            if reported is not None and _norm(reported) != _norm(plan.checkpoint):
+                raise LoadError(
+                    f"SGLang answered success but /get_model_info reports model_path "
+                    f"{reported!r}, not {plan.checkpoint}; nothing was collected "
+                    "(fix: check the server's log)"
+                )
+            plan.proof = {
+                "kind": "model_path" if reported else "load_answer",
+                "detail": f"/get_model_info model_path = {reported!r}"
+                if reported
+                else f"{route} answered success (the server reports no model path)",
+            }
+            return
+        route = plan.spec.weights_route
+        body = _fill(plan.spec.weights_payload, plan)
+        resp = await self.post(route, body)
+        if resp.status_code == 404 and _not_found_route(resp):
+            raise self.refused(
+                route,
+                resp,
+                "vLLM has no full-weights route of its own: serve with one (e.g. prime-rl's "
+                "inference server adds /update_weights) and set --weights-route to it, or "
+                "--load lora / external",
+            )
+        if not 200 <= resp.status_code < 300:
+            raise self.refused(
+                route, resp, "--weights-payload (the body your route expects), or --checkpoint"
+            )
+        answer = _json(resp) or {}
+        reported = next(
+            (
+                answer[k]
+                for k in ("model_path", "checkpoint", "path")
+                if isinstance(answer.get(k), str)
+            ),
+            None,
+        )
+        if reported is not None and _norm(reported) != _norm(plan.checkpoint):
+            raise LoadError(
+                f"{route} answered HTTP {resp.status_code} but reports {reported!r}, not "
+                f"{plan.checkpoint}; nothing was collected (fix: --weights-payload, the body "
+                "your route expects)"
+            )
+        plan.proof = {
+            "kind": "route_reported_path" if reported else "route_answer",
+            "detail": f"{route} answered HTTP {resp.status_code}: {_answer(resp)[:200]}"
+            + (
+                ""
+                if reported
+                else " (vLLM reports no weights path: the route's answer is the proof)"
+            ),
+        }
+
+    # -- external ---------------------------------------------------------------------------
+
+    async def external(self) -> None:
+        plan = self.plan
+        listed = {m["id"]: m for m in await self.models()}
+        name = plan.adapter
+        if name in listed:
+            plan.model = name
+            plan.proof = {
+                "kind": "models_listing",
+                "detail": f"/v1/models lists {name!r} with root {listed[name].get('root')!r}",
+            }
+            return
+        if plan.server == "sglang" and plan.checkpoint:
+            info = await self.get_json("/get_model_info")
+            reported = (info or {}).get("model_path") if isinstance(info, dict) else None
+            if reported is not None and _norm(reported) == _norm(plan.checkpoint):
+                plan.model = plan.base_model
+                plan.proof = {
+                    "kind": "model_path",
+                    "detail": f"/get_model_info model_path = {reported!r}",
+                }
+                return
+        raise LoadError(
+            f"load 'external': the policy server does not serve version {plan.version!r}: "
+            f"/v1/models lists {', '.join(sorted(listed)) or 'nothing'}"
+            + (
+                ", and /get_model_info reports another model_path"
+                if plan.server == "sglang"
+                else ""
+            )
+            + "; nothing was collected (fix: have the trainer load the checkpoint as adapter "
+            f"{name!r} before the run, --load lora / weights to load it from here, or "
+            "--load none to collect without proof)"
+        )
+
+
+def _json(resp: httpx.Response) -> dict[str, Any] | None:
+    try:
+        data = resp.json()
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _answer(resp: httpx.Response) -> str:
+    """The server's words in a load answer: SGLang's ``error_message``/``message``, else the
+    error envelopes :func:`~.wire.error_text` understands; redacted."""
+    data = _json(resp)
+    if data is not None:
+        for key in ("error_message", "message"):
+            if isinstance(data.get(key), str) and data[key]:
+                return redact(data[key])[:1000]
+    return error_text(resp.content) or f"(empty body, HTTP {resp.status_code})"
+
+
+def _not_found_route(resp: httpx.Response) -> bool:
+    """A 404 for the route itself (FastAPI/Starlette's "Not Found"), not an answer of the route."""
+    return error_text(resp.content).strip().strip('"') in ("Not Found", "")
+
+
+def _same_dir(path: Any, checkpoint: str | None) -> bool:
+    if not isinstance(path, str) or not checkpoint:
+        return False
+    return Path(path).parent == Path(checkpoint).parent
+
+
+def _norm(path: str | None) -> str:
+    return os.path.normpath(path or "")
+
+
+def _fill(template: Any, plan: LoadPlan) -> Any:
+    if isinstance(template, str):
+        return template.replace("{checkpoint}", plan.checkpoint or "").replace(
+            "{version}", plan.version
+        )
+    if isinstance(template, dict):
+        return {k: _fill(v, plan) for k, v in template.items()}
+    if isinstance(template, list):
+        return [_fill(v, plan) for v in template]
+    return template
