@@ -6,7 +6,9 @@ What is read (OSWorld ``mm_agents/qwen3vl_agent.py`` / ``qwen25vl_agent.py``):
 - The first line starting with ``Action:`` (case-insensitive) is the step's text.
 - Every ``<tool_call>...</tool_call>`` block, and every bare one-line JSON
   ``{"name": ..., "arguments": ...}``, is one ``computer_use`` call, in order: several calls
-  give several actions. A final ``<tool_call>`` left open is read too (OSWorld does).
+  give several actions. A final ``<tool_call>`` left open is read too (OSWorld does). A block
+  ends at the first ``</tool_call>`` after its complete JSON object, so text to type may
+  hold the tag itself.
 - Model coordinates map to screen pixels with OSWorld's scale factors, relative
   ``x * (W / 999)`` (``qwen3vl``), absolute ``x * (W / processed_W)`` (``qwen25vl``), rounded
   to the nearest pixel (half up; OSWorld's ``int()`` truncates, so a product computed as
@@ -229,7 +231,7 @@ class _Scan:
             if start < 0:
                 return
             body_start = start + len(_OPEN)
-            end = text.find(_CLOSE, body_start)
+            end = text.find(_CLOSE, _json_end(text, body_start))
             if end < 0:
                 self.calls.append((text[body_start:], False))
                 return
@@ -252,6 +254,27 @@ class _Scan:
             if line.startswith("{") and ('"name"' in line or '"arguments"' in line):
                 # A bare one-line JSON tool call (or what is left of one).
                 self.calls.append((line, line.endswith("}")))
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _json_end(text: str, start: int) -> int:
+    """Where the JSON object opening at ``text[start:]`` (after whitespace) ends, else ``start``.
+
+    A block ends at the closing tag that follows the complete object, so a string inside it
+    may hold ``</tool_call>`` (``{"text": "a </tool_call> b"}``). What does not decode ends at
+    the first closing tag, and reads as broken JSON there.
+    """
+    begin = start
+    while begin < len(text) and text[begin].isspace():
+        begin += 1
+    if not text.startswith("{", begin):
+        return start
+    try:
+        return _DECODER.raw_decode(text, begin)[1]
+    except json.JSONDecodeError:
+        return start
 
 
 def _action(body: str, closed: bool, cut: bool, index: int, coords: CoordinateMap) -> Action:
