@@ -160,6 +160,24 @@ def test_trainers_read_partitions_with_pyarrow_and_pandas(tmp_path):
     assert len(frame) == only_b.num_rows and set(frame["policy_version"]) == {"b"}
 
 
+def test_charts_live_outside_the_tables_and_old_ones_move_out(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    _fill(lake, tmp_path, "a")
+    chart = lake.write_chart("a", "time_share.png", b"\x89PNG not really")
+    assert chart == lake.root / "charts" / "policy_version=a" / "time_share.png"
+    # a lake written before charts had their own folder: a PNG in a profile partition
+    old = lake.partition_dir("profile", "a") / "success_by_task.png"
+    old.write_bytes(b"\x89PNG old")
+    with pytest.raises(pa.ArrowInvalid, match="magic bytes"):
+        ds.dataset(lake.root / "profile", format="parquet", partitioning="hive").to_table()
+    _fill(lake, tmp_path, "a")  # re-materializing the partition moves it out
+    assert not old.exists()
+    assert (lake.chart_dir("a") / "success_by_task.png").read_bytes() == b"\x89PNG old"
+    assert ds.dataset(lake.root / "profile", format="parquet", partitioning="hive").count_rows()
+    with pytest.raises(ValueError, match="non-Parquet"):
+        lake.write_chart("a", "x.parquet", b"")
+
+
 def _writer(root: str, version: str, rounds: int) -> None:
     lake = Lake(root)
     table = pa.table({"x": list(range(100)), "policy_version": [version] * 100})

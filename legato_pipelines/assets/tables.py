@@ -195,14 +195,17 @@ def profile_summary(context: dg.AssetExecutionContext, lake: LakeResource) -> dg
     charts = {}
     if time_share:
         png = time_share_chart(time_share, f"Time share by phase, {version}")
-        store.write_file("profile", version, "time_share.png", png)
+        store.write_chart(version, "time_share.png", png)
         charts["time_share_chart"] = dg.MetadataValue.md(markdown_image(png, "time share by phase"))
     if per_task:
         png = success_chart(per_task, f"Success by task, {version}")
-        store.write_file("profile", version, "success_by_task.png", png)
+        store.write_chart(version, "success_by_task.png", png)
         charts["success_by_task_chart"] = dg.MetadataValue.md(
             markdown_image(png, "success by task")
         )
+    charts.update(across_versions_metadata(store, version, records))
+    if charts:  # the PNGs behind the images, outside the table's folder
+        charts["charts"] = dg.MetadataValue.path(str(store.chart_dir(version)))
     calls = summary.get("model_call_s") or {}
     return dg.MaterializeResult(
         metadata={
@@ -220,7 +223,6 @@ def profile_summary(context: dg.AssetExecutionContext, lake: LakeResource) -> dg
                 {k: round(float(v), 4) for k, v in time_share.items()}
             ),
             **charts,
-            **across_versions_metadata(store, version, records),
             "duckdb": dg.MetadataValue.path(str(store.duckdb_path)),
             "collection_run_id": batch.lineage.run_id,
         },

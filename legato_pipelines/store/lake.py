@@ -7,7 +7,12 @@ Layout under the lake root (docs/architecture.md §7)::
     <lake>/samples/policy_version=<key>/part-0.parquet
     <lake>/profile/policy_version=<key>/part-0.parquet
     <lake>/runs/policy_version=<key>/      the run directory of that version's collection
+    <lake>/charts/policy_version=<key>/    that version's PNG charts (profile_summary's)
     <lake>/legato.duckdb                   views rollouts, steps, samples, profile, time_share
+
+A table's directory holds Parquet files and nothing else (temp files start with ``.``, which
+pyarrow, pandas and DuckDB's ``*.parquet`` glob all skip), so ``ds.dataset("<lake>/profile",
+partitioning="hive")`` and ``pd.read_parquet`` read any table folder as it is.
 
 Parquet is the storage; DuckDB is only the read layer. DuckDB allows one writer process per
 database file, so nothing ever writes into ``legato.duckdb`` in place: the views are built in
@@ -60,6 +65,7 @@ DUCKDB_FILE = "legato.duckdb"
 LOCK_FILE = ".legato.duckdb.lock"
 PART_FILE = "part-0.parquet"
 RUNS_DIR = "runs"
+CHARTS_DIR = "charts"
 RECORDS_FILE = "rollouts.jsonl"
 CACHE_ENV = "LEGATO_LAKE_CACHE"
 OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "az", "abfss"})
@@ -269,22 +275,44 @@ class Lake:
             )
         target = self.partition_file(table, version)
         if self.fs is not None:
-            return self._write_remote(target, data)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-        try:
-            pq.write_table(data, tmp, compression="zstd")
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return target
+            written = self._write_remote(target, data)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+            try:
+                pq.write_table(data, tmp, compression="zstd")
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
+            written = target
+        self._move_old_charts(table, version)
+        return written
 
-    def write_file(self, table: str, version: str, name: str, data: bytes) -> Path | str:
-        """Write a side file (a chart, ``name`` without ``/``) into a partition's directory,
-        atomically like :meth:`write`; return its path. Views read only ``*.parquet``."""
-        if not name or "/" in name or name.endswith(".parquet"):
-            raise ValueError(f"lake.write_file: {name!r} must be a plain, non-Parquet file name")
-        directory = self.partition_dir(table, version)
+    def _move_old_charts(self, table: str, version: str) -> None:
+        """Lakes written before charts had their own folder kept them in the partition's
+        directory, where they break every Parquet reader of the table: move them out."""
+        directory, charts = self.partition_dir(table, version), self.chart_dir(version)
+        if self.fs is not None:
+            for path in self.fs.glob(f"{directory}/*.png"):
+                self.fs.mv(path, f"{charts}/{path.rsplit('/', 1)[-1]}")
+            return
+        for path in directory.glob("*.png"):
+            charts.mkdir(parents=True, exist_ok=True)
+            os.replace(path, charts / path.name)
+
+    def chart_dir(self, version: str) -> Path | str:
+        """``<lake>/charts/policy_version=<key>``: where :meth:`write_chart` puts ``version``'s
+        charts, outside every table's directory."""
+        return self._join(CHARTS_DIR, f"{PARTITION_COLUMN}={check_partition_key(version)}")
+
+    def write_chart(self, version: str, name: str, data: bytes) -> Path | str:
+        """Write one chart of ``version`` (PNG bytes; ``name`` a plain file name such as
+        ``time_share.png``) into :meth:`chart_dir`, atomically like :meth:`write`; return its
+        path (a URL string for a URL lake). ``ValueError`` for a name with ``/`` or a
+        ``.parquet`` name (tables are written with :meth:`write`)."""
+        if not name or "/" in name or name.startswith(".") or name.endswith(".parquet"):
+            raise ValueError(f"lake.write_chart: {name!r} must be a plain, non-Parquet file name")
+        directory = self.chart_dir(version)
         if self.fs is not None:
             target = f"{directory}/{name}"
             self.fs.pipe_file(target, data)  # one PUT: atomic on object stores
