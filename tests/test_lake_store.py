@@ -12,7 +12,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from legato_pipelines.errors import ConfigError
-from legato_pipelines.store.lake import Lake, check_partition_key
+from legato_pipelines.store.lake import Lake
 from legato_pipelines.store.lake_tables import (
     PROFILE_SCHEMA,
     ROLLOUTS_SCHEMA,
@@ -23,6 +23,7 @@ from legato_pipelines.store.lake_tables import (
     samples_table,
     steps_table,
 )
+from legato_pipelines.versions import check_version_key
 from tests.lake_synthetic import write_run_dir
 
 
@@ -88,10 +89,10 @@ def test_samples_get_run_id_and_refuse_another_version():
 
 
 def test_partition_keys_are_checked(tmp_path):
-    assert check_partition_key("step-7") == "step-7"
-    for bad in ("", "a/b", "a...b", "..", "x\ny"):
-        with pytest.raises(ConfigError, match="partition key"):
-            check_partition_key(bad)
+    assert check_version_key("step-7") == "step-7"
+    for bad in ("", "a/b", "a...b", "..", "x\ny", "step-5_lr=3e-6"):
+        with pytest.raises(ConfigError, match="version key"):
+            check_version_key(bad)
     lake = Lake(tmp_path)
     assert lake.run_dir("step-7") == tmp_path.resolve() / "runs" / "policy_version=step-7"
     with pytest.raises(ConfigError, match="unknown table"):

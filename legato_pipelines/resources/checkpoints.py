@@ -29,7 +29,7 @@ import dagster as dg
 from pydantic import Field
 
 from ..policy.loading import incomplete
-from ..store.lake import check_partition_key
+from ..versions import check_version_key
 from .policy import PolicyResource
 
 
@@ -47,7 +47,7 @@ class Checkpoint:
 def model_version(model_id: str) -> str:
     """Partition key of a model id: ``/`` becomes ``--`` (as the Hugging Face cache names
     ``models--org--name``); raises ``ConfigError`` if the result is still not a valid key."""
-    return check_partition_key(model_id.replace("/", "--"))
+    return check_version_key(model_id.replace("/", "--"))
 
 
 class CheckpointSourceResource(dg.ConfigurableResource):
@@ -126,7 +126,7 @@ class CheckpointSourceResource(dg.ConfigurableResource):
                         continue
                 found.append(
                     Checkpoint(
-                        version=check_partition_key(entry.name),
+                        version=check_version_key(entry.name),
                         seen_at=entry.stat().st_mtime,
                         path=entry.path,
                     )
