@@ -213,7 +213,17 @@ def test_policy_error_kind(tmp_path):
     assert all(r["error"]["kind"] == "policy" for r in records)
 
 
-@pytest.mark.parametrize("fault", ["reset_failure", "act_failure", "crash", "hung_evaluator"])
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "reset_failure",
+        "act_failure",
+        "crash",
+        "hung_evaluator",
+        "truncated_screenshot",
+        "observe_error",
+    ],
+)
 def test_faults_at_ten_percent_nothing_unaccounted(policy_server, tmp_path, fault):
     desktop = DesktopConfig(
         backend="fake", eval_timeout=0.2, options={"faults": {fault: 0.1}, "seed": 5}
@@ -238,8 +248,60 @@ def test_faults_at_ten_percent_nothing_unaccounted(policy_server, tmp_path, faul
             "act_failure": "act",
             "crash": "crash",
             "hung_evaluator": "evaluator",
+            "truncated_screenshot": "unexpected",  # Pillow cannot decode half a PNG
+            "observe_error": "unexpected",  # a plain OSError, not a DesktopError
         }[fault]
     }
+
+
+def test_unexpected_exceptions_end_the_attempt_not_the_batch(policy_server, tmp_path):
+    """The attempt is the boundary: half a PNG (Pillow's error) and a plain OSError are env
+    failures of that attempt, retried per env_retries, never a batch abort; the record names
+    the exception's type and where it was raised."""
+    desktop = fake(faults={"truncated_screenshot": 1.0})
+    summary = collect(
+        load_tasks(fake_tasks(2)),
+        policy(policy_server),
+        tmp_path,
+        desktops=2,
+        desktop=desktop,
+        group=2,
+        env_retries=1,
+    )
+    records = read_records(tmp_path)
+    assert_accounted(records, summary)
+    assert summary["counts"]["retried"] == 4 and summary["counts"]["error"] == 4
+    assert summary["env_failure_kinds"] == {"unexpected": 8}  # the profile's env facts per kind
+    for r in records:
+        assert r["error"]["kind"] == "env" and r["error"]["type"] == "unexpected"
+        assert r["error"]["phase"] == "observe"
+        # Pillow's own words, and the line that raised them
+        assert "Error" in r["error"]["message"] and "(at " in r["error"]["message"]
+
+
+def test_a_desktop_whose_recover_raises_retires_without_aborting(policy_server, tmp_path):
+    """A backend bug in recover() (a plain exception) retires that desktop; the other desktop
+    finishes the batch and nothing is lost."""
+    from legato_pipelines.desktops.fake import FakeDesktop
+
+    class BrokenRecover(FakeDesktop):
+        async def recover(self) -> None:
+            raise RuntimeError("recover() bug")
+
+    broken = BrokenRecover(DesktopConfig(backend="fake", options={"faults": {"crash": 1.0}}), 0)
+    healthy = FakeDesktop(DesktopConfig(backend="fake"), 1)
+    summary = collect(
+        load_tasks(fake_tasks(3)),
+        policy(policy_server),
+        tmp_path,
+        desktop_pool=[broken, healthy],
+        group=2,
+        env_retries=2,
+        max_steps=3,
+    )
+    records = read_records(tmp_path)
+    assert_accounted(records, summary)
+    assert summary["counts"]["ok"] == 6  # every logical attempt finished on the healthy desktop
 
 
 def test_advantages_hand_computed():

@@ -342,6 +342,9 @@ def print_profile(summary: dict) -> None:
         "errors",
         f"policy {summary['policy_errors']}  env {summary['env_errors']}  (desktop failures {summary['env_failures']})",
     )
+    kinds = summary.get("env_failure_kinds") or {}
+    if kinds:
+        table.add_row("desktop failures by kind", "  ".join(f"{k} {n}" for k, n in kinds.items()))
     if "desktops" in summary:
         d = summary["desktops"]
         table.add_row(

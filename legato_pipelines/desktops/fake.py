@@ -9,7 +9,10 @@ Options (``DesktopConfig.options``):
             sampled (``lognormal`` median/sigma, ``uniform`` low/high, ``exponential`` mean)
   faults    per-call probabilities: ``reset_failure``, ``act_failure``, ``crash`` (the desktop
             dies during an action and stays dead until ``recover()``), ``hung_evaluator``
-            (``evaluate`` never returns; the engine's ``eval_timeout`` cuts it)
+            (``evaluate`` never returns; the engine's ``eval_timeout`` cuts it),
+            ``truncated_screenshot`` (``observe`` returns the first half of the PNG, as a
+            desktop whose connection dropped mid-transfer), ``observe_error`` (``observe``
+            raises a plain ``OSError``, no ``DesktopError``)
   frames    how many distinct screens to pre-render (default 32)
   unique    every observation is a distinct PNG (the pooled picture plus a ``tEXt`` chunk
             naming the desktop and observation), so storage is measured as with real screens
@@ -38,7 +41,14 @@ from ..tasks import Evaluation, Task
 from .base import DesktopConfig, Wait, check_options
 
 PHASES = ("reset", "act", "observe", "evaluate")
-FAULTS = ("reset_failure", "act_failure", "crash", "hung_evaluator")
+FAULTS = (
+    "reset_failure",
+    "act_failure",
+    "crash",
+    "hung_evaluator",
+    "truncated_screenshot",
+    "observe_error",
+)
 
 OPTION_NAMES = frozenset({"latency", "faults", "frames", "seed", "unique"})
 
@@ -200,6 +210,10 @@ class FakeDesktop:
         self._check_alive()
         await self._sleep("observe")
         frame = self._frames[(self._task_offset + self._frame) % len(self._frames)]
+        if self._rng.random() < self.faults["observe_error"]:
+            raise OSError(f"{self.name}: injected screenshot read error")
+        if self._rng.random() < self.faults["truncated_screenshot"]:
+            return Screenshot(frame.png[: len(frame.png) // 2], frame.width, frame.height)
         if not self._unique:
             return frame
         self._observations += 1

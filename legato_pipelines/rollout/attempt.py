@@ -4,7 +4,12 @@ reset -> wait -> [observe -> policy call -> parse -> act -> wait until ready]* -
 
 Everything it measures goes into the record: per-phase seconds, per-step model stats, per
 action act/wait/ready seconds. It raises nothing but :class:`PolicyConfigError` (which aborts
-the batch); every other failure becomes the record's status: a context-length 400 ends the
+the batch); every other failure becomes the record's status. The attempt is the boundary: any
+exception an attempt raises that is not one of the project's own (a truncated PNG from a
+desktop, a plain ``OSError``, a bug in a backend) ends that attempt as a desktop failure of
+kind ``unexpected`` (retried per ``env_retries``, then ``error`` kind ``env``, with the
+exception's type, redacted message and the line that raised it) and the batch goes on. A
+context-length 400 ends the
 attempt as ``truncated`` (graded, ``truncation`` says why); an evaluator that gives no valid
 reward (``None``, NaN, +-inf) is a desktop failure of kind ``invalid_reward`` (retried, then
 ``error``), never a reward.
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import traceback
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +27,7 @@ from typing import Any
 from .. import record as fmt
 from ..desktops.base import Desktop
 from ..errors import ContextLengthError, DesktopError, PolicyConfigError, PolicyError
+from ..policy.wire import redact
 from ..record import (
     ActionRecord,
     ErrorInfo,
@@ -85,7 +92,9 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
 
     A ``DesktopError`` gives status ``retried`` (the caller re-queues) or, when
     ``env_retries`` is used up, ``error`` kind ``env``; the caller must ``recover()`` the
-    desktop. A ``PolicyError`` gives ``error`` kind ``policy``. ``PolicyConfigError`` propagates.
+    desktop. Any other exception that is not the project's own does the same with error type
+    ``unexpected`` (:func:`unexpected`). A ``PolicyError`` gives ``error`` kind ``policy``.
+    ``PolicyConfigError`` propagates; cancellation (``asyncio.CancelledError``) propagates.
     """
     record = base_record(ctx, ex, desktop.name)
     timing = record.timing
@@ -212,6 +221,8 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
         return _close(record, start, t0)
     except DesktopError as exc:
         return _desktop_failure(ctx, record, ex, exc, phase, start, t0)
+    except Exception as exc:  # noqa: BLE001 - the attempt boundary (module doc)
+        return _desktop_failure(ctx, record, ex, unexpected(exc), phase, start, t0)
     record.outcome = outcome
     phase = "evaluate"
     t = time.perf_counter()
@@ -230,6 +241,9 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
     except DesktopError as exc:
         timing.eval_s = time.perf_counter() - t
         return _desktop_failure(ctx, record, ex, exc, phase, start, t0)
+    except Exception as exc:  # noqa: BLE001 - the attempt boundary (module doc)
+        timing.eval_s = time.perf_counter() - t
+        return _desktop_failure(ctx, record, ex, unexpected(exc), phase, start, t0)
     timing.eval_s = time.perf_counter() - t
     if not valid_reward(evaluation.reward):
         exc = DesktopError(
@@ -243,6 +257,18 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
     record.eval_error = evaluation.error
     record.status = fmt.SURPLUS if group.closed else status
     return _close(record, start, t0)
+
+
+def unexpected(exc: BaseException) -> DesktopError:
+    """``exc`` (not one of the project's own errors) as a :class:`DesktopError` of kind
+    ``unexpected``: ``"<Type>: <message> (at <file>:<line>)"``, the message redacted (no policy
+    key) and cut to 500 characters, the place the innermost frame that raised it."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno})" if frames else ""
+    message = redact(str(exc))[:500]
+    error = DesktopError(f"{type(exc).__name__}: {message}{where}", kind="unexpected")
+    error.__cause__ = exc
+    return error
 
 
 def _desktop_failure(

@@ -24,7 +24,7 @@ from ..policy.loading import LoadSpec, load_version, plan_load
 from ..record import ENV, ERROR, FORMAT, RETRIED, SKIPPED, ErrorInfo, PolicyRef, Record, as_records
 from ..store.rundir import RunWriter, read_records
 from ..tasks import TaskSet, load_tasks
-from .attempt import AttemptContext, run_attempt, settled_record
+from .attempt import AttemptContext, run_attempt, settled_record, unexpected
 from .profile import summarize
 from .scheduler import Group, Scheduler, group_attempts
 from .settings import OVERRIDES_DESKTOP, OVERRIDES_POLICY, RESUME_SETTINGS, CollectSettings
@@ -242,7 +242,12 @@ async def _worker(ctx: AttemptContext, sched: Scheduler, desktop: Desktop, emit)
     broken = False
     while True:
         if broken:
-            await desktop.recover()  # DesktopError here retires this worker
+            try:
+                await desktop.recover()  # a failure here retires this worker
+            except DesktopError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a desktop that cannot recover is gone
+                raise unexpected(exc) from exc
             broken = False
         ex = sched.next()
         if ex is None:

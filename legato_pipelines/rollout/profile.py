@@ -76,6 +76,7 @@ def summarize(
     ]
     errors = Counter(r.error_kind for r in records if r.status == fmt.ERROR and r.error)
     env_failures = sum(1 for r in records if r.env_failure)
+    env_kinds = Counter(r.error.type for r in records if r.env_failure and r.error)
     group_final = defaultdict(int)
     for r in final:
         group_final[r.task_id] += 1
@@ -120,6 +121,7 @@ def summarize(
         "policy_errors": errors.get(fmt.POLICY, 0),
         "env_errors": errors.get(fmt.ENV, 0),
         "env_failures": env_failures,
+        "env_failure_kinds": dict(sorted(env_kinds.items())),
         "prefix_cache_hit_rate": (sum(c for c, _ in cache) / sum(p for _, p in cache))
         if cache
         else None,

@@ -187,6 +187,7 @@ PROFILE_SCHEMA = pa.schema(
         pa.field("policy_errors", pa.int64()),
         pa.field("env_errors", pa.int64()),
         pa.field("env_failures", pa.int64()),
+        pa.field("env_failure_kinds", pa.map_(pa.string(), pa.int64())),  # error type -> count
         pa.field("parse_errors", pa.int64()),
         pa.field(
             "setup_failure_attempts", pa.int64()
@@ -399,6 +400,9 @@ def profile_table(summary: Mapping[str, Any], lineage: Lineage) -> pa.Table:
         "policy_errors": summary.get("policy_errors"),
         "env_errors": summary.get("env_errors"),
         "env_failures": summary.get("env_failures"),
+        "env_failure_kinds": [
+            (str(k), int(v)) for k, v in (summary.get("env_failure_kinds") or {}).items()
+        ],
         "parse_errors": summary.get("parse_errors"),
         "setup_failure_attempts": (summary.get("setup_failures") or {}).get("attempts"),
         "ready_timeouts": (summary.get("ready_timeouts") or {}).get("count"),
