@@ -38,6 +38,11 @@ def tasks_file(tmp_path) -> Path:
     return path
 
 
+# The checkpoints here are written whole before the sensor looks (as a trainer that renames a
+# finished folder into place): stable_s=0 counts a complete folder at once.
+# tests/test_dagster_sensor.py covers the default wait for sizes to settle.
+
+
 def _tick(instance, cursor, source, policy):
     context = dg.build_sensor_context(
         instance=instance, cursor=cursor, resources={"checkpoints": source, "policy": policy}
@@ -85,7 +90,7 @@ def test_sensor_runs_load_each_checkpoint_and_rows_carry_the_weights(
         dg.instance_for_test() as instance,
     ):
         policy = PolicyResource(base_url=server.url, model=server.model, load=load)
-        source = CheckpointSourceResource(directory=str(ckpts))
+        source = CheckpointSourceResource(directory=str(ckpts), stable_s=0)
         ckpts.mkdir()
         cursor = None
         for version in ("step-1", "step-2"):
@@ -152,7 +157,9 @@ def test_load_failure_fails_the_run_before_any_desktop_with_the_servers_words(
     adapter(ckpts, "step-1")
     with ScriptedPolicyServer(flavor="vllm") as server, dg.instance_for_test() as instance:
         policy = PolicyResource(base_url=server.url, model=server.model, load="lora")
-        result = _tick(instance, None, CheckpointSourceResource(directory=str(ckpts)), policy)
+        result = _tick(
+            instance, None, CheckpointSourceResource(directory=str(ckpts), stable_s=0), policy
+        )
         [request] = result.run_requests
         run = _run(instance, request, policy, tmp_path / "lake", tasks_file, raise_on_error=False)
         assert not run.success
@@ -178,7 +185,9 @@ def test_external_refuses_to_start_when_the_server_does_not_list_the_version(
         dg.instance_for_test() as instance,
     ):
         policy = PolicyResource(base_url=server.url, model=server.model, load="external")
-        result = _tick(instance, None, CheckpointSourceResource(directory=str(ckpts)), policy)
+        result = _tick(
+            instance, None, CheckpointSourceResource(directory=str(ckpts), stable_s=0), policy
+        )
         [request] = result.run_requests
         run = _run(instance, request, policy, tmp_path / "lake", tasks_file, raise_on_error=False)
         assert not run.success and server.chat_requests == []
@@ -236,7 +245,7 @@ def test_sensor_names_folders_that_are_waiting(tmp_path, no_policy_key):
     (ckpts / "step-3" / "adapter_model.safetensors.tmp").write_bytes(b"x")
     policy = PolicyResource(base_url="http://127.0.0.1:9", model="unused")
     with dg.instance_for_test() as instance:
-        source = CheckpointSourceResource(directory=str(ckpts))
+        source = CheckpointSourceResource(directory=str(ckpts), stable_s=0)
         first = _tick(instance, None, source, policy)
         assert [r.partition_key for r in first.run_requests] == ["step-1"]
         assert first.run_requests[0].tags["legato/checkpoint"] == str(ready)

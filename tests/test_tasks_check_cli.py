@@ -142,3 +142,26 @@ def test_bad_shapes_are_rejected_at_load(tmp_path):
     assert proc.returncode == 2
     assert "tasks[0] (task_id 'f'): field 'config.fake.success'" in proc.stderr
     assert "[0, 1]" in proc.stderr
+
+
+def test_every_bad_entry_is_named_at_once(tmp_path):
+    bad = [
+        {"task_id": "ok", "config": {"instruction": "x"}},
+        {"task_id": "no-instruction", "config": {"evaluator": {"func": "infeasible"}}},
+        {"domain": "os"},
+    ]
+    proc = legato(str(write(tmp_path, "two_bad.json", bad)))
+    assert proc.returncode == 2 and proc.stdout == ""
+    text = " ".join(proc.stderr.split())  # rich may wrap long lines
+    assert "2 problems in the task list" in text
+    assert "tasks[1] (task_id 'no-instruction'): field 'config.instruction' is missing" in text
+    assert "tasks[2]: field 'task_id' is missing" in text
+
+
+def test_more_problems_than_a_message_shows_are_all_listed(tmp_path):
+    bad = [{"task_id": f"t{i}", "config": {}} for i in range(25)]
+    proc = legato(str(write(tmp_path, "many.json", bad)))
+    assert proc.returncode == 2
+    text = " ".join(proc.stderr.split())
+    assert "25 problems" in text and "... and" not in text
+    assert all(f"tasks[{i}] (task_id 't{i}')" in text for i in range(25))

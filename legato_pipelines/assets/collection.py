@@ -21,7 +21,7 @@ from ..resources import DesktopPoolResource, LakeResource, PolicyResource
 from .advice import in_dagster
 from .config import CollectConfig
 from .metadata import counts_markdown, number
-from .partitions import policy_versions
+from .partitions import partition_version, policy_versions
 
 COLLECTION_POOL = "legato_collection"
 GROUP = "legato"
@@ -52,7 +52,7 @@ def rollout_batch(
     ``partition_key``. Raises the engine's ``ConfigError``/``PolicyConfigError`` (bad task list,
     wrong URL or model, no LEGATO_POLICY_URL) before any desktop starts; every engine error's
     message also names the Dagster setting to change (:mod:`.advice`)."""
-    version = context.partition_key
+    version = partition_version(context)  # checked first: it names folders and adapters
     with in_dagster("policy"):
         task_set = load_tasks(config.tasks, osworld=desktops.osworld)
         policy_config = policy.config(version, model=config.model)

@@ -131,8 +131,13 @@ def collect_command(
     from ..policy.loading import LoadSpec
     from ..rollout.engine import collect
     from ..tasks import load_tasks
+    from ..versions import check_version_key
     from .progress import CollectProgress
 
+    try:
+        check_version_key(version)
+    except LegatoError as exc:
+        fail(f"--version: {exc}")
     try:
         knobs = CollectSettings.checked(settings)
         options = {}

@@ -168,7 +168,7 @@ def check_command(
         path = _resolve_tasks_path(tasks, osworld)
         task_set = load_tasks(path, osworld=osworld)
     except TaskListError as exc:
-        fail(str(exc))
+        fail(exc.describe())  # every problem of the list, not only the first 20
     support = BackendSupport(cache_dir=cache_dir)
     classes = [classify_task(task, backend_support=support) for task in task_set]
     totals = summarize(classes)

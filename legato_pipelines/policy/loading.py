@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -153,10 +154,13 @@ def fingerprint(folder: str | Path) -> dict[str, Any]:
 def incomplete(folder: str | Path) -> str | None:
     """Why a checkpoint folder is not complete yet, or ``None`` when it looks complete: a file
     still being written (``*.tmp``, ``*.partial``, ``*.incomplete``, ``*.lock``); an
-    ``*.index.json`` naming shards that are not there; ``adapter_config.json`` without adapter
-    weights. An empty folder counts as complete (some trainers signal a version with an empty
-    folder, and ``load none`` needs nothing in it). A few ``stat`` calls and the index files
-    read: cheap enough for a sensor tick."""
+    ``*.index.json`` naming shards that are not there (its ``weight_map``); shards named
+    ``*-0000i-of-0000n.*`` without their index (it is written after them) or with some of the
+    ``n`` missing; ``adapter_config.json`` without adapter weights; ``config.json`` without any
+    weights file (``*.safetensors``, ``*.bin``, ``*.pt``, ``*.pth``) or index. An empty folder
+    counts as complete (some trainers signal a version with an empty folder, and ``load none``
+    needs nothing in it). A few ``stat`` calls and the index files read: cheap enough for a
+    sensor tick."""
     root = Path(folder)
     try:
         names = sorted(os.listdir(root))
@@ -165,9 +169,8 @@ def incomplete(folder: str | Path) -> str | None:
     partial = [n for n in names if n.endswith(PARTIAL_SUFFIXES)]
     if partial:
         return f"still being written ({', '.join(partial[:3])})"
-    for name in names:
-        if not name.endswith(".index.json"):
-            continue
+    indexes = [n for n in names if n.endswith(".index.json")]
+    for name in indexes:
         try:
             index = orjson.loads((root / name).read_bytes())
             shards = set((index.get("weight_map") or {}).values())
@@ -176,9 +179,25 @@ def incomplete(folder: str | Path) -> str | None:
         missing = sorted(s for s in shards if not (root / s).is_file())
         if missing:
             return f"{name} names {len(missing)} missing shard(s), e.g. {missing[0]}"
+    sharded: dict[tuple[str, str, int], set[int]] = {}
+    for name in names:
+        if match := _SHARD.match(name):
+            key = (match["stem"], match["ext"], int(match["total"]))
+            sharded.setdefault(key, set()).add(int(match["i"]))
+    for (stem, ext, total), present in sorted(sharded.items()):
+        if not indexes:
+            return f"{stem}-*-of-{total:05d}.{ext} shards without their index file yet"
+        if len(present) < total:
+            return f"{len(present)} of {total} {stem}-*.{ext} shards present"
     if "adapter_config.json" in names and not any(n.startswith("adapter_model") for n in names):
         return "adapter_config.json without adapter_model.* weights"
+    if "config.json" in names and not indexes and not any(n.endswith(_WEIGHTS) for n in names):
+        return "config.json without model weights yet (no *.safetensors, *.bin or index)"
     return None
+
+
+_SHARD = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<total>\d{5})\.(?P<ext>safetensors|bin)$")
+_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth")
 
 
 # -- loading ----------------------------------------------------------------------------------

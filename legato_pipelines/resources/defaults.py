@@ -21,6 +21,7 @@ LEGATO_CHECKPOINTS         ``checkpoints.directory``, ``policy.checkpoint_root``
 LEGATO_CHECKPOINT_SOURCE   ``checkpoints.source`` (directory | models)            directory
 LEGATO_CHECKPOINT_GLOB     ``checkpoints.pattern``                                step-* / *
 LEGATO_CHECKPOINT_READY    ``checkpoints.ready_marker``                           none
+LEGATO_CHECKPOINT_STABLE_S ``checkpoints.stable_s`` (s; 0: count when complete)   30
 =========================  =====================================================  ==========
 
 String and integer settings that are set become ``EnvVar`` references (resolved when a run
@@ -118,5 +119,6 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:
             directory=_env("LEGATO_CHECKPOINTS", None),
             pattern=_env("LEGATO_CHECKPOINT_GLOB", None),
             ready_marker=_env("LEGATO_CHECKPOINT_READY", None),
+            stable_s=_env_int("LEGATO_CHECKPOINT_STABLE_S", 30),
         ),
     }
