@@ -326,3 +326,27 @@ def test_cli_size_mismatch_fails_that_file_and_lands_the_others(task_set, hub, t
     assert "1 fetched" in again.stdout and "6 already present, 0 failed" in again.stdout
     assert [r[1] for r in hub.gets()] == [liar]
     assert_all_resolve(task_set, hub, cache)
+
+
+def test_a_shared_url_is_fetched_once_and_linked_to_every_name(hub, tmp_path):
+    url = HUB + "/datasets/xlangai/ubuntu_osworld_file_cache/resolve/main/gimp/t/dog.png"
+    hub.files[url_path(url)] = b"\x89PNG" + bytes(5000)
+
+    def task(task_id: str) -> dict:
+        config = {
+            "instruction": "x",
+            "config": [{"type": "download", "parameters": {"files": [{"url": url, "path": "/home/user/Desktop/dog.png"}]}}],
+            "evaluator": {"func": "compare_images", "result": {"type": "vm_file", "path": "/a", "dest": "a"},
+                          "expected": {"type": "cloud_file", "path": url, "dest": "dog_gold.png"}},
+        }  # fmt: skip
+        return {"task_id": task_id, "config": config}
+
+    shared = load_tasks([task("t1"), task("t2")])
+    report = run(shared, settings(tmp_path, endpoint=hub.endpoint))
+
+    (result,) = report.files
+    assert result.status == "fetched" and len(result.paths) == 4 and len(result.refs) == 4
+    assert len(hub.gets()) == 1
+    inodes = {Path(p).stat().st_ino for p in result.paths}
+    assert len(inodes) == 1  # hard links of one file
+    assert_all_resolve(shared, hub, tmp_path / "cache")
