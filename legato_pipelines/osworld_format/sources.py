@@ -9,6 +9,9 @@ OSWorld's host downloads every ``download`` / ``cloud_file`` URL (all on hugging
    ``<uuid5(NAMESPACE_URL, url)>_<basename(dest)>`` (setup downloads) and ``<dest>`` (evaluator
    ``cloud_file``), then the URL's own file name (``basename(urlpath)``);
 3. else :class:`UnsupportedStep` naming the URL (it would need the internet).
+
+``legato osworld cache`` (:mod:`.fetch`) fills a cache ahead of time under OSWorld's names in
+``<cache>/<task_id>/`` (docs/osworld.md §10).
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ def resolve_source(
     )
     raise UnsupportedStep(
         f"{step_type}: {url} needs the internet (not a file:// URL{where}); "
-        "fix: put the file in the cache directory (--cache-dir) or run the task on the osworld backend",
+        "fix: fetch it into a file cache with `legato osworld cache TASKS` and pass that cache (--cache-dir), or run the task on the osworld backend",
         step_type=step_type,
         urls=[url],
     )

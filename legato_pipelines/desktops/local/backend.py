@@ -25,6 +25,7 @@ started (``legato desktop serve``) that it attaches to by URL. Per attempt::
   template      directory copied into each baseline HOME (pre-built app profiles)
   prebuild      apps whose profile each server builds into its baseline HOME: ["libreoffice"]
   cache_dir     read-only file cache for ``download`` steps and ``cloud_file`` getters
+                (``legato osworld cache`` fills it)
   start_timeout seconds a server may take to come up (default 30)
 """
 
