@@ -19,6 +19,25 @@ from .options import settings_options
 from .root import app
 
 
+def parse_desktop_options(items: list[str]) -> dict[str, Any]:
+    """``--desktop-option KEY=VALUE`` items as the options dict: VALUE is JSON when it parses
+    (``latency='{"act": 0.1}'``, ``cache_dir='"/c"'``, ``sandbox=false``), else the bare text
+    (``cache_dir=/c``: a path needs no JSON quotes). Raises ``ValueError`` for an item
+    without ``=``."""
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(
+                f"--desktop-option {item!r}: use KEY=JSON, e.g. latency='{{\"act\": 0.1}}'"
+            )
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
 @app.command("collect")
 @settings_options(CollectSettings, after="backend")
 def collect_command(
@@ -101,15 +120,10 @@ def collect_command(
 
     try:
         knobs = CollectSettings.checked(settings)
-        options = {}
-        for item in desktop_option or []:
-            key, sep, value = item.partition("=")
-            if not sep:
-                fail(f"--desktop-option {item!r}: use KEY=JSON, e.g. latency='{{\"act\": 0.1}}'")
-            try:
-                options[key] = json.loads(value)
-            except json.JSONDecodeError:
-                options[key] = value
+        try:
+            options = parse_desktop_options(desktop_option or [])
+        except ValueError as exc:
+            fail(str(exc))
         if osworld_python is not None:
             options["osworld_python"] = str(osworld_python)
         if osworld_provider is not None:

@@ -29,6 +29,7 @@ from .controller import DesktopController
 from .getters import GETTERS, EvalContext
 from .metrics import METRICS, TABLE_RULE_TYPES
 from .setup import run_setup
+from .sources import cache_dir_path
 from .unsupported import UnsupportedStep
 
 DEAD_DESKTOP_KINDS = frozenset({"transport", "timeout", "crash", "vm"})
@@ -114,7 +115,7 @@ async def evaluate_task(
     controller: DesktopController,
     *,
     last_action_fail: bool = False,
-    cache_dir: Path | None = None,
+    cache_dir: Path | str | None = None,
     work_dir: Path | None = None,
     screen_size: tuple[int, int] = (1280, 720),
     client_password: str = "password",
@@ -122,7 +123,9 @@ async def evaluate_task(
     """Grade the desktop's current state against ``task``'s evaluator; reward in [0, 1].
 
     ``last_action_fail``: the agent's last action was FAIL (OSWorld ``infeasible``).
-    ``cache_dir``: read-only file cache for downloads / ``cloud_file`` (see :mod:`.sources`).
+    ``cache_dir``: read-only file cache for downloads / ``cloud_file`` / ``cache_file`` (see
+    :mod:`.sources`): a ``Path`` or a ``str``, ``~`` expanded (:func:`.sources.cache_dir_path`,
+    which raises ``ConfigError`` for anything else).
     ``work_dir``: where fetched files and postconfig captures go (default: a temporary directory
     removed afterwards; pass the one given to ``run_setup`` to read setup captures).
     ``screen_size`` (pixels) and ``client_password`` fill postconfig placeholders.
@@ -131,6 +134,7 @@ async def evaluate_task(
     Raises ``DesktopError`` only when the desktop itself failed (transport, timeout, crash).
     """
     evaluator = task.evaluator
+    cache_dir = cache_dir_path(cache_dir)  # a str option must not reach the getters' "/"
     unsupported = evaluator_unsupported(evaluator)
     if unsupported:
         return Evaluation(
