@@ -291,9 +291,12 @@ class Record(_Format):
     """One execution of one logical attempt (``task_id``, ``group_id``, ``attempt``);
     ``rollout_id`` names the execution, ``execution`` counts re-tries (0 first);
     ``truncation`` (written only when set): why a ``truncated`` attempt stopped early other
-    than ``rollout_timeout`` (the server's context-length message, with the fix)."""
+    than ``rollout_timeout`` (the server's context-length message, with the fix);
+    ``eval_notes`` (written only when there were any): facts about what the evaluator
+    compared that explain the reward without changing it, each ``"<kind>: <text>"`` (e.g.
+    ``uncached_formulas``: an xlsx whose formulas hold no cached values)."""
 
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"truncation"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"truncation", "eval_notes"})
 
     format: str = FORMAT
     rollout_id: str
@@ -317,6 +320,7 @@ class Record(_Format):
     reset: Reset | None = None
     steps: list[Step] = Field(default_factory=list)
     truncation: str | None = None
+    eval_notes: list[str] | None = None
 
     @property
     def reward_valid(self) -> bool:

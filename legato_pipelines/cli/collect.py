@@ -317,6 +317,12 @@ def print_profile(summary: dict) -> None:
     )
     table.add_row("parse errors", str(summary.get("parse_errors", 0)))
     table.add_row("evaluator errors", str(summary.get("eval_errors", 0)))
+    notes = summary.get("eval_notes") or {"attempts": 0, "by_kind": {}}
+    table.add_row(
+        "evaluator notes",
+        f"{notes['attempts']} attempts"
+        + "".join(f"  {kind} {n}" for kind, n in notes["by_kind"].items()),
+    )
     quality = summary.get("quality")
     if quality:
         table.add_row(

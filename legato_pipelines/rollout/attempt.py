@@ -241,6 +241,8 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
         return _desktop_failure(ctx, record, ex, exc, phase, start, t0)
     record.reward = float(evaluation.reward)
     record.eval_error = evaluation.error
+    if evaluation.notes:  # what explains the grade (uncached formulas, ...): facts, not a change
+        record.eval_notes = list(evaluation.notes)
     record.status = fmt.SURPLUS if group.closed else status
     return _close(record, start, t0)
 

@@ -39,7 +39,9 @@ def summarize(
     the calls that reported cached tokens (``None`` when none did); ``logprobs_share`` /
     ``token_ids_share`` are shares of steps whose response carried them; ``ready_timeouts`` counts
     the actions whose ready wait hit its cap (:func:`ready_timeouts`); ``eval_errors`` counts
-    graded attempts whose evaluator failed (scored 0 with the reason in ``eval_error``). ``missing`` is the
+    graded attempts whose evaluator failed (scored 0 with the reason in ``eval_error``);
+    ``eval_notes`` counts graded attempts whose evaluator noted a fact about the compared files
+    (:func:`_eval_notes`; the reward is OSWorld's, unchanged). ``missing`` is the
     number of logical attempts without a final record (0 after a complete batch), so
     ``records == scheduled - missing + retries``. ``sampling`` is ``run.json``'s sampling
     settings; ``quality`` is :func:`quality`.
@@ -129,6 +131,7 @@ def summarize(
         "ready_timeouts": ready_timeouts(steps),
         "eval_errors": sum(1 for r in final if r.eval_error),
         "setup_failures": _setup_failures(records),
+        "eval_notes": _eval_notes(records),
         "desktops": desktop_health(records),
         "sampling": meta.get("sampling"),
         "quality": quality(records, steps, knobs, meta.get("sampling") or {}),
@@ -256,6 +259,19 @@ def _setup_failures(records: list[Record]) -> dict[str, Any]:
         for f in failures:
             by_step[f"{r.task_id} step {f.step} ({f.type})"] += 1
     return {"attempts": attempts, "by_step": dict(by_step.most_common())}
+
+
+def _eval_notes(records: list[Record]) -> dict[str, Any]:
+    """Graded attempts whose evaluator noted a fact about what it compared (``eval_notes``,
+    e.g. an xlsx whose formulas hold no cached values): how many, and the notes per kind (the
+    text before ``": "``) as ``{"attempts", "by_kind"}``."""
+    by_kind: Counter = Counter()
+    attempts = 0
+    for r in records:
+        if r.final and r.eval_notes:
+            attempts += 1
+            by_kind.update(str(n).partition(": ")[0] for n in r.eval_notes)
+    return {"attempts": attempts, "by_kind": dict(by_kind.most_common())}
 
 
 def _share(steps: list[Step], key: str) -> float | None:

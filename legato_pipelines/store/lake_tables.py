@@ -92,6 +92,7 @@ ROLLOUTS_SCHEMA = pa.schema(
         pa.field("cached_tokens", pa.int64()),
         pa.field("model", pa.string()),
         pa.field("truncation", pa.string()),  # why a truncated attempt stopped (context length)
+        pa.field("eval_notes", pa.list_(pa.string())),  # facts explaining the reward
         *_LINEAGE_FIELDS,
     ]
 )
@@ -169,6 +170,7 @@ PROFILE_SCHEMA = pa.schema(
             "setup_failure_attempts", pa.int64()
         ),  # attempts whose setup carried on past a failure
         pa.field("ready_timeouts", pa.int64()),  # actions whose ready wait hit its cap
+        pa.field("eval_note_attempts", pa.int64()),  # graded attempts with evaluator notes
         pa.field("prefix_cache_hit_rate", pa.float64()),
         pa.field("logprobs_share", pa.float64()),
         pa.field("token_ids_share", pa.float64()),
@@ -247,6 +249,7 @@ def rollouts_table(records: Iterable[Record | Mapping[str, Any]], lineage: Linea
             "cached_tokens": _sum_int(m.cached_tokens for m in models),
             "model": r.policy.model,
             "truncation": r.truncation,
+            "eval_notes": r.eval_notes,
         }
         rows.append(row)
     return _table(rows, ROLLOUTS_SCHEMA, lineage)
@@ -369,6 +372,7 @@ def profile_table(summary: Mapping[str, Any], lineage: Lineage) -> pa.Table:
         "parse_errors": summary.get("parse_errors"),
         "setup_failure_attempts": (summary.get("setup_failures") or {}).get("attempts"),
         "ready_timeouts": (summary.get("ready_timeouts") or {}).get("count"),
+        "eval_note_attempts": (summary.get("eval_notes") or {}).get("attempts"),
         "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate"),
         "logprobs_share": summary.get("logprobs_share"),
         "token_ids_share": summary.get("token_ids_share"),

@@ -137,7 +137,8 @@ ROLLOUT = """{% extends "base" %}
 <dt>rollout</dt><dd><code>{{ r.rollout_id }}</code> on {{ r.desktop or "?" }}</dd>
 <dt>status / outcome</dt><dd><span class="status-{{ r.status }}">{{ r.status }}</span> / {{ r.outcome or "–" }}</dd>
 <dt>evaluator</dt><dd>{% if evaluator %}<code>{{ evaluator }}</code> → {% endif %}reward <b class="{{ 'r1' if (r.reward or 0) > 0 else 'r0' }}">{{ fmt(r.reward, 3) }}</b>, advantage {{ fmt(advantage, 3) }}
-{% if r.eval_error %}<div class="parse-error">evaluator error: {{ r.eval_error }}</div>{% endif %}</dd>
+{% if r.eval_error %}<div class="parse-error">evaluator error: {{ r.eval_error }}</div>{% endif %}
+{% for n in r.eval_notes or [] %}<div class="eval-note">evaluator note: {{ n }}</div>{% endfor %}</dd>
 {% if r.error %}<dt>error</dt><dd class="parse-error">{{ r.error.kind }} / {{ r.error.type }} in {{ r.error.phase }}: {{ r.error.message }}</dd>{% endif %}
 <dt>reset</dt><dd>{% if r.reset %}{{ r.reset.kind }}, ready after {{ fmt(r.reset.ready_s, 2) }} s, waited {{ fmt(r.reset.wait_s, 2) }} s{% else %}–{% endif %}</dd>
 <dt>setup failures</dt><dd>{% if r.reset and r.reset.setup_failures %}<table><tr><th>step</th><th>type</th><th>exit</th><th>error</th></tr>

@@ -214,13 +214,16 @@ class OSWorldDesktop(WaitsByMode):
     async def evaluate(self, task: Task, *, last_action_fail: bool = False) -> Evaluation:
         """``DesktopEnv.evaluate()`` (postconfig, getters, metrics) within ``eval_timeout`` s.
 
-        An evaluator exception is ``Evaluation(0, error=reason)``; a dead VM or a hung
-        evaluation raises ``DesktopError`` (kinds ``vm`` / ``evaluator``).
+        An evaluator exception is ``Evaluation(0, error=reason)``; facts about the files the
+        metrics compared (an xlsx with uncached formulas) are ``notes``, the reward unchanged;
+        a dead VM or a hung evaluation raises ``DesktopError`` (kinds ``vm`` / ``evaluator``).
         """
         result = await self._call(
             "evaluate", self.config.eval_timeout, last_action_fail=last_action_fail
         )
-        return Evaluation(float(result["reward"]), result.get("error"))
+        return Evaluation(
+            float(result["reward"]), result.get("error"), tuple(result.get("notes") or ())
+        )
 
     async def recover(self) -> None:
         """Restart the worker and its VM (DesktopEnv constructed anew); next reset reverts.
