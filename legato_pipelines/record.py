@@ -243,12 +243,13 @@ class ActionRecord(_Format):
     """One executed action of a step: the structured action (as
     :meth:`legato_pipelines.actions.Action.to_record` gives it) and its act / wait / ready
     seconds (``ready_s`` ``None`` with the fixed-wait baseline) and ``timed_out`` (the ready
-    wait hit its cap; absent in records written before it was recorded). Keys a newer writer
-    adds are kept."""
+    wait hit its cap; absent in records written before it was recorded); ``not_typed``
+    (written only when set): the characters of a ``type`` that did not reach the desktop.
+    Keys a newer writer adds are kept."""
 
     OPTIONAL: ClassVar[frozenset[str]] = frozenset(
         {"screen", "text", "keys", "pixels", "seconds", "status", "clamped"}
-        | {"act_s", "wait_s", "ready_s", "timed_out"}
+        | {"act_s", "wait_s", "ready_s", "timed_out", "not_typed"}
     )
 
     action: str
@@ -264,6 +265,7 @@ class ActionRecord(_Format):
     wait_s: Seconds | None = None
     ready_s: Seconds | None = None
     timed_out: bool | None = None
+    not_typed: str | None = None
 
 
 class Step(_Format):

@@ -316,6 +316,7 @@ def print_profile(summary: dict) -> None:
         f"{_fmt(summary['logprobs_share'], pct=True)} / {_fmt(summary['token_ids_share'], pct=True)}",
     )
     table.add_row("parse errors", str(summary.get("parse_errors", 0)))
+    table.add_row("type actions not fully typed", str(summary.get("not_typed_actions", 0)))
     table.add_row("evaluator errors", str(summary.get("eval_errors", 0)))
     notes = summary.get("eval_notes") or {"attempts": 0, "by_kind": {}}
     table.add_row(

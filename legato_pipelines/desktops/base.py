@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..actions import Action
 from ..errors import ConfigError, DesktopError
-from ..harness.render import render_osworld_code
+from ..harness.render import not_typed_in, render_osworld_code
 from ..images import Screenshot
 from ..osworld_format.controller import EXECUTE_TIMEOUT_S
 from ..tasks import Evaluation, Task
@@ -73,9 +73,13 @@ class Desktop(Protocol):
 
     async def observe(self) -> Screenshot: ...
 
-    async def act(self, action: Action) -> None:
+    async def act(self, action: Action) -> dict[str, Any] | None:
         """Execute one structured action (never model text as code). ``wait`` sleeps
-        ``action.seconds`` (else ``Waits.wait_action_s``); ``terminate`` never comes here."""
+        ``action.seconds`` (else ``Waits.wait_action_s``); ``terminate`` never comes here.
+
+        Returns ``None``, or facts about how the action was carried out that the engine
+        records on it: ``{"not_typed": "€"}`` when characters of a ``type`` did not reach the
+        desktop (:func:`act_facts`)."""
 
     async def wait_after_action(self, action: Action) -> Wait: ...
 
@@ -199,6 +203,16 @@ def screenshot_of(png: bytes, name: str, kind: str = "observe") -> Screenshot:
         raise DesktopError(
             f"{name}: the desktop sent a screenshot that is not a PNG", kind=kind
         ) from None
+
+
+def act_facts(action: Action, output: str | None) -> dict[str, Any] | None:
+    """The facts of an action run as :func:`osworld_code` from the command's stdout:
+    ``{"not_typed": chars}`` when a ``type`` reported characters it could not type, else
+    ``None``."""
+    if action.action != "type":
+        return None
+    missed = not_typed_in(output)
+    return {"not_typed": missed} if missed else None
 
 
 def osworld_code(action: Action, name: str) -> str:

@@ -14,7 +14,8 @@ server, and the URL becomes a :class:`VMServerDesktop`. Per attempt::
     act(action)        POST /execute ["python", "-c", "import pyautogui; import time;
                        pyautogui.FAILSAFE = False; <code>"], as OSWorld's DesktopEnv.step runs
                        it; <code> is render_osworld_code(action) (escaped pyautogui from the structured
-                       action, never model text); ``wait`` sleeps
+                       action, never model text; text pyautogui cannot type goes through XTest,
+                       what still fails is the action's ``not_typed``); ``wait`` sleeps
     wait_after_action  poll GET /screenshot until stable   (or sleep fixed_wait)
     wait_before_eval   poll GET /screenshot until stable   (or sleep fixed_wait)
     evaluate(task)     postconfig + getters + metrics over the base API (osworld_format.evaluate_task)
@@ -33,13 +34,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from ..actions import Action
 from ..errors import DesktopError
 from ..images import Screenshot
 from ..osworld_format import needs_full_reset
 from ..tasks import Evaluation, Task
-from .base import DesktopConfig, WaitsByMode, osworld_code, screenshot_of
+from .base import DesktopConfig, WaitsByMode, act_facts, osworld_code, screenshot_of
 from .client import DesktopClient
 from .domains import REVERT_DOMAINS, baseline_script, domain_processes, fast_reset_script
 from .ready import ScreenshotReady
@@ -153,15 +155,17 @@ class VMServerDesktop(ServerTasks, WaitsByMode):
         """``GET /screenshot``; raises ``DesktopError(kind="observe")`` for a non-PNG answer."""
         return screenshot_of(await self.client.screenshot(), self.name)
 
-    async def act(self, action: Action) -> None:
+    async def act(self, action: Action) -> dict[str, Any] | None:
         """One action as OSWorld's DesktopEnv.step runs it (see the module docs).
 
-        Raises ``DesktopError(kind="act")`` when the action cannot be rendered or its code
-        failed on the desktop (e.g. no ``python`` with pyautogui there).
+        Returns ``{"not_typed": chars}`` when a ``type`` could not type some characters
+        (:func:`~legato_pipelines.desktops.base.act_facts`), else ``None``. Raises
+        ``DesktopError(kind="act")`` when the action cannot be rendered or its code failed on
+        the desktop (e.g. no ``python`` with pyautogui there).
         """
         if action.action == "wait":
             await asyncio.sleep(self.config.waits.wait_action(action))
-            return
+            return None
         code = osworld_code(action, self.name)
         out = await self.client.execute(
             execute_argv(code), timeout=self.config.waits.execute_timeout_s
@@ -172,6 +176,7 @@ class VMServerDesktop(ServerTasks, WaitsByMode):
                 f"(exit {out.get('returncode')}): {(out.get('error') or '').strip()[-300:]}",
                 kind="act",
             )
+        return act_facts(action, out.get("output"))
 
     async def evaluate(self, task: Task, *, last_action_fail: bool = False) -> Evaluation:
         """Postconfig + OSWorld getters/metrics over the base API, within ``eval_timeout`` s.

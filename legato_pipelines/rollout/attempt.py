@@ -174,8 +174,10 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
                     continue
                 done = ActionRecord(**action.to_record())
                 t = time.perf_counter()
-                await desktop.act(action)
+                facts = await desktop.act(action)
                 done.act_s = time.perf_counter() - t
+                if facts and facts.get("not_typed"):  # text that did not reach the desktop
+                    done.not_typed = str(facts["not_typed"])
                 timing.act_s += done.act_s
                 wait = await desktop.wait_after_action(action)
                 done.wait_s = wait.wait_s

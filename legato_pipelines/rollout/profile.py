@@ -38,7 +38,9 @@ def summarize(
     with ``PolicyTimeout``); ``prefix_cache_hit_rate`` is cached / prompt tokens over
     the calls that reported cached tokens (``None`` when none did); ``logprobs_share`` /
     ``token_ids_share`` are shares of steps whose response carried them; ``ready_timeouts`` counts
-    the actions whose ready wait hit its cap (:func:`ready_timeouts`); ``eval_errors`` counts
+    the actions whose ready wait hit its cap (:func:`ready_timeouts`); ``not_typed_actions``
+    counts ``type`` actions whose text did not all reach the desktop (``not_typed`` on the
+    action: characters the desktop could not type); ``eval_errors`` counts
     graded attempts whose evaluator failed (scored 0 with the reason in ``eval_error``);
     ``eval_notes`` counts graded attempts whose evaluator noted a fact about the compared files
     (:func:`_eval_notes`; the reward is OSWorld's, unchanged). ``missing`` is the
@@ -129,6 +131,7 @@ def summarize(
         "token_ids_share": _share(steps, "token_ids"),
         "parse_errors": sum(1 for s in steps if s.parse_error),
         "ready_timeouts": ready_timeouts(steps),
+        "not_typed_actions": sum(1 for s in steps for a in s.actions or () if a.not_typed),
         "eval_errors": sum(1 for r in final if r.eval_error),
         "setup_failures": _setup_failures(records),
         "eval_notes": _eval_notes(records),

@@ -62,7 +62,7 @@ from ...errors import ConfigError, DesktopError
 from ...images import Screenshot
 from ...osworld_format import needs_full_reset
 from ...tasks import Evaluation, Task
-from ..base import DesktopConfig, WaitsByMode, osworld_code, screenshot_of
+from ..base import DesktopConfig, WaitsByMode, act_facts, osworld_code, screenshot_of
 from ..client import DesktopClient
 from ..domains import REVERT_DOMAINS
 from ..local import ServerProcess, sandbox_options
@@ -191,17 +191,20 @@ class OSWorldDesktop(WaitsByMode):
         png = base64.b64decode((await self._call("observe", self.call_timeout))["png"])
         return screenshot_of(png, self.name, kind="vm")
 
-    async def act(self, action: Action) -> None:
+    async def act(self, action: Action) -> dict[str, Any] | None:
         """:func:`~legato_pipelines.harness.render.render_osworld_code` (``render_pyautogui`` +
-        OSWorld's ``<`` fix) through ``DesktopEnv.step(code, pause=0)``.
+        OSWorld's ``<`` fix; text pyautogui cannot type through XTest) through
+        ``DesktopEnv.step(code, pause=0)``.
 
         ``wait`` is OSWorld's ``WAIT`` (``step`` sleeps ``pause`` twice, so ``pause`` is half
-        the wait). Raises ``DesktopError(kind="act")`` when the action's code failed on the VM.
+        the wait). Returns ``{"not_typed": chars}`` when a ``type`` could not type some
+        characters, else ``None``. Raises ``DesktopError(kind="act")`` when the action's code
+        failed on the VM.
         """
         if action.action == "wait":
             seconds = self.config.waits.wait_action(action)
             await self._call("step", self.call_timeout + seconds, code="WAIT", pause=seconds / 2)
-            return
+            return None
         code = osworld_code(action, self.name)
         result = await self._call("step", self.call_timeout, code=code, pause=0)
         if result.get("returncode") not in (0, None):
@@ -210,6 +213,7 @@ class OSWorldDesktop(WaitsByMode):
                 f"(exit {result['returncode']}): {(result.get('error') or '').strip()[-300:]}",
                 kind="act",
             )
+        return act_facts(action, result.get("output"))
 
     async def evaluate(self, task: Task, *, last_action_fail: bool = False) -> Evaluation:
         """``DesktopEnv.evaluate()`` (postconfig, getters, metrics) within ``eval_timeout`` s.

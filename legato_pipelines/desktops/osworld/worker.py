@@ -22,7 +22,7 @@ Operations (``result`` shapes):
             ``DesktopEnv.reset`` (which no longer reverts); {kind: fast|revert, revert_s, clean_s, setup_s}
   observe   {png: base64}
   step      {code, pause?}: ``DesktopEnv.step(code, pause)`` (pause 0 unless given);
-            {done, info, returncode, error}
+            {done, info, returncode, error, output} (``output``: the code's stdout tail)
   evaluate  {last_action_fail}: ``DesktopEnv.evaluate()``; {reward, error, notes}. An exception
             from the evaluator is a reward 0 with its reason, not a failure; ``notes`` are facts
             about the files the metrics were given (``osworld_format/file_notes.py``).
@@ -565,6 +565,7 @@ class Worker:
                 )
             result["returncode"] = answer.get("returncode")
             result["error"] = (answer.get("error") or "")[-2000:] or None
+            result["output"] = (answer.get("output") or "")[-2000:] or None
         if obs.get("screenshot") is None:
             raise WorkerError(
                 "vm", "no screenshot after the action (the VM server stopped answering)"
