@@ -188,15 +188,21 @@ class SetupFailure(_Format):
 class Reset(_Format):
     """How the desktop was reset (``fast`` | ``revert``) and the wait after it [s];
     ``timed_out``: the ready wait hit its cap; ``setup_failures`` (written only when there were
-    any): what OSWorld carried on after."""
+    any): what OSWorld carried on after. Facts of the desktop, never the policy's doing, each
+    written only when there were any: ``keyboard_restored`` (the reset found the keyboard
+    layout changed by an earlier attempt and restored the desktop's own, e.g.
+    ``"layout de -> us"``)."""
 
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"timed_out", "setup_failures"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset(
+        {"timed_out", "setup_failures", "keyboard_restored"}
+    )
 
     kind: str | None = None
     ready_s: Seconds | None = None
     wait_s: Seconds | None = None
     timed_out: bool | None = None
     setup_failures: list[SetupFailure] | None = None
+    keyboard_restored: str | None = None
 
 
 class ErrorInfo(_Format):

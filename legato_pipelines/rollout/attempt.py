@@ -86,8 +86,25 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
     A ``DesktopError`` gives status ``retried`` (the caller re-queues) or, when
     ``env_retries`` is used up, ``error`` kind ``env``; the caller must ``recover()`` the
     desktop. A ``PolicyError`` gives ``error`` kind ``policy``. ``PolicyConfigError`` propagates.
+    What the desktop did on its own around the reset (``desktop.reset_facts``: a keyboard
+    layout restored) goes into ``record.reset``, however the execution ended.
     """
     record = base_record(ctx, ex, desktop.name)
+    try:
+        return await _run(ctx, ex, desktop, record)
+    finally:
+        _add_reset_facts(record, desktop)
+
+
+def _add_reset_facts(record: Record, desktop: Desktop) -> None:
+    facts = getattr(desktop, "reset_facts", None) or {}
+    if record.reset is None or not facts:
+        return
+    if facts.get("keyboard_restored"):
+        record.reset.keyboard_restored = str(facts["keyboard_restored"])
+
+
+async def _run(ctx: AttemptContext, ex: Execution, desktop: Desktop, record: Record) -> Record:
     timing = record.timing
     start = time.time()
     record.started_at = start

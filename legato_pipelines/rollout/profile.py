@@ -42,7 +42,9 @@ def summarize(
     counts ``type`` actions whose text did not all reach the desktop (``not_typed`` on the
     action: characters the desktop could not type); ``eval_errors`` counts
     graded attempts whose evaluator failed (scored 0 with the reason in ``eval_error``);
-    ``eval_notes`` counts graded attempts whose evaluator noted a fact about the compared files
+    ``keyboard_restores`` counts resets that restored a keyboard layout an earlier attempt had
+    switched (:func:`_keyboard_restores`); ``eval_notes`` counts graded attempts whose evaluator
+    noted a fact about the compared files
     (:func:`_eval_notes`; the reward is OSWorld's, unchanged). ``missing`` is the
     number of logical attempts without a final record (0 after a complete batch), so
     ``records == scheduled - missing + retries``. ``sampling`` is ``run.json``'s sampling
@@ -134,6 +136,7 @@ def summarize(
         "not_typed_actions": sum(1 for s in steps for a in s.actions or () if a.not_typed),
         "eval_errors": sum(1 for r in final if r.eval_error),
         "setup_failures": _setup_failures(records),
+        "keyboard_restores": _keyboard_restores(records),
         "eval_notes": _eval_notes(records),
         "desktops": desktop_health(records),
         "sampling": meta.get("sampling"),
@@ -262,6 +265,16 @@ def _setup_failures(records: list[Record]) -> dict[str, Any]:
         for f in failures:
             by_step[f"{r.task_id} step {f.step} ({f.type})"] += 1
     return {"attempts": attempts, "by_step": dict(by_step.most_common())}
+
+
+def _keyboard_restores(records: list[Record]) -> dict[str, Any]:
+    """Attempts whose reset found the keyboard layout changed by an earlier attempt and restored
+    the desktop's own (``reset.keyboard_restored``): how many, and the count per change
+    (``{"attempts", "by_change"}``, e.g. ``{"layout de -> us": 2}``)."""
+    changes = Counter(
+        r.reset.keyboard_restored for r in records if r.reset and r.reset.keyboard_restored
+    )
+    return {"attempts": sum(changes.values()), "by_change": dict(changes.most_common())}
 
 
 def _eval_notes(records: list[Record]) -> dict[str, Any]:

@@ -4,7 +4,8 @@ Each desktop is a server process (``python -m legato_pipelines.desktops.local.se
 this backend starts (and restarts in ``recover()`` when it died), or a server somebody else
 started (``legato desktop serve``) that it attaches to by URL. Per attempt::
 
-    reset(task)        POST /legato/reset {full}, then the task's setup steps (OSWorld format)
+    reset(task)        POST /legato/reset {full} (restores the keyboard layout too), then the
+                       task's setup steps (OSWorld format)
     wait_after_reset   POST /legato/wait mode=reset       (or sleep fixed_wait)
     observe            GET  /legato/observe -> Screenshot
     act(action)        POST /legato/act                   (XTest input; never code)
@@ -207,6 +208,7 @@ class LocalDesktop(ServerTasks, WaitsByMode):
         super().__init__(name, client, config, screen_size)
         self.server = server
         self.last_reset: dict[str, Any] | None = None
+        self.reset_facts: dict[str, Any] = {}
         self._force_full = False
         # servers this backend starts are sandboxed unless sandbox=false; attached ones may not be
         self.sandboxed = server is not None and config.options.get("sandbox", True) is True
@@ -222,8 +224,11 @@ class LocalDesktop(ServerTasks, WaitsByMode):
         # upper layer is not empty), so tasks that do need no full restart up front.
         outside = needs_full_reset(task) and not self.sandboxed
         full = self._force_full or not self.config.fast_reset or outside
+        self.reset_facts = {}
         self.last_reset = await self.client.reset(full=full)
         self._force_full = False
+        if self.last_reset.get("keyboard_restored"):  # an earlier attempt switched the layout
+            self.reset_facts["keyboard_restored"] = self.last_reset["keyboard_restored"]
         await self._run_task_setup(task)
         return "fast" if self.last_reset["kind"] == "fast" else "revert"
 
