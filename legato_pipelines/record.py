@@ -185,16 +185,30 @@ class SetupFailure(_Format):
     error: str | None = None
 
 
+class UnexpectedWindow(_Format):
+    """A window that appeared on the desktop after the reset's windows were recorded (the
+    task's setup done and the screen ready) and before the policy's first action: nobody
+    asked for it (an "updates available" dialog), so the desktop closed it. ``title`` and
+    ``wm_class`` (the X class) name it; ``when`` it was found: ``handout`` (before the first
+    screenshot went to the policy) or ``first_action`` (before the policy's first action ran);
+    ``outcome``: ``closed`` (asked to close), ``killed`` (its X client killed), ``gone``."""
+
+    title: str | None = None
+    wm_class: str | None = None
+    when: str | None = None
+    outcome: str | None = None
+
+
 class Reset(_Format):
     """How the desktop was reset (``fast`` | ``revert``) and the wait after it [s];
     ``timed_out``: the ready wait hit its cap; ``setup_failures`` (written only when there were
     any): what OSWorld carried on after. Facts of the desktop, never the policy's doing, each
     written only when there were any: ``keyboard_restored`` (the reset found the keyboard
     layout changed by an earlier attempt and restored the desktop's own, e.g.
-    ``"layout de -> us"``)."""
+    ``"layout de -> us"``) and ``unexpected_windows`` (:class:`UnexpectedWindow`)."""
 
     OPTIONAL: ClassVar[frozenset[str]] = frozenset(
-        {"timed_out", "setup_failures", "keyboard_restored"}
+        {"timed_out", "setup_failures", "keyboard_restored", "unexpected_windows"}
     )
 
     kind: str | None = None
@@ -203,6 +217,7 @@ class Reset(_Format):
     timed_out: bool | None = None
     setup_failures: list[SetupFailure] | None = None
     keyboard_restored: str | None = None
+    unexpected_windows: list[UnexpectedWindow] | None = None
 
 
 class ErrorInfo(_Format):

@@ -345,4 +345,12 @@ def print_profile(summary: dict) -> None:
         f"{setup['attempts']} attempts"
         + "".join(f"\n  {where}: {n}" for where, n in list(setup["by_step"].items())[:5]),
     )
+    windows = summary.get("unexpected_windows") or {"attempts": 0, "by_window": {}}
+    table.add_row(
+        "unexpected windows closed",
+        f"{windows['attempts']} attempts"
+        + "".join(f"\n  {what}: {n}" for what, n in list(windows["by_window"].items())[:5]),
+    )
+    keyboard = summary.get("keyboard_restores") or {"attempts": 0}
+    table.add_row("keyboard layouts restored", f"{keyboard['attempts']} resets")
     console.print(table)

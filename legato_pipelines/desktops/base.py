@@ -104,6 +104,10 @@ class Waits(BaseModel):
     wait_action_s         a ``wait`` action without ``seconds``
     execute_timeout_s     one command of OSWorld's ``/execute`` (a setup step's command, an
                           action's pyautogui code): OSWorld's own ``subprocess.run`` timeout
+    settle_after_reset_s  after the reset's ready wait, keep watching for windows nobody asked
+                          for (an "updates available" dialog) this long before the first
+                          screenshot is handed out (0: none; the check before the first
+                          action still covers the policy's first call)
 
     Set them as ``DesktopConfig(waits=...)``, or by name among the desktop options
     (``--desktop-option ready_after_action_s=8``, ``LEGATO_BACKEND_OPTIONS``, the Dagster
@@ -117,6 +121,7 @@ class Waits(BaseModel):
     ready_before_eval_s: float = Field(5.0, gt=0)
     wait_action_s: float = Field(1.0, ge=0)
     execute_timeout_s: float = Field(EXECUTE_TIMEOUT_S, gt=0)
+    settle_after_reset_s: float = Field(0.0, ge=0)
 
     def ready_cap(self, mode: str) -> float:
         """The cap of the ready wait of ``mode`` (``reset`` | ``action`` | ``eval``)."""

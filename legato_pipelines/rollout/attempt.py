@@ -31,6 +31,7 @@ from ..record import (
     SetupFailure,
     Step,
     StepResponse,
+    UnexpectedWindow,
     encode_prompt_ids,
     valid_reward,
 )
@@ -87,7 +88,8 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
     ``env_retries`` is used up, ``error`` kind ``env``; the caller must ``recover()`` the
     desktop. A ``PolicyError`` gives ``error`` kind ``policy``. ``PolicyConfigError`` propagates.
     What the desktop did on its own around the reset (``desktop.reset_facts``: a keyboard
-    layout restored) goes into ``record.reset``, however the execution ended.
+    layout restored, unexpected windows closed before the policy's first action) goes into
+    ``record.reset``, however the execution ended.
     """
     record = base_record(ctx, ex, desktop.name)
     try:
@@ -102,6 +104,10 @@ def _add_reset_facts(record: Record, desktop: Desktop) -> None:
         return
     if facts.get("keyboard_restored"):
         record.reset.keyboard_restored = str(facts["keyboard_restored"])
+    if facts.get("unexpected_windows"):
+        record.reset.unexpected_windows = [
+            UnexpectedWindow(**w) for w in facts["unexpected_windows"]
+        ]
 
 
 async def _run(ctx: AttemptContext, ex: Execution, desktop: Desktop, record: Record) -> Record:

@@ -43,7 +43,9 @@ def summarize(
     action: characters the desktop could not type); ``eval_errors`` counts
     graded attempts whose evaluator failed (scored 0 with the reason in ``eval_error``);
     ``keyboard_restores`` counts resets that restored a keyboard layout an earlier attempt had
-    switched (:func:`_keyboard_restores`); ``eval_notes`` counts graded attempts whose evaluator
+    switched (:func:`_keyboard_restores`); ``unexpected_windows`` counts attempts whose desktop
+    closed a window nobody asked for before the policy's first action
+    (:func:`_unexpected_windows`); ``eval_notes`` counts graded attempts whose evaluator
     noted a fact about the compared files
     (:func:`_eval_notes`; the reward is OSWorld's, unchanged). ``missing`` is the
     number of logical attempts without a final record (0 after a complete batch), so
@@ -137,6 +139,7 @@ def summarize(
         "eval_errors": sum(1 for r in final if r.eval_error),
         "setup_failures": _setup_failures(records),
         "keyboard_restores": _keyboard_restores(records),
+        "unexpected_windows": _unexpected_windows(records),
         "eval_notes": _eval_notes(records),
         "desktops": desktop_health(records),
         "sampling": meta.get("sampling"),
@@ -275,6 +278,22 @@ def _keyboard_restores(records: list[Record]) -> dict[str, Any]:
         r.reset.keyboard_restored for r in records if r.reset and r.reset.keyboard_restored
     )
     return {"attempts": sum(changes.values()), "by_change": dict(changes.most_common())}
+
+
+def _unexpected_windows(records: list[Record]) -> dict[str, Any]:
+    """Attempts on whose desktop a window nobody asked for appeared after the reset and before
+    the policy's first action, and was closed (``reset.unexpected_windows``): how many, and
+    the count per window and outcome (``{"attempts", "by_window"}``, e.g.
+    ``{"XTerm 'Updates' (closed)": 2}``). A fact of the desktop, never the policy's failure."""
+    by_window: Counter = Counter()
+    attempts = 0
+    for r in records:
+        windows = (r.reset.unexpected_windows if r.reset is not None else None) or []
+        if windows:
+            attempts += 1
+        for w in windows:
+            by_window[f"{w.wm_class} {w.title!r} ({w.outcome})"] += 1
+    return {"attempts": attempts, "by_window": dict(by_window.most_common())}
 
 
 def _eval_notes(records: list[Record]) -> dict[str, Any]:

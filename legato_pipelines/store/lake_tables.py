@@ -172,6 +172,7 @@ PROFILE_SCHEMA = pa.schema(
         pa.field("ready_timeouts", pa.int64()),  # actions whose ready wait hit its cap
         pa.field("eval_note_attempts", pa.int64()),  # graded attempts with evaluator notes
         pa.field("keyboard_restores", pa.int64()),  # resets that restored the keyboard layout
+        pa.field("unexpected_window_attempts", pa.int64()),  # popups closed before acting
         pa.field("not_typed_actions", pa.int64()),  # type actions whose text did not all arrive
         pa.field("prefix_cache_hit_rate", pa.float64()),
         pa.field("logprobs_share", pa.float64()),
@@ -376,6 +377,7 @@ def profile_table(summary: Mapping[str, Any], lineage: Lineage) -> pa.Table:
         "ready_timeouts": (summary.get("ready_timeouts") or {}).get("count"),
         "eval_note_attempts": (summary.get("eval_notes") or {}).get("attempts"),
         "keyboard_restores": (summary.get("keyboard_restores") or {}).get("attempts"),
+        "unexpected_window_attempts": (summary.get("unexpected_windows") or {}).get("attempts"),
         "not_typed_actions": summary.get("not_typed_actions"),
         "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate"),
         "logprobs_share": summary.get("logprobs_share"),

@@ -24,6 +24,7 @@ from .session import Session
 from .xthread import XThread
 
 REAP_INTERVAL_S = 1.0
+CLOSE_GRACE_S = 1.0  # seconds a window may take to close when asked, before its client is killed
 LAUNCH_CHECK_S = 0.05  # a launched app that exits non-zero this soon is reported as failed
 
 
@@ -204,6 +205,37 @@ class DesktopServer:
         if mode == "action":
             self.before_action = None
         return result
+
+    async def close_windows(self, ids: list[int], grace_s: float = CLOSE_GRACE_S) -> dict[int, str]:
+        """Close the managed windows ``ids``: ask the window manager (``_NET_CLOSE_WINDOW``,
+        the app gets ``WM_DELETE_WINDOW``), and kill the X client of those still open after
+        ``grace_s`` seconds. Returns ``{id: "closed" | "killed" | "open" | "gone"}`` (``gone``:
+        it had closed already; ``open``: it survived both)."""
+
+        def present() -> set[int]:
+            return set(self.x.ctx().windows.client_ids())
+
+        async def wait_gone(wanted: list[int]) -> set[int]:
+            deadline = time.monotonic() + grace_s
+            while True:
+                left = set(wanted) & await self.x.run(present)
+                if not left or time.monotonic() > deadline:
+                    return left
+                await asyncio.sleep(0.02)
+
+        now = await self.x.run(present)
+        outcome = {wid: "gone" for wid in ids if wid not in now}
+        asked = [wid for wid in ids if wid in now]
+        for wid in asked:
+            await self.x.run(self.x.ctx().windows.close, wid)
+        stubborn = await wait_gone(asked)
+        outcome |= {wid: "closed" for wid in asked if wid not in stubborn}
+        for wid in stubborn:
+            with contextlib.suppress(Exception):  # BadValue: it closed meanwhile
+                await self.x.run(self.x.ctx().windows.kill, wid)
+        survivors = await wait_gone(list(stubborn))
+        outcome |= {wid: "open" if wid in survivors else "killed" for wid in stubborn}
+        return outcome
 
     def perform(self, action: Action) -> None:
         """Grab the screen (the action wait's reference), then perform ``action`` (X thread)."""
