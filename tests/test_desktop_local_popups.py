@@ -17,9 +17,12 @@ import pytest
 from legato_pipelines import DesktopConfig, PolicyConfig, collect_async, read_records
 from legato_pipelines.actions import Action
 from legato_pipelines.desktops import open_desktops
+from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from legato_pipelines.tasks import Task
-from tests.desktop_local_support import needs_apps, needs_xvfb
+from tests.desktop_local_support import RunningServer, needs_apps, needs_xvfb
+from tests.osworld_backend_support import osworld_python, vm_python_ready
+from tests.vmserver_support import BaseApiProxy
 
 pytestmark = [needs_xvfb, needs_apps, pytest.mark.desktop]
 
@@ -49,14 +52,47 @@ def qwen(arguments: dict) -> str:
 
 
 STEPS = [
-    qwen({"action": "type", "text": "hello"}),
-    qwen({"action": "key", "keys": ["ctrl", "s"]}),
+    qwen({"action": "type", "text": "hello"})
+    + "\n"
+    + qwen({"action": "key", "keys": ["ctrl", "s"]}),
     qwen({"action": "terminate", "status": "success"}),
 ]
 
 
+@pytest.fixture
+def backend_config(request, tmp_path, monkeypatch):
+    """The desktop config of one backend, all on a real local desktop: ``local`` (XTest on
+    the server), ``vm_server`` (the same server as an OSWorld VM server by URL: base API,
+    wmctrl over /execute), ``osworld`` (OSWorld's DesktopEnv in a worker, provider local)."""
+    kind = request.param
+    if kind == "local":
+        yield DesktopConfig(backend="local")
+        return
+    if not vm_python_ready():
+        pytest.skip("the desktop's python lacks pyautogui (fix: bash scripts/osworld_venv.sh)")
+    if kind == "osworld":
+        yield DesktopConfig(
+            backend="osworld",
+            options={
+                "osworld_python": osworld_python(),
+                "provider": "local",
+                "cache_dir": str(tmp_path / "cache"),
+                "work_dir": str(tmp_path / "work"),
+            },
+        )
+        return
+    monkeypatch.delenv(DEFAULT_TOKEN_ENV, raising=False)
+    server = RunningServer(width=1280, height=720)
+    try:
+        with BaseApiProxy(server.url, server.token) as proxy:
+            yield DesktopConfig(backend="local", options={"urls": [proxy.url]})
+    finally:
+        server.stop()
+
+
 @pytest.mark.slow
-async def test_a_popup_during_the_first_model_call_is_closed_and_recorded(tmp_path):
+@pytest.mark.parametrize("backend_config", ["local", "vm_server", "osworld"], indirect=True)
+async def test_a_popup_during_the_first_model_call_is_closed_and_recorded(tmp_path, backend_config):
     config = popup_task(delay_s=1.0)
     (tmp_path / "tasks.json").write_bytes(orjson.dumps([{"task_id": "popup", "config": config}]))
     script = {"tasks": {config["instruction"]: STEPS}}
@@ -67,7 +103,7 @@ async def test_a_popup_during_the_first_model_call_is_closed_and_recorded(tmp_pa
             PolicyConfig(base_url=policy.url, model=policy.model),
             tmp_path / "run",
             desktops=1,
-            desktop=DesktopConfig(backend="local"),
+            desktop=backend_config,
             group=1,
             max_steps=4,
         )

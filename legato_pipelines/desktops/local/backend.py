@@ -49,8 +49,9 @@ from ...errors import ConfigError, DesktopError
 from ...images import Screenshot
 from ...osworld_format import needs_full_reset
 from ...tasks import Evaluation, Task
-from ..base import DesktopConfig, Wait, WaitsByMode, check_options
+from ..base import DesktopConfig, WaitsByMode, check_options
 from ..client import DesktopClient
+from ..popups import PopupGuard
 from ..server_tasks import ServerTasks
 from .wire import DEFAULT_TOKEN_ENV, READY_LINE
 
@@ -192,7 +193,7 @@ class ServerProcess:
             self._proc.kill()
 
 
-class LocalDesktop(ServerTasks, WaitsByMode):
+class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
     """One local desktop (implements :class:`~legato_pipelines.desktops.base.Desktop`).
 
     ``client`` talks to the server; ``server`` is the process this object owns, or ``None``
@@ -211,10 +212,8 @@ class LocalDesktop(ServerTasks, WaitsByMode):
         super().__init__(name, client, config, screen_size)
         self.server = server
         self.last_reset: dict[str, Any] | None = None
-        self.reset_facts: dict[str, Any] = {}
         self._force_full = False
-        self._window_baseline: set[int] = set()
-        self._window_checks: list[str] = []  # checks still due: "handout", "first_action"
+        self._guard_reset()
         # servers this backend starts are sandboxed unless sandbox=false; attached ones may not be
         self.sandboxed = server is not None and config.options.get("sandbox", True) is True
 
@@ -229,7 +228,7 @@ class LocalDesktop(ServerTasks, WaitsByMode):
         # upper layer is not empty), so tasks that do need no full restart up front.
         outside = needs_full_reset(task) and not self.sandboxed
         full = self._force_full or not self.config.fast_reset or outside
-        self.reset_facts, self._window_checks = {}, []
+        self._guard_reset()
         self.last_reset = await self.client.reset(full=full)
         self._force_full = False
         if self.last_reset.get("keyboard_restored"):  # an earlier attempt switched the layout
@@ -237,31 +236,16 @@ class LocalDesktop(ServerTasks, WaitsByMode):
         await self._run_task_setup(task)
         return "fast" if self.last_reset["kind"] == "fast" else "revert"
 
-    async def wait_after_reset(self) -> Wait:
-        """The ready wait, then the windows the task's setup produced are recorded: a window
-        that appears after this and before the policy's first action is nobody's doing (see
-        :meth:`_check_windows`). ``Waits.settle_after_reset_s`` keeps watching that long
-        before the first screenshot is handed out."""
-        wait = await super().wait_after_reset()
-        self._window_baseline = {w["id"] for w in await self.client.windows()}
-        self._window_checks = ["handout", "first_action"]
-        settle = self.config.waits.settle_after_reset_s
-        if settle > 0:
-            await asyncio.sleep(settle)
-            wait = Wait(wait.wait_s + settle, wait.ready_s, wait.timed_out)
-        return wait
-
     async def observe(self) -> Screenshot:
-        """The screen; the first one after a reset only once unexpected windows are closed."""
-        if "handout" in self._window_checks:
-            await self._check_windows("handout")
+        """The screen; the first one after a reset only once unexpected windows are closed
+        (:class:`~legato_pipelines.desktops.popups.PopupGuard`)."""
+        await self._guard_handout()
         return await self.client.observe()
 
     async def act(self, action: Action) -> None:
         """XTest input on the server; ``wait`` sleeps here. Before the policy's first action
         of the attempt, windows that appeared since the reset are closed first."""
-        if "first_action" in self._window_checks:
-            await self._check_windows("first_action")
+        await self._guard_first_action()
         if action.action == "wait":
             await asyncio.sleep(self.config.waits.wait_action(action))
             return
@@ -307,44 +291,11 @@ class LocalDesktop(ServerTasks, WaitsByMode):
 
     # -- helpers -------------------------------------------------------------------------------
 
-    async def _check_windows(self, when: str) -> None:
-        """Close the windows that appeared after the reset's windows were recorded, and record
-        them (``reset_facts["unexpected_windows"]``: title, class, ``when``, outcome).
+    async def _list_windows(self) -> list[dict[str, Any]]:
+        return await self.client.windows()
 
-        ``when``: ``handout`` (before the first screenshot goes to the policy) or
-        ``first_action`` (before the policy's first action: a window that popped up while the
-        policy was deciding, on a screen it never saw). Only these two checks exist: a window
-        appearing after the policy acted may be the policy's doing and is left alone. When a
-        window could be closed the screen is waited on again; one that survives closing and
-        killing its client raises ``DesktopError(kind="unexpected_window")`` (retried on a
-        fully restarted desktop: never the policy's failure).
-        """
-        self._window_checks = [c for c in self._window_checks if c != when]
-        if when == "first_action":
-            self._window_checks = []
-        new = [w for w in await self.client.windows() if w["id"] not in self._window_baseline]
-        if not new:
-            return
-        outcome = await self.client.close_windows([w["id"] for w in new])
-        found = [
-            {
-                "title": w.get("title"),
-                "wm_class": w.get("class"),
-                "when": when,
-                "outcome": outcome.get(w["id"], "open"),
-            }
-            for w in new
-        ]
-        self.reset_facts.setdefault("unexpected_windows", []).extend(found)
-        survivors = [f for f in found if f["outcome"] == "open"]
-        if survivors:
-            self._force_full = True
-            raise DesktopError(
-                f"{self.name}: an unexpected window could not be closed "
-                f"({survivors[0]['wm_class']} {survivors[0]['title']!r}, found at {when})",
-                kind="unexpected_window",
-            )
-        await self._wait("action")  # the screen under the closed window repaints
+    async def _close_windows(self, ids: list[Any]) -> dict[Any, str]:
+        return await self.client.close_windows(ids)
 
     async def _ready(self, mode: str, cap_s: float) -> tuple[float, bool]:
         result = await self.client.wait(mode, timeout_s=cap_s)
