@@ -291,8 +291,8 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
 
     # -- helpers -------------------------------------------------------------------------------
 
-    async def _list_windows(self) -> list[dict[str, Any]]:
-        return await self.client.windows()
+    async def _list_windows(self) -> list[dict[str, Any]] | None:
+        return await self.client.windows()  # None from an older server: the guard is off
 
     async def _close_windows(self, ids: list[Any]) -> dict[Any, str]:
         return await self.client.close_windows(ids)
