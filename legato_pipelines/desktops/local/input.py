@@ -3,8 +3,9 @@
 XTest calls take 0.2-2.5 ms where an ``xdotool`` process takes 28-104 ms (docs/local-desktop.md
 §5). Keys are mapped keysym -> keycode from the server's keyboard map, with Shift pressed for
 keysyms on a keycode's shifted level; the map is re-read before a keystroke when the server
-announced a change (a layout switched inside the desktop: ``setxkbmap de``). A character without any keycode (``é``, ``→``) is put
-on a spare keycode with ``ChangeKeyboardMapping`` first (what xdotool does).
+announced a change (a layout switched inside the desktop: ``setxkbmap de``). A character
+without any keycode (``é``, ``→``) is put on a spare keycode with ``ChangeKeyboardMapping``
+first (what xdotool does).
 
 Semantics follow pyautogui as OSWorld's Qwen agents use it: ``scroll(pixels)`` presses the
 wheel ``|pixels|`` times (positive = up); ``left_click_drag`` drags from the current pointer
