@@ -69,10 +69,13 @@ class Task:
 @dataclass(frozen=True, slots=True)
 class Evaluation:
     """A task attempt's grade: ``reward`` in [0, 1] and, when the evaluator raised, its
-    reason (reward 0). What ``Desktop.evaluate`` and the OSWorld-format evaluators return."""
+    reason (reward 0). What ``Desktop.evaluate`` and the OSWorld-format evaluators return.
+    ``notes``: facts about what was compared that explain the grade without changing it,
+    each ``"<kind>: <text>"`` (e.g. ``uncached_formulas: ...``), recorded as ``eval_notes``."""
 
     reward: float
     error: str | None = None
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

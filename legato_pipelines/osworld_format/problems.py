@@ -18,7 +18,7 @@ from .evaluate import evaluator_parts, evaluator_unsupported
 from .getters import GETTERS
 from .metrics import METRICS
 from .setup import SUPPORTED_STEP_TYPES
-from .sources import find_source, is_internet_url
+from .sources import cache_dir_path, find_source, is_internet_url
 
 BackendName = Literal["local", "osworld", "fake"]
 
@@ -272,7 +272,7 @@ def task_problems(task: Task, backend: str, *, cache_dir: Path | None = None) ->
 
 
 def preflight(
-    task_set: Iterable[Task], backend: str, *, cache_dir: Path | None = None
+    task_set: Iterable[Task], backend: str, *, cache_dir: Path | str | None = None
 ) -> list[str]:
     """Human-readable problems that make tasks of ``task_set`` unrunnable on ``backend``.
 
@@ -293,6 +293,7 @@ def preflight(
     Raises ``ValueError`` for an unknown ``backend``. Never touches a desktop or the network.
     """
     out: list[str] = []
+    cache_dir = cache_dir_path(cache_dir)
     for index, task in enumerate(task_set):
         prefix = f"tasks[{index}] (task_id {task.task_id!r}): "
         out.extend(prefix + p for p in task_problems(task, backend, cache_dir=cache_dir))

@@ -16,11 +16,33 @@ OSWorld's host downloads every ``download`` / ``cloud_file`` URL (all on hugging
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path, PurePosixPath
+from typing import Any
 from urllib.parse import unquote, urlparse
 
+from ..errors import ConfigError
 from .unsupported import UnsupportedStep
+
+
+def cache_dir_path(value: Any) -> Path | None:
+    """The file cache directory a ``cache_dir`` option names, as a ``Path`` with ``~`` expanded;
+    ``None`` when unset (``None`` or ``""``).
+
+    The option arrives as a ``str`` whatever its spelling (``--desktop-option cache_dir=/c``,
+    ``cache_dir='"/c"'``, JSON in ``LEGATO_BACKEND_OPTIONS``) or as a ``Path``; every consumer
+    (setup, getters, preflight) goes through here, so none of them meets a bare ``str``.
+    Raises ``ConfigError`` naming the option when ``value`` is not a path (a number, a list).
+    """
+    if value is None or value == "":
+        return None
+    if isinstance(value, str | os.PathLike):
+        return Path(value).expanduser()
+    raise ConfigError(
+        f"desktop option 'cache_dir' must be a directory path, got {value!r} "
+        "(fix: --desktop-option cache_dir=/path/to/cache)"
+    )
 
 
 def local_url_path(url: str) -> Path | None:

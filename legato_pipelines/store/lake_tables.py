@@ -112,6 +112,7 @@ ROLLOUTS_SCHEMA = pa.schema(
         pa.field("cached_tokens", pa.int64()),
         pa.field("model", pa.string()),
         pa.field("truncation", pa.string()),  # why a truncated attempt stopped (context length)
+        pa.field("eval_notes", pa.list_(pa.string())),  # facts explaining the reward
         *_LINEAGE_FIELDS,
         _COLLECT_RUN,
     ]
@@ -193,6 +194,10 @@ PROFILE_SCHEMA = pa.schema(
             "setup_failure_attempts", pa.int64()
         ),  # attempts whose setup carried on past a failure
         pa.field("ready_timeouts", pa.int64()),  # actions whose ready wait hit its cap
+        pa.field("eval_note_attempts", pa.int64()),  # graded attempts with evaluator notes
+        pa.field("keyboard_restores", pa.int64()),  # resets that restored the keyboard layout
+        pa.field("unexpected_window_attempts", pa.int64()),  # popups closed before acting
+        pa.field("not_typed_actions", pa.int64()),  # type actions whose text did not all arrive
         pa.field("prefix_cache_hit_rate", pa.float64()),
         pa.field("logprobs_share", pa.float64()),
         pa.field("token_ids_share", pa.float64()),
@@ -272,6 +277,7 @@ def rollouts_table(records: Iterable[Record | Mapping[str, Any]], lineage: Linea
             "model": r.policy.model,
             "truncation": r.truncation,
             "collect_run_id": r.collected_by or lineage.run_id,
+            "eval_notes": r.eval_notes,
         }
         rows.append(row)
     return _table(rows, ROLLOUTS_SCHEMA, lineage)
@@ -406,6 +412,10 @@ def profile_table(summary: Mapping[str, Any], lineage: Lineage) -> pa.Table:
         "parse_errors": summary.get("parse_errors"),
         "setup_failure_attempts": (summary.get("setup_failures") or {}).get("attempts"),
         "ready_timeouts": (summary.get("ready_timeouts") or {}).get("count"),
+        "eval_note_attempts": (summary.get("eval_notes") or {}).get("attempts"),
+        "keyboard_restores": (summary.get("keyboard_restores") or {}).get("attempts"),
+        "unexpected_window_attempts": (summary.get("unexpected_windows") or {}).get("attempts"),
+        "not_typed_actions": summary.get("not_typed_actions"),
         "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate"),
         "logprobs_share": summary.get("logprobs_share"),
         "token_ids_share": summary.get("token_ids_share"),

@@ -18,11 +18,13 @@ from starlette.requests import Request
 from ...actions import Action
 from ..ready import HEAVY_APPS, ReadyResult, policy_for, wait_until_ready
 from . import apps
+from .keymap import KeyboardState, keyboard_state, restore_keyboard
 from .procs import process_table
 from .session import Session
 from .xthread import XThread
 
 REAP_INTERVAL_S = 1.0
+CLOSE_GRACE_S = 1.0  # seconds a window may take to close when asked, before its client is killed
 LAUNCH_CHECK_S = 0.05  # a launched app that exits non-zero this soon is reported as failed
 
 
@@ -44,13 +46,14 @@ class DesktopServer:
         self.reset_lock = asyncio.Lock()
         self.launch_mark: LaunchMark | None = None
         self.before_action: np.ndarray | None = None  # the screen just before the last action
+        self.keyboard_baseline: KeyboardState | None = None  # the layout at start (keymap.py)
         self._reaper: asyncio.Task | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
         await self.x.run(self.session.start)
-        await self.x.run(self.x.ctx)
+        self.keyboard_baseline = await self.x.run(lambda: keyboard_state(self.x.ctx().display))
         self._reaper = asyncio.create_task(self._reap_forever())
 
     async def stop(self) -> None:
@@ -126,8 +129,10 @@ class DesktopServer:
     # -- operations used by several routes ------------------------------------------------------
 
     async def reset(self, full: bool) -> dict:
-        """Fast reset (kill the task's processes, restore HOME), or a full restart when asked,
-        when the display died, or when the fast reset failed."""
+        """Fast reset (kill the task's processes, restore HOME, restore the keyboard layout the
+        desktop started with), or a full restart when asked, when the display died, or when
+        the fast reset failed. ``keyboard_restored`` in the answer says what a task had changed
+        about the keyboard (:mod:`.keymap`)."""
         async with self.reset_lock:
             t0 = time.perf_counter()
             kind = "full" if full or not self.session.alive() else "fast"
@@ -147,14 +152,28 @@ class DesktopServer:
 
     def _fast_reset_sync(self) -> dict:
         detail = self.session.fast_reset()
+        detail |= self._restore_keyboard()
         self._settle_input()
         return detail
 
     def _full_reset_sync(self) -> dict:
         self.x.drop_ctx()
         detail = self.session.full_reset()
+        detail |= self._restore_keyboard()
         self._settle_input()
         return detail
+
+    def _restore_keyboard(self) -> dict:
+        """The layout the desktop started with, back if a task changed it (``setxkbmap de``
+        survives killing the task's processes): ``{"keyboard_restored": "layout de -> us"}``
+        or ``{}``. Raises ``KeymapError`` when it cannot be restored (a fast reset then falls
+        back to a full restart, whose new X server starts with the default layout)."""
+        if self.keyboard_baseline is None:
+            return {}
+        restored = restore_keyboard(
+            self.x.ctx().display, self.session.display, self.keyboard_baseline
+        )
+        return {"keyboard_restored": restored} if restored else {}
 
     def _settle_input(self) -> None:
         ctx = self.x.ctx()
@@ -186,6 +205,37 @@ class DesktopServer:
         if mode == "action":
             self.before_action = None
         return result
+
+    async def close_windows(self, ids: list[int], grace_s: float = CLOSE_GRACE_S) -> dict[int, str]:
+        """Close the managed windows ``ids``: ask the window manager (``_NET_CLOSE_WINDOW``,
+        the app gets ``WM_DELETE_WINDOW``), and kill the X client of those still open after
+        ``grace_s`` seconds. Returns ``{id: "closed" | "killed" | "open" | "gone"}`` (``gone``:
+        it had closed already; ``open``: it survived both)."""
+
+        def present() -> set[int]:
+            return set(self.x.ctx().windows.client_ids())
+
+        async def wait_gone(wanted: list[int]) -> set[int]:
+            deadline = time.monotonic() + grace_s
+            while True:
+                left = set(wanted) & await self.x.run(present)
+                if not left or time.monotonic() > deadline:
+                    return left
+                await asyncio.sleep(0.02)
+
+        now = await self.x.run(present)
+        outcome = {wid: "gone" for wid in ids if wid not in now}
+        asked = [wid for wid in ids if wid in now]
+        for wid in asked:
+            await self.x.run(self.x.ctx().windows.close, wid)
+        stubborn = await wait_gone(asked)
+        outcome |= {wid: "closed" for wid in asked if wid not in stubborn}
+        for wid in stubborn:
+            with contextlib.suppress(Exception):  # BadValue: it closed meanwhile
+                await self.x.run(self.x.ctx().windows.kill, wid)
+        survivors = await wait_gone(list(stubborn))
+        outcome |= {wid: "open" if wid in survivors else "killed" for wid in stubborn}
+        return outcome
 
     def perform(self, action: Action) -> None:
         """Grab the screen (the action wait's reference), then perform ``action`` (X thread)."""

@@ -22,9 +22,10 @@ Operations (``result`` shapes):
             ``DesktopEnv.reset`` (which no longer reverts); {kind: fast|revert, revert_s, clean_s, setup_s}
   observe   {png: base64}
   step      {code, pause?}: ``DesktopEnv.step(code, pause)`` (pause 0 unless given);
-            {done, info, returncode, error}
-  evaluate  {last_action_fail}: ``DesktopEnv.evaluate()``; {reward, error}. An exception from
-            the evaluator is a reward 0 with its reason, not a failure.
+            {done, info, returncode, error, output} (``output``: the code's stdout tail)
+  evaluate  {last_action_fail}: ``DesktopEnv.evaluate()``; {reward, error, notes}. An exception
+            from the evaluator is a reward 0 with its reason, not a failure; ``notes`` are facts
+            about the files the metrics were given (``osworld_format/file_notes.py``).
   close     ``DesktopEnv.close()`` (stops the VM), then the worker exits.
 
 Silent failures of DesktopEnv become errors here (docs/osworld.md §8): a dead server before
@@ -57,17 +58,24 @@ KNOWN_PROVIDERS = CLEAN_START + ("vmware", "virtualbox")
 PROBE_TIMEOUT_S = 5.0
 
 
-def _load_domains():
-    """``desktops/domains.py`` (standard library only), loaded by its path: this interpreter
-    cannot import the project's package."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "domains.py")
-    spec = importlib.util.spec_from_file_location("legato_desktop_domains", path)
+def _load_by_path(relative: str, name: str):
+    """A standard-library-only module of the package (``relative`` to ``legato_pipelines/``),
+    loaded by its path: this interpreter cannot import the project's package."""
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(package, relative))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+def _load_domains():
+    """``desktops/domains.py`` (standard library only)."""
+    return _load_by_path(os.path.join("desktops", "domains.py"), "legato_desktop_domains")
+
+
 _domains = _load_domains()
+#: ``osworld_format/file_notes.py``: facts about the files OSWorld's metrics compare.
+_file_notes = _load_by_path(os.path.join("osworld_format", "file_notes.py"), "legato_file_notes")
 DOMAIN_PROCESSES = _domains.DOMAIN_PROCESSES
 BASELINE_DIR = _domains.BASELINE_DIR
 baseline_script = _domains.baseline_script
@@ -271,6 +279,7 @@ class Worker:
         self.base_url = ""
         self.baseline_ready = False
         self.last_execute: list = []
+        self.eval_notes: list[str] = []
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -397,6 +406,29 @@ class Worker:
         env.controller.execute_python_command = watched_execute
         env.setup_controller.setup = watched_setup
 
+    def _watch_metrics(self) -> None:
+        """Note facts about what OSWorld's metrics are given (an xlsx whose formulas hold no
+        cached values: ``file_notes``) in :attr:`eval_notes`; the metrics run unchanged and
+        their scores are returned as they are (``DesktopEnv.evaluate`` stays the authority)."""
+        env = self.env
+
+        def watched(metric):
+            def call(*args, **kwargs):
+                for value, role in zip(args, ("result", "expected"), strict=False):
+                    try:
+                        self.eval_notes.extend(_file_notes.file_notes(value, role))
+                    except Exception:  # a note must never change the grade
+                        traceback.print_exc(file=sys.stderr)
+                return metric(*args, **kwargs)
+
+            return call
+
+        metric = getattr(env, "metric", None)
+        if isinstance(metric, list):
+            env.metric = [watched(m) for m in metric]
+        elif callable(metric):
+            env.metric = watched(metric)
+
     def _probe(self) -> None:
         http_probe(self.base_url + "/screenshot", self.vm_token)
 
@@ -472,6 +504,7 @@ class Worker:
             raise WorkerError(
                 "vm", "no screenshot after the task's setup (the VM server stopped answering)"
             )
+        self._watch_metrics()
         return {
             "kind": kind,
             "revert_s": revert_s,
@@ -532,6 +565,7 @@ class Worker:
                 )
             result["returncode"] = answer.get("returncode")
             result["error"] = (answer.get("error") or "")[-2000:] or None
+            result["output"] = (answer.get("output") or "")[-2000:] or None
         if obs.get("screenshot") is None:
             raise WorkerError(
                 "vm", "no screenshot after the action (the VM server stopped answering)"
@@ -546,6 +580,7 @@ class Worker:
         if req.get("last_action_fail"):
             env.step("FAIL", pause=0)  # OSWorld's FAIL: infeasible scores 1, other metrics 0
         t0 = time.perf_counter()
+        self.eval_notes = []
         try:
             reward = float(env.evaluate())
             error = None
@@ -553,7 +588,13 @@ class Worker:
             raise
         except Exception as exc:
             reward, error = 0.0, _describe(exc)
-        return {"reward": reward, "error": error, "eval_s": time.perf_counter() - t0}
+        notes = list(dict.fromkeys(self.eval_notes))
+        return {
+            "reward": reward,
+            "error": error,
+            "notes": notes,
+            "eval_s": time.perf_counter() - t0,
+        }
 
     def close(self, req: dict) -> dict:
         env, self.env = self.env, None
