@@ -94,7 +94,7 @@ class DesktopServer:
     def _spawn_app(self, argv, shell: bool) -> subprocess.Popen:
         argv, shell = apps.with_session_bus(argv, shell)
         self._mark_launch()
-        with open(self.session.state / "apps.log", "ab") as log:
+        with open(self.session.state / "apps.log", "ab", opener=_private) as log:
             return self.session.procs.spawn(
                 argv, self.session.run_as(), shell=shell, stdout=log, stderr=log
             )
@@ -197,3 +197,8 @@ class DesktopServer:
 def desktop_of(request: Request) -> DesktopServer:
     """The :class:`DesktopServer` a request is served by (set on the app by ``build_app``)."""
     return request.app.state.desktop
+
+
+def _private(path: str, flags: int) -> int:
+    """``open`` opener creating the file 0600 (the task's output is no host user's)."""
+    return os.open(path, flags, 0o600)
