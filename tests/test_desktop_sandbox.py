@@ -16,6 +16,7 @@ import pytest
 from legato_pipelines import DesktopConfig, PolicyConfig, collect_async, load_tasks
 from legato_pipelines.desktops.local import session as session_mod
 from legato_pipelines.desktops.local.backend import open_local_desktops
+from legato_pipelines.errors import DesktopError
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from legato_pipelines.rollout.profile import profile
 from tests.desktop_local_support import RunningServer, needs_xvfb
@@ -452,3 +453,22 @@ def test_a_closed_desktop_leaves_no_display_files_and_stale_locks_are_reused():
         assert session_mod._free_display(free) > free
     finally:
         lock.unlink()
+
+
+@needs_root
+async def test_open_resolves_paths_inside_the_sandbox_not_on_the_host(servers):
+    """An ``open`` of a symlink to a host-only file is a missing file (404 at once): the server
+    checks paths as the user inside, never through /proc/PID/root on the host."""
+    server, _ = servers
+    secret = Path("/root") / f"legato-oracle-{secrets.token_hex(4)}.txt"
+    secret.write_text("host only")
+    client = server.client()
+    try:
+        assert (await client.execute(f"ln -s {secret} ~/link.txt", shell=True))["returncode"] == 0
+        with pytest.raises(DesktopError) as err:
+            await client.open_file("/home/user/link.txt", timeout=2)
+        assert "File not found" in str(err.value)
+    finally:
+        secret.unlink()
+        await client.reset(full=False)
+        await client.aclose()

@@ -451,12 +451,6 @@ class Sandbox:
         argv += ["--reuid", str(uid), "--regid", str(uid), "--clear-groups"]
         return argv + ["--", "env", "-C", cwd, "--"]
 
-    def host_path(self, path: str) -> str:
-        """Where the host reaches ``path`` as the sandbox sees it (through its init's root)."""
-        if self._active is None:
-            raise SandboxError("the desktop's sandbox is not running")
-        return f"/proc/{self._active.init_pid}/root/{path.lstrip('/')}"
-
     def dirty(self) -> list[str]:
         """What the task left that only a revert undoes (:func:`.leftovers.written`: the
         overlays' upper layers, the sandbox's own tmpfs directories, System V IPC objects),

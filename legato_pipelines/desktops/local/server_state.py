@@ -23,7 +23,10 @@ from .session import Session
 from .xthread import XThread
 
 REAP_INTERVAL_S = 1.0
-LAUNCH_CHECK_S = 0.05  # a launched app that exits non-zero this soon is reported as failed
+#: A launched app that ends this soon (s), failing or leaving nothing running, is reported
+#: (`xterm -e false` takes ~50 ms under the sandbox; every launch that runs on waits this long)
+LAUNCH_CHECK_S = 0.2
+EXISTS_TIMEOUT_S = 10.0  # seconds for the ``test -e`` of an ``open`` step
 
 
 @dataclass
@@ -99,13 +102,33 @@ class DesktopServer:
                 argv, self.session.run_as(), shell=shell, stdout=log, stderr=log
             )
 
-    async def died_at_once(self, proc: subprocess.Popen) -> int | None:
-        """The exit status of a just-launched app that failed within ``LAUNCH_CHECK_S``
-        seconds (a missing program exits 127 in a few ms), else ``None`` (running, or 0)."""
+    async def died_at_once(self, proc: subprocess.Popen, before: set[int]) -> int | None:
+        """The exit status of a just-launched app that ended within ``LAUNCH_CHECK_S``
+        seconds, either failing (non-zero: a missing program exits 127 in a few ms) or with
+        0 but leaving no process running (``xterm -e false``: xterm exits 0 when its command
+        fails). ``None``: still running, or it handed over to a process that runs on (a
+        daemonizing launcher). ``before``: the task's pids before the launch. A launcher
+        that only passes its arguments to an instance already running also ends with 0
+        and leaves nothing new: it is reported too (the fact says so; setups carry on)."""
         deadline = time.monotonic() + LAUNCH_CHECK_S
         while proc.poll() is None and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
-        return proc.returncode or None
+        if proc.returncode is None:
+            return None
+        if proc.returncode != 0:
+            return proc.returncode
+        left = await self.task_pids()
+        return 0 if not left - before - {proc.pid} else None
+
+    async def exists(self, path: str) -> bool:
+        """Whether ``path`` exists as the desktop user sees it (``test -e`` run as the user,
+        inside the sandbox: a symlink resolves there, never against the host's root)."""
+        done = await self.run_command(["test", "-e", path], False, EXISTS_TIMEOUT_S)
+        return done.returncode == 0
+
+    async def task_pids(self) -> set[int]:
+        """The task's processes now (host pids; a ``/proc`` scan, a few ms)."""
+        return await asyncio.to_thread(self.session.task_pids)
 
     def apps_log_tail(self, chars: int = 500) -> str:
         """The end of ``apps.log`` (the launched apps' stdout and stderr)."""

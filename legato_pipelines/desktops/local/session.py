@@ -191,10 +191,6 @@ class Session:
         """HOME as the task's processes see it (``/home/user`` in a sandbox)."""
         return SANDBOX_HOME if self.sandbox is not None else str(self.home)
 
-    def host_path(self, path: str) -> str:
-        """The host path of ``path`` as the task's processes see it."""
-        return self.sandbox.host_path(path) if self.sandbox is not None else path
-
     # -- environment -------------------------------------------------------------------------
 
     def task_env(self) -> dict[str, str]:
