@@ -142,3 +142,23 @@ def test_bad_shapes_are_rejected_at_load(tmp_path):
     assert proc.returncode == 2
     assert "tasks[0] (task_id 'f'): field 'config.fake.success'" in proc.stderr
     assert "[0, 1]" in proc.stderr
+
+
+def test_osworld_provider_local_accepts_the_os_task_collect_runs(tmp_path):
+    """OSWorld's e0df059f (sudo in setup, pyautogui): `check --backend osworld
+    --osworld-provider local` says what collect's preflight says: runnable."""
+    from legato_pipelines.osworld_format import preflight
+    from legato_pipelines.tasks import load_tasks
+
+    source = next(OSWORLD.glob("os/e0df059f*.json"))
+    config = orjson.loads(source.read_bytes())
+    path = tmp_path / "e0df059f.json"
+    path.write_bytes(orjson.dumps([{"task_id": config["id"], "domain": "os", "config": config}]))
+    assert preflight(load_tasks(path), "osworld") == []  # what collect checks
+    proc = legato(str(path), "--backend", "osworld", "--osworld-provider", "local", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = orjson.loads(proc.stdout)
+    assert doc["osworld_provider"] == "local" and doc["ok"]
+    assert "osworld" in doc["tasks"][0]["backends"]
+    bad = legato(str(path), "--backend", "osworld", "--osworld-provider", "nope")
+    assert bad.returncode != 0 and "--osworld-provider" in bad.stdout + bad.stderr
