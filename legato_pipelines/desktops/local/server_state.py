@@ -18,14 +18,17 @@ from starlette.requests import Request
 from ...actions import Action
 from ..ready import HEAVY_APPS, ReadyResult, policy_for, wait_until_ready
 from . import apps
-from .procs import process_table
+from .procs import descendants, process_table
 from .session import Session
 from .xthread import XThread
 
 REAP_INTERVAL_S = 1.0
 #: A launched app that ends this soon (s), failing or leaving nothing running, is reported
-#: (`xterm -e false` takes ~50 ms under the sandbox; every launch that runs on waits this long)
+#: (``xterm -e false`` ends after ~50 ms under the sandbox).
 LAUNCH_CHECK_S = 0.2
+#: ... but a launch is settled after this long (s) once the app has a child of its own that
+#: runs (xterm's shell, LibreOffice's soffice.bin): the usual launch returns this soon.
+LAUNCH_SETTLED_S = 0.05
 EXISTS_TIMEOUT_S = 10.0  # seconds for the ``test -e`` of an ``open`` step
 
 
@@ -103,21 +106,36 @@ class DesktopServer:
             )
 
     async def died_at_once(self, proc: subprocess.Popen, before: set[int]) -> int | None:
-        """The exit status of a just-launched app that ended within ``LAUNCH_CHECK_S``
-        seconds, either failing (non-zero: a missing program exits 127 in a few ms) or with
-        0 but leaving no process running (``xterm -e false``: xterm exits 0 when its command
-        fails). ``None``: still running, or it handed over to a process that runs on (a
-        daemonizing launcher). ``before``: the task's pids before the launch. A launcher
-        that only passes its arguments to an instance already running also ends with 0
-        and leaves nothing new: it is reported too (the fact says so; setups carry on)."""
-        deadline = time.monotonic() + LAUNCH_CHECK_S
-        while proc.poll() is None and time.monotonic() < deadline:
+        """The exit status of a just-launched app that ended at once, either failing
+        (non-zero: a missing program exits 127 in a few ms) or with 0 leaving no process
+        running (``xterm -e false``: xterm exits 0 when its command fails). ``None``: still
+        running, or it handed over to a process that runs on (a daemonizing launcher).
+
+        Watched for :data:`LAUNCH_CHECK_S` seconds at most, :data:`LAUNCH_SETTLED_S` (and
+        two looks ~10 ms apart) once the app has a child of its own that stays alive
+        (``xterm``'s shell): an app whose command ended is about to end too. ``before``: the task's pids before the launch. A launcher that
+        only passes its arguments to an instance already running also ends with 0 and
+        leaves nothing new: it is reported too (setups carry on after it)."""
+        t0 = time.monotonic()
+        # processes below ``proc`` that are not the app's children: sandboxed, proc is nsenter
+        # and the app its child
+        wrappers = 1 if self.session.sandbox is not None else 0
+        seen: set[int] = set()  # live below proc at the last look (a child must stay alive)
+        while proc.poll() is None and time.monotonic() < t0 + LAUNCH_CHECK_S:
             await asyncio.sleep(0.005)
+            if time.monotonic() >= t0 + LAUNCH_SETTLED_S:
+                table = await asyncio.to_thread(process_table)
+                live = {p for p in descendants(proc.pid, table) if table[p].state != "Z"}
+                if len(live & seen) > wrappers:
+                    return None
+                seen = live
+                await asyncio.sleep(0.005)
         if proc.returncode is None:
             return None
         if proc.returncode != 0:
             return proc.returncode
-        left = await self.task_pids()
+        table = await asyncio.to_thread(process_table)
+        left = {p for p in self.session.task_pids(table) if table[p].state != "Z"}
         return 0 if not left - before - {proc.pid} else None
 
     async def exists(self, path: str) -> bool:
