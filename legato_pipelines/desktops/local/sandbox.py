@@ -13,7 +13,13 @@ namespace with nothing but a loopback), built with util-linux's ``unshare`` and 
   the desktop's own directories; ``/root`` is empty; everything else of the host (``/root``,
   ``/work``, other desktops, run directories, the policy key) is simply not there;
 - a fresh ``/proc`` of its own pid namespace: host processes are invisible; ``/dev`` holds
-  only ``null zero full random urandom tty``, a private ``pts`` and ``shm``;
+  only ``null zero full random urandom tty``, a private ``pts``, ``shm`` and ``mqueue``;
+- host-wide knobs read-only: ``/proc/sys`` and the rest of :data:`PROC_READONLY`, ``/sys``
+  and every mount below it (cgroups); kernel internals masked (:data:`PROC_MASKED`,
+  :data:`SYS_MASKED`);
+- no process inside holds :data:`CAPS_DROPPED` (``sys_admin``, ``setfcap``...): they are
+  dropped from the bounding set of the init and of every process entered, so ``sudo`` cannot
+  give them back, and nothing inside can mount, remount, or map uid 0 into a user namespace;
 - the X display through its socket file alone (the X server listens on no abstract socket,
   so one sandbox cannot reach another desktop's display).
 
@@ -28,8 +34,10 @@ Why these choices (measured on Debian bookworm, kernel 6.x, as root):
 - uid maps: the sandbox maps uids/gids ``0..65535`` to the *same* host ids, written by the
   server itself (root may write any map). Identity maps are what make the host's
   root-owned ``sudo`` and ``/etc/sudoers`` work inside; the cost is that root inside is host
-  uid 0 *for files bound in from the host*, which is why nothing writable of the host is
-  bound in (the overlays' lower layers cannot be written through the overlay).
+  uid 0 for permission checks on whatever it reaches, which is why nothing writable of the
+  host is bound in (the overlays' lower layers cannot be written through the overlay), the
+  host-wide knobs are read-only and the capabilities above are gone; and that uid 1000
+  inside is the host's, which is why ``sandbox/`` is 0700 on the host.
 - bubblewrap was tried first: it always sets ``no_new_privs`` and mounts its binds
   ``nosuid``, so ``sudo`` cannot work inside a bubblewrap sandbox; and Debian bookworm's
   bubblewrap (0.8) has no overlay option.
