@@ -467,14 +467,15 @@ class Worker:
         self._probe()
         check_evaluator(task)
         t2 = time.perf_counter()
-        self.facts.failures = []
+        if self.facts is not None:
+            self.facts.failures = []
         try:
             obs = env.reset(task_config=task)
         except WorkerError:
             raise
         except Exception as exc:
             raise WorkerError("setup", f"task setup failed: {_describe(exc)}") from None
-        setup_failures = list(self.facts.failures)
+        setup_failures = list(self.facts.failures) if self.facts is not None else []
         if obs.get("screenshot") is None:
             raise WorkerError(
                 "vm", "no screenshot after the task's setup (the VM server stopped answering)"
