@@ -16,7 +16,6 @@ import os
 import shutil
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
