@@ -71,6 +71,9 @@ FINGERPRINT_FILES = (
 HASH_LIMIT = 4 << 20
 """[bytes] config and index files up to this size are hashed whole (larger ones: size only)."""
 PARTIAL_SUFFIXES = (".tmp", ".partial", ".incomplete", ".lock")
+TEMPORARY_NAME = re.compile(r"\.(tmp|temp|partial|incomplete|lock)[\w-]*$", re.IGNORECASE)
+"""A folder name a trainer writes under before renaming it into place (``step-5.tmp``,
+``step-6.partial``, ``step-7.tmp-1234``): never a version."""
 
 
 class LoadSpec(BaseModel):
@@ -223,7 +226,7 @@ def same_fingerprint(recorded: dict[str, Any], now: dict[str, Any]) -> bool:
     return _digest(legacy) == old
 
 
-def incomplete(folder: str | Path) -> str | None:
+def incomplete(folder: str | Path, mode: str | None = None) -> str | None:
     """Why a checkpoint folder is not complete yet, or ``None`` when it looks complete: a file
     still being written (``*.tmp``, ``*.partial``, ``*.incomplete``, ``*.lock``); an
     ``*.index.json`` naming shards that are not there (its ``weight_map``); shards named
@@ -231,8 +234,10 @@ def incomplete(folder: str | Path) -> str | None:
     ``n`` missing; ``adapter_config.json`` without adapter weights; ``config.json`` without any
     weights file (``*.safetensors``, ``*.bin``, ``*.pt``, ``*.pth``) or index. An empty folder
     counts as complete (some trainers signal a version with an empty folder, and ``load none``
-    needs nothing in it). A few ``stat`` calls and the index files read: cheap enough for a
-    sensor tick."""
+    needs nothing in it). With a load ``mode`` the folder must also hold what that mode loads:
+    ``lora`` ``adapter_config.json`` and adapter weights (PEFT writes the weights first),
+    ``weights`` ``config.json`` and weights; an empty folder is then not complete. A few
+    ``stat`` calls and the index files read: cheap enough for a sensor tick."""
     root = Path(folder)
     try:
         names = sorted(os.listdir(root))
@@ -261,6 +266,10 @@ def incomplete(folder: str | Path) -> str | None:
             return f"{stem}-*-of-{total:05d}.{ext} shards without their index file yet"
         if len(present) < total:
             return f"{len(present)} of {total} {stem}-*.{ext} shards present"
+    if mode == "lora" and "adapter_config.json" not in names:
+        return "no adapter_config.json yet (load lora needs it beside the adapter weights)"
+    if mode == "weights" and "config.json" not in names:
+        return "no config.json yet (load weights needs it beside the weights)"
     if "adapter_config.json" in names and not any(n.startswith("adapter_model") for n in names):
         return "adapter_config.json without adapter_model.* weights"
     if "config.json" in names and not indexes and not any(n.endswith(_WEIGHTS) for n in names):
