@@ -56,7 +56,13 @@ def rollout_batch(
     with in_dagster("policy"):
         task_set = load_tasks(config.tasks, osworld=desktops.osworld)
         policy_config = policy.config(version, model=config.model)
-        load = policy.load_spec(version, context.run.tags.get(CHECKPOINT_TAG))
+        load = policy.load_spec(
+            version,
+            context.run.tags.get(CHECKPOINT_TAG),
+            # the models source calls a model id ("team/step-40"): that is the name to check,
+            # not the partition key made from it ("team--step-40")
+            adapter=config.adapter or config.model,
+        )
     store = lake.lake
     run_dir = store.pull_run(version)  # a URL lake: its copy, to resume on any worker host
     seen = 0
