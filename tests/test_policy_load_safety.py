@@ -379,3 +379,68 @@ def test_a_refused_key_while_loading_says_set_the_key(
     assert "fix: set LEGATO_POLICY_KEY" in message, message
     assert "--max-lora-rank" not in message and "lists nothing" not in message
     assert SECRET not in message and (key is None or key not in message)
+
+
+def test_cli_refuses_a_bad_weights_route_and_takes_the_new_load_flags(tmp_path, no_policy_key):
+    from tests.test_engine_cli import collect_args, legato, write_tasks
+
+    tasks_file = write_tasks(tmp_path / "tasks.json", 1)
+    path = weights(tmp_path / "ckpts", "step-3")
+    with ScriptedPolicyServer(flavor="vllm", weights_route="/update_weights") as server:
+        for route in ("update_weights", f"{server.url}/update_weights"):
+            out = legato(
+                *collect_args(
+                    server,
+                    tasks_file,
+                    tmp_path / "a",
+                    "--load",
+                    "weights",
+                    "--checkpoint",
+                    path,
+                    "--weights-route",
+                    route,
+                )
+            )
+            assert out.returncode == 2, out.stderr
+            assert "--weights-route" in out.stderr and "Traceback" not in out.stderr
+        ok = legato(
+            *collect_args(
+                server,
+                tasks_file,
+                tmp_path / "b",
+                "--load",
+                "weights",
+                "--checkpoint",
+                path,
+                "--group",
+                "1",
+                "--load-timeout",
+                "30",
+                "--load-wait",
+                "5",
+            )
+        )
+        assert ok.returncode == 0, ok.stderr
+        bad = legato(*collect_args(server, tasks_file, tmp_path / "c", "--load-timeout", "0"))
+        assert bad.returncode == 2 and "--load-timeout" in bad.stderr
+
+
+def test_scripted_policy_refuses_a_weights_route_its_flavor_ignores():
+    from tests.test_engine_cli import legato
+
+    out = legato("scripted-policy", "--port", "0", "--flavor", "sglang", "--weights-route", "/w")
+    assert out.returncode == 2
+    assert "--weights-route is a vLLM flavor's route" in out.stderr
+    assert "/update_weights_from_disk" in out.stderr
+
+
+def test_a_404_route_names_the_server_kind_it_was_taken_for(tmp_path, no_policy_key):
+    path = adapter(tmp_path / "ckpts", "step-1")
+    with ScriptedPolicyServer(flavor="sglang") as server:  # told it is vLLM
+        with pytest.raises(LoadError, match=r"--load-server sglang if this is a sglang server"):
+            run(
+                server,
+                tmp_path / "run",
+                "step-1",
+                LoadSpec(mode="lora", checkpoint=str(path), server="vllm"),
+            )
