@@ -9,8 +9,11 @@ checkpoint into the server and checks that the server serves it. Modes (:data:`L
               name: vLLM ``POST /v1/load_lora_adapter`` (needs ``--enable-lora`` and
               ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` in the server's environment) and called
               as model ``<version>``; SGLang ``POST /load_lora_adapter`` (``--enable-lora``) and
-              called as model ``<base>:<version>``. Adapters loaded earlier from the same
-              checkpoints directory are unloaded past ``keep`` (the newest stay).
+              called as model ``<base>:<version>``. An adapter already served under the
+              name from the folder is kept only when it was loaded with the folder's current
+              fingerprint (:mod:`.servers`), else unloaded and loaded again. Adapters loaded
+              earlier from the same checkpoints directory are unloaded past ``keep`` (the
+              newest stay), never one that a live run leases (calls).
               Proof: vLLM lists the adapter in ``/v1/models`` with ``root`` = the folder;
               SGLang's answer lists it in ``loaded_adapters`` with that path.
 ``weights``   the folder holds full weights (``config.json``): SGLang
@@ -21,10 +24,17 @@ checkpoint into the server and checks that the server serves it. Modes (:data:`L
               Proof: SGLang's ``/get_model_info`` ``model_path`` = the folder; for vLLM the
               route's success answer (vLLM reports no weights path), checked against the path
               it names when it names one (``model_path``, ``checkpoint`` or ``path``).
-              Full weights replace what every caller gets: one version at a time per server.
+              Full weights replace what every caller gets: one version at a time per server,
+              so the run holds the server's weights lock (:mod:`.servers`) from before it
+              loads until its collection ends; a second ``weights`` run waits.
 ``external``  the trainer loads the weights itself; nothing is loaded, the run only verifies:
-              ``/v1/models`` lists the version's name (``adapter``, default the version), or
-              SGLang's ``model_path`` is the folder. Otherwise the run refuses to start.
+              ``/v1/models`` lists the version's name (``adapter``, default the version) with
+              ``root`` the folder when it names one, or SGLang's ``model_path`` is the folder.
+              Otherwise the run refuses to start.
+
+After collecting, :func:`verify_served` checks the proof again (``model_path``, the adapter's
+listing) and fails the run when the server serves other weights now. A 401/403 from a load
+route or ``/v1/models`` says ``fix: set LEGATO_POLICY_KEY``.
 ``none``      today's behaviour, named as such: the configured model is called, nothing is
               loaded or checked; the run records that the tie is unproven.
 
