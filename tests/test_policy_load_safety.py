@@ -444,3 +444,17 @@ def test_a_404_route_names_the_server_kind_it_was_taken_for(tmp_path, no_policy_
                 "step-1",
                 LoadSpec(mode="lora", checkpoint=str(path), server="vllm"),
             )
+
+
+def test_each_step_keeps_the_servers_word_on_which_weights_answered(tmp_path, no_policy_key):
+    """The response's system_fingerprint goes into the step's model stats when the server
+    sends one (the scripted server names the weights that answered)."""
+    path = adapter(tmp_path / "ckpts", "step-1")
+    with ScriptedPolicyServer(flavor="vllm", runtime_lora=True) as server:
+        run(server, tmp_path / "run", "step-1", LoadSpec(mode="lora", checkpoint=str(path)))
+    prints = {
+        step["model"]["system_fingerprint"]
+        for record in read_records(tmp_path / "run")
+        for step in record["steps"]
+    }
+    assert prints == {"legato-scripted-not-a-model:served=step-1"}
