@@ -440,3 +440,80 @@ def test_the_readme_pool_setting_is_a_valid_instance_setting(tmp_path, repo_root
     with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
         info = instance.event_log_storage.get_concurrency_info("legato_collection")
         assert info.slot_count == 1
+
+
+def test_two_weights_runs_at_once_on_one_server_take_turns_under_dagster(tmp_path, no_policy_key):
+    """Two collect runs of a real instance at once (the pool allows two), both load full
+    weights into one server: the second waits for the first's collection (the server's weights
+    lock), so every request of each run is answered by its own version's weights."""
+    import threading
+
+    ckpts = tmp_path / "ckpts"
+    for version in ("step-1", "step-2"):
+        weights(ckpts, version)
+    tasks = {}
+    for label in ("a", "b"):
+        tasks[label] = tmp_path / f"tasks-{label}.json"
+        tasks[label].write_text(
+            json.dumps(
+                [
+                    {
+                        "task_id": f"{label}-{i}",
+                        "config": {
+                            "instruction": f"Task of run {label} number {i}.",
+                            "fake": {"success": 0.5},
+                        },
+                    }
+                    for i in range(2)
+                ]
+            )
+        )
+    with (
+        ScriptedPolicyServer(flavor="sglang", record_bodies=True) as server,
+        dg.instance_for_test() as instance,
+    ):
+        policy = PolicyResource(
+            base_url=server.url, model=server.model, load="weights", checkpoint_root=str(ckpts)
+        )
+        instance.add_dynamic_partitions(policy_versions.name, ["step-1", "step-2"])
+        results = {}
+
+        def materialize(version, label, act, delay):
+            import time
+
+            time.sleep(delay)
+            results[version] = dg.materialize(
+                [ASSETS[0]],  # rollout_batch: the collection
+                partition_key=version,
+                instance=instance,
+                resources={
+                    "policy": policy,
+                    "desktops": DesktopPoolResource(
+                        backend="fake", desktops=1, options={"latency": {"act": act}}
+                    ),
+                    "lake": LakeResource(root=str(tmp_path / "lake")),
+                },
+                run_config={
+                    "ops": {
+                        "rollout_batch": {
+                            "config": {"tasks": str(tasks[label]), "group": 2, "max_steps": 3}
+                        }
+                    }
+                },
+                raise_on_error=False,
+            )
+
+        threads = [
+            threading.Thread(target=materialize, args=("step-1", "a", 0.2, 0)),
+            threading.Thread(target=materialize, args=("step-2", "b", 0.0, 1.0)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=180)
+        assert results["step-1"].success and results["step-2"].success
+        served = {}
+        for r in server.chat_requests:
+            label = r.body.split(b"Task of run ")[1][:1].decode()
+            served.setdefault(label, set()).add(r.served)
+        assert served == {"a": {"step-1"}, "b": {"step-2"}}

@@ -846,7 +846,7 @@ class _Loader:
         if plan.server == "sglang" and plan.checkpoint:
             info = await self.get_json("/get_model_info")
             reported = (info or {}).get("model_path") if isinstance(info, dict) else None
-            if reported is not None and _norm(reported) == _norm(plan.checkpoint):
+            if reported is not None and _resolved(reported) == _resolved(plan.checkpoint):
                 plan.model = plan.base_model
                 plan.proof = {
                     "kind": "model_path",
