@@ -505,7 +505,10 @@ async def verify_served(plan: LoadPlan) -> dict[str, Any]:
             entry = listed.get(plan.adapter)
             root = None if entry is None else entry.get("root")
             if entry is None or (
-                root is not None and plan.checkpoint and _norm(root) != _norm(plan.checkpoint)
+                isinstance(root, str)
+                and plan.checkpoint
+                and root != plan.adapter  # a base model's root is its id, not a folder
+                and _resolved(root) != _resolved(plan.checkpoint)
             ):
                 now = "is no longer listed" if entry is None else f"is listed from {root}"
                 raise LoadError(
