@@ -257,7 +257,11 @@ class StepResponse(_Format):
 
 class ModelCall(_Format):
     """The model call's numbers: tokens (``cached_tokens`` ``None``: not reported), seconds
-    (re-tries included), HTTP attempts, requests cut at step_timeout, where ids came from."""
+    (re-tries included), HTTP attempts, requests cut at step_timeout, where ids came from;
+    ``system_fingerprint`` (written only when the server sent one): the response's own word on
+    which weights answered."""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"system_fingerprint"})
 
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -267,6 +271,7 @@ class ModelCall(_Format):
     timeouts: int = 0
     token_ids_source: str | None = None
     notes: list[str] = Field(default_factory=list)
+    system_fingerprint: str | None = None
 
 
 class ActionRecord(_Format):

@@ -263,3 +263,60 @@ def test_a_model_id_that_cannot_be_a_version_is_skipped_and_the_others_run():
                 skip.skip_message
             )
             assert "(fix: use 'org--policy_lr-3e-6')" in skip.skip_message
+
+
+@pytest.mark.parametrize("load", ["lora", "weights"])
+def test_a_folder_counts_only_once_it_holds_what_the_load_mode_loads(tmp_path, load):
+    """PEFT writes adapter_model.safetensors before adapter_config.json; a full-weights folder
+    may hold config.json and one shard before the rest; an empty folder holds nothing; a
+    folder under a temporary name is renamed later. None of them becomes a version (a run
+    requested too early would fail to load, and a version is requested once), and one such
+    folder holds up no other."""
+    policy = PolicyResource(base_url="http://127.0.0.1:9", model="unused", load=load)
+    half = tmp_path / "step-1"
+    half.mkdir()
+    if load == "lora":
+        (half / "adapter_model.safetensors").write_bytes(b"w" * 64)
+    else:
+        (half / "config.json").write_text("{}")
+        (half / "model-00001-of-00002.safetensors").write_bytes(b"w")
+    (tmp_path / "step-2").mkdir()  # empty
+    for temporary in ("step-5.tmp", "step-6.partial"):
+        (tmp_path / temporary).mkdir()
+        (tmp_path / temporary / "adapter_config.json").write_text("{}")
+        (tmp_path / temporary / "adapter_model.safetensors").write_bytes(b"w")
+        (tmp_path / temporary / "config.json").write_text("{}")
+        (tmp_path / temporary / "model.safetensors").write_bytes(b"w")
+    done = tmp_path / "step-3"
+    done.mkdir()
+    if load == "lora":
+        (done / "adapter_config.json").write_text("{}")
+        (done / "adapter_model.safetensors").write_bytes(b"w")
+    else:
+        (done / "config.json").write_text("{}")
+        (done / "model.safetensors").write_bytes(b"w")
+    source = CheckpointSourceResource(directory=str(tmp_path), stable_s=0)
+    with dg.instance_for_test() as instance:
+        first = _evaluate(instance, None, source, policy)
+        assert [r.partition_key for r in first.run_requests] == ["step-3"]
+        assert instance.get_dynamic_partitions(policy_versions.name) == ["step-3"]
+        skip = _evaluate(instance, first.cursor, source, policy)
+        message = skip.skip_message
+        need = "adapter_config.json" if load == "lora" else "config.json"
+        assert f"step-2 (no {need} yet" in message
+        assert "step-5.tmp (a temporary name: counts once renamed)" in message
+        assert "step-6.partial (a temporary name" in message
+        assert "step-1 (" in message
+        # the trainer finishes step-1: requested now, once
+        if load == "lora":
+            (half / "adapter_config.json").write_text("{}")
+        else:
+            (half / "model-00002-of-00002.safetensors").write_bytes(b"w")
+            index = {"weight_map": {"a": "model-00001-of-00002.safetensors"}}
+            index["weight_map"]["b"] = "model-00002-of-00002.safetensors"
+            (half / "model.safetensors.index.json").write_text(json.dumps(index))
+        later = _evaluate(instance, first.cursor, source, policy)
+        assert [r.partition_key for r in later.run_requests] == ["step-1"]
+        (tmp_path / "step-5.tmp").rename(tmp_path / "step-5")
+        renamed = _evaluate(instance, later.cursor, source, policy)
+        assert [r.partition_key for r in renamed.run_requests] == ["step-5"]

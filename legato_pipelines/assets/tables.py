@@ -6,8 +6,8 @@ views (:meth:`~legato_pipelines.store.lake.Lake.refresh_views`, under the lake's
 Lineage: the rows' ``run_id`` is the Dagster run that materialized ``rollout_batch`` for the
 partition (the collection), found in the instance's event log; ``collect_run_id`` the run that
 collected each attempt (the records' ``collected_by``: a re-executed partition keeps the run
-that collected what it resumed); the served model, checkpoint folder and fingerprint come from
-``run.json``. The run directory is the one that materialization recorded (``run_dir``
+that collected what it resumed); the served model, checkpoint folder, fingerprint, load mode
+and proof come from ``run.json``. The run directory is the one that materialization recorded (``run_dir``
 metadata), else ``<lake>/runs/policy_version=<key>``.
 """
 
@@ -62,16 +62,7 @@ def find_batch(instance: dg.DagsterInstance, version: str, lake: Lake, run_id: s
             f"{run_dir} holds policy version {(meta.get('policy') or {}).get('version')!r}, not {version!r} "
             "(fix: materialize rollout_batch for this partition first)"
         )
-    served = meta.get("checkpoint") or {}
-    lineage = Lineage(
-        version,
-        meta["task_set"],
-        run_id,
-        served_model=served.get("served_model") or (meta.get("policy") or {}).get("model"),
-        checkpoint_path=served.get("path"),
-        checkpoint_fingerprint=served.get("fingerprint"),
-    )
-    return Batch(run_dir, lineage)
+    return Batch(run_dir, Lineage.of_run(version, meta, run_id))
 
 
 def _summary(batch: Batch) -> dict:

@@ -136,6 +136,17 @@ def collect_command(
             "--weights-payload", help="JSON body of --weights-route; {checkpoint} {version} filled."
         ),
     ] = '{"model_path": "{checkpoint}"}',
+    load_timeout: Annotated[
+        float,
+        typer.Option("--load-timeout", help="Seconds one load / unload request may take."),
+    ] = 600.0,
+    load_wait: Annotated[
+        float,
+        typer.Option(
+            "--load-wait",
+            help="Seconds a weights run waits for another run holding the server's weights.",
+        ),
+    ] = 3600.0,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     **settings: Any,
@@ -199,6 +210,8 @@ def collect_command(
             adapter=adapter,
             weights_route=weights_route,
             weights_payload=payload,
+            timeout=load_timeout,
+            wait=load_wait,
         )
     except ValidationError as exc:
         fail(_pydantic_message(exc))

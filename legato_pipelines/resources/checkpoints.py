@@ -11,7 +11,12 @@ Two sources:
 When a folder counts (``directory``): by default once it is **complete** and **stable**.
 Complete (:func:`~legato_pipelines.policy.loading.incomplete`): no file still being written,
 every shard its ``*.index.json`` names present, sharded weights only with their index, adapter
-weights beside ``adapter_config.json``, weights beside ``config.json``. Stable: its files'
+weights beside ``adapter_config.json``, weights beside ``config.json``; and what the policy
+resource's ``load`` mode loads: ``lora`` needs ``adapter_config.json`` and adapter weights
+(PEFT writes the weights first), ``weights`` needs ``config.json`` and all shards (an empty
+folder waits in both). A folder under a temporary name (``step-5.tmp``, ``step-6.partial``:
+:data:`~legato_pipelines.policy.loading.TEMPORARY_NAME`) is never a version: it waits, named,
+until the trainer renames it. Stable: its files'
 sizes (and modification times) are the same on two sensor ticks in a row, kept in the
 sensor's cursor (:attr:`Scan.sizes`), or no file in it changed for ``stable_s`` seconds
 (an old checkpoint counts at once). ``stable_s=0`` counts a folder as soon as it is complete
@@ -41,7 +46,7 @@ import dagster as dg
 from pydantic import Field
 
 from ..errors import ConfigError
-from ..policy.loading import incomplete
+from ..policy.loading import TEMPORARY_NAME, incomplete
 from ..versions import check_version_key
 from .policy import PolicyResource
 
@@ -167,12 +172,16 @@ class CheckpointSourceResource(dg.ConfigurableResource):
                 "the policy server's /v1/models)"
             )
         pattern = self.pattern or "step-*"
+        mode = policy.load if policy is not None else None  # what a run will load from it
         now = time.time() if now is None else now
         previous = sizes or {}
         out = Scan(ready=[])
         with os.scandir(self.directory) as entries:
             for entry in entries:
                 if not entry.is_dir() or not fnmatch.fnmatchcase(entry.name, pattern):
+                    continue
+                if TEMPORARY_NAME.search(entry.name):
+                    out.waiting.append((entry.name, "a temporary name: counts once renamed"))
                     continue
                 try:
                     version = check_version_key(entry.name)
@@ -185,7 +194,7 @@ class CheckpointSourceResource(dg.ConfigurableResource):
                 ):
                     why = f"no {self.ready_marker} marker yet"
                 elif check_complete and version not in known:
-                    why = incomplete(entry.path)
+                    why = incomplete(entry.path, mode)
                     if why is None and not self.ready_marker:
                         why = self._unsettled(entry.path, previous.get(version), now, out, version)
                 if why is not None:
