@@ -2,10 +2,12 @@
 
 OSWorld's server splits a command string without ``shell`` with shlex and expands a leading
 ``~/`` in each argument; the local server does the same with the desktop user's HOME.
-Apps that autolaunch a session bus (mousepad, nautilus, LibreOffice, ...) are wrapped in
-``dbus-run-session --`` so the bus is their child and dies with them instead of leaking
-(docs/local-desktop.md §9). ``/setup/open_file`` picks an app by extension (there is no desktop
-environment to ask), falling back to ``xdg-open`` when installed.
+A desktop with a session bus of its own (:mod:`.dbus_session`, the default where Debian's
+dbus-daemon and dconf are installed) starts apps on that bus. Without one, apps that autolaunch
+a session bus (mousepad, nautilus, LibreOffice, ...) are wrapped in ``dbus-run-session --`` so
+the bus is their child and dies with them instead of leaking (docs/local-desktop.md §9).
+``/setup/open_file`` picks an app by extension (there is no desktop environment to ask),
+falling back to ``xdg-open`` when installed.
 """
 
 from __future__ import annotations
@@ -102,8 +104,16 @@ def command_argv(command: list[str] | str, shell: bool, home: str) -> list[str] 
     return [expand_home(a, home) for a in command]
 
 
-def with_session_bus(argv: list[str] | str, shell: bool) -> tuple[list[str] | str, bool]:
-    """Wrap a launch in ``dbus-run-session --`` when it starts a bus-autolaunching app."""
+def with_session_bus(
+    argv: list[str] | str, shell: bool, *, desktop_bus: bool = False
+) -> tuple[list[str] | str, bool]:
+    """Wrap a launch in ``dbus-run-session --`` when it starts a bus-autolaunching app.
+
+    ``desktop_bus``: the desktop has a session bus of its own (:mod:`.dbus_session`), which the
+    app must share (gsettings, gnome-terminal-server); nothing is wrapped then.
+    """
+    if desktop_bus:
+        return argv, shell
     words = shlex.split(argv) if isinstance(argv, str) else argv
     programs = {os.path.basename(w) for w in words}
     if not programs & DBUS_APPS or not shutil.which("dbus-run-session"):
