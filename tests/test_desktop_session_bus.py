@@ -137,3 +137,21 @@ async def test_osworld_a4d98375_through_the_engine_doing_nothing_scores_0(tmp_pa
     assert record["status"] == "ok", record
     assert not record["reset"].get("setup_failures")
     assert record["reward"] == 0.0
+
+
+async def test_unsandboxed_desktops_have_a_session_bus_too():
+    server = RunningServer(640, 480, extra_args=("--no-sandbox",))
+    try:
+        runtime = (await sh(server, "echo $XDG_RUNTIME_DIR")).strip()
+        assert runtime.startswith(server.state)
+        assert await sh(server, "echo $DBUS_SESSION_BUS_ADDRESS") == f"unix:path={runtime}/bus\n"
+        await sh(server, f"gsettings set {LOCK} true")
+        assert await sh(server, f"gsettings get {LOCK}") == "true\n"
+        client = server.client()
+        try:
+            await client.reset()
+        finally:
+            await client.aclose()
+        assert await sh(server, f"gsettings get {LOCK}") == "false\n"
+    finally:
+        server.stop()
