@@ -16,8 +16,9 @@ APT_PACKAGES=(
   # daemon's schemas only, not the programs; bc in evaluator commands): ~2 MB
   dconf-service dconf-gsettings-backend libglib2.0-bin gsettings-desktop-schemas
   gnome-shell-common gnome-settings-daemon-common bc
-  # headless browser for the Dagster UI end-to-end test
-  chromium
+  # headless browser for the Dagster UI end-to-end test; inside desktops it is `google-chrome`
+  # (desktops/local/chrome.py), with socat for OSWorld's DevTools bridge (9222 -> 1337)
+  chromium socat
   # scale-out proof (Postgres run storage, Redis broker for Celery run workers)
   postgresql redis-server
 )

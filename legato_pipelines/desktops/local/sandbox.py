@@ -50,6 +50,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import chrome
+
 #: The account OSWorld's VM has, and its HOME (paths in task configs and evaluators name it).
 SANDBOX_USER = "user"
 SANDBOX_UID = 1000
@@ -81,6 +83,7 @@ for d in $OVERLAID; do
   lower="/$d"; [ -d "$SB/seed/$d" ] && lower="$SB/seed/$d:/$d"
   mount -t overlay "legato-$d" -o "lowerdir=$lower,upperdir=$LAYERS/upper/$d,workdir=$LAYERS/work/$d,userxattr" "$R/$d"
 done
+for b in $BINDS; do mount --bind "${b%%:*}" "$R/${b#*:}"; done
 for l in bin sbin lib lib32 lib64 libx32; do [ -L "/$l" ] && ln -s "$(readlink "/$l")" "$R/$l"; done
 mkdir -p "$R/proc" "$R/sys" "$R/dev" "$R/tmp" "$R/home" "$R/root" "$R/run" "$R/mnt" "$R/media" "$R/srv" "$R/.old"
 mount -t proc -o nosuid,nodev,noexec proc "$R/proc"
@@ -302,6 +305,7 @@ class Sandbox:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             os.chmod(path, mode)
+        chrome.write_seed(self.dir / "seed")  # google-chrome as Chromium (chrome.py)
 
     def start(self, x_socket: str | None) -> float:
         """Start a clean sandbox (and a spare in the background); returns the seconds it took
@@ -438,6 +442,8 @@ class Sandbox:
             "UID_IN": str(SANDBOX_UID),
             "X_SOCKET": x_socket or "",
             "OWN_NET": "0" if self.network else "1",
+            # host file -> mount point in the seed layer ("src:dst" words; chrome.py)
+            "BINDS": " ".join(f"{src}:{dst}" for src, dst in chrome.bind_mounts(self.dir / "seed")),
         }
         argv = ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--user", "--mount"]
         argv += ["--pid", "--ipc", "--fork", "--kill-child", "--propagation", "private"]
