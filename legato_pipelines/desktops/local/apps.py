@@ -15,8 +15,11 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import subprocess
+from dataclasses import dataclass
 
 from ..domains import TEXT_EDITORS
+from . import chrome, dbus_session
 
 #: Programs wrapped in ``dbus-run-session``.
 DBUS_APPS = frozenset(
@@ -144,3 +147,105 @@ def opener_for(path: str) -> list[str]:
     raise ValueError(
         f"no installed app opens {ext or 'extensionless'} files (install libreoffice, l3afpad or xdg-utils)"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class DesktopApp:
+    """An app a local desktop can have, from Debian.
+
+    ``provides``: the app name tasks use (``legato tasks check``'s ``apps``: ``terminal``,
+    ``libreoffice_writer``, ``gimp``, ...); ``command``: the argv of a launch step;
+    ``needs``: programs on ``PATH`` or absolute paths that must exist; ``packages``: the
+    Debian packages that bring it (scripts/setup.sh installs them); ``title``: a
+    case-insensitive part of its main window's title.
+    """
+
+    provides: str
+    command: tuple[str, ...]
+    needs: tuple[str, ...]
+    packages: str
+    title: str
+
+    def installed(self) -> bool:
+        """True when everything in :attr:`needs` is on this host."""
+        return all(
+            os.path.exists(need) if need.startswith("/") else shutil.which(need) is not None
+            for need in self.needs
+        )
+
+
+LO_PROGRAM = "/usr/lib/libreoffice/program"
+#: The apps of local desktops (docs/local-desktop.md §1, §11). ``google-chrome`` exists inside
+#: sandboxed desktops only (:mod:`.chrome`).
+DESKTOP_APPS: tuple[DesktopApp, ...] = (
+    DesktopApp("terminal", ("xterm",), ("xterm",), "xterm", "xterm"),
+    DesktopApp("terminal", ("gnome-terminal",), ("gnome-terminal",), "gnome-terminal", "Terminal"),
+    DesktopApp("text_editor", ("l3afpad",), ("l3afpad",), "l3afpad", "Untitled"),
+    DesktopApp(
+        "libreoffice_calc",
+        ("libreoffice", "--calc"),
+        ("soffice", f"{LO_PROGRAM}/libsclo.so"),
+        "libreoffice-calc",
+        "LibreOffice Calc",
+    ),
+    DesktopApp(
+        "libreoffice_writer",
+        ("libreoffice", "--writer"),
+        ("soffice", f"{LO_PROGRAM}/libswlo.so"),
+        "libreoffice-writer",
+        "LibreOffice Writer",
+    ),
+    DesktopApp(
+        "libreoffice_impress",
+        ("libreoffice", "--impress"),
+        ("soffice", f"{LO_PROGRAM}/libslideshowlo.so"),
+        "libreoffice-impress",
+        "LibreOffice Impress",
+    ),
+    DesktopApp("gimp", ("gimp",), ("gimp",), "gimp", "GNU Image Manipulation Program"),
+    DesktopApp("vlc", ("vlc",), ("vlc",), "vlc", "VLC media player"),
+    DesktopApp("thunderbird", ("thunderbird",), ("thunderbird",), "thunderbird", "Thunderbird"),
+    DesktopApp("nautilus", ("nautilus",), ("nautilus",), "nautilus", "Home"),
+    DesktopApp(
+        "chrome",
+        ("google-chrome", f"--remote-debugging-port={chrome.CDP_PORT}"),
+        (chrome.CHROMIUM_BINARY,),
+        "chromium",
+        "Chromium",
+    ),
+)
+
+
+def installed_apps() -> frozenset[str]:
+    """The app names (as :attr:`DesktopApp.provides`) local desktops on this host have.
+
+    Besides :data:`DESKTOP_APPS`: ``libreoffice`` with ``soffice``; ``os`` (OSWorld's GNOME
+    session: persistent gsettings, gnome-terminal and nautilus) when the session bus with dconf
+    (:mod:`.dbus_session`) and both apps are there. Looks at files only: no process starts.
+    """
+    names = {app.provides for app in DESKTOP_APPS if app.installed()}
+    if shutil.which("soffice"):
+        names.add("libreoffice")
+    if not dbus_session.missing() and {"nautilus"} <= names and shutil.which("gnome-terminal"):
+        names.add("os")
+    return frozenset(names)
+
+
+def desktop_python_has_pyautogui(timeout: float = 20.0) -> bool:
+    """True when the ``python`` on the desktops' PATH imports pyautogui's parts, as OSWorld's
+    in-VM commands (``python -c "import pyautogui; ..."``) need (``scripts/osworld_venv.sh``
+    installs it). Runs that ``python`` once, for at most ``timeout`` seconds."""
+    probe = (
+        "import importlib.util, Xlib, pymsgbox, pytweening;"
+        "assert importlib.util.find_spec('pyautogui')"
+    )
+    try:
+        done = subprocess.run(
+            ["python", "-c", probe],
+            env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+            capture_output=True,
+            timeout=timeout,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
