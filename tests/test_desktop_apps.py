@@ -55,6 +55,8 @@ async def test_app_launches_and_maps_its_main_window(server, app):
                 )
             await asyncio.sleep(0.1)
             titles = TITLE_RE.findall(await client.accessibility())
+        # first-start dialogs the baseline HOME turns off (VLC's privacy policy)
+        assert not [t for t in TITLE_RE.findall(await client.accessibility()) if "Privacy" in t]
         assert (await client.reset())["kind"] == "fast"
         assert (await client.processes())["task"] == []  # the app and its helpers are gone
         assert TITLE_RE.findall(await client.accessibility()) == []
