@@ -155,3 +155,18 @@ async def test_unsandboxed_desktops_have_a_session_bus_too():
         assert await sh(server, f"gsettings get {LOCK}") == "false\n"
     finally:
         server.stop()
+
+
+async def test_a_revert_starts_a_bus_in_the_new_sandbox(server):
+    await sh(server, f"gsettings set {LOCK} true && echo password | sudo -S touch /etc/legato-x")
+    client = server.client()
+    try:
+        result = await client.reset()
+        health = await client.health()
+    finally:
+        await client.aclose()
+    assert result["kind"] == "revert" and "etc/legato-x" in result["reverted"]
+    assert health["session_bus"]["running"]
+    assert await sh(server, f"gsettings get {LOCK}") == "false\n"
+    await sh(server, f"gsettings set {LOCK} true")
+    assert await sh(server, f"gsettings get {LOCK}") == "true\n"
