@@ -11,7 +11,7 @@ APT_PACKAGES=(
   # the desktops' sandboxes (util-linux's unshare/nsenter are essential packages)
   tini sudo iproute2
   xterm l3afpad libreoffice-calc
-  # OSWorld's other apps, from Debian (desktops/local/apps.py DESKTOP_APPS): ~145 MB of archives,
+  # OSWorld's other apps, from Debian (desktops/local/apps.py DESKTOP_APPS): ~195 MB of archives,
   # Thunderbird 80 MB of them
   libreoffice-writer libreoffice-impress gimp vlc thunderbird nautilus gnome-terminal
   # their session D-Bus with dconf, so gsettings persists (desktops/local/dbus_session.py), and
