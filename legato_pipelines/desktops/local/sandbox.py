@@ -50,8 +50,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import chrome
-
 #: The account OSWorld's VM has, and its HOME (paths in task configs and evaluators name it).
 SANDBOX_USER = "user"
 SANDBOX_UID = 1000
@@ -305,6 +303,8 @@ class Sandbox:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             os.chmod(path, mode)
+        from . import chrome  # here: the module's top imports stay stdlib-only
+
         chrome.write_seed(self.dir / "seed")  # google-chrome as Chromium (chrome.py)
 
     def start(self, x_socket: str | None) -> float:
@@ -432,6 +432,8 @@ class Sandbox:
             for name in OVERLAID:
                 (top / name).mkdir(parents=True)
         (layers / "root").mkdir(exist_ok=True)
+        from . import chrome
+
         env = {
             "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
             "SB": str(self.dir),
