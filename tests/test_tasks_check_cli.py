@@ -193,3 +193,23 @@ def test_local_knows_the_apps_this_hosts_desktops_have(tmp_path):
     assert doc["local_desktops"] == {"apps": sorted(apps), "pyautogui": True}
     assert [t["local_blockers"] for t in doc["tasks"]] == [[], [], []]
     assert doc["totals"]["by_backend"]["local"] == 3
+
+
+def test_osworld_provider_local_accepts_the_os_task_collect_runs(tmp_path):
+    """OSWorld's e0df059f (sudo in setup, pyautogui): `check --backend osworld
+    --osworld-provider local` says what collect's preflight says: runnable."""
+    from legato_pipelines.osworld_format import preflight
+    from legato_pipelines.tasks import load_tasks
+
+    source = next(OSWORLD.glob("os/e0df059f*.json"))
+    config = orjson.loads(source.read_bytes())
+    path = tmp_path / "e0df059f.json"
+    path.write_bytes(orjson.dumps([{"task_id": config["id"], "domain": "os", "config": config}]))
+    assert preflight(load_tasks(path), "osworld") == []  # what collect checks
+    proc = legato(str(path), "--backend", "osworld", "--osworld-provider", "local", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = orjson.loads(proc.stdout)
+    assert doc["osworld_provider"] == "local" and doc["ok"]
+    assert "osworld" in doc["tasks"][0]["backends"]
+    bad = legato(str(path), "--backend", "osworld", "--osworld-provider", "nope")
+    assert bad.returncode != 0 and "--osworld-provider" in bad.stdout + bad.stderr

@@ -151,6 +151,15 @@ def check_command(
             "the task has a 'fake' block).",
         ),
     ] = None,
+    osworld_provider: Annotated[
+        str | None,
+        typer.Option(
+            "--osworld-provider",
+            help="Backend osworld: the DesktopEnv provider collect would use (docker | local | "
+            "vmware | aws | ...), as `legato collect --osworld-provider`. The verdict is the "
+            "one collect's preflight gives, which no provider changes.",
+        ),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (tasks + problems + totals).")
     ] = False,
@@ -165,6 +174,13 @@ def check_command(
 
     Exit status: 0 when every task can run; 1 when some task cannot run on the backend given with --backend, or (no --backend) on any backend it is written for: a real desktop (local or osworld), or fake for a task with a 'fake' block (the fake backend never grades, so running there alone does not count); 2 when the task list itself is bad (nothing classified).
     """
+    if osworld_provider is not None:
+        from ..desktops.osworld.options import PROVIDERS
+
+        if osworld_provider not in PROVIDERS:
+            fail(f"--osworld-provider {osworld_provider!r}: use one of {', '.join(PROVIDERS)}")
+        if backend not in (None, Backend.osworld):
+            fail(f"--osworld-provider is for --backend osworld, not {backend.value}")
     try:
         path = _resolve_tasks_path(tasks, osworld)
         task_set = load_tasks(path, osworld=osworld)
@@ -202,6 +218,7 @@ def check_command(
             "path": str(path),
             "task_set": task_set.task_set,
             "backends_checked": list(checked),
+            "osworld_provider": osworld_provider,
             "ok": not failing,
             "problems": problems,
             "not_runnable": not_runnable,

@@ -4,15 +4,17 @@ Layout of the state directory (one per desktop server)::
 
     baseline/   the clean HOME, built once at start (blink off, XDG folders)
     home/       the live HOME of the desktop user (restored from baseline on reset)
-    run/        XDG_RUNTIME_DIR (0700, the desktop user's)
+    run/        XDG_RUNTIME_DIR (0700, the desktop user's; emptied on reset)
     tmp/        TMPDIR of the task's processes (emptied on reset)
     wm/         HOME of the window manager (its config and cache stay out of the task's HOME)
-    apps.log    stdout/stderr of the task's processes; xvfb.log, wm.log of the infrastructure
+    apps.log    stdout/stderr of the task's processes (0600); xvfb.log, wm.log of the
+                infrastructure
 
 Sandboxed (the default; :mod:`.sandbox`): task processes run inside the desktop's own
 namespaces as OSWorld's ``user`` with HOME ``/home/user``; HOME then lives in
-``sandbox/homes/user`` and ``tmp/`` and ``run/`` are seen inside as ``/tmp`` and
-``/run/user/1000``. Unsandboxed (``sandbox=False``), when the server runs as root, task
+``sandbox/homes/user`` and ``sandbox/tmp/`` and ``sandbox/run/`` are seen inside as ``/tmp``
+and ``/run/user/1000``: all under ``sandbox/`` (0700, root's), so that no host user, not
+even the host's uid 1000 (the sandbox's ``user``), reaches what the task wrote. Unsandboxed (``sandbox=False``), when the server runs as root, task
 processes run as an unprivileged host user (``legato-desktop`` by default, created with
 ``useradd`` if missing) with the state directory's paths as they are. Xvfb and openbox run as
 the server itself under ``setpriv --pdeathsig KILL``, so they die with it even when it is
@@ -35,6 +37,7 @@ from pathlib import Path
 
 from . import dbus_session
 from . import home as home_mod
+from .leftovers import empty_dir
 from .procs import ProcessTable, RunAs, descendants, process_table
 from .sandbox import SANDBOX_HOME, SANDBOX_UID, SANDBOX_USER, Sandbox, SandboxError
 
@@ -44,6 +47,8 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: docs/local-desktop.md §9) and no blinking cursors.
 X_RESOURCES = "XTerm*faceName: DejaVu Sans Mono\nXTerm*faceSize: 11\n*cursorBlink: false\n"
 XVFB_TIMEOUT_S = 10.0
+#: How long Xvfb gets to exit on SIGTERM (removing its lock and socket) before SIGKILL.
+XVFB_STOP_S = 2.0
 #: First X display number a desktop tries (lower ones are left to the machine's own X servers).
 DISPLAY_BASE = 20
 PREBUILD_APPS = ("libreoffice",)
@@ -152,8 +157,10 @@ class Session:
         self.state = Path(state_dir)
         self.template = template
         self.procs = ProcessTable()
-        self.run_dir = self.state / "run"
-        self.tmp = self.state / "tmp"
+        # sandboxed: inside sandbox/ (0700), out of every host user's reach
+        private = self.state / "sandbox" if sandbox else self.state
+        self.run_dir = private / "run"
+        self.tmp = private / "tmp"
         self.sandbox: Sandbox | None = None
         if not sandbox and not network:
             raise SessionError("network=none needs the sandbox (sandbox=true)")
@@ -191,10 +198,6 @@ class Session:
     def desktop_home(self) -> str:
         """HOME as the task's processes see it (``/home/user`` in a sandbox)."""
         return SANDBOX_HOME if self.sandbox is not None else str(self.home)
-
-    def host_path(self, path: str) -> str:
-        """The host path of ``path`` as the task's processes see it."""
-        return self.sandbox.host_path(path) if self.sandbox is not None else path
 
     # -- environment -------------------------------------------------------------------------
 
@@ -294,9 +297,10 @@ class Session:
 
         A display is claimed through Xvfb's own lock file (``/tmp/.X<n>-lock``, created
         atomically; a second server on the same number exits at once, and the next number is
-        tried). ``-displayfd`` is not used: with it Xvfb takes no lock, and without its
-        abstract socket (off when sandboxed) two servers would pick the same number.
-        Raises :class:`SessionError` when either is not ready within 10 s.
+        tried). A lock whose owner is dead (a server SIGKILLed with its desktop) does not
+        count: Xvfb itself replaces it. ``-displayfd`` is not used: with it Xvfb takes no
+        lock, and without its abstract socket (always off) two servers would pick the same
+        number. Raises :class:`SessionError` when either is not ready within 10 s.
         """
         deadline = time.monotonic() + XVFB_TIMEOUT_S
         number = DISPLAY_BASE
@@ -316,9 +320,11 @@ class Session:
                         f"{self.width}x{self.height}x24",
                         "-nolisten",
                         "tcp",
-                        # sandboxed: no abstract socket (one namespace for every process on
-                        # the host network), so a sandbox reaches only its own socket file
-                        *(["-nolisten", "local"] if self.sandbox is not None else []),
+                        # no abstract socket (one namespace for every process on the host
+                        # network, sandboxed or not): a sandbox reaches only the socket file
+                        # bound into it; host clients connect through the file too
+                        "-nolisten",
+                        "local",
                         "-noreset",
                     ],
                     self._infra_run_as(),
@@ -348,11 +354,22 @@ class Session:
         self.generation += 1
 
     def stop_x(self) -> None:
-        """Kill openbox and Xvfb (by PID) and reap them."""
-        for proc in (self._wm, self._xvfb):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        """Kill openbox, stop Xvfb (by PID) and reap them; the display's lock file and
+        socket are gone afterwards (Xvfb removes them on SIGTERM; when it had to be
+        SIGKILLed after :data:`XVFB_STOP_S`, they are removed here if still its own)."""
+        if self._wm is not None and self._wm.poll() is None:
+            self._wm.kill()
+            self._wm.wait()
+        xvfb, number = self._xvfb, self.display
+        if xvfb is not None and xvfb.poll() is None:
+            xvfb.terminate()
+            try:
+                xvfb.wait(XVFB_STOP_S)
+            except subprocess.TimeoutExpired:
+                xvfb.kill()
+                xvfb.wait()
+        if xvfb is not None and number is not None:
+            _remove_display_files(int(number[1:]), xvfb.pid)
         self._wm = self._xvfb = None
         self.procs.reap()
 
@@ -428,11 +445,14 @@ class Session:
     # -- reset ---------------------------------------------------------------------------------
 
     def fast_reset(self) -> dict:
-        """Kill the task's processes and restore HOME and TMPDIR. Returns step timings (s).
+        """Kill the task's processes and restore HOME, TMPDIR and XDG_RUNTIME_DIR. Returns
+        step timings (s).
 
-        Sandboxed, when the task wrote outside HOME and ``/tmp`` (a non-empty overlay upper
-        layer) or the sandbox died, the sandbox is reverted too: ``reverted`` lists what was
-        written (``etc/x``, ...) and ``revert_s`` what it cost.
+        Sandboxed, ``/dev/shm`` and ``/dev/mqueue`` are emptied too; when the task left
+        anything else outside HOME (:meth:`.Sandbox.dirty`: a non-empty overlay upper layer,
+        a file under ``/root``, a System V semaphore...) or the sandbox died, the sandbox is
+        reverted instead: ``reverted`` lists what was left (``etc/x``, ...) and ``revert_s``
+        what it cost.
         """
         t0 = time.perf_counter()
         killed = self.kill_task_processes()  # with what the bus activated (dconf-service, ...)
@@ -444,6 +464,8 @@ class Session:
             if dirty or not self.sandbox.alive():
                 detail = {"reverted": dirty or ["(sandbox exited)"]}
                 detail |= self._revert_sandbox()
+            else:
+                self.sandbox.clear_shared()
         t2 = time.perf_counter()
         self._restore_files()
         t3 = time.perf_counter()
@@ -459,7 +481,7 @@ class Session:
             self.sandbox.stop()
         killed = self.kill_task_processes()
         if self.sandbox is not None:
-            _empty_dir(self.tmp / ".X11-unix")
+            empty_dir(self.tmp / ".X11-unix")
         self._restore_files()
         t1 = time.perf_counter()
         self.start_x()
@@ -520,13 +542,16 @@ class Session:
         except RuntimeError as exc:
             raise SessionError(str(exc)) from None
         self._fresh_private_dir(self.tmp)
+        self._fresh_private_dir(self.run_dir)
 
     def _fresh_private_dir(self, path: Path) -> None:
         """An empty TMPDIR / XDG_RUNTIME_DIR. Sandboxed, the directory is bound into the
         sandbox, so it is emptied in place (its X socket mount point kept) and ``tmp/`` is
         ``/tmp`` inside (1777, root's)."""
         if self.sandbox is not None and path.is_dir():
-            _empty_dir(path, keep=(".X11-unix",))
+            empty_dir(path, keep=(".X11-unix",))
+            x_socket = os.path.basename(self.x_socket or "")
+            empty_dir(path / ".X11-unix", keep=(x_socket,))  # its mount point stays
             return
         if path.exists():
             shutil.rmtree(path)
@@ -537,24 +562,39 @@ class Session:
             os.chown(path, self.uid, self.gid)
 
 
-def _empty_dir(path: Path, keep: tuple[str, ...] = ()) -> None:
-    """Remove everything inside ``path`` but the names in ``keep`` (missing path: no-op)."""
-    if not path.is_dir():
-        return
-    for entry in os.scandir(path):
-        if entry.name in keep:
-            continue
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path)
-        else:
-            os.unlink(entry.path)
-
-
 def _free_display(number: int) -> int:
-    """The first display number >= ``number`` without an X lock file."""
-    while os.path.exists(f"/tmp/.X{number}-lock"):
+    """The first display number >= ``number`` that no live X server holds: no lock file, or
+    one whose owner pid is dead (Xvfb replaces such a stale lock itself, atomically)."""
+    while os.path.exists(f"/tmp/.X{number}-lock") and not _lock_is_stale(number):
         number += 1
     return number
+
+
+def _lock_is_stale(number: int) -> bool:
+    """True when display ``number``'s lock names a pid that no longer exists (a lock not
+    readable, or naming a live pid, is not stale)."""
+    owner = _lock_owner(number)
+    if owner is None:
+        return False
+    try:
+        os.kill(owner, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _remove_display_files(number: int, pid: int) -> None:
+    """Remove display ``number``'s lock file and socket if the lock still names ``pid``
+    (our Xvfb, now dead): another server may have taken the number since."""
+    if _lock_owner(number) != pid:
+        return
+    for path in (f"/tmp/.X11-unix/X{number}", f"/tmp/.X{number}-lock"):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 def _lock_owner(number: int) -> int | None:

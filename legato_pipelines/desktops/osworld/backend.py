@@ -105,6 +105,9 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
         self.server_url: str | None = None
         self.worker: WorkerProcess | None = None
         self.last_reset: dict[str, Any] | None = None
+        #: facts of the last reset's setup (steps OSWorld carries on after, as on the local
+        #: backend: ``setup_facts.py``); kept on the attempt's record (``reset.setup_failures``)
+        self.setup_failures: list[dict[str, Any]] = []
         self.last_start: dict[str, Any] | None = None
         self._force_revert = False
         self._http = None
@@ -179,6 +182,7 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
         task_config = {**task.config, "id": task.config.get("id") or task.task_id}
         self._guard_reset()
         self._ready_signal.prepare(task)
+        self.setup_failures = []
         try:
             self.last_reset = await self._call(
                 "reset",
@@ -191,6 +195,7 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
             self._force_revert = True
             raise
         self._force_revert = False
+        self.setup_failures = list(self.last_reset.get("setup_failures") or [])
         return self.last_reset["kind"]
 
     async def observe(self) -> Screenshot:

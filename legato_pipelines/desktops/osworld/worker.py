@@ -19,7 +19,8 @@ Operations (``result`` shapes):
   start     construct DesktopEnv once (boots the VM); {vm, screen:[w,h], import_s, start_s}
   reset     {task_config, fast, domain?, kill?}: fast reset (kill the task's apps, verify, restore the
             baseline HOME) or snapshot revert, then the task's own setup through
-            ``DesktopEnv.reset`` (which no longer reverts); {kind: fast|revert, revert_s, clean_s, setup_s}
+            ``DesktopEnv.reset`` (which no longer reverts); {kind: fast|revert, revert_s, clean_s,
+            setup_s, setup_failures: [{step, type, exit_status, error}] (setup_facts.py)}
   observe   {png: base64}
   step      {code, pause?}: ``DesktopEnv.step(code, pause)`` (pause 0 unless given);
             {done, info, returncode, error, output} (``output``: the code's stdout tail)
@@ -280,6 +281,7 @@ class Worker:
         self.baseline_ready = False
         self.last_execute: list = []
         self.eval_notes: list[str] = []
+        self.facts = None  # setup_facts.SetupFacts, once DesktopEnv is there
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -368,11 +370,7 @@ class Worker:
 
     def _use_local_provider(self, de, req: dict) -> None:
         """Swap the factory DesktopEnv calls for one returning the project-local provider."""
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "provider_local.py")
-        spec = importlib.util.spec_from_file_location("legato_osworld_provider_local", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
+        module = load_sibling("provider_local")
         self.vm_token = os.environ.get(req.get("vm_token_env") or "LEGATO_OSWORLD_VM_TOKEN") or None
         url = req["vm_url"].rstrip("/")
         ports = req.get("ports") or {}
@@ -385,18 +383,25 @@ class Worker:
         )
 
     def _watch_controllers(self) -> None:
-        """Record what ``execute_python_command`` and ``setup`` return (DesktopEnv drops it)."""
+        """Record what ``execute_python_command`` and ``setup`` return (DesktopEnv drops it);
+        run setups step by step, keeping the failures OSWorld carries on after as facts
+        (``setup_facts.py``)."""
         env = self.env
         execute = env.controller.execute_python_command
-        setup = env.setup_controller.setup
+        controller = env.setup_controller
+        setup = controller.setup
+        if self.facts is None:
+            import desktop_env.controllers.setup as setup_module
+
+            self.facts = load_sibling("setup_facts").SetupFacts(setup_module)
 
         def watched_execute(command, _execute=execute):
             result = _execute(command)
             self.last_execute.append(result)
             return result
 
-        def watched_setup(config, use_proxy=False, _setup=setup):
-            ok = _setup(config, use_proxy)
+        def watched_setup(config, use_proxy=False, _setup=setup, _controller=controller):
+            ok = self.facts.run(_setup, _controller, config, use_proxy)
             if not ok:
                 raise WorkerError(
                     "setup", "SetupController.setup returned False (the VM server is unreachable)"
@@ -494,12 +499,15 @@ class Worker:
         self._probe()
         check_evaluator(task)
         t2 = time.perf_counter()
+        if self.facts is not None:
+            self.facts.failures = []
         try:
             obs = env.reset(task_config=task)
         except WorkerError:
             raise
         except Exception as exc:
             raise WorkerError("setup", f"task setup failed: {_describe(exc)}") from None
+        setup_failures = list(self.facts.failures) if self.facts is not None else []
         if obs.get("screenshot") is None:
             raise WorkerError(
                 "vm", "no screenshot after the task's setup (the VM server stopped answering)"
@@ -511,6 +519,7 @@ class Worker:
             "clean_s": clean_s,
             "setup_s": time.perf_counter() - t2,
             "reset_s": time.perf_counter() - t0,
+            "setup_failures": setup_failures,
             **detail,
         }
 
@@ -606,6 +615,20 @@ class Worker:
         if self.env is None:
             raise WorkerError("protocol", "the DesktopEnv is not started (send start first)")
         return self.env
+
+
+def load_sibling(name: str) -> types.ModuleType:
+    """Import ``<name>.py`` from this file's directory by path (``-I`` keeps the script's
+    directory off ``sys.path``), once, as ``legato_osworld_<name>``."""
+    full = f"legato_osworld_{name}"
+    if full in sys.modules:
+        return sys.modules[full]
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(full, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[full] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _describe(exc: BaseException) -> str:
