@@ -72,7 +72,11 @@ async def get_json(desktop, url: str) -> dict:
 
 
 async def test_google_chrome_answers_cdp_through_the_socat_bridge_and_relaunches():
-    config = DesktopConfig(backend="local", screen_width=1280, screen_height=720)
+    # a loopback of its own: on the host network, 1337 and 9222 are the host's ports, which
+    # another desktop (or test) may hold (docs/local-desktop.md §12)
+    config = DesktopConfig(
+        backend="local", screen_width=1280, screen_height=720, options={"network": "none"}
+    )
     (desktop,) = await open_local_desktops(config, 1)
     try:
         await desktop.reset(chrome_task())
