@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tests.osworld_data import LOCAL_SUITE, OSWORLD, REPO_ROOT
 
@@ -165,6 +166,33 @@ def test_more_problems_than_a_message_shows_are_all_listed(tmp_path):
     text = " ".join(proc.stderr.split())
     assert "25 problems" in text and "... and" not in text
     assert all(f"tasks[{i}] (task_id 't{i}')" in text for i in range(25))
+
+
+def test_local_knows_the_apps_this_hosts_desktops_have(tmp_path):
+    """OSWorld tasks of GIMP, VLC and the os domain (GNOME session, pyautogui commands) stop
+    being refused for a missing app once the apps are installed (they are infeasible or
+    gsettings tasks, so nothing else stops them)."""
+    from legato_pipelines.desktops.local.apps import desktop_python_has_pyautogui, installed_apps
+
+    apps = installed_apps()
+    if not {"gimp", "vlc", "os"} <= apps or not desktop_python_has_pyautogui():
+        pytest.skip("needs gimp, vlc, gnome-terminal, nautilus, dconf and pyautogui (setup.sh)")
+    index = tmp_path / "index.json"
+    index.write_bytes(
+        orjson.dumps(
+            {
+                "gimp": ["e19bd559-633b-4b02-940f-d946248f088e"],
+                "vlc": ["cb130f0d-d36f-4302-9838-b3baf46139b6"],
+                "os": ["a4d98375-215b-4a4d-aee9-3d4370fccc41"],
+            }
+        )
+    )
+    proc = legato(str(index), "--osworld", str(OSWORLD), "--backend", "local", "--json")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
+    doc = orjson.loads(proc.stdout)
+    assert doc["local_desktops"] == {"apps": sorted(apps), "pyautogui": True}
+    assert [t["local_blockers"] for t in doc["tasks"]] == [[], [], []]
+    assert doc["totals"]["by_backend"]["local"] == 3
 
 
 def test_osworld_provider_local_accepts_the_os_task_collect_runs(tmp_path):

@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ..desktops.local.apps import desktop_python_has_pyautogui, installed_apps
 from ..errors import TaskListError
 from ..osworld_format import BackendSupport, TaskClass, classify_task, summarize
 from ..osworld_format.problems import BACKENDS
@@ -185,7 +186,11 @@ def check_command(
         task_set = load_tasks(path, osworld=osworld)
     except TaskListError as exc:
         fail(exc.describe())  # every problem of the list, not only the first 20
-    support = BackendSupport(cache_dir=cache_dir)
+    support = BackendSupport(
+        cache_dir=cache_dir,
+        local_apps=installed_apps(),
+        local_pyautogui=desktop_python_has_pyautogui(),
+    )
     classes = [classify_task(task, backend_support=support) for task in task_set]
     totals = summarize(classes)
     checked: tuple[str, ...] = (backend.value,) if backend else BACKENDS
@@ -217,6 +222,10 @@ def check_command(
             "ok": not failing,
             "problems": problems,
             "not_runnable": not_runnable,
+            "local_desktops": {
+                "apps": sorted(support.local_apps),
+                "pyautogui": support.local_pyautogui,
+            },
             "tasks": [c.model_dump() for c in classes],
             "totals": totals.model_dump(),
         }
@@ -238,6 +247,12 @@ def check_command(
         _out.print(_totals_table(totals))
         _out.print(
             f"[dim]{escape(str(path))}: {len(task_set)} tasks, task set {task_set.task_set}[/]",
+            highlight=False,
+        )
+        pyautogui = "with" if support.local_pyautogui else "without"
+        _out.print(
+            f"[dim]local desktops on this host have: {', '.join(sorted(support.local_apps))}; "
+            f"{pyautogui} pyautogui (docs/local-desktop.md §11)[/]",
             highlight=False,
         )
         if not backend and any(not_runnable.values()):

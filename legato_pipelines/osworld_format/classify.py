@@ -137,13 +137,18 @@ class BackendSupport(BaseModel):
     """What backends offer, for :func:`classify_task`.
 
     ``local_apps``: app names a local desktop has (default: terminal, text_editor,
-    libreoffice_calc). ``cache_dir``: a local file cache; download/cloud_file URLs found there (or
+    libreoffice_calc; ``legato tasks check`` passes what this host's desktops have:
+    :func:`legato_pipelines.desktops.local.apps.installed_apps`). ``os`` in it: OSWorld's GNOME
+    session (persistent gsettings, gnome-terminal, nautilus). ``local_pyautogui``: the desktops'
+    ``python`` has pyautogui, so OSWorld's ``python -c "import pyautogui; ..."`` commands run
+    there. ``cache_dir``: a local file cache; download/cloud_file URLs found there (or
     ``file://``) do not count as needing the internet.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     local_apps: frozenset[str] = LOCAL_APPS
+    local_pyautogui: bool = False
     cache_dir: Path | None = None
 
 
@@ -357,7 +362,7 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     local_blockers += [f"app {a}" for a in missing_apps]
     if "os" in apps and not (set(apps) & support.local_apps):
         local_blockers.append("app os (GNOME desktop)")
-    if any("pyautogui" in text for text in commands):
+    if not support.local_pyautogui and any("pyautogui" in text for text in commands):
         local_blockers.append("pyautogui commands on the desktop")
     local_blockers += [f"evaluator: {part}" for part in unsupported_eval]
     problems = {name: task_problems(task, name, cache_dir=support.cache_dir) for name in BACKENDS}

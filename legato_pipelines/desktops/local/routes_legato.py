@@ -75,6 +75,14 @@ async def health(request: Request) -> Response:
             "home": sess.desktop_home,
             "host_home": str(sess.home),
             "sandbox": sess.sandbox.describe() if sess.sandbox is not None else None,
+            "session_bus": (
+                {
+                    "address": sess.task_env()["DBUS_SESSION_BUS_ADDRESS"],
+                    "running": sess.bus.alive(),
+                }
+                if sess.bus is not None
+                else {"missing": sess.bus_missing}
+            ),
             "width": sess.width,
             "height": sess.height,
             "pid": os.getpid(),

@@ -127,6 +127,7 @@ for d in $OVERLAID; do
   lower="/$d"; [ -d "$SB/seed/$d" ] && lower="$SB/seed/$d:/$d"
   mount -t overlay "legato-$d" -o "lowerdir=$lower,upperdir=$LAYERS/upper/$d,workdir=$LAYERS/work/$d,userxattr" "$R/$d"
 done
+for b in $BINDS; do mount --bind "${b%%:*}" "$R/${b#*:}"; done
 for l in bin sbin lib lib32 lib64 libx32; do [ -L "/$l" ] && ln -s "$(readlink "/$l")" "$R/$l"; done
 mkdir -p "$R/proc" "$R/sys" "$R/dev" "$R/tmp" "$R/home" "$R/root" "$R/run" "$R/mnt" "$R/media" "$R/srv" "$R/.old"
 mount -t proc -o nosuid,nodev,noexec proc "$R/proc"
@@ -369,6 +370,9 @@ class Sandbox:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             os.chmod(path, mode)
+        from . import chrome  # here: the module's top imports stay stdlib-only
+
+        chrome.write_seed(self.dir / "seed")  # google-chrome as Chromium (chrome.py)
 
     def start(self, x_socket: str | None) -> float:
         """Start a clean sandbox (and a spare in the background); returns the seconds it took
@@ -506,6 +510,8 @@ class Sandbox:
             for name in OVERLAID:
                 (top / name).mkdir(parents=True)
         (layers / "root").mkdir(exist_ok=True)
+        from . import chrome
+
         env = {
             "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
             "SB": str(self.dir),
@@ -520,6 +526,8 @@ class Sandbox:
             "PROC_MASKED": " ".join(PROC_MASKED),
             "SYS_MASKED": " ".join(SYS_MASKED),
             "CAPS_DROPPED": _bounding_drop(),
+            # host file -> mount point in the seed layer ("src:dst" words; chrome.py)
+            "BINDS": " ".join(f"{src}:{dst}" for src, dst in chrome.bind_mounts(self.dir / "seed")),
         }
         argv = ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--user", "--mount"]
         argv += ["--pid", "--ipc", "--fork", "--kill-child", "--propagation", "private"]

@@ -101,7 +101,7 @@ class DesktopServer:
         self.launch_mark = LaunchMark(ctx.screen.frame(), frozenset(ctx.windows.client_ids()))
 
     def _spawn_app(self, argv, shell: bool) -> subprocess.Popen:
-        argv, shell = apps.with_session_bus(argv, shell)
+        argv, shell = apps.with_session_bus(argv, shell, desktop_bus=self.session.bus is not None)
         self._mark_launch()
         with open(self.session.state / "apps.log", "ab", opener=_private) as log:
             return self.session.procs.spawn(

@@ -35,6 +35,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from . import dbus_session
 from . import home as home_mod
 from .leftovers import empty_dir
 from .procs import ProcessTable, RunAs, descendants, process_table
@@ -183,6 +184,13 @@ class Session:
         self._xvfb: subprocess.Popen | None = None
         self._wm: subprocess.Popen | None = None
         self.generation = 0  # bumped on every X (re)start; X clients reconnect when it changes
+        # the session D-Bus with dconf (dbus_session.py), when Debian's packages are there
+        self.bus_missing = dbus_session.missing()
+        self.bus = (
+            None
+            if self.bus_missing
+            else dbus_session.SessionBus(self.procs, self.state / "bus.log")
+        )
 
     # -- paths as the task sees them ---------------------------------------------------------
 
@@ -196,11 +204,18 @@ class Session:
     def task_env(self) -> dict[str, str]:
         """The environment of every task process (built from scratch, nothing inherited).
 
-        ``NO_AT_BRIDGE``/``GTK_A11Y``/``GSETTINGS_BACKEND=memory`` keep GTK apps from
-        autolaunching at-spi, dconf and dbus helpers that outlive them (docs/local-desktop.md §9).
+        ``NO_AT_BRIDGE``/``GTK_A11Y`` keep GTK apps from autolaunching at-spi. With the
+        desktop's session bus (:mod:`.dbus_session`), ``DBUS_SESSION_BUS_ADDRESS`` names it and
+        GSettings persists in dconf; without one, ``GSETTINGS_BACKEND=memory`` keeps apps from
+        autolaunching dconf and dbus helpers that outlive them (docs/local-desktop.md §9, §10).
         """
         home = self.desktop_home
         sandboxed = self.sandbox is not None
+        runtime = f"/run/user/{SANDBOX_UID}" if sandboxed else str(self.run_dir)
+        if self.bus is not None:
+            bus = {"DBUS_SESSION_BUS_ADDRESS": dbus_session.bus_address(runtime)}
+        else:
+            bus = {"GSETTINGS_BACKEND": "memory"}
         return {
             "HOME": home,
             "USER": self.user,
@@ -210,7 +225,7 @@ class Session:
             "LANG": "C.UTF-8",
             "DISPLAY": self.display or "",
             "XDG_SESSION_TYPE": "x11",
-            "XDG_RUNTIME_DIR": f"/run/user/{SANDBOX_UID}" if sandboxed else str(self.run_dir),
+            "XDG_RUNTIME_DIR": runtime,
             "XDG_CONFIG_HOME": f"{home}/.config",
             "XDG_CACHE_HOME": f"{home}/.cache",
             "XDG_DATA_HOME": f"{home}/.local/share",
@@ -218,7 +233,8 @@ class Session:
             "TMPDIR": "/tmp" if sandboxed else str(self.tmp),
             "NO_AT_BRIDGE": "1",
             "GTK_A11Y": "none",
-            "GSETTINGS_BACKEND": "memory",
+            "GTK_USE_PORTAL": "0",
+            **bus,
         }
 
     def run_as(self) -> RunAs:
@@ -257,9 +273,11 @@ class Session:
         home_mod.build_baseline(self.baseline, uid=self.uid, gid=self.gid, template=self.template)
         if "libreoffice" in self.prebuild:
             self._prebuild_libreoffice()
+        self._baseline_settings()
         home_mod.restore(self.baseline, self.home)
         self.start_x()
         self._start_sandbox()
+        self._start_bus()
 
     def _start_sandbox(self) -> None:
         if self.sandbox is None:
@@ -359,6 +377,35 @@ class Session:
         """True while Xvfb and the window manager both run."""
         return all(p is not None and p.poll() is None for p in (self._xvfb, self._wm))
 
+    def _baseline_settings(self) -> None:
+        """dconf settings of the baseline HOME (screen lock and idle off; :mod:`.dbus_session`)."""
+        if self.bus is None:
+            return
+        env = self._baseline_env()
+        run_as = RunAs(env=env, cwd=env["HOME"], uid=self.uid, gid=self.gid)
+        try:
+            dbus_session.write_baseline_settings(self.procs, run_as, self.state / "baseline-bus")
+        except dbus_session.SessionBusError as exc:
+            raise SessionError(str(exc)) from None
+
+    def _start_bus(self) -> dict[str, float]:
+        """A fresh session bus for the next attempt; ``{bus_s}`` (seconds), ``{}`` without one."""
+        if self.bus is None:
+            return {}
+        env = self.task_env()
+        runtime = env["XDG_RUNTIME_DIR"]
+        try:
+            return {"bus_s": self.bus.start(self.run_as(), runtime, self.run_dir)}
+        except dbus_session.SessionBusError as exc:
+            raise SessionError(str(exc)) from None
+
+    def _stop_bus(self) -> None:
+        if self.bus is not None:
+            try:
+                self.bus.stop()
+            except dbus_session.SessionBusError as exc:
+                raise SessionError(str(exc)) from None
+
     def close(self) -> None:
         """Kill every process of the desktop (tasks and infrastructure)."""
         me = os.getpid()
@@ -372,6 +419,8 @@ class Session:
     def infra_pids(self, table) -> set[int]:
         """Xvfb, the window manager and anything below them; the sandbox's own processes."""
         pids: set[int] = set(self.sandbox.anchor_pids()) if self.sandbox is not None else set()
+        if self.bus is not None:
+            pids |= self.bus.pids(table)
         for proc in (self._xvfb, self._wm):
             if proc is not None and proc.pid in table:
                 pids.add(proc.pid)
@@ -406,7 +455,8 @@ class Session:
         what it cost.
         """
         t0 = time.perf_counter()
-        killed = self.kill_task_processes()
+        killed = self.kill_task_processes()  # with what the bus activated (dconf-service, ...)
+        self._stop_bus()
         t1 = time.perf_counter()
         detail: dict = {}
         if self.sandbox is not None:
@@ -419,11 +469,13 @@ class Session:
         t2 = time.perf_counter()
         self._restore_files()
         t3 = time.perf_counter()
+        detail |= self._start_bus()
         return {"kill_s": t1 - t0, "restore_s": t3 - t2, "killed": killed, **detail}
 
     def full_reset(self) -> dict[str, float]:
         """Restart Xvfb and openbox too, and start a clean sandbox (the local snapshot revert)."""
         t0 = time.perf_counter()
+        self._stop_bus()
         self.stop_x()
         if self.sandbox is not None:
             self.sandbox.stop()
@@ -434,6 +486,7 @@ class Session:
         t1 = time.perf_counter()
         self.start_x()
         self._start_sandbox()
+        self._start_bus()
         t2 = time.perf_counter()
         return {"kill_restore_s": t1 - t0, "restart_s": t2 - t1, "killed": killed}
 
@@ -451,14 +504,8 @@ class Session:
                 "prebuild libreoffice: soffice is not installed (apt-get install libreoffice-calc)"
             )
         base = str(self.baseline)
-        env = self.task_env() | {
-            "HOME": base,
-            "XDG_CONFIG_HOME": f"{base}/.config",
-            "XDG_CACHE_HOME": f"{base}/.cache",
-            "XDG_DATA_HOME": f"{base}/.local/share",
-            "XDG_STATE_HOME": f"{base}/.local/state",
-        }
-        env.pop("DISPLAY")
+        env = self._baseline_env() | {"GSETTINGS_BACKEND": "memory"}
+        env.pop("DBUS_SESSION_BUS_ADDRESS", None)
         run_as = RunAs(env=env, cwd=base, uid=self.uid, gid=self.gid)
         try:
             self.procs.run(
@@ -475,6 +522,19 @@ class Session:
             home_mod.add_libreoffice_settings(self.baseline)
         except FileNotFoundError:
             raise SessionError("prebuild libreoffice: soffice did not create a profile") from None
+
+    def _baseline_env(self) -> dict[str, str]:
+        """The task environment with HOME and the XDG folders in the baseline, no display."""
+        base = str(self.baseline)
+        env = self.task_env() | {
+            "HOME": base,
+            "XDG_CONFIG_HOME": f"{base}/.config",
+            "XDG_CACHE_HOME": f"{base}/.cache",
+            "XDG_DATA_HOME": f"{base}/.local/share",
+            "XDG_STATE_HOME": f"{base}/.local/state",
+        }
+        env.pop("DISPLAY")
+        return env
 
     def _restore_files(self) -> None:
         try:
