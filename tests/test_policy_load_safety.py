@@ -127,7 +127,7 @@ def test_two_weights_runs_at_once_take_turns_and_each_is_served_its_own_weights(
         load_b = [r.at for r in server.requests if r.path in ("/update_weights_from_disk", route)]
         assert load_b[-1] >= last_a
     after = json.loads((tmp_path / "a" / "run.json").read_text())["checkpoint"]["after"]
-    assert after["checked"] is (flavor == "sglang")
+    assert after["checked"] is True  # the scripted vLLM route answers GET with its path
 
 
 def test_a_weights_run_waits_at_most_load_wait_and_names_the_holder(tmp_path, no_policy_key):
@@ -458,3 +458,70 @@ def test_each_step_keeps_the_servers_word_on_which_weights_answered(tmp_path, no
         for step in record["steps"]
     }
     assert prints == {"legato-scripted-not-a-model:served=step-1"}
+
+
+# -- one server, however its URL is spelled -------------------------------------------------------
+
+
+def test_server_identity_is_one_for_every_spelling_of_a_loopback_server():
+    from legato_pipelines.policy.servers import server_identity
+
+    spellings = [
+        "http://127.0.0.1:8000",
+        "http://localhost:8000/v1/",
+        "HTTP://LOCALHOST:8000/",
+        "http://[::1]:8000/v1",
+        "http://127.0.0.2:8000/v1",
+    ]
+    assert {server_identity(u) for u in spellings} == {"http://loopback:8000"}
+    assert server_identity("http://127.0.0.1") == server_identity("http://localhost:80/")
+    assert server_identity("http://127.0.0.1:8001") != server_identity("http://127.0.0.1:8000")
+    assert server_identity("https://127.0.0.1:8000") != server_identity("http://127.0.0.1:8000")
+    assert server_identity("http://127.0.0.1:8000/a/v1") == "http://loopback:8000/a"
+    assert ServerState("http://localhost:8000/v1/").dir == ServerState("http://127.0.0.1:8000").dir
+
+
+def test_the_weights_lock_holds_for_the_same_server_by_another_url(tmp_path, no_policy_key):
+    path = weights(tmp_path / "ckpts", "step-2")
+    with ScriptedPolicyServer(flavor="sglang") as server:
+        other_spelling = server.url.replace("127.0.0.1", "LocalHost") + "/v1/"
+
+        async def hold():
+            state = ServerState(other_spelling)
+            return await state.lock_weights({"version": "step-1", "pid": os.getpid()}, 0)
+
+        held = asyncio.run(hold())
+        try:
+            with pytest.raises(LoadError, match=r"version 'step-1'.*--load-wait"):
+                run(
+                    server,
+                    tmp_path / "run",
+                    "step-2",
+                    LoadSpec(mode="weights", checkpoint=str(path), wait=0.3),
+                )
+            assert not [r for r in server.requests if r.path == "/update_weights_from_disk"]
+        finally:
+            held.release()
+
+
+def test_a_vllm_weights_route_that_reports_its_path_is_rechecked_after_the_run(
+    tmp_path, no_policy_key
+):
+    ckpts = tmp_path / "ckpts"
+    mine, other = weights(ckpts, "step-1"), weights(ckpts, "step-9")
+    with ScriptedPolicyServer(flavor="vllm", weights_route="/update_weights") as server:
+
+        def other_host(_line):  # another host (no shared lock) loads other weights mid-run
+            if server.weights == "step-1":
+                httpx.post(f"{server.url}/update_weights", json={"model_path": str(other)})
+
+        with pytest.raises(LoadError, match=r"weights changed during the run.*GET /update_weights"):
+            run(
+                server,
+                tmp_path / "run",
+                "step-1",
+                LoadSpec(mode="weights", checkpoint=str(mine)),
+                on_record=other_host,
+            )
+    entry = json.loads((tmp_path / "run" / "run.json").read_text())["checkpoint"]
+    assert "step-9" in entry["after"]["changed"]

@@ -33,7 +33,8 @@ checkpoint into the server and checks that the server serves it. Modes (:data:`L
               Otherwise the run refuses to start.
 
 After collecting, :func:`verify_served` checks the proof again (``model_path``, the adapter's
-listing) and fails the run when the server serves other weights now. A 401/403 from a load
+listing; for a vLLM weights route that reported the path it loaded, a ``GET`` of the route when
+it answers with the path, so a swap by another host is caught too) and fails the run when the server serves other weights now. A 401/403 from a load
 route or ``/v1/models`` says ``fix: set LEGATO_POLICY_KEY``.
 ``none``      today's behaviour, named as such: the configured model is called, nothing is
               loaded or checked; the run records that the tie is unproven.
@@ -479,9 +480,10 @@ def release(plan: LoadPlan | None) -> None:
 
 async def verify_served(plan: LoadPlan) -> dict[str, Any]:
     """Check, after collecting, that the server still serves what :func:`load_version` proved
-    (SGLang's ``model_path``, or the adapter still listed in ``/v1/models`` with its folder).
+    (SGLang's ``model_path``, the adapter still listed in ``/v1/models`` with its folder, or the
+    path a ``GET`` of the vLLM weights route reports when that route reported one on loading).
     Returns ``{"checked": bool, "detail": str}`` for ``run.json`` (``checked`` False when the
-    server reports nothing to check: vLLM full weights, SGLang adapters). Raises ``LoadError``
+    server reports nothing to check: a vLLM weights route that names no path, SGLang adapters). Raises ``LoadError``
     when the server serves something else now: the records may mix weights."""
     kind = plan.proof.get("kind")
     if plan.spec.mode == "none" or kind is None:
@@ -518,6 +520,19 @@ async def verify_served(plan: LoadPlan) -> dict[str, Any]:
                     "--load-keep above the number of versions collected at once)"
                 )
             return {"checked": True, "detail": f"/v1/models lists {plan.adapter!r} from {root!r}"}
+        if kind == "route_reported_path":
+            route = plan.spec.weights_route
+            reported = _reported_path(await loader.get_json(route))
+            if reported is not None and _norm(reported) != _norm(plan.checkpoint):
+                raise LoadError(
+                    f"the policy server's weights changed during the run of {plan.version!r}: "
+                    f"GET {route} reports {reported!r}, not {plan.checkpoint}; records of this "
+                    "run may come from other weights (fix: run one weights version at a time "
+                    "per server: no other loader (trainer, second host) on it, then collect "
+                    "the version again into a fresh run directory)"
+                )
+            if reported is not None:
+                return {"checked": True, "detail": f"GET {route} reports {reported!r}"}
     return {
         "checked": False,
         "detail": "the server reports nothing to re-check for this proof "
@@ -795,15 +810,7 @@ class _Loader:
             raise self.refused(
                 route, resp, "--weights-payload (the body your route expects), or --checkpoint"
             )
-        answer = _json(resp) or {}
-        reported = next(
-            (
-                answer[k]
-                for k in ("model_path", "checkpoint", "path")
-                if isinstance(answer.get(k), str)
-            ),
-            None,
-        )
+        reported = _reported_path(_json(resp))
         if reported is not None and _norm(reported) != _norm(plan.checkpoint):
             raise LoadError(
                 f"{route} answered HTTP {resp.status_code} but reports {reported!r}, not "
@@ -887,6 +894,16 @@ def _answer(resp: httpx.Response) -> str:
             if isinstance(data.get(key), str) and data[key]:
                 return redact(data[key])[:1000]
     return error_text(resp.content) or f"(empty body, HTTP {resp.status_code})"
+
+
+def _reported_path(answer: Any) -> str | None:
+    """The path a weights route's JSON answer names (``model_path``, ``checkpoint``, ``path``)."""
+    if not isinstance(answer, dict):
+        return None
+    return next(
+        (answer[k] for k in ("model_path", "checkpoint", "path") if isinstance(answer.get(k), str)),
+        None,
+    )
 
 
 def _not_found_route(resp: httpx.Response) -> bool:
