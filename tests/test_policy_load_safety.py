@@ -525,3 +525,59 @@ def test_a_vllm_weights_route_that_reports_its_path_is_rechecked_after_the_run(
             )
     entry = json.loads((tmp_path / "run" / "run.json").read_text())["checkpoint"]
     assert "step-9" in entry["after"]["changed"]
+
+
+# -- a key as Kubernetes mounts it; a key no header can carry -----------------------------------
+
+
+def _everything_written(root) -> str:
+    out = []
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(dirpath, name), "rb") as fh:
+                out.append(fh.read().decode("utf-8", "replace"))
+    return "\n".join(out)
+
+
+def test_a_key_with_a_trailing_newline_is_stripped_and_never_shown(tmp_path):
+    from tests.test_engine_cli import collect_args, legato, write_tasks
+
+    tasks_file = write_tasks(tmp_path / "tasks.json", 1)
+    path = weights(tmp_path / "ckpts", "step-3")
+    env = {**os.environ, "LEGATO_POLICY_KEY": SECRET + "\n"}
+    with ScriptedPolicyServer(flavor="sglang", api_key=SECRET) as server:
+        out = legato(
+            *collect_args(
+                server, tasks_file, tmp_path / "run", "--load", "weights", "--checkpoint", path
+            ),
+            env=env,
+        )
+    assert out.returncode == 0, out.stderr
+    written = out.stdout + out.stderr + _everything_written(tmp_path / "run")
+    assert SECRET not in written and repr(SECRET + "\n")[1:-1] not in written
+
+
+def test_redact_catches_the_key_quoted_escaped(monkeypatch):
+    from legato_pipelines.policy.wire import redact
+
+    monkeypatch.setenv("LEGATO_POLICY_KEY", SECRET + "\n")
+    quoted = f"Illegal header value b'Bearer {SECRET}\\n'"
+    assert SECRET not in redact(quoted)
+    assert SECRET not in redact(f"got {SECRET!r}")
+
+
+@pytest.mark.parametrize("key", ["sk-clé-0000", "sk-two words", "sk-a\x01b"])
+def test_a_key_no_header_can_carry_is_refused_naming_the_variable(tmp_path, key):
+    from tests.test_engine_cli import collect_args, legato, write_tasks
+
+    tasks_file = write_tasks(tmp_path / "tasks.json", 1)
+    with ScriptedPolicyServer(flavor="vllm") as server:
+        out = legato(
+            *collect_args(server, tasks_file, tmp_path / "run"),
+            env={**os.environ, "LEGATO_POLICY_KEY": key},
+        )
+        assert server.chat_requests == []
+    assert out.returncode == 2, out.stderr
+    assert "LEGATO_POLICY_KEY" in out.stderr and "Traceback" not in out.stderr
+    assert key not in out.stderr and "clé" not in out.stderr and "words" not in out.stderr
+    assert len(out.stderr.splitlines()) < 10, out.stderr
