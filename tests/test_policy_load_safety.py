@@ -581,3 +581,25 @@ def test_a_key_no_header_can_carry_is_refused_naming_the_variable(tmp_path, key)
     assert "LEGATO_POLICY_KEY" in out.stderr and "Traceback" not in out.stderr
     assert key not in out.stderr and "clé" not in out.stderr and "words" not in out.stderr
     assert len(out.stderr.splitlines()) < 10, out.stderr
+
+
+def test_a_run_whose_weights_changed_is_not_resumed_and_exports_as_changed(tmp_path, no_policy_key):
+    from legato_pipelines.store.export import export_steps
+
+    ckpts = tmp_path / "ckpts"
+    mine, other = weights(ckpts, "step-1"), weights(ckpts, "step-9")
+    spec = LoadSpec(mode="weights", checkpoint=str(mine))
+    with ScriptedPolicyServer(flavor="sglang") as server:
+
+        def intruder(_line):
+            if server.weights == "step-1":
+                httpx.post(
+                    f"{server.url}/update_weights_from_disk", json={"model_path": str(other)}
+                )
+
+        with pytest.raises(LoadError, match="weights changed during the run"):
+            run(server, tmp_path / "run", "step-1", spec, on_record=intruder)
+        with pytest.raises(ResumeError, match=r"weights changed under it.*fresh --out"):
+            run(server, tmp_path / "run", "step-1", spec)
+    table = export_steps(tmp_path / "run")
+    assert table.num_rows and set(table.column("load_proof").to_pylist()) == {"changed"}
