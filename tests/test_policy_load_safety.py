@@ -603,3 +603,28 @@ def test_a_run_whose_weights_changed_is_not_resumed_and_exports_as_changed(tmp_p
             run(server, tmp_path / "run", "step-1", spec)
     table = export_steps(tmp_path / "run")
     assert table.num_rows and set(table.column("load_proof").to_pylist()) == {"changed"}
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+def test_an_adapter_a_live_run_leases_is_not_replaced_under_it(tmp_path, flavor, no_policy_key):
+    from legato_pipelines.policy.servers import release_path
+
+    first = adapter(tmp_path / "old", "step-1")
+    second = adapter(tmp_path / "new", "step-1")  # the same name from another folder
+    with ScriptedPolicyServer(flavor=flavor, runtime_lora=True) as server:
+        run(server, tmp_path / "r1", "step-1", LoadSpec(mode="lora", checkpoint=str(first)))
+        lease = ServerState(server.url).lease("step-1", {"version": "step-1"})  # a live run
+        try:
+            with pytest.raises(LoadError, match=rf"a live run still calls it .*pid {os.getpid()}"):
+                run(
+                    server,
+                    tmp_path / "r2",
+                    "step-1",
+                    LoadSpec(mode="lora", checkpoint=str(second), wait=0.3),
+                )
+            assert len(server.loads) == 1  # nothing unloaded or loaded
+            assert server.adapters["step-1"] == str(first)
+        finally:
+            release_path(lease)
+        run(server, tmp_path / "r2", "step-1", LoadSpec(mode="lora", checkpoint=str(second)))
+        assert len(server.loads) == 2

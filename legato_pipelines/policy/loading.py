@@ -11,7 +11,9 @@ checkpoint into the server and checks that the server serves it. Modes (:data:`L
               as model ``<version>``; SGLang ``POST /load_lora_adapter`` (``--enable-lora``) and
               called as model ``<base>:<version>``. An adapter already served under the
               name from the folder is kept only when it was loaded with the folder's current
-              fingerprint (:mod:`.servers`), else unloaded and loaded again. Adapters loaded
+              fingerprint (:mod:`.servers`), else unloaded and loaded again, once no other live
+              run leases it (waiting ``wait`` seconds at most, then failing naming that run:
+              weights are never swapped under a run calling them). Adapters loaded
               earlier from the same checkpoints directory are unloaded past ``keep`` (the
               newest stay), never one that a live run leases (calls).
               Proof: vLLM lists the adapter in ``/v1/models`` with ``root`` = the folder;
@@ -46,6 +48,7 @@ appears in a message, a proof or a record.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import re
@@ -61,7 +64,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..errors import ConfigError, LoadError
 from .config import PolicyConfig, policy_api_key
-from .servers import ServerState, release_path
+from .servers import POLL_S, ServerState, release_path
 from .wire import error_text, redact
 
 LoadMode = Literal["none", "lora", "weights", "external"]
@@ -639,6 +642,7 @@ class _Loader:
             plan.proof["kept"] = "already served from this folder with this fingerprint"
         else:
             if name in listed:  # the name serves other weights: replace them
+                await self.wait_unleased(name)
                 await self.post("/v1/unload_lora_adapter", {"lora_name": name})
             route = "/v1/load_lora_adapter"
             resp = await self.post(route, {"lora_name": name, "lora_path": plan.checkpoint})
@@ -693,6 +697,7 @@ class _Loader:
         if resp.status_code != 200 and "already" in _answer(resp):
             loaded = (data or {}).get("loaded_adapters") or {}
             if loaded.get(name) != plan.checkpoint or not self.unchanged():
+                await self.wait_unleased(name)
                 await self.post("/unload_lora_adapter", {"lora_name": name})
                 resp = await self.post(route, body)
                 data = _json(resp)
@@ -722,6 +727,29 @@ class _Loader:
         }
         ours = [n for n, p in loaded.items() if n != name and _same_dir(p, plan.checkpoint)]
         await self.unload_old(ours, "/unload_lora_adapter")
+
+    async def wait_unleased(self, name: str) -> None:
+        """Before replacing adapter ``name`` (unload and load again under the same name): wait
+        at most ``spec.wait`` seconds for the other live runs that lease it to end; raises
+        ``LoadError`` naming one of them when they are still there. Weights are never swapped
+        under a run that calls them."""
+        state = self.plan.state
+        if state is None:
+            return
+        mine = next((p for p in self.plan.held if isinstance(p, Path)), None)
+        deadline = time.monotonic() + self.plan.spec.wait
+        while others := state.leased(name, mine=mine):
+            if time.monotonic() >= deadline:
+                holder = others[0]
+                raise LoadError(
+                    f"adapter {name!r} must be replaced (loaded from another folder, or its "
+                    f"folder changed) to load {self.plan.checkpoint}, but a live run still calls "
+                    f"it (version {holder.get('version')!r}, pid {holder.get('pid')} on "
+                    f"{holder.get('host', '?')}) and still did after {self.plan.spec.wait:g} s; "
+                    "nothing was replaced (fix: wait for that run, --load-wait longer, or "
+                    "another --load adapter name for this version)"
+                )
+            await asyncio.sleep(POLL_S)
 
     async def unload_old(self, ours: list[str], route: str) -> None:
         """Unload the oldest of ``ours`` (adapters from the same checkpoints directory, in load
