@@ -628,3 +628,17 @@ def test_an_adapter_a_live_run_leases_is_not_replaced_under_it(tmp_path, flavor,
             release_path(lease)
         run(server, tmp_path / "r2", "step-1", LoadSpec(mode="lora", checkpoint=str(second)))
         assert len(server.loads) == 2
+
+
+def test_external_refuses_an_adapter_the_server_loaded_through_a_symlink(tmp_path, no_policy_key):
+    real = adapter(tmp_path / "ckpts", "step-5")
+    current = tmp_path / "ckpts" / "current"
+    current.symlink_to(real)  # the trainer loaded ckpt/current, which may be repointed since
+    with ScriptedPolicyServer(flavor="vllm", runtime_lora=True) as server:
+        httpx.post(
+            f"{server.url}/v1/load_lora_adapter",
+            json={"lora_name": "step-5", "lora_path": str(current)},
+        )
+        with pytest.raises(LoadError, match=r"through a symlink.*by their real folder"):
+            run(server, tmp_path / "run", "step-5", LoadSpec(mode="external", checkpoint=str(real)))
+        assert server.chat_requests == []

@@ -865,6 +865,19 @@ class _Loader:
             root = listed[name].get("root")
             if (
                 isinstance(root, str)
+                and root != name
+                and os.path.isabs(root)
+                and _resolved(root) != _norm(root)
+            ):
+                raise LoadError(
+                    f"load 'external': /v1/models lists {name!r} with root {root!r}, which goes "
+                    f"through a symlink (now to {_resolved(root)}): the server loaded through a "
+                    "symlink whose target may have changed since, so what it serves cannot be "
+                    "told from the folder; nothing was collected (fix: have the trainer load "
+                    "adapters by their real folder, not through a symlink such as ckpt/current)"
+                )
+            if (
+                isinstance(root, str)
                 and plan.checkpoint
                 and root != name  # vLLM's root of a base model is its id, not a folder
                 and _resolved(root) != _resolved(plan.checkpoint)
