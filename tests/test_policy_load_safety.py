@@ -642,3 +642,23 @@ def test_external_refuses_an_adapter_the_server_loaded_through_a_symlink(tmp_pat
         with pytest.raises(LoadError, match=r"through a symlink.*by their real folder"):
             run(server, tmp_path / "run", "step-5", LoadSpec(mode="external", checkpoint=str(real)))
         assert server.chat_requests == []
+
+
+def test_a_load_state_dir_that_cannot_be_written_is_named(tmp_path, monkeypatch):
+    from tests.test_engine_cli import collect_args, legato, write_tasks
+
+    tasks_file = write_tasks(tmp_path / "tasks.json", 1)
+    path = weights(tmp_path / "ckpts", "step-3")
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    env = {**os.environ, "LEGATO_LOAD_STATE": str(blocker / "state")}
+    env.pop("LEGATO_POLICY_KEY", None)
+    with ScriptedPolicyServer(flavor="sglang") as server:
+        out = legato(
+            *collect_args(
+                server, tasks_file, tmp_path / "run", "--load", "weights", "--checkpoint", path
+            ),
+            env=env,
+        )
+    assert out.returncode == 2, out.stderr
+    assert "LEGATO_LOAD_STATE" in out.stderr and "--out" not in out.stderr, out.stderr

@@ -49,7 +49,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from ..errors import LoadError
+from ..errors import ConfigError, LoadError
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +140,19 @@ class ServerState:
         self.dir = Path(directory or state_dir()) / f"{_safe(host)}-{key}"
 
     def _mkdir(self, *parts: str) -> Path:
+        """The state directory (and ``parts`` under it), created; raises ``ConfigError`` naming
+        ``LEGATO_LOAD_STATE`` when it cannot be created or written."""
         path = self.dir.joinpath(*parts)
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            if not os.access(path, os.W_OK):
+                raise PermissionError(13, "Permission denied")
+        except OSError as exc:
+            raise ConfigError(
+                f"{STATE_ENV}: the load state directory {self.dir.parent} cannot hold this "
+                f"server's state ({path}: {exc.strerror or exc}) (fix: set {STATE_ENV} to a "
+                "writable directory)"
+            ) from None
         return path
 
     # -- the weights lock -------------------------------------------------------------------
