@@ -517,3 +517,13 @@ def test_two_weights_runs_at_once_on_one_server_take_turns_under_dagster(tmp_pat
             label = r.body.split(b"Task of run ")[1][:1].decode()
             served.setdefault(label, set()).add(r.served)
         assert served == {"a": {"step-1"}, "b": {"step-2"}}
+
+
+def test_a_missing_checkpoint_folder_names_the_path_looked_for(tmp_path):
+    from legato_pipelines.errors import LoadError
+
+    policy = PolicyResource(
+        base_url="http://127.0.0.1:9", model="m", load="weights", checkpoint_root=str(tmp_path)
+    )
+    with pytest.raises(LoadError, match=rf"{tmp_path / 'step-7'} \(does not exist"):
+        policy.load_spec("step-7")

@@ -127,7 +127,7 @@ def test_two_weights_runs_at_once_take_turns_and_each_is_served_its_own_weights(
         load_b = [r.at for r in server.requests if r.path in ("/update_weights_from_disk", route)]
         assert load_b[-1] >= last_a
     after = json.loads((tmp_path / "a" / "run.json").read_text())["checkpoint"]["after"]
-    assert after["checked"] is (flavor == "sglang")
+    assert after["checked"] is True  # the scripted vLLM route answers GET with its path
 
 
 def test_a_weights_run_waits_at_most_load_wait_and_names_the_holder(tmp_path, no_policy_key):
@@ -458,3 +458,207 @@ def test_each_step_keeps_the_servers_word_on_which_weights_answered(tmp_path, no
         for step in record["steps"]
     }
     assert prints == {"legato-scripted-not-a-model:served=step-1"}
+
+
+# -- one server, however its URL is spelled -------------------------------------------------------
+
+
+def test_server_identity_is_one_for_every_spelling_of_a_loopback_server():
+    from legato_pipelines.policy.servers import server_identity
+
+    spellings = [
+        "http://127.0.0.1:8000",
+        "http://localhost:8000/v1/",
+        "HTTP://LOCALHOST:8000/",
+        "http://[::1]:8000/v1",
+        "http://127.0.0.2:8000/v1",
+    ]
+    assert {server_identity(u) for u in spellings} == {"http://loopback:8000"}
+    assert server_identity("http://127.0.0.1") == server_identity("http://localhost:80/")
+    assert server_identity("http://127.0.0.1:8001") != server_identity("http://127.0.0.1:8000")
+    assert server_identity("https://127.0.0.1:8000") != server_identity("http://127.0.0.1:8000")
+    assert server_identity("http://127.0.0.1:8000/a/v1") == "http://loopback:8000/a"
+    assert ServerState("http://localhost:8000/v1/").dir == ServerState("http://127.0.0.1:8000").dir
+
+
+def test_the_weights_lock_holds_for_the_same_server_by_another_url(tmp_path, no_policy_key):
+    path = weights(tmp_path / "ckpts", "step-2")
+    with ScriptedPolicyServer(flavor="sglang") as server:
+        other_spelling = server.url.replace("127.0.0.1", "LocalHost") + "/v1/"
+
+        async def hold():
+            state = ServerState(other_spelling)
+            return await state.lock_weights({"version": "step-1", "pid": os.getpid()}, 0)
+
+        held = asyncio.run(hold())
+        try:
+            with pytest.raises(LoadError, match=r"version 'step-1'.*--load-wait"):
+                run(
+                    server,
+                    tmp_path / "run",
+                    "step-2",
+                    LoadSpec(mode="weights", checkpoint=str(path), wait=0.3),
+                )
+            assert not [r for r in server.requests if r.path == "/update_weights_from_disk"]
+        finally:
+            held.release()
+
+
+def test_a_vllm_weights_route_that_reports_its_path_is_rechecked_after_the_run(
+    tmp_path, no_policy_key
+):
+    ckpts = tmp_path / "ckpts"
+    mine, other = weights(ckpts, "step-1"), weights(ckpts, "step-9")
+    with ScriptedPolicyServer(flavor="vllm", weights_route="/update_weights") as server:
+
+        def other_host(_line):  # another host (no shared lock) loads other weights mid-run
+            if server.weights == "step-1":
+                httpx.post(f"{server.url}/update_weights", json={"model_path": str(other)})
+
+        with pytest.raises(LoadError, match=r"weights changed during the run.*GET /update_weights"):
+            run(
+                server,
+                tmp_path / "run",
+                "step-1",
+                LoadSpec(mode="weights", checkpoint=str(mine)),
+                on_record=other_host,
+            )
+    entry = json.loads((tmp_path / "run" / "run.json").read_text())["checkpoint"]
+    assert "step-9" in entry["after"]["changed"]
+
+
+# -- a key as Kubernetes mounts it; a key no header can carry -----------------------------------
+
+
+def _everything_written(root) -> str:
+    out = []
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(dirpath, name), "rb") as fh:
+                out.append(fh.read().decode("utf-8", "replace"))
+    return "\n".join(out)
+
+
+def test_a_key_with_a_trailing_newline_is_stripped_and_never_shown(tmp_path):
+    from tests.test_engine_cli import collect_args, legato, write_tasks
+
+    tasks_file = write_tasks(tmp_path / "tasks.json", 1)
+    path = weights(tmp_path / "ckpts", "step-3")
+    env = {**os.environ, "LEGATO_POLICY_KEY": SECRET + "\n"}
+    with ScriptedPolicyServer(flavor="sglang", api_key=SECRET) as server:
+        out = legato(
+            *collect_args(
+                server, tasks_file, tmp_path / "run", "--load", "weights", "--checkpoint", path
+            ),
+            env=env,
+        )
+    assert out.returncode == 0, out.stderr
+    written = out.stdout + out.stderr + _everything_written(tmp_path / "run")
+    assert SECRET not in written and repr(SECRET + "\n")[1:-1] not in written
+
+
+def test_redact_catches_the_key_quoted_escaped(monkeypatch):
+    from legato_pipelines.policy.wire import redact
+
+    monkeypatch.setenv("LEGATO_POLICY_KEY", SECRET + "\n")
+    quoted = f"Illegal header value b'Bearer {SECRET}\\n'"
+    assert SECRET not in redact(quoted)
+    assert SECRET not in redact(f"got {SECRET!r}")
+
+
+@pytest.mark.parametrize("key", ["sk-clé-0000", "sk-two words", "sk-a\x01b"])
+def test_a_key_no_header_can_carry_is_refused_naming_the_variable(tmp_path, key):
+    from tests.test_engine_cli import collect_args, legato, write_tasks
+
+    tasks_file = write_tasks(tmp_path / "tasks.json", 1)
+    with ScriptedPolicyServer(flavor="vllm") as server:
+        out = legato(
+            *collect_args(server, tasks_file, tmp_path / "run"),
+            env={**os.environ, "LEGATO_POLICY_KEY": key},
+        )
+        assert server.chat_requests == []
+    assert out.returncode == 2, out.stderr
+    assert "LEGATO_POLICY_KEY" in out.stderr and "Traceback" not in out.stderr
+    assert key not in out.stderr and "clé" not in out.stderr and "words" not in out.stderr
+    assert len(out.stderr.splitlines()) < 10, out.stderr
+
+
+def test_a_run_whose_weights_changed_is_not_resumed_and_exports_as_changed(tmp_path, no_policy_key):
+    from legato_pipelines.store.export import export_steps
+
+    ckpts = tmp_path / "ckpts"
+    mine, other = weights(ckpts, "step-1"), weights(ckpts, "step-9")
+    spec = LoadSpec(mode="weights", checkpoint=str(mine))
+    with ScriptedPolicyServer(flavor="sglang") as server:
+
+        def intruder(_line):
+            if server.weights == "step-1":
+                httpx.post(
+                    f"{server.url}/update_weights_from_disk", json={"model_path": str(other)}
+                )
+
+        with pytest.raises(LoadError, match="weights changed during the run"):
+            run(server, tmp_path / "run", "step-1", spec, on_record=intruder)
+        with pytest.raises(ResumeError, match=r"weights changed under it.*fresh --out"):
+            run(server, tmp_path / "run", "step-1", spec)
+    table = export_steps(tmp_path / "run")
+    assert table.num_rows and set(table.column("load_proof").to_pylist()) == {"changed"}
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+def test_an_adapter_a_live_run_leases_is_not_replaced_under_it(tmp_path, flavor, no_policy_key):
+    from legato_pipelines.policy.servers import release_path
+
+    first = adapter(tmp_path / "old", "step-1")
+    second = adapter(tmp_path / "new", "step-1")  # the same name from another folder
+    with ScriptedPolicyServer(flavor=flavor, runtime_lora=True) as server:
+        run(server, tmp_path / "r1", "step-1", LoadSpec(mode="lora", checkpoint=str(first)))
+        lease = ServerState(server.url).lease("step-1", {"version": "step-1"})  # a live run
+        try:
+            with pytest.raises(LoadError, match=rf"a live run still calls it .*pid {os.getpid()}"):
+                run(
+                    server,
+                    tmp_path / "r2",
+                    "step-1",
+                    LoadSpec(mode="lora", checkpoint=str(second), wait=0.3),
+                )
+            assert len(server.loads) == 1  # nothing unloaded or loaded
+            assert server.adapters["step-1"] == str(first)
+        finally:
+            release_path(lease)
+        run(server, tmp_path / "r2", "step-1", LoadSpec(mode="lora", checkpoint=str(second)))
+        assert len(server.loads) == 2
+
+
+def test_external_refuses_an_adapter_the_server_loaded_through_a_symlink(tmp_path, no_policy_key):
+    real = adapter(tmp_path / "ckpts", "step-5")
+    current = tmp_path / "ckpts" / "current"
+    current.symlink_to(real)  # the trainer loaded ckpt/current, which may be repointed since
+    with ScriptedPolicyServer(flavor="vllm", runtime_lora=True) as server:
+        httpx.post(
+            f"{server.url}/v1/load_lora_adapter",
+            json={"lora_name": "step-5", "lora_path": str(current)},
+        )
+        with pytest.raises(LoadError, match=r"through a symlink.*by their real folder"):
+            run(server, tmp_path / "run", "step-5", LoadSpec(mode="external", checkpoint=str(real)))
+        assert server.chat_requests == []
+
+
+def test_a_load_state_dir_that_cannot_be_written_is_named(tmp_path, monkeypatch):
+    from tests.test_engine_cli import collect_args, legato, write_tasks
+
+    tasks_file = write_tasks(tmp_path / "tasks.json", 1)
+    path = weights(tmp_path / "ckpts", "step-3")
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    env = {**os.environ, "LEGATO_LOAD_STATE": str(blocker / "state")}
+    env.pop("LEGATO_POLICY_KEY", None)
+    with ScriptedPolicyServer(flavor="sglang") as server:
+        out = legato(
+            *collect_args(
+                server, tasks_file, tmp_path / "run", "--load", "weights", "--checkpoint", path
+            ),
+            env=env,
+        )
+    assert out.returncode == 2, out.stderr
+    assert "LEGATO_LOAD_STATE" in out.stderr and "--out" not in out.stderr, out.stderr

@@ -11,7 +11,9 @@ checkpoint into the server and checks that the server serves it. Modes (:data:`L
               as model ``<version>``; SGLang ``POST /load_lora_adapter`` (``--enable-lora``) and
               called as model ``<base>:<version>``. An adapter already served under the
               name from the folder is kept only when it was loaded with the folder's current
-              fingerprint (:mod:`.servers`), else unloaded and loaded again. Adapters loaded
+              fingerprint (:mod:`.servers`), else unloaded and loaded again, once no other live
+              run leases it (waiting ``wait`` seconds at most, then failing naming that run:
+              weights are never swapped under a run calling them). Adapters loaded
               earlier from the same checkpoints directory are unloaded past ``keep`` (the
               newest stay), never one that a live run leases (calls).
               Proof: vLLM lists the adapter in ``/v1/models`` with ``root`` = the folder;
@@ -33,7 +35,8 @@ checkpoint into the server and checks that the server serves it. Modes (:data:`L
               Otherwise the run refuses to start.
 
 After collecting, :func:`verify_served` checks the proof again (``model_path``, the adapter's
-listing) and fails the run when the server serves other weights now. A 401/403 from a load
+listing; for a vLLM weights route that reported the path it loaded, a ``GET`` of the route when
+it answers with the path, so a swap by another host is caught too) and fails the run when the server serves other weights now. A 401/403 from a load
 route or ``/v1/models`` says ``fix: set LEGATO_POLICY_KEY``.
 ``none``      today's behaviour, named as such: the configured model is called, nothing is
               loaded or checked; the run records that the tie is unproven.
@@ -45,6 +48,7 @@ appears in a message, a proof or a record.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import re
@@ -60,7 +64,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..errors import ConfigError, LoadError
 from .config import PolicyConfig, policy_api_key
-from .servers import ServerState, release_path
+from .servers import POLL_S, ServerState, release_path
 from .wire import error_text, redact
 
 LoadMode = Literal["none", "lora", "weights", "external"]
@@ -479,9 +483,10 @@ def release(plan: LoadPlan | None) -> None:
 
 async def verify_served(plan: LoadPlan) -> dict[str, Any]:
     """Check, after collecting, that the server still serves what :func:`load_version` proved
-    (SGLang's ``model_path``, or the adapter still listed in ``/v1/models`` with its folder).
+    (SGLang's ``model_path``, the adapter still listed in ``/v1/models`` with its folder, or the
+    path a ``GET`` of the vLLM weights route reports when that route reported one on loading).
     Returns ``{"checked": bool, "detail": str}`` for ``run.json`` (``checked`` False when the
-    server reports nothing to check: vLLM full weights, SGLang adapters). Raises ``LoadError``
+    server reports nothing to check: a vLLM weights route that names no path, SGLang adapters). Raises ``LoadError``
     when the server serves something else now: the records may mix weights."""
     kind = plan.proof.get("kind")
     if plan.spec.mode == "none" or kind is None:
@@ -518,6 +523,19 @@ async def verify_served(plan: LoadPlan) -> dict[str, Any]:
                     "--load-keep above the number of versions collected at once)"
                 )
             return {"checked": True, "detail": f"/v1/models lists {plan.adapter!r} from {root!r}"}
+        if kind == "route_reported_path":
+            route = plan.spec.weights_route
+            reported = _reported_path(await loader.get_json(route))
+            if reported is not None and _norm(reported) != _norm(plan.checkpoint):
+                raise LoadError(
+                    f"the policy server's weights changed during the run of {plan.version!r}: "
+                    f"GET {route} reports {reported!r}, not {plan.checkpoint}; records of this "
+                    "run may come from other weights (fix: run one weights version at a time "
+                    "per server: no other loader (trainer, second host) on it, then collect "
+                    "the version again into a fresh run directory)"
+                )
+            if reported is not None:
+                return {"checked": True, "detail": f"GET {route} reports {reported!r}"}
     return {
         "checked": False,
         "detail": "the server reports nothing to re-check for this proof "
@@ -624,6 +642,7 @@ class _Loader:
             plan.proof["kept"] = "already served from this folder with this fingerprint"
         else:
             if name in listed:  # the name serves other weights: replace them
+                await self.wait_unleased(name)
                 await self.post("/v1/unload_lora_adapter", {"lora_name": name})
             route = "/v1/load_lora_adapter"
             resp = await self.post(route, {"lora_name": name, "lora_path": plan.checkpoint})
@@ -678,6 +697,7 @@ class _Loader:
         if resp.status_code != 200 and "already" in _answer(resp):
             loaded = (data or {}).get("loaded_adapters") or {}
             if loaded.get(name) != plan.checkpoint or not self.unchanged():
+                await self.wait_unleased(name)
                 await self.post("/unload_lora_adapter", {"lora_name": name})
                 resp = await self.post(route, body)
                 data = _json(resp)
@@ -707,6 +727,29 @@ class _Loader:
         }
         ours = [n for n, p in loaded.items() if n != name and _same_dir(p, plan.checkpoint)]
         await self.unload_old(ours, "/unload_lora_adapter")
+
+    async def wait_unleased(self, name: str) -> None:
+        """Before replacing adapter ``name`` (unload and load again under the same name): wait
+        at most ``spec.wait`` seconds for the other live runs that lease it to end; raises
+        ``LoadError`` naming one of them when they are still there. Weights are never swapped
+        under a run that calls them."""
+        state = self.plan.state
+        if state is None:
+            return
+        mine = next((p for p in self.plan.held if isinstance(p, Path)), None)
+        deadline = time.monotonic() + self.plan.spec.wait
+        while others := state.leased(name, mine=mine):
+            if time.monotonic() >= deadline:
+                holder = others[0]
+                raise LoadError(
+                    f"adapter {name!r} must be replaced (loaded from another folder, or its "
+                    f"folder changed) to load {self.plan.checkpoint}, but a live run still calls "
+                    f"it (version {holder.get('version')!r}, pid {holder.get('pid')} on "
+                    f"{holder.get('host', '?')}) and still did after {self.plan.spec.wait:g} s; "
+                    "nothing was replaced (fix: wait for that run, --load-wait longer, or "
+                    "another --load adapter name for this version)"
+                )
+            await asyncio.sleep(POLL_S)
 
     async def unload_old(self, ours: list[str], route: str) -> None:
         """Unload the oldest of ``ours`` (adapters from the same checkpoints directory, in load
@@ -795,15 +838,7 @@ class _Loader:
             raise self.refused(
                 route, resp, "--weights-payload (the body your route expects), or --checkpoint"
             )
-        answer = _json(resp) or {}
-        reported = next(
-            (
-                answer[k]
-                for k in ("model_path", "checkpoint", "path")
-                if isinstance(answer.get(k), str)
-            ),
-            None,
-        )
+        reported = _reported_path(_json(resp))
         if reported is not None and _norm(reported) != _norm(plan.checkpoint):
             raise LoadError(
                 f"{route} answered HTTP {resp.status_code} but reports {reported!r}, not "
@@ -828,6 +863,19 @@ class _Loader:
         name = plan.adapter
         if name in listed:
             root = listed[name].get("root")
+            if (
+                isinstance(root, str)
+                and root != name
+                and os.path.isabs(root)
+                and _resolved(root) != _norm(root)
+            ):
+                raise LoadError(
+                    f"load 'external': /v1/models lists {name!r} with root {root!r}, which goes "
+                    f"through a symlink (now to {_resolved(root)}): the server loaded through a "
+                    "symlink whose target may have changed since, so what it serves cannot be "
+                    "told from the folder; nothing was collected (fix: have the trainer load "
+                    "adapters by their real folder, not through a symlink such as ckpt/current)"
+                )
             if (
                 isinstance(root, str)
                 and plan.checkpoint
@@ -887,6 +935,16 @@ def _answer(resp: httpx.Response) -> str:
             if isinstance(data.get(key), str) and data[key]:
                 return redact(data[key])[:1000]
     return error_text(resp.content) or f"(empty body, HTTP {resp.status_code})"
+
+
+def _reported_path(answer: Any) -> str | None:
+    """The path a weights route's JSON answer names (``model_path``, ``checkpoint``, ``path``)."""
+    if not isinstance(answer, dict):
+        return None
+    return next(
+        (answer[k] for k in ("model_path", "checkpoint", "path") if isinstance(answer.get(k), str)),
+        None,
+    )
 
 
 def _not_found_route(resp: httpx.Response) -> bool:

@@ -359,7 +359,9 @@ class ScriptedPolicyServer:
                     Route("/v1/unload_lora_adapter", self._vllm_unload_lora, methods=["POST"]),
                 ]
             if weights_route:
-                routes.append(Route(weights_route, self._vllm_load_weights, methods=["POST"]))
+                routes.append(
+                    Route(weights_route, self._vllm_weights_route, methods=["GET", "POST"])
+                )
         elif flavor == "sglang":
             routes += [
                 Route("/load_lora_adapter", self._sglang_load_lora, methods=["POST"]),
@@ -544,6 +546,17 @@ class ScriptedPolicyServer:
             )
         del self.adapters[name]
         return self._text(f"Success: LoRA adapter '{name}' removed successfully.")
+
+    async def _vllm_weights_route(self, request: Request) -> Response:
+        """``POST`` loads (below); ``GET`` answers ``{weights_key: the folder served}`` (how a
+        team's route can tell what it loaded last; legato re-checks it after a run)."""
+        if request.method == "GET":
+            if (err := self._auth(request, RequestLog(seq=0, path=request.url.path))) is not None:
+                return err
+            return Response(
+                orjson.dumps({self.weights_key: self.weights_path}), media_type="application/json"
+            )
+        return await self._vllm_load_weights(request)
 
     async def _vllm_load_weights(self, request: Request) -> Response:
         route = self.weights_route or ""

@@ -4,7 +4,11 @@ loaded with.
 
 A model server is shared by every run that calls it (two Dagster runs at once, a ``legato
 collect`` beside them), and loading changes what all of them get. Three files per server, in
-``<state dir>/<host_port>-<hash of the URL>/``:
+``<state dir>/<host_port>-<hash of its identity>/``. A server's identity
+(:func:`server_identity`) is its scheme, its host resolved to an address (``getaddrinfo``; every
+loopback name and address is one identity, ``loopback``), its port (the scheme's default when
+the URL names none) and its path without a trailing ``/v1`` or slash: ``http://127.0.0.1:8000``,
+``http://localhost:8000/v1/`` and ``HTTP://LOCALHOST:8000`` are one server, one lock:
 
 ``weights.lock``     a ``flock`` lock. A ``weights`` run holds it exclusively from before it
                      loads its weights until its collection ends: full weights are one version at
@@ -32,6 +36,7 @@ import asyncio
 import contextlib
 import fcntl
 import hashlib
+import ipaddress
 import logging
 import os
 import re
@@ -40,10 +45,11 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
-from ..errors import LoadError
+from ..errors import ConfigError, LoadError
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +69,51 @@ def state_dir() -> Path:
     return Path.home() / ".cache" / "legato" / "servers"
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def server_identity(url: str) -> str:
+    """One name for one model server however its URL is spelled (module doc):
+    ``scheme://address:port/path``, the host resolved with ``getaddrinfo`` (the smallest
+    address it resolves to; a name that does not resolve stays its lower-case self), every
+    loopback name or address ``loopback``, the port the scheme's default when not given, the
+    path without a trailing ``/v1`` or ``/``."""
+    parts = urlsplit(url.strip())
+    scheme = (parts.scheme or "http").lower()
+    host = (parts.hostname or "").lower()
+    try:
+        port = parts.port or _DEFAULT_PORTS.get(scheme, 0)
+    except ValueError:
+        port = 0
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    path = path.rstrip("/")
+    return f"{scheme}://{_address(host)}:{port}{path}"
+
+
+def _address(host: str) -> str:
+    def loopback(addr: str) -> bool:
+        try:
+            return ipaddress.ip_address(addr.split("%")[0]).is_loopback
+        except ValueError:
+            return False
+
+    if host in ("localhost", "") or loopback(host):
+        return "loopback"
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return host
+    addrs = sorted({str(info[4][0]) for info in infos})
+    if addrs and all(loopback(a) for a in addrs):
+        return "loopback"
+    addrs = [a for a in addrs if not loopback(a)] or addrs
+    if not addrs:
+        return host
+    return f"[{addrs[0]}]" if ":" in addrs[0] else addrs[0]
+
+
 def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:80] or "_"
 
@@ -78,17 +129,30 @@ def _alive(pid: int) -> bool:
 
 
 class ServerState:
-    """The state files of one model server (its root URL, e.g. ``http://127.0.0.1:8000``)."""
+    """The state files of one model server (its root URL, e.g. ``http://127.0.0.1:8000``; any
+    spelling of the same server (:func:`server_identity`) has the same state)."""
 
     def __init__(self, root_url: str, directory: str | Path | None = None):
         self.url = root_url.rstrip("/")
-        key = hashlib.sha256(self.url.encode()).hexdigest()[:12]
-        host = re.sub(r"^[a-z]+://", "", self.url)
+        self.identity = server_identity(root_url)
+        key = hashlib.sha256(self.identity.encode()).hexdigest()[:12]
+        host = re.sub(r"^[a-z]+://", "", self.identity)
         self.dir = Path(directory or state_dir()) / f"{_safe(host)}-{key}"
 
     def _mkdir(self, *parts: str) -> Path:
+        """The state directory (and ``parts`` under it), created; raises ``ConfigError`` naming
+        ``LEGATO_LOAD_STATE`` when it cannot be created or written."""
         path = self.dir.joinpath(*parts)
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            if not os.access(path, os.W_OK):
+                raise PermissionError(13, "Permission denied")
+        except OSError as exc:
+            raise ConfigError(
+                f"{STATE_ENV}: the load state directory {self.dir.parent} cannot hold this "
+                f"server's state ({path}: {exc.strerror or exc}) (fix: set {STATE_ENV} to a "
+                "writable directory)"
+            ) from None
         return path
 
     # -- the weights lock -------------------------------------------------------------------

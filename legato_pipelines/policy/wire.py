@@ -29,7 +29,7 @@ import orjson
 
 from ..errors import ConfigError
 from ..images import IMAGE_REF_PREFIX
-from .key import policy_api_key
+from .key import key_forms
 from .response import PolicyResponse
 
 # Fields the client sets itself; extra_body must not override them (use the PolicyConfig field).
@@ -160,14 +160,16 @@ def encode_body(fields: Mapping[str, Any], images: Mapping[str, Any] | None = No
 
 
 def redact(text: str, secret: str | None = None) -> str:
-    """``text`` with the policy API key (``LEGATO_POLICY_KEY``, or ``secret``) replaced.
+    """``text`` with the policy API key (``LEGATO_POLICY_KEY``, or ``secret``) replaced, also
+    where it is quoted escaped (``repr``: a newline as ``\\n``) or with its whitespace.
 
     Servers quote what they were sent (OpenAI's 401 names the key it got); everything the
     client raises or logs from a server's words goes through here.
     """
-    secret = secret if secret is not None else policy_api_key()
-    if secret and secret in text:
-        text = text.replace(secret, REDACTED)
+    forms = [secret, repr(secret)[1:-1]] if secret is not None else key_forms()
+    for form in forms:
+        if form and form in text:
+            text = text.replace(form, REDACTED)
     return text
 
 

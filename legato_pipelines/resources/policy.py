@@ -19,7 +19,7 @@ import dagster as dg
 import httpx
 from pydantic import Field
 
-from ..errors import ConfigError
+from ..errors import ConfigError, LoadError
 from ..policy.config import API_KEY_ENV, PolicyConfig
 from ..policy.loading import LoadSpec
 
@@ -128,13 +128,22 @@ class PolicyResource(dg.ConfigurableResource):
     ) -> LoadSpec:
         """The engine's :class:`~legato_pipelines.policy.loading.LoadSpec` for ``version``:
         the checkpoint folder is ``checkpoint`` (the run's ``legato/checkpoint`` tag), else
-        ``<checkpoint_root>/<version>`` when that folder exists, else none (``lora`` and
+        ``<checkpoint_root>/<version>`` when that folder exists (``lora`` and ``weights``
+        fail naming the path they looked for when it does not), else none (``lora`` and
         ``weights`` then fail naming the setting); ``adapter`` the version's served name
         (default: the version). Raises ``ConfigError`` for a bad field."""
         if checkpoint is None and self.checkpoint_root:
             candidate = Path(self.checkpoint_root) / version
             if candidate.is_dir():
                 checkpoint = str(candidate)
+            elif self.load in ("lora", "weights"):
+                raise LoadError(
+                    f"load {self.load!r} needs the checkpoint folder of version {version!r}: the "
+                    f"run has no legato/checkpoint tag and {candidate} "
+                    f"({'is not a directory' if candidate.exists() else 'does not exist'}; "
+                    "LEGATO_CHECKPOINTS/<version>) (fix: the folder there, LEGATO_CHECKPOINTS, "
+                    "or the legato/checkpoint tag on the run)"
+                )
         return LoadSpec.checked(
             mode=self.load,
             checkpoint=checkpoint,

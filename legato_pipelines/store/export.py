@@ -244,16 +244,21 @@ def export_steps(run_dir: str | Path, *, inline_images: bool = False) -> pa.Tabl
 
 def run_weights(meta: Mapping[str, Any]) -> dict[str, str | None]:
     """The weights columns of a run (``run.json``'s ``checkpoint`` entry; the lake's lineage
-    reads the same, :class:`~.lake_tables.Lineage`)."""
+    reads the same, :class:`~.lake_tables.Lineage`). ``load_proof`` is ``changed`` when the
+    check after collecting found other weights served (``after.changed``): its rows are not
+    proven to come from the checkpoint."""
     served = meta.get("checkpoint") or {}
     load = served.get("load")
+    if (served.get("after") or {}).get("changed"):  # swapped mid-run: nothing proven
+        proof = "changed"
+    else:
+        proof = (served.get("proof") or {}).get("kind") or ("none" if load == "none" else None)
     return {
         "served_model": served.get("served_model") or (meta.get("policy") or {}).get("model"),
         "checkpoint_path": served.get("path"),
         "checkpoint_fingerprint": served.get("fingerprint"),
         "load_mode": load,
-        "load_proof": (served.get("proof") or {}).get("kind")
-        or ("none" if load == "none" else None),
+        "load_proof": proof,
     }
 
 

@@ -17,7 +17,8 @@ fingerprint, null when the batch had none), ``load_mode`` (``none`` | ``lora`` |
 server served that folder: ``models_listing``, ``loaded_adapters``, ``model_path``,
 ``route_reported_path``, ``route_answer``, ``load_answer``; ``none`` under load ``none``, where
 ``checkpoint_path`` and ``checkpoint_fingerprint`` are what the run was told, not what the
-server was shown to serve: ``WHERE load_proof <> 'none'`` keeps proven rows) and ``rollout_id`` (``profile`` rows have no
+server was shown to serve; ``changed`` when the check after collecting found other weights
+served: ``WHERE load_proof NOT IN ('none', 'changed')`` keeps proven rows) and ``rollout_id`` (``profile`` rows have no
 rollout); ``rollouts``, ``steps`` and ``samples`` rows also carry ``collect_run_id``, the run
 that collected that attempt (a re-executed partition keeps it; ``run_id`` when the record
 does not say), and ``policy_step``, the training step the version key carries (null when

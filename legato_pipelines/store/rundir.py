@@ -89,7 +89,8 @@ class RunWriter:
         """Refuse, before anything is created or started, to resume into a directory that is
         not a run directory, or holds a run of another policy (version or model), task set,
         group or oversample, or of another load mode or checkpoint folder, or of a checkpoint
-        whose fingerprint has changed since (``run.json``'s ``checkpoint`` entry). Raises :class:`ResumeError` /
+        whose fingerprint has changed since, or whose weights changed under it (``run.json``'s
+        ``checkpoint`` entry, ``after.changed``). Raises :class:`ResumeError` /
         :class:`ConfigError`."""
         if self.root.exists() and not self.root.is_dir():
             raise ConfigError(
@@ -156,6 +157,13 @@ class RunWriter:
             if mode == "none":
                 return
             was = {}
+        changed = (was.get("after") or {}).get("changed") if isinstance(was, dict) else None
+        if changed:
+            raise ResumeError(
+                f"out: {self.root} holds a run whose weights changed under it: after collecting, "
+                f"the server served other weights ({changed[:300]}); its records may mix "
+                "weights and it is not resumed (fix: collect the version into a fresh --out)"
+            )
         old_mode = was.get("load", "none")
         if old_mode != mode:
             raise ResumeError(
