@@ -369,9 +369,10 @@ async def test_host_uid_1000_cannot_read_what_the_sandbox_user_wrote(servers):
         state = Path(server.state)
         host_files = [
             Path(health["host_home"]) / "legato-secret",
-            state / "sandbox" / "tmp" / "legato-secret",
-            state / "sandbox" / "run" / "legato-secret",
+            *(state / "sandbox").glob("layers-*/tmp/legato-secret"),
+            *(state / "sandbox").glob("layers-*/run/legato-secret"),
         ]
+        assert len(host_files) == 3
         assert all(path.read_text() == "secret\n" for path in host_files)
         init = health["sandbox"]["init_pid"]
         user_pids = [pid for pid in _pid_namespace_members(init) if _host_uid(pid) == 1000]
@@ -473,3 +474,35 @@ async def test_open_resolves_paths_inside_the_sandbox_not_on_the_host(servers):
         secret.unlink()
         await client.reset(full=False)
         await client.aclose()
+
+
+@needs_root
+async def test_a_link_planted_in_tmp_is_never_followed_by_the_next_sandboxs_setup(servers):
+    """Root inside replaces /tmp/.X11-unix by a link to a host directory and forces a revert
+    while HOME takes long to restore: the next sandbox's setup (root, on the host) must not
+    chmod that directory nor create anything in it (every sandbox has a /tmp of its own)."""
+    server, _ = servers
+    target = Path("/tmp") / f"legato-target-{secrets.token_hex(4)}"
+    target.mkdir(mode=0o700)
+    client = server.client()
+    try:
+        await client.reset(full=False)
+        plant = "mkdir ~/many && cd ~/many && seq 30000 | xargs touch && " + sudo(
+            f"mv /tmp/.X11-unix /tmp/xold; ln -s {target} /tmp/.X11-unix; touch /etc/forcerevert"
+        )
+        assert (await client.execute(plant, shell=True, timeout=120))["returncode"] == 0
+        for _ in range(2):  # the revert, then the spare it started takes over
+            await client.execute(sudo("touch /etc/forcerevert"), shell=True)
+            assert (await client.reset(full=False))["kind"] == "revert"
+        await client.reset(full=True)
+        assert oct(target.stat().st_mode & 0o7777) == "0o700" and not any(target.iterdir())
+        out = await client.execute(
+            "stat -c %a /tmp/.X11-unix; xdpyinfo >/dev/null && echo ok", shell=True
+        )
+        assert out["output"].split() == ["1777", "ok"], out
+    finally:
+        await client.reset(full=False)
+        await client.aclose()
+        for child in target.iterdir():
+            child.unlink()
+        target.rmdir()

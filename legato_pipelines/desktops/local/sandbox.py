@@ -157,15 +157,16 @@ ln -s pts/ptmx "$R/dev/ptmx"
 ln -s /proc/self/fd "$R/dev/fd"
 ln -s /proc/self/fd/0 "$R/dev/stdin"; ln -s /proc/self/fd/1 "$R/dev/stdout"; ln -s /proc/self/fd/2 "$R/dev/stderr"
 mount --bind "$SB/homes" "$R/home"
-mount --bind "$TMP_DIR" "$R/tmp"
+mount --bind "$LAYERS/tmp" "$R/tmp"
 mount -t tmpfs -o mode=0700 legato-root-home "$R/root"
 mount -t tmpfs -o mode=0755,nosuid,nodev legato-run "$R/run"
-mkdir -p "$R/run/user/$UID_IN"
-mount --bind "$RUN_DIR" "$R/run/user/$UID_IN"
+mkdir "$R/run/user" "$R/run/user/$UID_IN"
+mount --bind "$LAYERS/run" "$R/run/user/$UID_IN"
 if [ -n "$X_SOCKET" ]; then
-  mkdir -p "$R/tmp/.X11-unix"; chmod 1777 "$R/tmp/.X11-unix"
+  # the mount point was made by the server in this sandbox's own fresh tmp/ (nothing else
+  # has ever reached it); a link there is refused all the same
   x="$R/tmp/.X11-unix/$(basename "$X_SOCKET")"
-  [ -e "$x" ] || touch "$x"
+  [ -f "$x" ] && [ ! -L "$x" ] && [ ! -L "$R/tmp/.X11-unix" ] || { echo "bad X mount point" >&2; exit 4; }
   mount --bind "$X_SOCKET" "$x"
 fi
 if [ "$OWN_NET" = 1 ]; then ip link set lo up; fi
@@ -300,10 +301,12 @@ class Sandbox:
         sandbox/                     0700, root's: no host user reaches anything below
         sandbox/seed/etc/            passwd, group, shadow, sudoers.d/ (lower layer over /etc)
         sandbox/homes/user/          HOME, seen inside as /home/user
-        sandbox/tmp/, sandbox/run/   the session's, seen inside as /tmp and /run/user/1000
         sandbox/layers-N/upper/D/    what the task wrote under /D (D in etc usr var opt)
         sandbox/layers-N/work/D/     overlayfs work directories
         sandbox/layers-N/root/       mount point of the sandbox's root (empty on the host)
+        sandbox/layers-N/tmp/, run/  seen inside as /tmp and /run/user/1000: made new for
+                                     every sandbox (never shared between the running one
+                                     and its spare, nor reused)
 
     Double buffering: besides the running sandbox, a *spare* one is started in the background
     on the other ``layers-N`` with clean layers (``spare=True``, the default), so a revert
@@ -313,8 +316,6 @@ class Sandbox:
 
     Args:
       state        the desktop's state directory
-      tmp_dir      host directory seen inside as ``/tmp`` (emptied by the session on reset)
-      run_dir      host directory seen inside as ``/run/user/1000`` (``XDG_RUNTIME_DIR``)
       network      ``True``: the host's network (as an unsandboxed desktop); ``False``: a
                    network namespace of its own with only a loopback (no route out)
       spare        keep a clean spare sandbox ready for the next revert
@@ -328,14 +329,10 @@ class Sandbox:
         self,
         state: Path,
         *,
-        tmp_dir: Path,
-        run_dir: Path,
         network: bool = True,
         spare: bool = True,
     ):
         self.dir = Path(state) / "sandbox"
-        self.tmp_dir = Path(tmp_dir)
-        self.run_dir = Path(run_dir)
         self.network = network
         self.keep_spare = spare
         self.home = self.dir / "homes" / SANDBOX_USER
@@ -350,6 +347,18 @@ class Sandbox:
     def init_pid(self) -> int | None:
         """Host pid of the running sandbox's init (``None`` when none runs)."""
         return self._active.init_pid if self._active is not None else None
+
+    @property
+    def tmp_dir(self) -> Path | None:
+        """Host directory seen inside the running sandbox as ``/tmp`` (its own: every sandbox
+        gets a new one; the session empties it on a fast reset); ``None`` when none runs."""
+        return self._active.layers / "tmp" if self._active is not None else None
+
+    @property
+    def run_dir(self) -> Path | None:
+        """Host directory seen inside the running sandbox as ``/run/user/1000``
+        (``XDG_RUNTIME_DIR``; a new one for every sandbox too); ``None`` when none runs."""
+        return self._active.layers / "run" if self._active is not None else None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -503,12 +512,16 @@ class Sandbox:
 
     def _launch(self, layers: Path, x_socket: str | None) -> _Instance:
         """Empty ``layers`` and start namespaces on it (runs on the worker thread)."""
-        for kind in ("upper", "work"):
+        layers.mkdir(exist_ok=True)
+        os.chmod(layers, 0o700)
+        for kind in ("upper", "work", "tmp", "run"):
             top = layers / kind
-            if top.exists():
-                shutil.rmtree(top)
+            if os.path.lexists(top):
+                shutil.rmtree(top)  # fd-based on Linux: follows no symlink the task left
+        for kind in ("upper", "work"):
             for name in OVERLAID:
-                (top / name).mkdir(parents=True)
+                (layers / kind / name).mkdir(parents=True)
+        _fresh_dirs(layers, x_socket)
         (layers / "root").mkdir(exist_ok=True)
         from . import chrome
 
@@ -517,8 +530,6 @@ class Sandbox:
             "SB": str(self.dir),
             "LAYERS": str(layers),
             "OVERLAID": " ".join(OVERLAID),
-            "TMP_DIR": str(self.tmp_dir),
-            "RUN_DIR": str(self.run_dir),
             "UID_IN": str(SANDBOX_UID),
             "X_SOCKET": x_socket or "",
             "OWN_NET": "0" if self.network else "1",
@@ -555,6 +566,29 @@ class Sandbox:
                 proc.kill()
             proc.wait()
             raise
+
+
+def _fresh_dirs(layers: Path, x_socket: str | None) -> None:
+    """The sandbox's own ``/tmp`` and ``/run/user/1000`` (``layers/tmp``, ``layers/run``), made
+    new for every sandbox and never shared with another: the setup (root, on the host's
+    filesystem) then works in directories no task has ever written, and a task can plant no
+    link there for it (or for the next sandbox) to follow. ``tmp/.X11-unix/X<n>`` is the X
+    socket's mount point."""
+    tmp = layers / "tmp"
+    tmp.mkdir(mode=0o700)
+    os.chmod(tmp, 0o1777)
+    run = layers / "run"
+    run.mkdir(mode=0o700)
+    os.chown(run, SANDBOX_UID, SANDBOX_UID)
+    if x_socket:
+        (tmp / ".X11-unix").mkdir(mode=0o700)
+        os.chmod(tmp / ".X11-unix", 0o1777)
+        fd = os.open(
+            tmp / ".X11-unix" / os.path.basename(x_socket),
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+            0o644,
+        )
+        os.close(fd)
 
 
 def _bounding_drop() -> str:
