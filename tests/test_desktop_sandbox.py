@@ -506,3 +506,35 @@ async def test_a_link_planted_in_tmp_is_never_followed_by_the_next_sandboxs_setu
         for child in target.iterdir():
             child.unlink()
         target.rmdir()
+
+
+@needs_root
+async def test_root_inside_cannot_chmod_or_chown_the_hosts_device_nodes_nor_x_socket(servers):
+    """/dev/null, /dev/full... and the X socket are binds of host inodes: read-only mounts,
+    so root inside (host uid 0 for permission checks) cannot change them on the host, while
+    writing /dev/null and using the display still work."""
+    server, _ = servers
+    health = await server.client().health()
+    x_socket = f"/tmp/.X11-unix/X{health['display'][1:]}"
+    host = ["/dev/null", "/dev/full", "/dev/tty", x_socket]
+    before = {path: os.stat(path) for path in host}
+    try:
+        for path in host:
+            for attempt in (f"chmod 000 {path}", f"chown 1000 {path}"):
+                out = await sh(server, sudo(attempt))
+                assert out["returncode"] != 0 and "Read-only" in out["output"], (attempt, out)
+        if Path("/usr/lib/chromium/chrome").exists():
+            out = await sh(server, sudo("chmod 000 /usr/lib/chromium/chrome"))
+            assert out["returncode"] != 0, out
+        out = await sh(server, "echo x > /dev/null && xdpyinfo >/dev/null && echo ok")
+        assert out["output"].strip() == "ok", out
+    finally:
+        for path, st in before.items():  # put the host back if the test failed
+            os.chmod(path, st.st_mode & 0o7777)
+            os.chown(path, st.st_uid, st.st_gid)
+    after = {path: os.stat(path) for path in host}
+    for path in host:
+        assert (after[path].st_mode, after[path].st_uid) == (
+            before[path].st_mode,
+            before[path].st_uid,
+        ), path

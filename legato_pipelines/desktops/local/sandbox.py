@@ -127,7 +127,12 @@ for d in $OVERLAID; do
   lower="/$d"; [ -d "$SB/seed/$d" ] && lower="$SB/seed/$d:/$d"
   mount -t overlay "legato-$d" -o "lowerdir=$lower,upperdir=$LAYERS/upper/$d,workdir=$LAYERS/work/$d,userxattr" "$R/$d"
 done
-for b in $BINDS; do mount --bind "${b%%:*}" "$R/${b#*:}"; done
+# binds of host inodes are read-only: root inside is host uid 0 for permission checks, and
+# would otherwise chmod, chown or rewrite the host's own file (writes to a device node and
+# connect() to a socket still work on a read-only mount)
+for b in $BINDS; do
+  mount --bind "${b%%:*}" "$R/${b#*:}"; mount -o remount,bind,ro,nosuid "$R/${b#*:}"
+done
 for l in bin sbin lib lib32 lib64 libx32; do [ -L "/$l" ] && ln -s "$(readlink "/$l")" "$R/$l"; done
 mkdir -p "$R/proc" "$R/sys" "$R/dev" "$R/tmp" "$R/home" "$R/root" "$R/run" "$R/mnt" "$R/media" "$R/srv" "$R/.old"
 mount -t proc -o nosuid,nodev,noexec proc "$R/proc"
@@ -148,6 +153,7 @@ findmnt -R -n -r -o TARGET "$R/sys" | while read -r m; do mount -o remount,bind,
 mount -t tmpfs -o mode=0755,nosuid dev "$R/dev"
 for n in null zero full random urandom tty; do
   touch "$R/dev/$n"; mount --bind "/dev/$n" "$R/dev/$n"
+  mount -o remount,bind,ro,nosuid,noexec "$R/dev/$n"
 done
 mkdir "$R/dev/pts" "$R/dev/shm" "$R/dev/mqueue"
 mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts "$R/dev/pts"
@@ -167,7 +173,7 @@ if [ -n "$X_SOCKET" ]; then
   # has ever reached it); a link there is refused all the same
   x="$R/tmp/.X11-unix/$(basename "$X_SOCKET")"
   [ -f "$x" ] && [ ! -L "$x" ] && [ ! -L "$R/tmp/.X11-unix" ] || { echo "bad X mount point" >&2; exit 4; }
-  mount --bind "$X_SOCKET" "$x"
+  mount --bind "$X_SOCKET" "$x"; mount -o remount,bind,ro,nosuid,noexec,nodev "$x"
 fi
 if [ "$OWN_NET" = 1 ]; then ip link set lo up; fi
 cd "$R"
