@@ -538,3 +538,38 @@ async def test_root_inside_cannot_chmod_or_chown_the_hosts_device_nodes_nor_x_so
             before[path].st_mode,
             before[path].st_uid,
         ), path
+
+
+@needs_root
+async def test_modes_owners_and_entries_changed_outside_home_survive_no_reset(servers):
+    """A new entry in /home, a chmod of /usr, /, /etc, /tmp, /home, /dev/shm or
+    /run/user/1000, a /run/user replaced by a link: all gone after the next reset."""
+    server, _ = servers
+    client = server.client()
+    modes = "stat -c '%n %a %U' / /etc /usr /tmp /home /dev/shm /run/user /run/user/1000"
+    try:
+        await client.reset(full=False)
+        clean = (await client.execute(modes, shell=True))["output"]
+        assert "/tmp 1777 root" in clean and "/run/user/1000 700 user" in clean, clean
+        for full in (False, True):
+            assert (await client.execute(sudo("mkdir /home/evil"), shell=True))["returncode"] == 0
+            await client.reset(full=full)
+            assert (await client.execute("ls -A /home", shell=True))["output"].split() == ["user"]
+        attacks = [sudo(f"chmod 0700 {d}") for d in ("/usr", "/", "/etc", "/tmp", "/home")]
+        attacks += [sudo("chmod 0700 /dev/shm"), "chmod 000 /run/user/1000"]
+        attacks += [sudo("chown 1000 /tmp"), sudo("mv /run/user /run/x; ln -s /tmp /run/user")]
+        for attack in attacks:
+            assert (await client.execute(attack, shell=True))["returncode"] == 0, attack
+            await client.reset(full=False)
+            out = await client.execute(modes, shell=True)
+            assert out["output"] == clean, (attack, out)
+            out = await client.execute("ls /run; ls -A /run/user/1000", shell=True)
+            assert out["output"].split()[0] == "user" and "x" not in out["output"].split(), (
+                attack,
+                out,
+            )
+        out = await client.execute("xdpyinfo >/dev/null && echo ok", shell=True)
+        assert out["output"].strip() == "ok"
+    finally:
+        await client.reset(full=False)
+        await client.aclose()

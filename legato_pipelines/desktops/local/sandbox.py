@@ -55,7 +55,7 @@ import shutil
 import subprocess
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 #: The account OSWorld's VM has, and its HOME (paths in task configs and evaluators name it).
@@ -179,7 +179,7 @@ if [ "$OWN_NET" = 1 ]; then ip link set lo up; fi
 cd "$R"
 pivot_root . .old
 cd /
-umount -l /.old
+umount -n -l /.old  # -n: no /run/mount/utab in the new /run
 rmdir /.old
 echo ready
 exec setpriv --bounding-set "$CAPS_DROPPED" -- env -i /usr/bin/tini -s -- /bin/sleep infinity </dev/null >/dev/null 2>&1
@@ -279,6 +279,8 @@ class _Instance:
     anchor: subprocess.Popen
     init_pid: int
     sleep_pid: int
+    #: :func:`.leftovers.attributes` of the watched places, read before any task ran
+    attrs: dict = field(default_factory=dict)
 
     def stop(self) -> None:
         """SIGKILL the pid namespace's init (the kernel kills every process in it), reap."""
@@ -490,7 +492,22 @@ class Sandbox:
         uppers = [self._active.layers / "upper" / name for name in OVERLAID]
         root = Path(f"/proc/{self._active.init_pid}/root")
         found = leftovers.written(root, [u for u in uppers if u.is_dir()])
+        found += leftovers.changed(root, self._active.attrs)
         return found + leftovers.ipc_objects(self._active.init_pid)
+
+    def clean_homes(self) -> None:
+        """``/home`` back to what the setup bound (``homes/``: 0755, root's, nothing but
+        ``user``): root inside may have added entries or changed its mode. HOME itself is the
+        session's to restore (:func:`.home.restore`). Nothing is followed."""
+        from . import leftovers
+
+        fd = os.open(self.dir / "homes", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            os.fchown(fd, 0, 0)
+            os.fchmod(fd, 0o755)
+            leftovers.empty_fd(fd, keep=(SANDBOX_USER,))
+        finally:
+            os.close(fd)
 
     def clear_shared(self) -> None:
         """Empty the running sandbox's ``/dev/shm``, ``/dev/mqueue`` and ``/run`` (but the
@@ -565,7 +582,15 @@ class Sandbox:
             proc.stdin.write(b"go\n")
             proc.stdin.close()
             _wait_ready(proc)
-            return _Instance(layers, proc, *_wait_init(proc))
+            instance = _Instance(layers, proc, *_wait_init(proc))
+            from . import leftovers
+
+            watched = [*leftovers.WATCHED, *OVERLAID]
+            if x_socket:
+                watched.append(f"tmp/.X11-unix/{os.path.basename(x_socket)}")
+            root = Path(f"/proc/{instance.init_pid}/root")
+            instance.attrs = leftovers.attributes(root, watched)
+            return instance
         except BaseException:
             self._starting.discard(proc.pid)
             if proc.poll() is None:

@@ -550,6 +550,8 @@ class Session:
         return env
 
     def _restore_files(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.clean_homes()
         try:
             home_mod.restore(self.baseline, self.home)
         except RuntimeError as exc:
