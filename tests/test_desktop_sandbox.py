@@ -573,3 +573,21 @@ async def test_modes_owners_and_entries_changed_outside_home_survive_no_reset(se
     finally:
         await client.reset(full=False)
         await client.aclose()
+
+
+@needs_root
+async def test_home_replaced_by_a_link_is_restored_by_fast_and_full_reset(servers):
+    server, _ = servers
+    client = server.client()
+    try:
+        for full in (False, True):
+            attack = sudo("cd /; rm -rf /home/user; ln -s /etc /home/user")
+            assert (await client.execute(attack, shell=True))["returncode"] == 0
+            await client.reset(full=full)
+            out = await client.execute(
+                "stat -c '%F %U' /home/user; ls ~/Desktop && pwd", shell=True
+            )
+            assert out["output"].split("\n")[:2] == ["directory user", "/home/user"], out
+            assert Path("/etc/passwd").exists()
+    finally:
+        await client.aclose()
