@@ -591,3 +591,21 @@ async def test_home_replaced_by_a_link_is_restored_by_fast_and_full_reset(server
             assert Path("/etc/passwd").exists()
     finally:
         await client.aclose()
+
+
+@needs_root
+async def test_execute_timeout_holds_when_another_session_keeps_the_pipe_open(servers):
+    """``(setsid sleep 25 &)`` keeps the command's stdout open after the command ended: the
+    answer still comes at the timeout, with what was written so far."""
+    server, _ = servers
+    client = server.client()
+    try:
+        t0 = time.monotonic()
+        out = await client.execute("(setsid sleep 25 &); echo started", shell=True, timeout=3)
+        took = time.monotonic() - t0
+        assert took < 8, took
+        assert out["status"] == "error" and "timed out" in out["error"], out
+        assert out["output"] == "started\n", out
+    finally:
+        await client.reset(full=False)
+        await client.aclose()
