@@ -609,3 +609,11 @@ async def test_execute_timeout_holds_when_another_session_keeps_the_pipe_open(se
     finally:
         await client.reset(full=False)
         await client.aclose()
+
+
+@needs_root
+async def test_the_sandboxs_tmpfs_mounts_are_size_limited(servers):
+    server, _ = servers
+    out = await sh(server, "df -k --output=size / /dev /dev/shm /run /root | tail -n +2")
+    sizes = [int(n) for n in out["output"].split()]
+    assert sizes == [16 * 1024, 16 * 1024, 1024**2, 1024**2, 1024**2], out

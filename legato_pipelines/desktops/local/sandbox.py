@@ -95,6 +95,11 @@ CAPS_DROPPED = (
     "mac_admin",
     "mac_override",
 )
+#: Default size limit of each of the sandbox's tmpfs mounts that a task can fill (``/dev/shm``,
+#: ``/run``, ``/root``; the kernel's default is half the RAM each). ``Sandbox(tmpfs_size=)``.
+TMPFS_SIZE = "1g"
+#: Size limit of the tmpfs mounts holding only mount points (the root, ``/dev``).
+SMALL_TMPFS = "16m"
 #: ``/proc`` entries bound read-only over themselves (host-wide knobs that the identity uid
 #: map would let root inside write: sysctls, ``sysrq-trigger``, irq affinities...).
 PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
@@ -120,7 +125,7 @@ SETUP_SCRIPT = r"""
 set -eu
 read -r _ || exit 3
 R="$LAYERS/root"
-mount -t tmpfs -o mode=0755 legato-root "$R"
+mount -t tmpfs -o "mode=0755,size=$SMALL_TMPFS" legato-root "$R"
 for d in $OVERLAID; do
   [ -d "/$d" ] || continue
   mkdir -p "$R/$d"
@@ -150,22 +155,22 @@ for p in $SYS_MASKED; do
   [ -d "$R/sys/$p" ] && mount -t tmpfs -o ro,mode=0555 legato-masked "$R/sys/$p"
 done
 findmnt -R -n -r -o TARGET "$R/sys" | while read -r m; do mount -o remount,bind,ro "$m"; done
-mount -t tmpfs -o mode=0755,nosuid dev "$R/dev"
+mount -t tmpfs -o "mode=0755,nosuid,size=$SMALL_TMPFS" dev "$R/dev"
 for n in null zero full random urandom tty; do
   touch "$R/dev/$n"; mount --bind "/dev/$n" "$R/dev/$n"
   mount -o remount,bind,ro,nosuid,noexec "$R/dev/$n"
 done
 mkdir "$R/dev/pts" "$R/dev/shm" "$R/dev/mqueue"
 mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts "$R/dev/pts"
-mount -t tmpfs -o mode=1777,nosuid,nodev shm "$R/dev/shm"
+mount -t tmpfs -o "mode=1777,nosuid,nodev,size=$TMPFS_SIZE" shm "$R/dev/shm"
 mount -t mqueue -o nosuid,nodev,noexec mqueue "$R/dev/mqueue"
 ln -s pts/ptmx "$R/dev/ptmx"
 ln -s /proc/self/fd "$R/dev/fd"
 ln -s /proc/self/fd/0 "$R/dev/stdin"; ln -s /proc/self/fd/1 "$R/dev/stdout"; ln -s /proc/self/fd/2 "$R/dev/stderr"
 mount --bind "$SB/homes" "$R/home"
 mount --bind "$LAYERS/tmp" "$R/tmp"
-mount -t tmpfs -o mode=0700 legato-root-home "$R/root"
-mount -t tmpfs -o mode=0755,nosuid,nodev legato-run "$R/run"
+mount -t tmpfs -o "mode=0700,size=$TMPFS_SIZE" legato-root-home "$R/root"
+mount -t tmpfs -o "mode=0755,nosuid,nodev,size=$TMPFS_SIZE" legato-run "$R/run"
 mkdir "$R/run/user" "$R/run/user/$UID_IN"
 mount --bind "$LAYERS/run" "$R/run/user/$UID_IN"
 if [ -n "$X_SOCKET" ]; then
@@ -327,6 +332,7 @@ class Sandbox:
       network      ``True``: the host's network (as an unsandboxed desktop); ``False``: a
                    network namespace of its own with only a loopback (no route out)
       spare        keep a clean spare sandbox ready for the next revert
+      tmpfs_size   size limit of each of ``/dev/shm``, ``/run``, ``/root`` (tmpfs ``size=``)
 
     Call it from one thread (the session's X thread); sandboxes are started on a worker thread
     of their own that lives as long as this object (``setpriv --pdeathsig`` fires when the
@@ -339,10 +345,12 @@ class Sandbox:
         *,
         network: bool = True,
         spare: bool = True,
+        tmpfs_size: str = TMPFS_SIZE,
     ):
         self.dir = Path(state) / "sandbox"
         self.network = network
         self.keep_spare = spare
+        self.tmpfs_size = tmpfs_size
         self.home = self.dir / "homes" / SANDBOX_USER
         self._active: _Instance | None = None
         self._spare: Future | None = None
@@ -556,6 +564,8 @@ class Sandbox:
             "UID_IN": str(SANDBOX_UID),
             "X_SOCKET": x_socket or "",
             "OWN_NET": "0" if self.network else "1",
+            "TMPFS_SIZE": self.tmpfs_size,
+            "SMALL_TMPFS": SMALL_TMPFS,
             "PROC_READONLY": " ".join(PROC_READONLY),
             "PROC_MASKED": " ".join(PROC_MASKED),
             "SYS_MASKED": " ".join(SYS_MASKED),
