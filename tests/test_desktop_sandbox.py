@@ -369,9 +369,10 @@ async def test_host_uid_1000_cannot_read_what_the_sandbox_user_wrote(servers):
         state = Path(server.state)
         host_files = [
             Path(health["host_home"]) / "legato-secret",
-            state / "sandbox" / "tmp" / "legato-secret",
-            state / "sandbox" / "run" / "legato-secret",
+            *(state / "sandbox").glob("layers-*/tmp/legato-secret"),
+            *(state / "sandbox").glob("layers-*/run/legato-secret"),
         ]
+        assert len(host_files) == 3
         assert all(path.read_text() == "secret\n" for path in host_files)
         init = health["sandbox"]["init_pid"]
         user_pids = [pid for pid in _pid_namespace_members(init) if _host_uid(pid) == 1000]
@@ -473,3 +474,146 @@ async def test_open_resolves_paths_inside_the_sandbox_not_on_the_host(servers):
         secret.unlink()
         await client.reset(full=False)
         await client.aclose()
+
+
+@needs_root
+async def test_a_link_planted_in_tmp_is_never_followed_by_the_next_sandboxs_setup(servers):
+    """Root inside replaces /tmp/.X11-unix by a link to a host directory and forces a revert
+    while HOME takes long to restore: the next sandbox's setup (root, on the host) must not
+    chmod that directory nor create anything in it (every sandbox has a /tmp of its own)."""
+    server, _ = servers
+    target = Path("/tmp") / f"legato-target-{secrets.token_hex(4)}"
+    target.mkdir(mode=0o700)
+    client = server.client()
+    try:
+        await client.reset(full=False)
+        plant = "mkdir ~/many && cd ~/many && seq 30000 | xargs touch && " + sudo(
+            f"mv /tmp/.X11-unix /tmp/xold; ln -s {target} /tmp/.X11-unix; touch /etc/forcerevert"
+        )
+        assert (await client.execute(plant, shell=True, timeout=120))["returncode"] == 0
+        for _ in range(2):  # the revert, then the spare it started takes over
+            await client.execute(sudo("touch /etc/forcerevert"), shell=True)
+            assert (await client.reset(full=False))["kind"] == "revert"
+        await client.reset(full=True)
+        assert oct(target.stat().st_mode & 0o7777) == "0o700" and not any(target.iterdir())
+        out = await client.execute(
+            "stat -c %a /tmp/.X11-unix; xdpyinfo >/dev/null && echo ok", shell=True
+        )
+        assert out["output"].split() == ["1777", "ok"], out
+    finally:
+        await client.reset(full=False)
+        await client.aclose()
+        for child in target.iterdir():
+            child.unlink()
+        target.rmdir()
+
+
+@needs_root
+async def test_root_inside_cannot_chmod_or_chown_the_hosts_device_nodes_nor_x_socket(servers):
+    """/dev/null, /dev/full... and the X socket are binds of host inodes: read-only mounts,
+    so root inside (host uid 0 for permission checks) cannot change them on the host, while
+    writing /dev/null and using the display still work."""
+    server, _ = servers
+    health = await server.client().health()
+    x_socket = f"/tmp/.X11-unix/X{health['display'][1:]}"
+    host = ["/dev/null", "/dev/full", "/dev/tty", x_socket]
+    before = {path: os.stat(path) for path in host}
+    try:
+        for path in host:
+            for attempt in (f"chmod 000 {path}", f"chown 1000 {path}"):
+                out = await sh(server, sudo(attempt))
+                assert out["returncode"] != 0 and "Read-only" in out["output"], (attempt, out)
+        if Path("/usr/lib/chromium/chrome").exists():
+            out = await sh(server, sudo("chmod 000 /usr/lib/chromium/chrome"))
+            assert out["returncode"] != 0, out
+        out = await sh(server, "echo x > /dev/null && xdpyinfo >/dev/null && echo ok")
+        assert out["output"].strip() == "ok", out
+    finally:
+        for path, st in before.items():  # put the host back if the test failed
+            os.chmod(path, st.st_mode & 0o7777)
+            os.chown(path, st.st_uid, st.st_gid)
+    after = {path: os.stat(path) for path in host}
+    for path in host:
+        assert (after[path].st_mode, after[path].st_uid) == (
+            before[path].st_mode,
+            before[path].st_uid,
+        ), path
+
+
+@needs_root
+async def test_modes_owners_and_entries_changed_outside_home_survive_no_reset(servers):
+    """A new entry in /home, a chmod of /usr, /, /etc, /tmp, /home, /dev/shm or
+    /run/user/1000, a /run/user replaced by a link: all gone after the next reset."""
+    server, _ = servers
+    client = server.client()
+    modes = "stat -c '%n %a %U' / /etc /usr /tmp /home /dev/shm /run/user /run/user/1000"
+    try:
+        await client.reset(full=False)
+        clean = (await client.execute(modes, shell=True))["output"]
+        assert "/tmp 1777 root" in clean and "/run/user/1000 700 user" in clean, clean
+        for full in (False, True):
+            assert (await client.execute(sudo("mkdir /home/evil"), shell=True))["returncode"] == 0
+            await client.reset(full=full)
+            assert (await client.execute("ls -A /home", shell=True))["output"].split() == ["user"]
+        attacks = [sudo(f"chmod 0700 {d}") for d in ("/usr", "/", "/etc", "/tmp", "/home")]
+        attacks += [sudo("chmod 0700 /dev/shm"), "chmod 000 /run/user/1000"]
+        attacks += [sudo("chown 1000 /tmp"), sudo("mv /run/user /run/x; ln -s /tmp /run/user")]
+        for attack in attacks:
+            assert (await client.execute(attack, shell=True))["returncode"] == 0, attack
+            await client.reset(full=False)
+            out = await client.execute(modes, shell=True)
+            assert out["output"] == clean, (attack, out)
+            out = await client.execute("ls /run; ls -A /run/user/1000", shell=True)
+            assert out["output"].split()[0] == "user" and "x" not in out["output"].split(), (
+                attack,
+                out,
+            )
+        out = await client.execute("xdpyinfo >/dev/null && echo ok", shell=True)
+        assert out["output"].strip() == "ok"
+    finally:
+        await client.reset(full=False)
+        await client.aclose()
+
+
+@needs_root
+async def test_home_replaced_by_a_link_is_restored_by_fast_and_full_reset(servers):
+    server, _ = servers
+    client = server.client()
+    try:
+        for full in (False, True):
+            attack = sudo("cd /; rm -rf /home/user; ln -s /etc /home/user")
+            assert (await client.execute(attack, shell=True))["returncode"] == 0
+            await client.reset(full=full)
+            out = await client.execute(
+                "stat -c '%F %U' /home/user; ls ~/Desktop && pwd", shell=True
+            )
+            assert out["output"].split("\n")[:2] == ["directory user", "/home/user"], out
+            assert Path("/etc/passwd").exists()
+    finally:
+        await client.aclose()
+
+
+@needs_root
+async def test_execute_timeout_holds_when_another_session_keeps_the_pipe_open(servers):
+    """``(setsid sleep 25 &)`` keeps the command's stdout open after the command ended: the
+    answer still comes at the timeout, with what was written so far."""
+    server, _ = servers
+    client = server.client()
+    try:
+        t0 = time.monotonic()
+        out = await client.execute("(setsid sleep 25 &); echo started", shell=True, timeout=3)
+        took = time.monotonic() - t0
+        assert took < 8, took
+        assert out["status"] == "error" and "timed out" in out["error"], out
+        assert out["output"] == "started\n", out
+    finally:
+        await client.reset(full=False)
+        await client.aclose()
+
+
+@needs_root
+async def test_the_sandboxs_tmpfs_mounts_are_size_limited(servers):
+    server, _ = servers
+    out = await sh(server, "df -k --output=size / /dev /dev/shm /run /root | tail -n +2")
+    sizes = [int(n) for n in out["output"].split()]
+    assert sizes == [16 * 1024, 16 * 1024, 1024**2, 1024**2, 1024**2], out

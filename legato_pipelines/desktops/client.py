@@ -132,7 +132,7 @@ class DesktopClient:
         if response.status_code == 500:
             return {
                 "status": "error",
-                "output": "",
+                "output": body.get("output", ""),  # a timed-out command: what it wrote
                 "error": body.get("message", ""),
                 "returncode": None,
             }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -83,12 +84,19 @@ def add_libreoffice_settings(home: Path) -> None:
 
 
 def restore(baseline: Path, home: Path) -> None:
-    """Make ``home`` an exact copy of ``baseline`` (owner, modes and links kept).
+    """Make ``home`` an exact copy of ``baseline`` (owner, modes and links kept). A ``home``
+    that is a symlink or a file is removed as such, never followed.
 
     Raises ``RuntimeError`` with ``cp``'s message when the copy fails.
     """
-    if home.exists():
-        shutil.rmtree(home)
+    try:
+        mode = os.lstat(home).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
+        shutil.rmtree(home)  # fd-based on Linux: follows no link inside
+    elif mode is not None:  # a link (root inside may have made HOME one) or a file: never followed
+        os.unlink(home)
     done = subprocess.run(
         ["cp", "-a", "--", str(baseline), str(home)], capture_output=True, text=True
     )

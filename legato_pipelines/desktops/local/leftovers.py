@@ -69,6 +69,61 @@ def written(root: Path, uppers: list[Path]) -> list[str]:
     return found
 
 
+#: Places whose type, mode, owner and inode a task must not change (paths inside, no leading
+#: slash; the overlaid directories, and the X socket's mount point, are added by the caller):
+#: a change survives no fast reset (``chmod 0700 /usr`` lives in the overlay root's upper
+#: directory, which lists empty; ``/run/user`` replaced by a link would be followed), so
+#: :func:`changed` reports it and the reset reverts. (``/home`` is bound from a directory every
+#: sandbox shares: the session puts it back on every reset, :meth:`.Sandbox.clean_homes`.)
+WATCHED = (
+    "",
+    "tmp",
+    "tmp/.X11-unix",
+    "root",
+    "run",
+    "run/user",
+    "run/user/1000",
+    "dev",
+    "dev/shm",
+    "dev/mqueue",
+    "dev/pts",
+    "mnt",
+    "media",
+    "srv",
+)
+
+Attributes = tuple[int, int, int, int, int] | None
+
+
+def attributes(root: Path, paths: list[str]) -> dict[str, Attributes]:
+    """``(mode with type, uid, gid, dev, inode)`` of each path inside the sandbox whose root
+    is ``root``, no component followed when a link (``None``: missing, or reached only
+    through a link)."""
+    found: dict[str, Attributes] = {}
+    for path in paths:
+        parts = tuple(p for p in path.split("/") if p)
+        try:
+            fd = _open_dir(root, parts[:-1])
+        except OSError:
+            found[path] = None
+            continue
+        try:
+            st = os.stat(parts[-1] if parts else ".", dir_fd=fd, follow_symlinks=False)
+            found[path] = (st.st_mode, st.st_uid, st.st_gid, st.st_dev, st.st_ino)
+        except OSError:
+            found[path] = None
+        finally:
+            os.close(fd)
+    return found
+
+
+def changed(root: Path, expected: dict[str, Attributes]) -> list[str]:
+    """The paths of ``expected`` (:func:`attributes` at the sandbox's start) whose type, mode,
+    owner or inode changed since, as ``attributes of PATH`` (``/`` for the root)."""
+    now = attributes(root, list(expected))
+    return [f"attributes of /{path}" for path, attrs in expected.items() if now[path] != attrs]
+
+
 def ipc_objects(init_pid: int) -> list[str]:
     """System V IPC objects alive in ``init_pid``'s ipc namespace (``ipc/sem``,
     ``ipc/msg``, ``ipc/shm`` once each when any exists). Read by a short-lived thread that

@@ -27,6 +27,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+#: After a timed-out command's process group is killed: how long its pipes are read on (for
+#: what it wrote last) and the kill is waited for.
+KILLED_DRAIN_S = 1.0
 
 
 def become_subreaper() -> None:
@@ -173,7 +176,10 @@ class ProcessTable:
         """Run to completion, capturing stdout and stderr (bytes).
 
         Raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds (the process group is
-        killed first) and ``OSError`` when the program cannot be started.
+        killed first; its ``output``/``stderr`` hold what was read so far) and ``OSError`` when
+        the program cannot be started. A process of another session (``setsid``) holding the
+        pipes open keeps the answer waiting no longer than :data:`KILLED_DRAIN_S` past the
+        timeout: its pipes are left to it.
         """
         proc = self.spawn(
             argv,
@@ -187,8 +193,18 @@ class ProcessTable:
             out, err = proc.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired:
             _signal_group(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise
+            try:  # what the killed group wrote last
+                out, err = proc.communicate(timeout=KILLED_DRAIN_S)
+            except subprocess.TimeoutExpired as late:  # another session holds the pipes
+                out, err = late.output, late.stderr
+                for stream in (proc.stdout, proc.stderr):
+                    if stream is not None:
+                        stream.close()
+                try:
+                    proc.wait(KILLED_DRAIN_S)
+                except subprocess.TimeoutExpired:
+                    pass
+            raise subprocess.TimeoutExpired(proc.args, timeout, out, err) from None
         finally:
             self.reap()
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

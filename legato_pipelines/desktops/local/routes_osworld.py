@@ -35,8 +35,17 @@ async def execute(request: Request) -> Response:
     timeout = float(param(p, "timeout", (int, float), EXECUTE_TIMEOUT_S))
     try:
         done = await s.run_command(argv, shell, timeout)
-    except subprocess.TimeoutExpired:
-        return error_response(500, f"Command timed out after {timeout:g} seconds", "timeout")
+    except subprocess.TimeoutExpired as exc:  # with what it wrote so far
+        return JSONResponse(
+            {
+                "status": "error",
+                "message": f"Command timed out after {timeout:g} seconds",
+                "kind": "timeout",
+                "output": (exc.output or b"").decode(errors="replace"),
+                "error": (exc.stderr or b"").decode(errors="replace"),
+            },
+            status_code=500,
+        )
     except OSError as exc:
         return error_response(500, f"cannot run {argv!r}: {exc}")
     return JSONResponse(

@@ -55,7 +55,7 @@ import shutil
 import subprocess
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 #: The account OSWorld's VM has, and its HOME (paths in task configs and evaluators name it).
@@ -95,6 +95,11 @@ CAPS_DROPPED = (
     "mac_admin",
     "mac_override",
 )
+#: Default size limit of each of the sandbox's tmpfs mounts that a task can fill (``/dev/shm``,
+#: ``/run``, ``/root``; the kernel's default is half the RAM each). ``Sandbox(tmpfs_size=)``.
+TMPFS_SIZE = "1g"
+#: Size limit of the tmpfs mounts holding only mount points (the root, ``/dev``).
+SMALL_TMPFS = "16m"
 #: ``/proc`` entries bound read-only over themselves (host-wide knobs that the identity uid
 #: map would let root inside write: sysctls, ``sysrq-trigger``, irq affinities...).
 PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
@@ -120,14 +125,19 @@ SETUP_SCRIPT = r"""
 set -eu
 read -r _ || exit 3
 R="$LAYERS/root"
-mount -t tmpfs -o mode=0755 legato-root "$R"
+mount -t tmpfs -o "mode=0755,size=$SMALL_TMPFS" legato-root "$R"
 for d in $OVERLAID; do
   [ -d "/$d" ] || continue
   mkdir -p "$R/$d"
   lower="/$d"; [ -d "$SB/seed/$d" ] && lower="$SB/seed/$d:/$d"
   mount -t overlay "legato-$d" -o "lowerdir=$lower,upperdir=$LAYERS/upper/$d,workdir=$LAYERS/work/$d,userxattr" "$R/$d"
 done
-for b in $BINDS; do mount --bind "${b%%:*}" "$R/${b#*:}"; done
+# binds of host inodes are read-only: root inside is host uid 0 for permission checks, and
+# would otherwise chmod, chown or rewrite the host's own file (writes to a device node and
+# connect() to a socket still work on a read-only mount)
+for b in $BINDS; do
+  mount --bind "${b%%:*}" "$R/${b#*:}"; mount -o remount,bind,ro,nosuid "$R/${b#*:}"
+done
 for l in bin sbin lib lib32 lib64 libx32; do [ -L "/$l" ] && ln -s "$(readlink "/$l")" "$R/$l"; done
 mkdir -p "$R/proc" "$R/sys" "$R/dev" "$R/tmp" "$R/home" "$R/root" "$R/run" "$R/mnt" "$R/media" "$R/srv" "$R/.old"
 mount -t proc -o nosuid,nodev,noexec proc "$R/proc"
@@ -145,34 +155,36 @@ for p in $SYS_MASKED; do
   [ -d "$R/sys/$p" ] && mount -t tmpfs -o ro,mode=0555 legato-masked "$R/sys/$p"
 done
 findmnt -R -n -r -o TARGET "$R/sys" | while read -r m; do mount -o remount,bind,ro "$m"; done
-mount -t tmpfs -o mode=0755,nosuid dev "$R/dev"
+mount -t tmpfs -o "mode=0755,nosuid,size=$SMALL_TMPFS" dev "$R/dev"
 for n in null zero full random urandom tty; do
   touch "$R/dev/$n"; mount --bind "/dev/$n" "$R/dev/$n"
+  mount -o remount,bind,ro,nosuid,noexec "$R/dev/$n"
 done
 mkdir "$R/dev/pts" "$R/dev/shm" "$R/dev/mqueue"
 mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts "$R/dev/pts"
-mount -t tmpfs -o mode=1777,nosuid,nodev shm "$R/dev/shm"
+mount -t tmpfs -o "mode=1777,nosuid,nodev,size=$TMPFS_SIZE" shm "$R/dev/shm"
 mount -t mqueue -o nosuid,nodev,noexec mqueue "$R/dev/mqueue"
 ln -s pts/ptmx "$R/dev/ptmx"
 ln -s /proc/self/fd "$R/dev/fd"
 ln -s /proc/self/fd/0 "$R/dev/stdin"; ln -s /proc/self/fd/1 "$R/dev/stdout"; ln -s /proc/self/fd/2 "$R/dev/stderr"
 mount --bind "$SB/homes" "$R/home"
-mount --bind "$TMP_DIR" "$R/tmp"
-mount -t tmpfs -o mode=0700 legato-root-home "$R/root"
-mount -t tmpfs -o mode=0755,nosuid,nodev legato-run "$R/run"
-mkdir -p "$R/run/user/$UID_IN"
-mount --bind "$RUN_DIR" "$R/run/user/$UID_IN"
+mount --bind "$LAYERS/tmp" "$R/tmp"
+mount -t tmpfs -o "mode=0700,size=$TMPFS_SIZE" legato-root-home "$R/root"
+mount -t tmpfs -o "mode=0755,nosuid,nodev,size=$TMPFS_SIZE" legato-run "$R/run"
+mkdir "$R/run/user" "$R/run/user/$UID_IN"
+mount --bind "$LAYERS/run" "$R/run/user/$UID_IN"
 if [ -n "$X_SOCKET" ]; then
-  mkdir -p "$R/tmp/.X11-unix"; chmod 1777 "$R/tmp/.X11-unix"
+  # the mount point was made by the server in this sandbox's own fresh tmp/ (nothing else
+  # has ever reached it); a link there is refused all the same
   x="$R/tmp/.X11-unix/$(basename "$X_SOCKET")"
-  [ -e "$x" ] || touch "$x"
-  mount --bind "$X_SOCKET" "$x"
+  [ -f "$x" ] && [ ! -L "$x" ] && [ ! -L "$R/tmp/.X11-unix" ] || { echo "bad X mount point" >&2; exit 4; }
+  mount --bind "$X_SOCKET" "$x"; mount -o remount,bind,ro,nosuid,noexec,nodev "$x"
 fi
 if [ "$OWN_NET" = 1 ]; then ip link set lo up; fi
 cd "$R"
 pivot_root . .old
 cd /
-umount -l /.old
+umount -n -l /.old  # -n: no /run/mount/utab in the new /run
 rmdir /.old
 echo ready
 exec setpriv --bounding-set "$CAPS_DROPPED" -- env -i /usr/bin/tini -s -- /bin/sleep infinity </dev/null >/dev/null 2>&1
@@ -272,6 +284,8 @@ class _Instance:
     anchor: subprocess.Popen
     init_pid: int
     sleep_pid: int
+    #: :func:`.leftovers.attributes` of the watched places, read before any task ran
+    attrs: dict = field(default_factory=dict)
 
     def stop(self) -> None:
         """SIGKILL the pid namespace's init (the kernel kills every process in it), reap."""
@@ -300,10 +314,12 @@ class Sandbox:
         sandbox/                     0700, root's: no host user reaches anything below
         sandbox/seed/etc/            passwd, group, shadow, sudoers.d/ (lower layer over /etc)
         sandbox/homes/user/          HOME, seen inside as /home/user
-        sandbox/tmp/, sandbox/run/   the session's, seen inside as /tmp and /run/user/1000
         sandbox/layers-N/upper/D/    what the task wrote under /D (D in etc usr var opt)
         sandbox/layers-N/work/D/     overlayfs work directories
         sandbox/layers-N/root/       mount point of the sandbox's root (empty on the host)
+        sandbox/layers-N/tmp/, run/  seen inside as /tmp and /run/user/1000: made new for
+                                     every sandbox (never shared between the running one
+                                     and its spare, nor reused)
 
     Double buffering: besides the running sandbox, a *spare* one is started in the background
     on the other ``layers-N`` with clean layers (``spare=True``, the default), so a revert
@@ -313,11 +329,10 @@ class Sandbox:
 
     Args:
       state        the desktop's state directory
-      tmp_dir      host directory seen inside as ``/tmp`` (emptied by the session on reset)
-      run_dir      host directory seen inside as ``/run/user/1000`` (``XDG_RUNTIME_DIR``)
       network      ``True``: the host's network (as an unsandboxed desktop); ``False``: a
                    network namespace of its own with only a loopback (no route out)
       spare        keep a clean spare sandbox ready for the next revert
+      tmpfs_size   size limit of each of ``/dev/shm``, ``/run``, ``/root`` (tmpfs ``size=``)
 
     Call it from one thread (the session's X thread); sandboxes are started on a worker thread
     of their own that lives as long as this object (``setpriv --pdeathsig`` fires when the
@@ -328,16 +343,14 @@ class Sandbox:
         self,
         state: Path,
         *,
-        tmp_dir: Path,
-        run_dir: Path,
         network: bool = True,
         spare: bool = True,
+        tmpfs_size: str = TMPFS_SIZE,
     ):
         self.dir = Path(state) / "sandbox"
-        self.tmp_dir = Path(tmp_dir)
-        self.run_dir = Path(run_dir)
         self.network = network
         self.keep_spare = spare
+        self.tmpfs_size = tmpfs_size
         self.home = self.dir / "homes" / SANDBOX_USER
         self._active: _Instance | None = None
         self._spare: Future | None = None
@@ -350,6 +363,18 @@ class Sandbox:
     def init_pid(self) -> int | None:
         """Host pid of the running sandbox's init (``None`` when none runs)."""
         return self._active.init_pid if self._active is not None else None
+
+    @property
+    def tmp_dir(self) -> Path | None:
+        """Host directory seen inside the running sandbox as ``/tmp`` (its own: every sandbox
+        gets a new one; the session empties it on a fast reset); ``None`` when none runs."""
+        return self._active.layers / "tmp" if self._active is not None else None
+
+    @property
+    def run_dir(self) -> Path | None:
+        """Host directory seen inside the running sandbox as ``/run/user/1000``
+        (``XDG_RUNTIME_DIR``; a new one for every sandbox too); ``None`` when none runs."""
+        return self._active.layers / "run" if self._active is not None else None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -475,7 +500,22 @@ class Sandbox:
         uppers = [self._active.layers / "upper" / name for name in OVERLAID]
         root = Path(f"/proc/{self._active.init_pid}/root")
         found = leftovers.written(root, [u for u in uppers if u.is_dir()])
+        found += leftovers.changed(root, self._active.attrs)
         return found + leftovers.ipc_objects(self._active.init_pid)
+
+    def clean_homes(self) -> None:
+        """``/home`` back to what the setup bound (``homes/``: 0755, root's, nothing but
+        ``user``): root inside may have added entries or changed its mode. HOME itself is the
+        session's to restore (:func:`.home.restore`). Nothing is followed."""
+        from . import leftovers
+
+        fd = os.open(self.dir / "homes", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            os.fchown(fd, 0, 0)
+            os.fchmod(fd, 0o755)
+            leftovers.empty_fd(fd, keep=(SANDBOX_USER,))
+        finally:
+            os.close(fd)
 
     def clear_shared(self) -> None:
         """Empty the running sandbox's ``/dev/shm``, ``/dev/mqueue`` and ``/run`` (but the
@@ -503,12 +543,16 @@ class Sandbox:
 
     def _launch(self, layers: Path, x_socket: str | None) -> _Instance:
         """Empty ``layers`` and start namespaces on it (runs on the worker thread)."""
-        for kind in ("upper", "work"):
+        layers.mkdir(exist_ok=True)
+        os.chmod(layers, 0o700)
+        for kind in ("upper", "work", "tmp", "run"):
             top = layers / kind
-            if top.exists():
-                shutil.rmtree(top)
+            if os.path.lexists(top):
+                shutil.rmtree(top)  # fd-based on Linux: follows no symlink the task left
+        for kind in ("upper", "work"):
             for name in OVERLAID:
-                (top / name).mkdir(parents=True)
+                (layers / kind / name).mkdir(parents=True)
+        _fresh_dirs(layers, x_socket)
         (layers / "root").mkdir(exist_ok=True)
         from . import chrome
 
@@ -517,11 +561,11 @@ class Sandbox:
             "SB": str(self.dir),
             "LAYERS": str(layers),
             "OVERLAID": " ".join(OVERLAID),
-            "TMP_DIR": str(self.tmp_dir),
-            "RUN_DIR": str(self.run_dir),
             "UID_IN": str(SANDBOX_UID),
             "X_SOCKET": x_socket or "",
             "OWN_NET": "0" if self.network else "1",
+            "TMPFS_SIZE": self.tmpfs_size,
+            "SMALL_TMPFS": SMALL_TMPFS,
             "PROC_READONLY": " ".join(PROC_READONLY),
             "PROC_MASKED": " ".join(PROC_MASKED),
             "SYS_MASKED": " ".join(SYS_MASKED),
@@ -548,13 +592,44 @@ class Sandbox:
             proc.stdin.write(b"go\n")
             proc.stdin.close()
             _wait_ready(proc)
-            return _Instance(layers, proc, *_wait_init(proc))
+            instance = _Instance(layers, proc, *_wait_init(proc))
+            from . import leftovers
+
+            watched = [*leftovers.WATCHED, *OVERLAID]
+            if x_socket:
+                watched.append(f"tmp/.X11-unix/{os.path.basename(x_socket)}")
+            root = Path(f"/proc/{instance.init_pid}/root")
+            instance.attrs = leftovers.attributes(root, watched)
+            return instance
         except BaseException:
             self._starting.discard(proc.pid)
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
             raise
+
+
+def _fresh_dirs(layers: Path, x_socket: str | None) -> None:
+    """The sandbox's own ``/tmp`` and ``/run/user/1000`` (``layers/tmp``, ``layers/run``), made
+    new for every sandbox and never shared with another: the setup (root, on the host's
+    filesystem) then works in directories no task has ever written, and a task can plant no
+    link there for it (or for the next sandbox) to follow. ``tmp/.X11-unix/X<n>`` is the X
+    socket's mount point."""
+    tmp = layers / "tmp"
+    tmp.mkdir(mode=0o700)
+    os.chmod(tmp, 0o1777)
+    run = layers / "run"
+    run.mkdir(mode=0o700)
+    os.chown(run, SANDBOX_UID, SANDBOX_UID)
+    if x_socket:
+        (tmp / ".X11-unix").mkdir(mode=0o700)
+        os.chmod(tmp / ".X11-unix", 0o1777)
+        fd = os.open(
+            tmp / ".X11-unix" / os.path.basename(x_socket),
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+            0o644,
+        )
+        os.close(fd)
 
 
 def _bounding_drop() -> str:

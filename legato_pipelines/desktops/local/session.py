@@ -12,8 +12,8 @@ Layout of the state directory (one per desktop server)::
 
 Sandboxed (the default; :mod:`.sandbox`): task processes run inside the desktop's own
 namespaces as OSWorld's ``user`` with HOME ``/home/user``; HOME then lives in
-``sandbox/homes/user`` and ``sandbox/tmp/`` and ``sandbox/run/`` are seen inside as ``/tmp``
-and ``/run/user/1000``: all under ``sandbox/`` (0700, root's), so that no host user, not
+``sandbox/homes/user``, and each sandbox's own ``sandbox/layers-N/tmp/`` and ``run/`` (new for
+every sandbox) are seen inside as ``/tmp`` and ``/run/user/1000``: all under ``sandbox/`` (0700, root's), so that no host user, not
 even the host's uid 1000 (the sandbox's ``user``), reaches what the task wrote. Unsandboxed (``sandbox=False``), when the server runs as root, task
 processes run as an unprivileged host user (``legato-desktop`` by default, created with
 ``useradd`` if missing) with the state directory's paths as they are. Xvfb and openbox run as
@@ -157,17 +157,14 @@ class Session:
         self.state = Path(state_dir)
         self.template = template
         self.procs = ProcessTable()
-        # sandboxed: inside sandbox/ (0700), out of every host user's reach
-        private = self.state / "sandbox" if sandbox else self.state
-        self.run_dir = private / "run"
-        self.tmp = private / "tmp"
+        # unsandboxed; sandboxed, every sandbox has its own (Sandbox.tmp_dir, .run_dir)
+        self._run_dir = self.state / "run"
+        self._tmp = self.state / "tmp"
         self.sandbox: Sandbox | None = None
         if not sandbox and not network:
             raise SessionError("network=none needs the sandbox (sandbox=true)")
         if sandbox:
-            self.sandbox = Sandbox(
-                self.state, tmp_dir=self.tmp, run_dir=self.run_dir, network=network
-            )
+            self.sandbox = Sandbox(self.state, network=network)
             self.user, self.uid, self.gid = SANDBOX_USER, SANDBOX_UID, SANDBOX_UID
             self.home = self.sandbox.home
         elif os.geteuid() == 0 and user:
@@ -191,6 +188,23 @@ class Session:
             if self.bus_missing
             else dbus_session.SessionBus(self.procs, self.state / "bus.log")
         )
+
+    # -- paths ---------------------------------------------------------------------------------
+
+    @property
+    def tmp(self) -> Path:
+        """TMPDIR on the host (sandboxed: the running sandbox's ``/tmp``, a new directory for
+        every sandbox, under ``sandbox/`` (0700), out of every host user's reach)."""
+        if self.sandbox is not None:
+            return self.sandbox.tmp_dir or self.sandbox.dir / "layers-0" / "tmp"
+        return self._tmp
+
+    @property
+    def run_dir(self) -> Path:
+        """XDG_RUNTIME_DIR on the host (sandboxed: the running sandbox's ``/run/user/1000``)."""
+        if self.sandbox is not None:
+            return self.sandbox.run_dir or self.sandbox.dir / "layers-0" / "run"
+        return self._run_dir
 
     # -- paths as the task sees them ---------------------------------------------------------
 
@@ -265,8 +279,9 @@ class Session:
                 self.sandbox.prepare()
             except SandboxError as exc:
                 raise SessionError(str(exc)) from None
-        for path in (self.run_dir, self.tmp):
-            self._fresh_private_dir(path)
+        if self.sandbox is None:  # a sandbox makes its own
+            for path in (self.run_dir, self.tmp):
+                self._fresh_private_dir(path)
         self.wm_home.mkdir(exist_ok=True)
         (self.wm_home / ".config" / "openbox").mkdir(parents=True, exist_ok=True)
         (self.wm_home / ".config" / "openbox" / "rc.xml").write_text(openbox_config())
@@ -480,9 +495,7 @@ class Session:
         if self.sandbox is not None:
             self.sandbox.stop()
         killed = self.kill_task_processes()
-        if self.sandbox is not None:
-            empty_dir(self.tmp / ".X11-unix")
-        self._restore_files()
+        self._restore_files()  # sandboxed, the new sandbox brings new /tmp and /run/user/1000
         t1 = time.perf_counter()
         self.start_x()
         self._start_sandbox()
@@ -537,28 +550,35 @@ class Session:
         return env
 
     def _restore_files(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.clean_homes()
         try:
             home_mod.restore(self.baseline, self.home)
         except RuntimeError as exc:
             raise SessionError(str(exc)) from None
+        if self.sandbox is not None:
+            if self.sandbox.alive():
+                self._empty_sandbox_dirs()
+            return
         self._fresh_private_dir(self.tmp)
         self._fresh_private_dir(self.run_dir)
 
+    def _empty_sandbox_dirs(self) -> None:
+        """Empty the running sandbox's ``/tmp`` and ``/run/user/1000`` in place (they are
+        bound into it; its X socket mount point stays). Nothing is followed (:func:`empty_dir`);
+        a replaced or re-moded directory made the sandbox dirty before (:meth:`.Sandbox.dirty`)."""
+        assert self.sandbox is not None
+        empty_dir(self.tmp, keep=(".X11-unix",))
+        x_socket = os.path.basename(self.x_socket or "")
+        empty_dir(self.tmp / ".X11-unix", keep=(x_socket,))  # its mount point stays
+        empty_dir(self.run_dir)
+
     def _fresh_private_dir(self, path: Path) -> None:
-        """An empty TMPDIR / XDG_RUNTIME_DIR. Sandboxed, the directory is bound into the
-        sandbox, so it is emptied in place (its X socket mount point kept) and ``tmp/`` is
-        ``/tmp`` inside (1777, root's)."""
-        if self.sandbox is not None and path.is_dir():
-            empty_dir(path, keep=(".X11-unix",))
-            x_socket = os.path.basename(self.x_socket or "")
-            empty_dir(path / ".X11-unix", keep=(x_socket,))  # its mount point stays
-            return
+        """An empty TMPDIR / XDG_RUNTIME_DIR of an unsandboxed desktop."""
         if path.exists():
             shutil.rmtree(path)
         path.mkdir(mode=0o700)
-        if self.sandbox is not None and path == self.tmp:
-            os.chmod(path, 0o1777)
-        elif self.uid is not None:
+        if self.uid is not None:
             os.chown(path, self.uid, self.gid)
 
 
