@@ -3,6 +3,7 @@ loopback, real run directories. Statuses, accounting, advantages, dedup, resume.
 
 from __future__ import annotations
 
+import io
 import math
 from collections import Counter
 from pathlib import Path
@@ -623,3 +624,43 @@ def test_a_line_that_is_not_a_record_is_an_error(policy_server, tmp_path):
     path.write_bytes(b'{"rollout_id": "x", "step": 0}\n' + path.read_bytes())
     with pytest.raises(ConfigError, match="line 1 is not a rollout record"):
         read_records(tmp_path)
+
+
+@pytest.mark.parametrize("screen", [(1280, 720), (1920, 1080)])
+def test_collector_does_no_pixel_work_when_the_desktop_resizes(
+    policy_server, tmp_path, monkeypatch, screen
+):
+    """Desktops that resize (observe(size=)) hand out the model-size PNG: the collector never
+    decodes, resizes or encodes a screenshot (both are made to fail here), and what it stores
+    and sends is what the collector-side path makes of the full screen, pixel for pixel."""
+    from PIL import Image
+
+    from legato_pipelines.desktops.fake import frame_pool
+    from legato_pipelines.harness import Harness
+    from legato_pipelines.harness import episode as episode_module
+    from legato_pipelines.images import Screenshot
+
+    def no_pixel_work(*args, **kwargs):
+        raise AssertionError("the collector did pixel work on a screenshot")
+
+    monkeypatch.setattr(episode_module, "resize_screenshot", no_pixel_work)
+    monkeypatch.setattr(Screenshot, "to_pil", no_pixel_work)
+    desktop = DesktopConfig(
+        backend="fake", screen_width=screen[0], screen_height=screen[1], options={"unique": True}
+    )
+    summary = collect(
+        load_tasks(fake_tasks(2)), policy(policy_server), tmp_path, desktops=2,
+        desktop=desktop, group=2, max_steps=3,
+    )  # fmt: skip
+    assert summary["counts"]["ok"] == summary["records"] == 4 and summary["steps"] == 12
+    monkeypatch.undo()
+    rule = Harness().resize_rule
+    expected = set()
+    for frame in frame_pool(*screen, frames=32):
+        with Image.open(io.BytesIO(frame.png)) as img:
+            expected.add(img.resize(rule.size(*screen)).tobytes())
+    stored = list((tmp_path / "images").glob("*.png"))
+    assert len(stored) == 12  # a new screenshot every step, as on real screens
+    for path in stored:
+        with Image.open(path) as img:
+            assert img.size == rule.size(*screen) and img.tobytes() in expected

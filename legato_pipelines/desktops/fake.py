@@ -16,6 +16,10 @@ Options (``DesktopConfig.options``):
   frames    how many distinct screens to pre-render (default 32)
   unique    every observation is a distinct PNG (the pooled picture plus a ``tEXt`` chunk
             naming the desktop and observation), so storage is measured as with real screens
+
+``observe(size=(w, h))`` hands out the screen at the model's size (the engine asks for it):
+each pooled screen is resized once per process (:func:`model_frame`, the collector's own
+resize), and a unique observation is that PNG plus its ``tEXt`` chunk.
   seed      seeds latencies and faults (default 0)
 
 Rewards: a task's success probability is ``config["fake"]["success"]`` (inline task config,
@@ -36,7 +40,7 @@ from typing import Any
 
 from ..actions import Action
 from ..errors import ConfigError, DesktopError
-from ..images import Screenshot
+from ..images import Screenshot, resized_png
 from ..tasks import Evaluation, Task
 from .base import DesktopConfig, Wait, check_options
 
@@ -124,6 +128,20 @@ def frame_pool(width: int, height: int, frames: int = 32) -> tuple[Screenshot, .
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=256)
+def model_frame(
+    width: int, height: int, frames: int, index: int, size: tuple[int, int]
+) -> Screenshot:
+    """Screen ``index`` of :func:`frame_pool` resized to the model's ``size`` (width, height)
+    by :func:`~legato_pipelines.images.resized_png`: the bytes the collector would make of
+    that screen. Made once per process and size, when first shown."""
+    from PIL import Image
+
+    frame = frame_pool(width, height, frames=frames)[index]
+    with Image.open(io.BytesIO(frame.png)) as image:
+        return Screenshot(resized_png(image, size), *size)
+
+
 def _with_text(png: bytes, text: str) -> bytes:
     """``png`` with a ``tEXt`` chunk (keyword ``legato``) inserted after IHDR: same pixels,
     different bytes, no re-encoding (PNG spec: length, type, data, CRC-32 of type + data)."""
@@ -140,6 +158,8 @@ def _with_text(png: bytes, text: str) -> bytes:
 class FakeDesktop:
     """A desktop that sleeps its configured latencies, shows pre-rendered screens, grades with
     the per-attempt seed, and fails on purpose at the configured rates (see module docs)."""
+
+    observe_resizes = True  # observe(size=) hands out the model-size screen (base.py)
 
     def __init__(self, config: DesktopConfig, index: int = 0):
         check_options(config, OPTION_NAMES, "fake")
@@ -206,10 +226,16 @@ class FakeDesktop:
     async def wait_after_reset(self) -> Wait:
         return await self._wait()
 
-    async def observe(self) -> Screenshot:
+    async def observe(self, size: tuple[int, int] | None = None) -> Screenshot:
+        """The current screen; at the model's ``size`` (width, height) when given, resized as
+        the collector would (:func:`model_frame`), so the collector has no pixel work."""
         self._check_alive()
         await self._sleep("observe")
-        frame = self._frames[(self._task_offset + self._frame) % len(self._frames)]
+        index = (self._task_offset + self._frame) % len(self._frames)
+        frame = self._frames[index]
+        if size is not None and tuple(size) != frame.size:
+            width, height = self.config.screen_size
+            frame = model_frame(width, height, len(self._frames), index, tuple(size))
         if self._rng.random() < self.faults["observe_error"]:
             raise OSError(f"{self.name}: injected screenshot read error")
         if self._rng.random() < self.faults["truncated_screenshot"]:

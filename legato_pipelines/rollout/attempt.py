@@ -119,6 +119,7 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
             record.reset.setup_failures = [SetupFailure(**f) for f in setup_failures]
         timing.reset_s = time.perf_counter() - t0
         episode = ctx.harness.episode(task.instruction, desktop.screen_size)
+        resizes = getattr(desktop, "observe_resizes", False) is True
         steps = record.steps
         hashes: dict[
             int, tuple[dict, str]
@@ -132,7 +133,14 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
                 raise _Truncated
             phase = "observe"
             t = time.perf_counter()
-            raw = await desktop.observe()
+            if resizes:  # the desktop hands out the model-size PNG: no pixel work here
+                raw = await desktop.observe(size=episode.model_size)
+            else:
+                raw = await desktop.observe()
+            if not raw.complete():
+                raise ValueError(
+                    f"the screenshot is half a PNG ({len(raw.png)} bytes, no IEND chunk)"
+                )
             # resizing is CPU work (decode, resize, encode): keep it off the event loop
             shot = episode.prepared(raw) or await asyncio.to_thread(episode.prepare, raw)
             obs_s = time.perf_counter() - t
