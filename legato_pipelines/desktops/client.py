@@ -228,14 +228,19 @@ class DesktopClient:
 
     # -- project endpoints -------------------------------------------------------------------------
 
-    async def observe(self) -> Screenshot:
-        """``/legato/observe``: the screen as a :class:`Screenshot` (size from the headers)."""
-        response = await self._request("GET", "/legato/observe", kind="observe")
-        return Screenshot(
-            response.content,
-            int(response.headers["x-screen-width"]),
-            int(response.headers["x-screen-height"]),
-        )
+    async def observe(self, size: tuple[int, int] | None = None) -> Screenshot:
+        """``/legato/observe``: the screen as a :class:`Screenshot`; with ``size`` (width,
+        height: the model's) resized to it by the server. A server that does not know the
+        query answers the whole screen (the engine then resizes it). The size is the PNG's
+        own (its IHDR); ``DesktopError(kind="observe")`` when the answer is not a PNG."""
+        params = {"width": size[0], "height": size[1]} if size is not None else None
+        response = await self._request("GET", "/legato/observe", kind="observe", params=params)
+        try:
+            return Screenshot(response.content)
+        except ValueError:
+            raise DesktopError(
+                f"GET {self.url}/legato/observe: the answer is not a PNG", kind="observe"
+            ) from None
 
     async def act(self, action: Action) -> float:
         """``/legato/act``: perform ``action`` as XTest input; returns the server's act_s."""

@@ -6,7 +6,7 @@ started (``legato desktop serve``) that it attaches to by URL. Per attempt::
 
     reset(task)        POST /legato/reset {full}, then the task's setup steps (OSWorld format)
     wait_after_reset   POST /legato/wait mode=reset       (or sleep fixed_wait)
-    observe            GET  /legato/observe -> Screenshot
+    observe            GET  /legato/observe?width=&height= -> Screenshot (the model's size)
     act(action)        POST /legato/act                   (XTest input; never code)
     wait_after_action  POST /legato/wait mode=action      (or sleep fixed_wait)
     wait_before_eval   POST /legato/wait mode=eval        (or sleep fixed_wait)
@@ -195,6 +195,8 @@ class LocalDesktop(ServerTasks, WaitsByMode):
     when attached to a URL (then ``recover()`` is a full reset plus a health check).
     """
 
+    observe_resizes = True  # the server hands out the model-size PNG (base.py)
+
     def __init__(
         self,
         name: str,
@@ -227,8 +229,10 @@ class LocalDesktop(ServerTasks, WaitsByMode):
         await self._run_task_setup(task)
         return "fast" if self.last_reset["kind"] == "fast" else "revert"
 
-    async def observe(self) -> Screenshot:
-        return await self.client.observe()
+    async def observe(self, size: tuple[int, int] | None = None) -> Screenshot:
+        """The screen; at the model's ``size`` (width, height) when given, resized by the
+        desktop server in its own process (``/legato/observe?width=&height=``)."""
+        return await self.client.observe(size)
 
     async def act(self, action: Action) -> None:
         """XTest input on the server; ``wait`` sleeps here."""
