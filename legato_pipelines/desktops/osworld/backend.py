@@ -10,7 +10,7 @@ Per attempt::
     reset(task)        worker reset: fast (kill the domain's apps, verify, clean HOME) or a
                        snapshot revert, then the task's setup via DesktopEnv.reset
     wait_after_reset   poll the VM server's GET /screenshot until stable (frame diff), capped
-    observe            worker observe (DesktopEnv.render)
+    observe            worker observe (DesktopEnv.render, resized to the model's size there)
     act(action)        render_code(action) -> DesktopEnv.step(code, pause=0)
     wait_after_action  poll /screenshot until stable   (or sleep fixed_wait)
     wait_before_eval   poll /screenshot until stable   (or sleep fixed_wait)
@@ -81,6 +81,8 @@ class OSWorldDesktop(WaitsByMode):
     ``start_request`` is the worker's ``start`` request (provider, screen, cache dir, ...);
     ``vm_server`` the local desktop server this desktop owns (provider ``local``), else None.
     """
+
+    observe_resizes = True  # the worker hands out the model-size PNG (base.py)
 
     def __init__(
         self,
@@ -187,9 +189,12 @@ class OSWorldDesktop(WaitsByMode):
         self._force_revert = False
         return self.last_reset["kind"]
 
-    async def observe(self) -> Screenshot:
-        png = base64.b64decode((await self._call("observe", self.call_timeout))["png"])
-        return screenshot_of(png, self.name, kind="vm")
+    async def observe(self, size: tuple[int, int] | None = None) -> Screenshot:
+        """``DesktopEnv.render()``; at the model's ``size`` (width, height) when given, resized
+        in the worker's process (``worker.model_png``), not the collector's."""
+        fields = {"size": list(size)} if size is not None else {}
+        answer = await self._call("observe", self.call_timeout, **fields)
+        return screenshot_of(base64.b64decode(answer["png"]), self.name, kind="vm")
 
     async def act(self, action: Action) -> None:
         """:func:`~legato_pipelines.harness.render.render_osworld_code` (``render_pyautogui`` +

@@ -20,7 +20,8 @@ Operations (``result`` shapes):
   reset     {task_config, fast, domain?, kill?}: fast reset (kill the task's apps, verify, restore the
             baseline HOME) or snapshot revert, then the task's own setup through
             ``DesktopEnv.reset`` (which no longer reverts); {kind: fast|revert, revert_s, clean_s, setup_s}
-  observe   {png: base64}
+  observe   {size?: [w, h]}: {png: base64}; at the model's size when given (resized here, in
+            the worker's process, by the project's ``images.resized_png``)
   step      {code, pause?}: ``DesktopEnv.step(code, pause)`` (pause 0 unless given);
             {done, info, returncode, error}
   evaluate  {last_action_fail}: ``DesktopEnv.evaluate()``; {reward, error}. An exception from
@@ -57,17 +58,19 @@ KNOWN_PROVIDERS = CLEAN_START + ("vmware", "virtualbox")
 PROBE_TIMEOUT_S = 5.0
 
 
-def _load_domains():
-    """``desktops/domains.py`` (standard library only), loaded by its path: this interpreter
-    cannot import the project's package."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "domains.py")
-    spec = importlib.util.spec_from_file_location("legato_desktop_domains", path)
+def _load(relative: str, name: str):
+    """A module of the project that imports only the standard library (``desktops/domains.py``,
+    ``images.py``), loaded by its path: this interpreter cannot import the project's package."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.normpath(os.path.join(here, relative))
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_domains = _load_domains()
+_domains = _load("../domains.py", "legato_desktop_domains")
+_images = _load("../../images.py", "legato_images")
 DOMAIN_PROCESSES = _domains.DOMAIN_PROCESSES
 BASELINE_DIR = _domains.BASELINE_DIR
 baseline_script = _domains.baseline_script
@@ -508,6 +511,8 @@ class Worker:
         png = self._env().render()
         if png is None:
             raise WorkerError("vm", "no screenshot (the VM server stopped answering)")
+        if req.get("size") is not None:
+            png = model_png(png, req["size"])
         return {"png": base64.b64encode(png).decode("ascii")}
 
     def step(self, req: dict) -> dict:
@@ -565,6 +570,26 @@ class Worker:
         if self.env is None:
             raise WorkerError("protocol", "the DesktopEnv is not started (send start first)")
         return self.env
+
+
+def model_png(png: bytes, size) -> bytes:
+    """The VM's screenshot at the model's ``size`` ([width, height]), resized here in the
+    worker's process by the project's own ``images.resized_png`` (what the collector would
+    do: decode, Pillow's default resize, encode); the VM's own bytes when it has that size."""
+    import io
+
+    from PIL import Image
+
+    try:
+        width, height = (int(v) for v in size)
+    except (TypeError, ValueError):
+        raise WorkerError(
+            "protocol", f"observe: size must be [width, height], got {size!r}"
+        ) from None
+    with Image.open(io.BytesIO(png)) as image:
+        if image.size == (width, height):
+            return png
+        return _images.resized_png(image, (width, height))
 
 
 def _describe(exc: BaseException) -> str:
