@@ -18,8 +18,8 @@ Options (``DesktopConfig.options``):
             naming the desktop and observation), so storage is measured as with real screens
 
 ``observe(size=(w, h))`` hands out the screen at the model's size (the engine asks for it):
-each pooled screen is resized once per process (:func:`model_frame`, the collector's own
-resize), and a unique observation is that PNG plus its ``tEXt`` chunk.
+each pooled screen is resized once per process (:meth:`FramePool.model`, the collector's
+own resize), and a unique observation is that PNG plus its ``tEXt`` chunk.
   seed      seeds latencies and faults (default 0)
 
 Rewards: a task's success probability is ``config["fake"]["success"]`` (inline task config,
@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-import io
 import random
 import struct
 import zlib
@@ -99,47 +98,75 @@ class Latency:
         return self._draw(rng)
 
 
+class FramePool:
+    """The fake desktops' screens of one size, ``frames`` distinct desktop-like pictures (title
+    bar, window, text lines), each drawn when first shown and encoded as PNG when first asked
+    for: at full size (:meth:`full`) or resized to a model's size (:meth:`model`, by
+    :func:`~legato_pipelines.images.resized_png`, so its bytes are what the collector would
+    make of the full-size PNG). Pictures use Pillow's bitmap font (no FreeType: ~4x cheaper to
+    draw). One per process and size (:func:`pool`); used from the event loop's thread."""
+
+    def __init__(self, width: int, height: int, frames: int):
+        self.width, self.height, self.frames = width, height, frames
+        self._pictures: dict[int, Any] = {}
+        self._full: dict[int, Screenshot] = {}
+        self._model: dict[tuple[int, tuple[int, int]], Screenshot] = {}
+
+    def picture(self, index: int):
+        """Screen ``index`` as a PIL image (RGB), drawn once."""
+        picture = self._pictures.get(index)
+        if picture is None:
+            picture = self._pictures[index] = _draw(self.width, self.height, index)
+        return picture
+
+    def full(self, index: int) -> Screenshot:
+        """Screen ``index`` as a PNG of the whole screen (zlib level 1)."""
+        shot = self._full.get(index)
+        if shot is None:
+            shot = self._full[index] = Screenshot.from_pil(self.picture(index))
+        return shot
+
+    def model(self, index: int, size: tuple[int, int]) -> Screenshot:
+        """Screen ``index`` resized to ``size`` (width, height) as the collector would."""
+        shot = self._model.get((index, size))
+        if shot is None:
+            shot = Screenshot(resized_png(self.picture(index), size), *size)
+            self._model[index, size] = shot
+        return shot
+
+
 @functools.lru_cache(maxsize=8)
+def pool(width: int, height: int, frames: int = 32) -> FramePool:
+    """The process's :class:`FramePool` of ``frames`` screens of ``width`` x ``height``."""
+    return FramePool(width, height, frames)
+
+
 def frame_pool(width: int, height: int, frames: int = 32) -> tuple[Screenshot, ...]:
-    """Pre-rendered, distinct PNG screens of ``width`` x ``height`` pixels (a desktop-like
-    picture: title bar, window, text lines), rendered once per process so benchmarks spend no
-    CPU drawing."""
-    from PIL import Image, ImageDraw
-
-    out = []
-    for i in range(frames):
-        rng = random.Random(i)
-        img = Image.new("RGB", (width, height), (40 + i * 3 % 60, 60, 90))
-        draw = ImageDraw.Draw(img)
-        draw.rectangle([0, 0, width, 28], fill=(30, 30, 30))
-        draw.text((10, 8), f"legato fake desktop - screen {i}", fill=(230, 230, 230))
-        x0, y0 = rng.randint(20, width // 4), rng.randint(40, height // 4)
-        x1, y1 = rng.randint(width // 2, width - 20), rng.randint(height // 2, height - 20)
-        draw.rectangle([x0, y0, x1, y1], fill=(245, 245, 245), outline=(0, 0, 0))
-        for line in range(max(1, (y1 - y0 - 30) // 18)):
-            words = " ".join(
-                hashlib.sha1(f"{i}-{line}-{k}".encode()).hexdigest()[: rng.randint(3, 9)]
-                for k in range(rng.randint(3, 12))
-            )
-            draw.text((x0 + 10, y0 + 10 + line * 18), words, fill=(20, 20, 20))
-        buf = io.BytesIO()
-        img.save(buf, format="PNG", compress_level=1)
-        out.append(Screenshot(buf.getvalue(), width, height))
-    return tuple(out)
+    """Every screen of :func:`pool` as a full-size PNG (drawn and encoded now, once per
+    process, so a benchmark can do it outside its measurement)."""
+    screens = pool(width, height, frames)
+    return tuple(screens.full(i) for i in range(frames))
 
 
-@functools.lru_cache(maxsize=256)
-def model_frame(
-    width: int, height: int, frames: int, index: int, size: tuple[int, int]
-) -> Screenshot:
-    """Screen ``index`` of :func:`frame_pool` resized to the model's ``size`` (width, height)
-    by :func:`~legato_pipelines.images.resized_png`: the bytes the collector would make of
-    that screen. Made once per process and size, when first shown."""
-    from PIL import Image
+def _draw(width: int, height: int, i: int):
+    from PIL import Image, ImageDraw, ImageFont
 
-    frame = frame_pool(width, height, frames=frames)[index]
-    with Image.open(io.BytesIO(frame.png)) as image:
-        return Screenshot(resized_png(image, size), *size)
+    font = ImageFont.load_default_imagefont()
+    rng = random.Random(i)
+    img = Image.new("RGB", (width, height), (40 + i * 3 % 60, 60, 90))
+    draw = ImageDraw.Draw(img)
+    draw.rectangle([0, 0, width, 28], fill=(30, 30, 30))
+    draw.text((10, 8), f"legato fake desktop - screen {i}", fill=(230, 230, 230), font=font)
+    x0, y0 = rng.randint(20, width // 4), rng.randint(40, height // 4)
+    x1, y1 = rng.randint(width // 2, width - 20), rng.randint(height // 2, height - 20)
+    draw.rectangle([x0, y0, x1, y1], fill=(245, 245, 245), outline=(0, 0, 0))
+    for line in range(max(1, (y1 - y0 - 30) // 18)):
+        words = " ".join(
+            hashlib.sha1(f"{i}-{line}-{k}".encode()).hexdigest()[: rng.randint(3, 9)]
+            for k in range(rng.randint(3, 12))
+        )
+        draw.text((x0 + 10, y0 + 10 + line * 18), words, fill=(20, 20, 20), font=font)
+    return img
 
 
 def _with_text(png: bytes, text: str) -> bytes:
@@ -183,7 +210,7 @@ class FakeDesktop:
         self.name = f"fake-{index}"
         self.screen_size = config.screen_size
         self._rng = random.Random(f"{opts.get('seed', 0)}:{index}")
-        self._frames = frame_pool(
+        self._frames = pool(
             config.screen_width, config.screen_height, frames=int(opts.get("frames", 32))
         )
         self._unique = bool(opts.get("unique", False))
@@ -228,14 +255,14 @@ class FakeDesktop:
 
     async def observe(self, size: tuple[int, int] | None = None) -> Screenshot:
         """The current screen; at the model's ``size`` (width, height) when given, resized as
-        the collector would (:func:`model_frame`), so the collector has no pixel work."""
+        the collector would (:meth:`FramePool.model`), so the collector has no pixel work."""
         self._check_alive()
         await self._sleep("observe")
-        index = (self._task_offset + self._frame) % len(self._frames)
-        frame = self._frames[index]
-        if size is not None and tuple(size) != frame.size:
-            width, height = self.config.screen_size
-            frame = model_frame(width, height, len(self._frames), index, tuple(size))
+        index = (self._task_offset + self._frame) % self._frames.frames
+        if size is not None and tuple(size) != self.screen_size:
+            frame = self._frames.model(index, tuple(size))
+        else:
+            frame = self._frames.full(index)
         if self._rng.random() < self.faults["observe_error"]:
             raise OSError(f"{self.name}: injected screenshot read error")
         if self._rng.random() < self.faults["truncated_screenshot"]:
