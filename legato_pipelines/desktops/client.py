@@ -81,6 +81,7 @@ class DesktopClient:
             raise DesktopError(
                 f"{method} {self.url}{path}: {type(exc).__name__}: {exc}", kind="transport"
             ) from None
+        response.stream = None  # read and closed: no Response <-> stream cycle for the GC
         if response.status_code < 400 or response.status_code in allow:
             return response
         if response.status_code == 401:
