@@ -656,7 +656,7 @@ def test_collector_does_no_pixel_work_when_the_desktop_resizes(
     monkeypatch.undo()
     rule = Harness().resize_rule
     expected = set()
-    for frame in frame_pool(*screen, frames=32):
+    for frame in frame_pool(*screen):
         with Image.open(io.BytesIO(frame.png)) as img:
             expected.add(img.resize(rule.size(*screen)).tobytes())
     stored = list((tmp_path / "images").glob("*.png"))
