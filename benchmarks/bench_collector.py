@@ -11,8 +11,13 @@ observation is a distinct PNG. The collector's CPU is the child process's user +
 (``os.wait4``), threads included:
 
 - marginal CPU per step = (cpu(2D) - cpu(D)) / (steps(2D) - steps(D)): start-up excluded;
-- fixed CPU = cpu(D) - marginal x steps(D): imports, desktops up, the policy check, the run
-  directory, the summary; the frames the fake desktops draw (once per process) too.
+- fixed CPU = cpu(D) - marginal x steps(D) (the intercept): imports, desktops up, the policy
+  check, the run directory, the summary, the screens the fake desktops draw and encode (once
+  per process), and whatever the first wave costs more than later ones (the heap growing to
+  its plateau: page faults);
+- fixed CPU, direct = cpu of a batch of D one-step attempts - marginal x D.
+
+``--big`` sets the second batch (default 2: 2D attempts).
 
 ``--desktop-side`` also times what a desktop spends to hand out the model-size PNG of one
 observation from raw screen pixels (a real frame from ``--frame PNG``, else the fake's): the
@@ -59,14 +64,20 @@ def tasks_file(directory: Path, n: int) -> Path:
 
 
 def run_collect(
-    url: str, desktops: int, attempts: int, screen: str, workdir: Path, extra: list[str]
+    url: str,
+    desktops: int,
+    attempts: int,
+    screen: str,
+    workdir: Path,
+    extra: list[str],
+    steps: int = STEPS,
 ) -> dict:
     """One ``legato collect`` process; its CPU (user, sys) from wait4, steps from its summary."""
     out = Path(tempfile.mkdtemp(prefix="bench-collector-", dir=workdir))
     cmd = [
         sys.executable, "-m", "legato_pipelines", "collect", "--backend", "fake",
         "--desktops", str(desktops), "--tasks", str(tasks_file(workdir, attempts // GROUP)),
-        "--group", str(GROUP), "--max-steps", str(STEPS), "--screen", screen,
+        "--group", str(GROUP), "--max-steps", str(steps), "--screen", screen,
         "--desktop-option", "unique=true", "--policy-url", url, "--model", "scripted-qwen",
         "--out", str(out / "run"), "--no-progress", "--json", *extra,
     ]  # fmt: skip
@@ -87,7 +98,9 @@ def run_collect(
         "desktops": desktops, "attempts": attempts, "screen": screen, "steps": summary["steps"],
         "user_s": round(usage.ru_utime, 3), "sys_s": round(usage.ru_stime, 3),
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 3), "wall_s": round(wall, 2),
-        "model_call_p50_s": summary["model_call_s"]["p50"],
+        "model_call_p50_s": summary["model_call_s"]["p50"], "minflt": usage.ru_minflt,
+        "maxrss_mb": usage.ru_maxrss // 1024,
+        "not_ok": {k: v for k, v in summary["counts"].items() if v and k != "ok"},
     }  # fmt: skip
 
 
@@ -149,6 +162,7 @@ def main() -> None:
     ap.add_argument("--desktops", type=int, nargs="+", default=[64, 1024])
     ap.add_argument("--screens", nargs="+", default=["1280x720", "1920x1080"])
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--big", type=float, default=2.0, help="second batch: BIG x D attempts")
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
     ap.add_argument("--desktop-side", action="store_true", help="also time the desktop's part")
     ap.add_argument("--frame", type=Path, help="a real screenshot for --desktop-side")
@@ -163,23 +177,27 @@ def main() -> None:
     with policy_server_process("--script", str(script)) as url:
         for desktops in args.desktops:
             for screen in args.screens:
-                marginal, fixed = [], []
+                marginal, fixed, direct = [], [], []
+                big_attempts = int(round(args.big * desktops / GROUP)) * GROUP
                 for _ in range(args.repeats):
-                    small = run_collect(
-                        url, desktops, desktops, screen, args.workdir, args.collect_arg
-                    )
-                    big = run_collect(url, desktops, 2 * desktops, screen, args.workdir, args.collect_arg)  # fmt: skip
-                    for row in (small, big):
+                    rows = [
+                        run_collect(url, desktops, n, screen, args.workdir, args.collect_arg, steps)
+                        for n, steps in ((desktops, STEPS), (big_attempts, STEPS), (desktops, 1))
+                    ]
+                    for row in rows:
                         print(json.dumps({"bench": "collect", **row}), flush=True)
+                    small, big, one = rows
                     m = (big["cpu_s"] - small["cpu_s"]) / (big["steps"] - small["steps"])
                     marginal.append(m)
                     fixed.append(small["cpu_s"] - m * small["steps"])
+                    direct.append(one["cpu_s"] - m * one["steps"])
                 print(
                     json.dumps(
                         {
                             "bench": "collector_cpu", "desktops": desktops, "screen": screen,
                             "marginal_ms_per_step": round(statistics.median(marginal) * 1000, 3),
                             "fixed_cpu_s": round(statistics.median(fixed), 3),
+                            "fixed_cpu_direct_s": round(statistics.median(direct), 3),
                             "runs": [round(m * 1000, 3) for m in marginal],
                         }
                     ),
