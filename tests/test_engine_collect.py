@@ -712,3 +712,27 @@ async def test_desktop_client_calls_leave_no_cyclic_garbage():
     finally:
         await client.aclose()
     assert unreachable < 20, f"{unreachable} objects in reference cycles after 20 calls"
+
+
+def test_a_desktop_whose_observe_takes_no_size_gets_the_collector_side_resize(
+    policy_server, tmp_path
+):
+    """A subclass of a resizing backend that overrides observe() without ``size`` (a test
+    double, a wrapper) is called as observe() and the engine resizes what it sends."""
+    from legato_pipelines.desktops.fake import FakeDesktop
+    from legato_pipelines.images import png_size
+    from legato_pipelines.rollout.attempt import observes_at_size
+
+    class FullScreen(FakeDesktop):
+        async def observe(self):
+            return await super().observe()
+
+    config = DesktopConfig(backend="fake", options={"unique": True})
+    desktop = FullScreen(config, 0)
+    assert not observes_at_size(desktop) and observes_at_size(FakeDesktop(config, 1))
+    summary = collect(
+        load_tasks(fake_tasks(1)), policy(policy_server), tmp_path, desktops=1, group=1,
+        max_steps=2, desktop_pool=[desktop],
+    )  # fmt: skip
+    assert summary["counts"]["ok"] == 1
+    assert {png_size(p.read_bytes()) for p in (tmp_path / "images").glob("*.png")} == {(1280, 704)}

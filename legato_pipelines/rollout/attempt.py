@@ -18,6 +18,8 @@ reward (``None``, NaN, +-inf) is a desktop failure of kind ``invalid_reward`` (r
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import time
 import traceback
 import uuid
@@ -119,7 +121,7 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
             record.reset.setup_failures = [SetupFailure(**f) for f in setup_failures]
         timing.reset_s = time.perf_counter() - t0
         episode = ctx.harness.episode(task.instruction, desktop.screen_size)
-        resizes = getattr(desktop, "observe_resizes", False) is True
+        resizes = observes_at_size(desktop)
         steps = record.steps
         hashes: dict[
             int, tuple[dict, str]
@@ -265,6 +267,23 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
     record.eval_error = evaluation.error
     record.status = fmt.SURPLUS if group.closed else status
     return _close(record, start, t0)
+
+
+def observes_at_size(desktop: Desktop) -> bool:
+    """Whether the engine asks ``desktop`` for the model-size screenshot (``observe(size=)``):
+    its class says it can (``observe_resizes = True``) and its ``observe`` takes ``size`` (a
+    subclass that overrides ``observe()`` without it gets the collector-side resize)."""
+    if getattr(desktop, "observe_resizes", False) is not True:
+        return False
+    return _takes_size(getattr(type(desktop), "observe", None))
+
+
+@functools.cache
+def _takes_size(observe) -> bool:
+    try:
+        return "size" in inspect.signature(observe).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def unexpected(exc: BaseException) -> DesktopError:
