@@ -43,7 +43,10 @@ class Action:
       pixels      ``scroll``: scroll amount (positive up, negative down, as Qwen/pyautogui)
       seconds     ``wait``: how long to wait, in seconds
       status      ``terminate``: ``"success"`` or ``"failure"``
-      clamped     the model's coordinate fell outside the screen and was clamped to it
+
+    A model coordinate outside the model's image never becomes an action (the harness
+    records a ``parse_error`` instead: ``harness/parse.py``), so ``x, y`` is always on the
+    screen. Older records may carry ``"clamped": true`` from when such points were clamped.
     """
 
     action: str
@@ -55,7 +58,6 @@ class Action:
     pixels: int | None = None
     seconds: float | None = None
     status: str | None = None
-    clamped: bool = False
 
     def to_record(self) -> dict[str, Any]:
         """The JSON-able form kept in a step's ``actions[]`` (no ``None`` fields)."""
@@ -72,6 +74,4 @@ class Action:
             out["seconds"] = self.seconds
         if self.status is not None:
             out["status"] = self.status
-        if self.clamped:
-            out["clamped"] = True
         return out

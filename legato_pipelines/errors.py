@@ -28,7 +28,33 @@ class ConfigError(LegatoError, ValueError):
 
 
 class TaskListError(ConfigError):
-    """An entry of a task list is invalid. The message names its index, task_id and field."""
+    """Entries of a task list are invalid. The message names each one's index, task_id (and
+    the OSWorld file it came from) and field; ``problems`` holds every problem found, one
+    line each (just the message when the error is about the list as a whole)."""
+
+    def __init__(self, message: str, problems: list[str] | tuple[str, ...] = (), what: str = ""):
+        super().__init__(message)
+        self.problems: tuple[str, ...] = tuple(problems) or (message,)
+        self.what = what or "the task list"
+
+    @classmethod
+    def listing(cls, problems: list[str], what: str) -> TaskListError:
+        """One error for all ``problems`` of ``what`` (e.g. "the task list tasks.json"); its
+        message is :meth:`describe` with the first 20."""
+        error = cls("", problems, what)
+        error.args = (error.describe(20),)
+        return error
+
+    def describe(self, shown: int | None = None) -> str:
+        """The problem itself when there is one, else a count and the first ``shown``
+        problems (``None``: all), one a line."""
+        if len(self.problems) == 1:
+            return self.problems[0]
+        shown = len(self.problems) if shown is None else shown
+        lines = "\n  ".join(self.problems[:shown])
+        rest = len(self.problems) - shown
+        more = f"\n  ... and {rest} more (`legato tasks check` lists them all)" if rest > 0 else ""
+        return f"{len(self.problems)} problems in {self.what}:\n  {lines}{more}"
 
 
 class ResumeError(ConfigError):

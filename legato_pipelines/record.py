@@ -194,18 +194,39 @@ class SetupFailure(_Format):
     error: str | None = None
 
 
+class UnexpectedWindow(_Format):
+    """A window that appeared on the desktop after the reset's windows were recorded (the
+    task's setup done and the screen ready) and before the policy's first action: nobody
+    asked for it (an "updates available" dialog), so the desktop closed it. ``title`` and
+    ``wm_class`` (the X class) name it; ``when`` it was found: ``handout`` (before the first
+    screenshot went to the policy) or ``first_action`` (before the policy's first action ran);
+    ``outcome``: ``closed`` (asked to close), ``killed`` (its X client killed), ``gone``."""
+
+    title: str | None = None
+    wm_class: str | None = None
+    when: str | None = None
+    outcome: str | None = None
+
+
 class Reset(_Format):
     """How the desktop was reset (``fast`` | ``revert``) and the wait after it [s];
     ``timed_out``: the ready wait hit its cap; ``setup_failures`` (written only when there were
-    any): what OSWorld carried on after."""
+    any): what OSWorld carried on after. Facts of the desktop, never the policy's doing, each
+    written only when there were any: ``keyboard_restored`` (the reset found the keyboard
+    layout changed by an earlier attempt and restored the desktop's own, e.g.
+    ``"layout de -> us"``) and ``unexpected_windows`` (:class:`UnexpectedWindow`)."""
 
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"timed_out", "setup_failures"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset(
+        {"timed_out", "setup_failures", "keyboard_restored", "unexpected_windows"}
+    )
 
     kind: str | None = None
     ready_s: Seconds | None = None
     wait_s: Seconds | None = None
     timed_out: bool | None = None
     setup_failures: list[SetupFailure] | None = None
+    keyboard_restored: str | None = None
+    unexpected_windows: list[UnexpectedWindow] | None = None
 
 
 class ErrorInfo(_Format):
@@ -236,7 +257,11 @@ class StepResponse(_Format):
 
 class ModelCall(_Format):
     """The model call's numbers: tokens (``cached_tokens`` ``None``: not reported), seconds
-    (re-tries included), HTTP attempts, requests cut at step_timeout, where ids came from."""
+    (re-tries included), HTTP attempts, requests cut at step_timeout, where ids came from;
+    ``system_fingerprint`` (written only when the server sent one): the response's own word on
+    which weights answered."""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"system_fingerprint"})
 
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -246,18 +271,20 @@ class ModelCall(_Format):
     timeouts: int = 0
     token_ids_source: str | None = None
     notes: list[str] = Field(default_factory=list)
+    system_fingerprint: str | None = None
 
 
 class ActionRecord(_Format):
     """One executed action of a step: the structured action (as
     :meth:`legato_pipelines.actions.Action.to_record` gives it) and its act / wait / ready
     seconds (``ready_s`` ``None`` with the fixed-wait baseline) and ``timed_out`` (the ready
-    wait hit its cap; absent in records written before it was recorded). Keys a newer writer
-    adds are kept."""
+    wait hit its cap; absent in records written before it was recorded); ``not_typed``
+    (written only when set): the characters of a ``type`` that did not reach the desktop.
+    Keys a newer writer adds are kept."""
 
     OPTIONAL: ClassVar[frozenset[str]] = frozenset(
         {"screen", "text", "keys", "pixels", "seconds", "status", "clamped"}
-        | {"act_s", "wait_s", "ready_s", "timed_out"}
+        | {"act_s", "wait_s", "ready_s", "timed_out", "not_typed"}
     )
 
     action: str
@@ -273,6 +300,7 @@ class ActionRecord(_Format):
     wait_s: Seconds | None = None
     ready_s: Seconds | None = None
     timed_out: bool | None = None
+    not_typed: str | None = None
 
 
 class Step(_Format):
@@ -302,9 +330,12 @@ class Record(_Format):
     ``truncation`` (written only when set): why a ``truncated`` attempt stopped early other
     than ``rollout_timeout`` (the server's context-length message, with the fix);
     ``collected_by`` (written only when the collection was given one) names the session that
-    collected it, e.g. the Dagster run id, so a resumed run keeps each attempt's own."""
+    collected it, e.g. the Dagster run id, so a resumed run keeps each attempt's own;
+    ``eval_notes`` (written only when there were any): facts about what the evaluator
+    compared that explain the reward without changing it, each ``"<kind>: <text>"`` (e.g.
+    ``uncached_formulas``: an xlsx whose formulas hold no cached values)."""
 
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"truncation", "collected_by"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"truncation", "collected_by", "eval_notes"})
 
     format: str = FORMAT
     rollout_id: str
@@ -329,6 +360,7 @@ class Record(_Format):
     steps: list[Step] = Field(default_factory=list)
     truncation: str | None = None
     collected_by: str | None = None
+    eval_notes: list[str] | None = None
 
     @property
     def reward_valid(self) -> bool:

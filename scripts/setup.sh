@@ -11,8 +11,17 @@ APT_PACKAGES=(
   # the desktops' sandboxes (util-linux's unshare/nsenter are essential packages)
   tini sudo iproute2
   xterm l3afpad libreoffice-calc
-  # headless browser for the Dagster UI end-to-end test
-  chromium
+  # OSWorld's other apps, from Debian (desktops/local/apps.py DESKTOP_APPS): ~195 MB of archives,
+  # Thunderbird 80 MB of them
+  libreoffice-writer libreoffice-impress gimp vlc thunderbird nautilus gnome-terminal
+  # their session D-Bus with dconf, so gsettings persists (desktops/local/dbus_session.py), and
+  # the GNOME schemas and helpers OSWorld's os tasks read (gnome-shell's and the settings
+  # daemon's schemas only, not the programs; bc in evaluator commands): ~2 MB
+  dconf-service dconf-gsettings-backend libglib2.0-bin gsettings-desktop-schemas
+  gnome-shell-common gnome-settings-daemon-common bc
+  # headless browser for the Dagster UI end-to-end test; inside desktops it is `google-chrome`
+  # (desktops/local/chrome.py), with socat for OSWorld's DevTools bridge (9222 -> 1337)
+  chromium socat
   # scale-out proof (Postgres run storage, Redis broker for Celery run workers)
   postgresql redis-server
 )

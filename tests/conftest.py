@@ -30,6 +30,13 @@ def repo_root() -> Path:
 
 
 @pytest.fixture(autouse=True)
+def _load_state(monkeypatch, tmp_path_factory):
+    # Server locks, adapter leases and loaded fingerprints (policy/servers.py) per test session,
+    # never in the developer's ~/.cache or DAGSTER_HOME.
+    monkeypatch.setenv("LEGATO_LOAD_STATE", str(tmp_path_factory.getbasetemp() / "load-state"))
+
+
+@pytest.fixture(autouse=True)
 def _quiet_env(monkeypatch):
     # Tests never read a developer's real key by accident.
     if os.environ.get("LEGATO_POLICY_KEY") and os.environ["LEGATO_POLICY_KEY"] != SECRET:

@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 
 import dagster as dg
+import pandas as pd
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pytest
 from dagster._serdes import serialize_value
 
@@ -142,7 +144,24 @@ def test_partition_materializes_lake_views_lineage_and_checks(
                 profile_meta[chart].value.startswith("![")
                 and "data:image/png;base64," in profile_meta[chart].value
             )
-        assert (lake.partition_dir("profile", "step-1") / "time_share.png").stat().st_size > 1000
+        # A trainer reads every table folder as the README says: pyarrow and pandas.
+        for table in ("rollouts", "steps", "samples", "profile"):
+            folder = lake_root / table
+            data = ds.dataset(folder, format="parquet", partitioning="hive").to_table()
+            assert {p.suffix for p in folder.rglob("*") if p.is_file()} == {".parquet"}, table
+            assert data.num_rows > 0 and data.column("policy_version").unique().to_pylist() == [
+                "step-1"
+            ]
+            assert len(pd.read_parquet(folder / "policy_version=step-1")) == data.num_rows
+            assert len(pd.read_parquet(folder, partitioning=None)) == data.num_rows
+        charts = lake.chart_dir("step-1")
+        assert profile_meta["charts"].value == str(charts)
+        assert {p.name for p in charts.iterdir()} == {
+            "time_share.png",
+            "success_by_task.png",
+            "success_across_versions.png",
+        }
+        assert (charts / "time_share.png").stat().st_size > 1000
 
         checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
         assert set(checks) == {

@@ -9,6 +9,7 @@ Failures fail the run before any desktop starts, with the server's words, visibl
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import dagster as dg
@@ -36,6 +37,11 @@ def tasks_file(tmp_path) -> Path:
     path = tmp_path / "tasks.json"
     path.write_text(json.dumps(fake_tasks(2, success=0.5)))
     return path
+
+
+# The checkpoints here are written whole before the sensor looks (as a trainer that renames a
+# finished folder into place): stable_s=0 counts a complete folder at once.
+# tests/test_dagster_sensor.py covers the default wait for sizes to settle.
 
 
 def _tick(instance, cursor, source, policy):
@@ -85,7 +91,7 @@ def test_sensor_runs_load_each_checkpoint_and_rows_carry_the_weights(
         dg.instance_for_test() as instance,
     ):
         policy = PolicyResource(base_url=server.url, model=server.model, load=load)
-        source = CheckpointSourceResource(directory=str(ckpts))
+        source = CheckpointSourceResource(directory=str(ckpts), stable_s=0)
         ckpts.mkdir()
         cursor = None
         for version in ("step-1", "step-2"):
@@ -152,7 +158,9 @@ def test_load_failure_fails_the_run_before_any_desktop_with_the_servers_words(
     adapter(ckpts, "step-1")
     with ScriptedPolicyServer(flavor="vllm") as server, dg.instance_for_test() as instance:
         policy = PolicyResource(base_url=server.url, model=server.model, load="lora")
-        result = _tick(instance, None, CheckpointSourceResource(directory=str(ckpts)), policy)
+        result = _tick(
+            instance, None, CheckpointSourceResource(directory=str(ckpts), stable_s=0), policy
+        )
         [request] = result.run_requests
         run = _run(instance, request, policy, tmp_path / "lake", tasks_file, raise_on_error=False)
         assert not run.success
@@ -178,7 +186,9 @@ def test_external_refuses_to_start_when_the_server_does_not_list_the_version(
         dg.instance_for_test() as instance,
     ):
         policy = PolicyResource(base_url=server.url, model=server.model, load="external")
-        result = _tick(instance, None, CheckpointSourceResource(directory=str(ckpts)), policy)
+        result = _tick(
+            instance, None, CheckpointSourceResource(directory=str(ckpts), stable_s=0), policy
+        )
         [request] = result.run_requests
         run = _run(instance, request, policy, tmp_path / "lake", tasks_file, raise_on_error=False)
         assert not run.success and server.chat_requests == []
@@ -236,7 +246,7 @@ def test_sensor_names_folders_that_are_waiting(tmp_path, no_policy_key):
     (ckpts / "step-3" / "adapter_model.safetensors.tmp").write_bytes(b"x")
     policy = PolicyResource(base_url="http://127.0.0.1:9", model="unused")
     with dg.instance_for_test() as instance:
-        source = CheckpointSourceResource(directory=str(ckpts))
+        source = CheckpointSourceResource(directory=str(ckpts), stable_s=0)
         first = _tick(instance, None, source, policy)
         assert [r.partition_key for r in first.run_requests] == ["step-1"]
         assert first.run_requests[0].tags["legato/checkpoint"] == str(ready)
@@ -250,3 +260,260 @@ def test_sensor_names_folders_that_are_waiting(tmp_path, no_policy_key):
         marker = CheckpointSourceResource(directory=str(ckpts), ready_marker="READY")
         skip = _tick(instance, None, marker, policy)
         assert "step-1 (no READY marker yet)" in skip.skip_message
+
+
+def test_lake_rows_say_which_weights_were_proven(tmp_path, tasks_file, no_policy_key):
+    """load_mode and load_proof tell proven rows from rows of a run that loaded nothing
+    (load none: checkpoint_path / fingerprint are what the run was told, unproven); legato
+    export carries the same weights columns."""
+    from legato_pipelines.store.export import export_steps
+
+    ckpts = tmp_path / "ckpts"
+    for version in ("step-1", "step-2"):
+        adapter(ckpts, version)
+    lake_root = tmp_path / "lake"
+    with (
+        ScriptedPolicyServer(flavor="vllm", runtime_lora=True) as server,
+        dg.instance_for_test() as instance,
+    ):
+        for version, load in (("step-1", "lora"), ("step-2", "none")):
+            policy = PolicyResource(
+                base_url=server.url, model=server.model, load=load, checkpoint_root=str(ckpts)
+            )
+            instance.add_dynamic_partitions(policy_versions.name, [version])
+            request = dg.RunRequest(partition_key=version, tags={})
+            assert _run(instance, request, policy, lake_root, tasks_file).success
+    lake = Lake(lake_root)
+    for table in ("rollouts", "steps", "samples", "profile"):
+        rows = lake.query(
+            f"SELECT DISTINCT policy_version, load_mode, load_proof, checkpoint_path FROM {table} "
+            "ORDER BY policy_version"
+        ).to_pylist()
+        assert rows == [
+            {
+                "policy_version": "step-1",
+                "load_mode": "lora",
+                "load_proof": "models_listing",
+                "checkpoint_path": str((ckpts / "step-1").resolve()),
+            },
+            {
+                "policy_version": "step-2",
+                "load_mode": "none",
+                "load_proof": "none",
+                "checkpoint_path": str((ckpts / "step-2").resolve()),
+            },
+        ], table
+    proven = lake.query("SELECT count(*) AS n FROM samples WHERE load_proof <> 'none'")
+    assert proven.to_pylist()[0]["n"] > 0
+    exported = export_steps(lake.run_dir("step-1")).to_pylist()
+    assert exported and {
+        (r["served_model"], r["checkpoint_path"], r["load_mode"], r["load_proof"]) for r in exported
+    } == {("step-1", str((ckpts / "step-1").resolve()), "lora", "models_listing")}
+    assert {r["checkpoint_fingerprint"] for r in exported} == {
+        fingerprint(ckpts / "step-1")["digest"]
+    }
+
+
+def test_models_source_with_a_slash_in_the_model_id_verifies_the_model_it_calls(
+    tmp_path, tasks_file, no_policy_key
+):
+    """LEGATO_CHECKPOINT_SOURCE=models + LEGATO_POLICY_LOAD=external: the partition key of
+    model 'team/step-40' is 'team--step-40'; the run checks the model it calls."""
+    path = adapter(tmp_path / "ckpts", "step-40")
+    with (
+        ScriptedPolicyServer(flavor="vllm", runtime_lora=True) as server,
+        dg.instance_for_test() as instance,
+    ):
+        server.adapters["team/step-40"] = str(path.resolve())  # the trainer loaded it
+        policy = PolicyResource(base_url=server.url, model=server.model, load="external")
+        source = CheckpointSourceResource(source="models", pattern="team/*")
+        result = _tick(instance, None, source, policy)
+        [request] = result.run_requests
+        assert request.partition_key == "team--step-40"
+        run_config = {
+            "ops": {
+                "rollout_batch": {
+                    "config": {
+                        **request.run_config["ops"]["rollout_batch"]["config"],
+                        "tasks": str(tasks_file),
+                        "group": 2,
+                        "max_steps": 2,
+                    }
+                }
+            }
+        }
+        run = dg.materialize(
+            ASSETS,
+            partition_key=request.partition_key,
+            instance=instance,
+            tags=request.tags,
+            resources={
+                "policy": policy,
+                "desktops": DesktopPoolResource(backend="fake", desktops=2),
+                "lake": LakeResource(root=str(tmp_path / "lake")),
+            },
+            run_config=run_config,
+        )
+        assert run.success
+        assert {r.served for r in server.chat_requests} == {"team/step-40"}
+        assert instance.get_run_by_id(run.run_id).tags[LOAD_TAG] == "external: verified"
+
+
+def test_a_bad_weights_route_fails_the_run_naming_the_variable(tmp_path, tasks_file):
+    path = weights(tmp_path / "ckpts", "step-1")
+    with dg.instance_for_test() as instance:
+        for route in ("update_weights", "http://127.0.0.1:9/update_weights"):
+            policy = PolicyResource(
+                base_url="http://127.0.0.1:9", model="m", load="weights", weights_route=route
+            )
+            instance.add_dynamic_partitions(policy_versions.name, ["step-1"])
+            request = dg.RunRequest(partition_key="step-1", tags={"legato/checkpoint": str(path)})
+            run = _run(instance, request, policy, tmp_path / "lake", tasks_file, False)
+            assert not run.success
+            error = run.get_step_failure_events()[0].step_failure_data.error.to_string()
+            assert "load.weights_route" in error and "LEGATO_POLICY_WEIGHTS_ROUTE" in error
+            assert "Traceback" not in error.split("\n")[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "words"),
+    [
+        ("LEGATO_POLICY_SERVER", "tgi", "LEGATO_POLICY_SERVER='tgi' is not a valid load_server"),
+        ("LEGATO_POLICY_LOAD", "sideways", "LEGATO_POLICY_LOAD='sideways' is not a valid load"),
+        ("LEGATO_POLICY_LOAD_KEEP", "0", "LEGATO_POLICY_LOAD_KEEP='0' is not a whole number >= 1"),
+        ("LEGATO_POLICY_LOAD_KEEP", "abc", "LEGATO_POLICY_LOAD_KEEP='abc' is not a whole number"),
+        ("LEGATO_POLICY_WEIGHTS_ROUTE", "update_weights", "fix: set LEGATO_POLICY_WEIGHTS_ROUTE"),
+        ("LEGATO_POLICY_WEIGHTS_PAYLOAD", "[1]", 'e.g. \'{"model_path": "{checkpoint}"}\''),
+        ("LEGATO_POLICY_LOAD_TIMEOUT", "0", "LEGATO_POLICY_LOAD_TIMEOUT='0' is not a number"),
+        ("LEGATO_POLICY_LOAD_WAIT", "soon", "LEGATO_POLICY_LOAD_WAIT='soon' is not a number"),
+    ],
+)
+def test_every_bad_load_variable_fails_when_the_code_location_loads(
+    monkeypatch, name, value, words
+):
+    """One rule for every LEGATO_POLICY_* load variable: checked when the code location
+    loads, the message names the variable (never a run that fails later with Dagster's raw
+    coercion error)."""
+    from legato_pipelines.errors import ConfigError
+    from legato_pipelines.resources.defaults import default_resources
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as info:
+        default_resources()
+    assert words in str(info.value)
+
+
+def test_load_choices_are_case_insensitive_and_new_settings_reach_the_spec(monkeypatch):
+    from legato_pipelines.resources.defaults import default_resources
+
+    monkeypatch.setenv("LEGATO_POLICY_LOAD", "LoRA")
+    monkeypatch.setenv("LEGATO_POLICY_SERVER", "SGLang")
+    monkeypatch.setenv("LEGATO_POLICY_LOAD_TIMEOUT", "90")
+    monkeypatch.setenv("LEGATO_POLICY_LOAD_WAIT", "0")
+    policy = default_resources()["policy"]
+    assert (policy.load, policy.load_server) == ("lora", "sglang")
+    spec = policy.load_spec("step-1")
+    assert (spec.mode, spec.server, spec.timeout, spec.wait) == ("lora", "sglang", 90.0, 0.0)
+
+
+def test_the_readme_pool_setting_is_a_valid_instance_setting(tmp_path, repo_root):
+    """README: one collection at a time with `dagster instance concurrency set
+    legato_collection 1` (dagster.yaml's pools take only default_limit): the command runs
+    against the repository's dagster.yaml and the instance then limits the pool to 1."""
+    import shutil
+    import subprocess
+    import sys
+
+    readme = (repo_root / "README.md").read_text()
+    command = "dagster instance concurrency set legato_collection 1"
+    assert command in readme and "`legato_collection: 1` in `dagster.yaml`" not in readme
+    shutil.copy(repo_root / "dagster.yaml", tmp_path / "dagster.yaml")
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "dagster", *command.split()[1:]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        info = instance.event_log_storage.get_concurrency_info("legato_collection")
+        assert info.slot_count == 1
+
+
+def test_two_weights_runs_at_once_on_one_server_take_turns_under_dagster(tmp_path, no_policy_key):
+    """Two collect runs of a real instance at once (the pool allows two), both load full
+    weights into one server: the second waits for the first's collection (the server's weights
+    lock), so every request of each run is answered by its own version's weights."""
+    import threading
+
+    ckpts = tmp_path / "ckpts"
+    for version in ("step-1", "step-2"):
+        weights(ckpts, version)
+    tasks = {}
+    for label in ("a", "b"):
+        tasks[label] = tmp_path / f"tasks-{label}.json"
+        tasks[label].write_text(
+            json.dumps(
+                [
+                    {
+                        "task_id": f"{label}-{i}",
+                        "config": {
+                            "instruction": f"Task of run {label} number {i}.",
+                            "fake": {"success": 0.5},
+                        },
+                    }
+                    for i in range(2)
+                ]
+            )
+        )
+    with (
+        ScriptedPolicyServer(flavor="sglang", record_bodies=True) as server,
+        dg.instance_for_test() as instance,
+    ):
+        policy = PolicyResource(
+            base_url=server.url, model=server.model, load="weights", checkpoint_root=str(ckpts)
+        )
+        instance.add_dynamic_partitions(policy_versions.name, ["step-1", "step-2"])
+        results = {}
+
+        def materialize(version, label, act, delay):
+            import time
+
+            time.sleep(delay)
+            results[version] = dg.materialize(
+                [ASSETS[0]],  # rollout_batch: the collection
+                partition_key=version,
+                instance=instance,
+                resources={
+                    "policy": policy,
+                    "desktops": DesktopPoolResource(
+                        backend="fake", desktops=1, options={"latency": {"act": act}}
+                    ),
+                    "lake": LakeResource(root=str(tmp_path / "lake")),
+                },
+                run_config={
+                    "ops": {
+                        "rollout_batch": {
+                            "config": {"tasks": str(tasks[label]), "group": 2, "max_steps": 3}
+                        }
+                    }
+                },
+                raise_on_error=False,
+            )
+
+        threads = [
+            threading.Thread(target=materialize, args=("step-1", "a", 0.2, 0)),
+            threading.Thread(target=materialize, args=("step-2", "b", 0.0, 1.0)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=180)
+        assert results["step-1"].success and results["step-2"].success
+        served = {}
+        for r in server.chat_requests:
+            label = r.body.split(b"Task of run ")[1][:1].decode()
+            served.setdefault(label, set()).add(r.served)
+        assert served == {"a": {"step-1"}, "b": {"step-2"}}

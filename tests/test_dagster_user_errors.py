@@ -89,3 +89,47 @@ def test_the_sensor_without_a_checkpoints_directory_skips_saying_what_to_set(mon
             assert isinstance(result, dg.SkipReason)
             assert "fix: set LEGATO_CHECKPOINTS" in result.skip_message
             assert "LEGATO_CHECKPOINT_SOURCE=models" in result.skip_message
+
+
+def test_a_partition_added_by_hand_with_an_invalid_key_fails_before_collecting(tmp_path):
+    # The UI or add_dynamic_partitions accept any key; the run names it and the fix at once.
+    from legato_pipelines.assets import ASSETS, policy_versions
+    from legato_pipelines.resources import DesktopPoolResource, LakeResource, PolicyResource
+
+    tasks = tmp_path / "tasks.json"
+    tasks.write_text(json.dumps(fake_tasks(1)))
+    key = "step-5_lr=3e-6"
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(policy_versions.name, [key])
+        result = dg.materialize(
+            ASSETS,
+            partition_key=key,
+            instance=instance,
+            resources={
+                "policy": PolicyResource(base_url="http://127.0.0.1:9", model="unused"),
+                "desktops": DesktopPoolResource(backend="fake", desktops=1),
+                "lake": LakeResource(root=str(tmp_path / "lake")),
+            },
+            run_config={"ops": {"rollout_batch": {"config": {"tasks": str(tasks)}}}},
+            raise_on_error=False,
+        )
+    assert not result.success
+    error = result.get_step_failure_events()[0].step_failure_data.error.to_string()
+    assert f"Dagster partition policy_version={key!r}: policy_version {key!r}: '='" in error
+    assert "(fix: use 'step-5_lr-3e-6')" in error and "add that key as a new" in error
+    assert not (tmp_path / "lake").exists()  # nothing collected, nothing written
+
+
+def test_collect_refuses_an_invalid_version_key_naming_the_flag(tmp_path):
+    tasks = tmp_path / "tasks.json"
+    tasks.write_text(json.dumps(fake_tasks(1)))
+    out = CliRunner().invoke(
+        app,
+        ["collect", "--backend", "fake", "--tasks", str(tasks), "--policy-url",
+         "http://127.0.0.1:9", "--model", "m", "--version", "step-5_lr=3e-6",
+         "--out", str(tmp_path / "run"), "--no-progress"],
+    )  # fmt: skip
+    text = " ".join(out.output.split())
+    assert out.exit_code == 2, out.output
+    assert text.startswith("error: --version: policy_version 'step-5_lr=3e-6': '='")
+    assert "(fix: use 'step-5_lr-3e-6')" in text and not (tmp_path / "run").exists()

@@ -6,13 +6,17 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from legato_pipelines import DesktopConfig, PolicyConfig, collect_async, load_tasks
+from legato_pipelines.desktops.local import session as session_mod
 from legato_pipelines.desktops.local.backend import open_local_desktops
+from legato_pipelines.errors import DesktopError
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from legato_pipelines.rollout.profile import profile
 from tests.desktop_local_support import RunningServer, needs_xvfb
@@ -237,3 +241,235 @@ async def test_setup_command_exiting_127_is_in_the_record_and_the_profile(tmp_pa
         "setup-127 step 0 (execute)": 1,
         "setup-127 step 1 (launch)": 1,
     }
+
+
+def sudo(command: str) -> str:
+    """``command`` run by root inside the sandbox (``sudo -S sh -c``), stderr kept."""
+    return f"echo password | sudo -S sh -c {shlex.quote(command)} 2>&1"
+
+
+@needs_root
+async def test_root_inside_cannot_write_host_sysctls_nor_remount_proc_and_sys(servers):
+    """Root inside is host uid 0 for DAC (identity uid map): /proc/sys and friends are
+    read-only mounts, and no process inside holds CAP_SYS_ADMIN to remount them."""
+    server, _ = servers
+    host_core = Path("/proc/sys/kernel/core_pattern").read_text()
+    # the same value written back: harmless even where the write went through
+    out = await sh(
+        server, sudo("cat /proc/sys/kernel/core_pattern > /proc/sys/kernel/core_pattern")
+    )
+    assert out["returncode"] != 0 and "Read-only" in out["output"], out
+    for attempt in (
+        "mount -o remount,rw /sys",
+        "mount -o remount,bind,rw /sys",
+        "mount -o remount,bind,rw /sys/fs/cgroup",
+        "mount -o remount,rw /proc/sys",
+        "mount -o remount,bind,rw /proc/sys",
+        "mount -t tmpfs legato-probe /mnt",
+        "umount -l /proc/sys",
+    ):
+        assert (await sh(server, sudo(attempt)))["returncode"] != 0, attempt
+    out = await sh(server, "findmnt -n -o OPTIONS /proc/sys; findmnt -n -o OPTIONS /sys")
+    assert [line.split(",")[0] for line in out["output"].split()] == ["ro", "ro"]
+    assert Path("/proc/sys/kernel/core_pattern").read_text() == host_core
+    # not even root inside holds CAP_SYS_ADMIN (bit 21) or CAP_SETFCAP (31), nor the init
+    out = await sh(server, sudo("grep CapBnd /proc/self/status /proc/1/status"))
+    masks = [int(line.split()[-1], 16) for line in out["output"].splitlines() if "CapBnd" in line]
+    assert len(masks) == 2 and all(not mask & (1 << 21 | 1 << 31) for mask in masks), out
+    # root inside cannot become root-with-all-capabilities in a user namespace of its own
+    assert (await sh(server, sudo("unshare --user --map-root-user true")))["returncode"] != 0
+    # ... while the user can (Chromium's sandbox is built that way)
+    assert (await sh(server, "unshare --user --map-root-user true"))["returncode"] == 0
+    # kernel internals are masked: /proc/keys and /proc/timer_list read empty
+    out = await sh(server, "cat /proc/keys /proc/timer_list 2>/dev/null | wc -c")
+    assert out["output"].strip() == "0"
+    marker = f"/etc/legato-sudo-{secrets.token_hex(4)}"
+    out = await sh(server, sudo(f"touch {marker} && ls {marker}"))
+    assert out["returncode"] == 0 and marker in out["output"], out
+    assert not os.path.exists(marker)
+
+
+@needs_root
+async def test_no_cgroup_file_is_writable_by_root_inside(servers):
+    server, _ = servers
+    probe = f"legato-probe-{secrets.token_hex(4)}"
+    script = (
+        "n=0; for f in $(find /sys/fs/cgroup -maxdepth 3 -type f); do"
+        ' test -w "$f" && n=$((n+1)); done; echo writable=$n;'
+        f" for m in $(findmnt -R -n -r -o TARGET /sys/fs/cgroup); do mkdir $m/{probe} && echo made; done"
+    )
+    try:
+        out = await sh(server, sudo(script))
+        assert "writable=0" in out["output"] and "made" not in out["output"], out
+    finally:
+        for made in Path("/sys/fs/cgroup").glob(f"**/{probe}"):
+            made.rmdir()
+
+
+@needs_root
+async def test_fast_reset_kills_task_processes_named_like_the_init(servers):
+    server, _ = servers
+    client = server.client()
+    try:
+        await client.reset(full=False)  # whatever the tests before left
+        out = await client.execute(
+            "setsid sleep 1000 >/dev/null 2>&1 < /dev/null & echo $!", shell=True
+        )
+        pid = out["output"].strip()
+        probe = f"ps -o args= -p {pid}"
+        assert (await client.execute(probe, shell=True))["output"].strip() == "sleep 1000"
+        assert (await client.reset(full=False))["kind"] == "fast"
+        assert (await client.execute(probe, shell=True))["output"].strip() == ""
+        out = await client.execute("ps -e -o comm= | grep -c '^sleep$'", shell=True)
+        assert out["output"].strip() == "1"  # the init's own
+    finally:
+        await client.aclose()
+
+
+@needs_root
+async def test_fast_reset_clears_runtime_dirs_and_reverts_other_leftovers(servers):
+    """/run/user/1000, /dev/shm, /run (sudo's timestamps) are emptied by a fast reset; a file
+    under /root or a System V semaphore left by the task makes the reset a revert."""
+    server, _ = servers
+    client = server.client()
+    try:
+        await client.reset(full=False)  # whatever the tests before left
+        write = "touch /run/user/1000/x /dev/shm/x && mkdir /dev/shm/d && " + sudo("true")
+        assert (await client.execute(write, shell=True))["returncode"] == 0
+        assert (await client.reset(full=False))["kind"] == "fast"
+        out = await client.execute("ls -A /run/user/1000 /dev/shm /dev/mqueue; ls /run", shell=True)
+        # what stays: the new session bus's socket and its dbus-1/ (docs/local-desktop.md §10)
+        bus = ["bus", "dbus-1"] if (await client.health())["session_bus"].get("running") else []
+        expected = ["/dev/mqueue:", "/dev/shm:", "/run/user/1000:", *bus, "user"]
+        assert out["output"].split() == expected, out
+        assert (await client.execute("sudo -n true", shell=True))["returncode"] != 0
+        for leftover, named in ((sudo("touch /root/x"), "root/x"), ("ipcmk -S 1", "ipc/sem")):
+            assert (await client.execute(leftover, shell=True))["returncode"] == 0
+            reset = await client.reset(full=False)
+            assert reset["kind"] == "revert" and named in reset["reverted"], reset
+        out = await client.execute("ls -A /root; ipcs -s | grep -c 0x", shell=True)
+        assert out["output"].split() == ["0"]
+    finally:
+        await client.aclose()
+
+
+@needs_root
+async def test_host_uid_1000_cannot_read_what_the_sandbox_user_wrote(servers):
+    """uid 1000 inside is the host's uid 1000: the host's must reach no HOME, /tmp or
+    runtime dir of a sandbox, neither by path nor through /proc/PID/root."""
+    server, _ = servers
+    client = server.client()
+    try:
+        await client.execute(
+            "for d in ~ /tmp /run/user/1000; do echo secret > $d/legato-secret; done;"
+            " sleep 30 >/dev/null 2>&1 &",
+            shell=True,
+        )
+        health = await client.health()
+        state = Path(server.state)
+        host_files = [
+            Path(health["host_home"]) / "legato-secret",
+            state / "sandbox" / "tmp" / "legato-secret",
+            state / "sandbox" / "run" / "legato-secret",
+        ]
+        assert all(path.read_text() == "secret\n" for path in host_files)
+        init = health["sandbox"]["init_pid"]
+        user_pids = [pid for pid in _pid_namespace_members(init) if _host_uid(pid) == 1000]
+        assert user_pids  # the sleep
+        via_proc = [f"/proc/{pid}/root/home/user/legato-secret" for pid in user_pids]
+        for path in [*map(str, host_files), f"/proc/{init}/root/tmp/legato-secret", *via_proc]:
+            done = subprocess.run(
+                ["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups", "cat", path],
+                capture_output=True,
+                text=True,
+            )
+            assert done.returncode != 0 and "secret" not in done.stdout, path
+    finally:
+        await client.reset(full=False)
+        await client.aclose()
+
+
+def _pid_namespace_members(init: int) -> list[str]:
+    """Host pids of the processes in ``init``'s pid namespace."""
+    ns = os.readlink(f"/proc/{init}/ns/pid")
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and os.readlink(f"/proc/{pid}/ns/pid") == ns:
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def _host_uid(pid: str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+@needs_root
+async def test_an_unsandboxed_display_is_out_of_a_sandboxs_reach(servers):
+    sandboxed, _ = servers
+    host = RunningServer(640, 480, extra_args=("--no-sandbox",))
+    try:
+        other = (await host.client().health())["display"]
+        own = (await sandboxed.client().health())["display"]
+        assert (await sh(host, "xdpyinfo >/dev/null && echo ok"))["output"].strip() == "ok"
+        probe = "xdpyinfo -display {} >/dev/null 2>&1 && echo reached"
+        assert (await sh(sandboxed, probe.format(own)))["output"].strip() == "reached"
+        assert (await sh(sandboxed, probe.format(other)))["output"].strip() == ""
+    finally:
+        host.stop()
+
+
+@needs_root
+def test_a_closed_desktop_leaves_no_display_files_and_stale_locks_are_reused():
+    server = RunningServer(320, 240)
+    number = server.info["display"][1:]
+    files = [Path(f"/tmp/.X{number}-lock"), Path(f"/tmp/.X11-unix/X{number}")]
+    assert all(path.exists() for path in files)
+    server.stop()
+    assert not any(path.exists() for path in files)
+    # a lock whose owner is dead is no obstacle: the number is claimed again
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    free = next(n for n in range(7000, 8000) if not Path(f"/tmp/.X{n}-lock").exists())
+    lock = Path(f"/tmp/.X{free}-lock")
+    lock.write_text(f"{dead.pid:10d}\n")
+    assert session_mod._free_display(free) == free
+    xvfb = subprocess.Popen(["Xvfb", f":{free}", "-nolisten", "tcp", "-nolisten", "local"])
+    try:
+        deadline = time.monotonic() + 10
+        while session_mod._lock_owner(free) != xvfb.pid and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert session_mod._lock_owner(free) == xvfb.pid
+    finally:
+        xvfb.terminate()
+        xvfb.wait(10)
+    assert not lock.exists()
+    lock.write_text(f"{os.getpid():10d}\n")  # a live owner: taken
+    try:
+        assert session_mod._free_display(free) > free
+    finally:
+        lock.unlink()
+
+
+@needs_root
+async def test_open_resolves_paths_inside_the_sandbox_not_on_the_host(servers):
+    """An ``open`` of a symlink to a host-only file is a missing file (404 at once): the server
+    checks paths as the user inside, never through /proc/PID/root on the host."""
+    server, _ = servers
+    secret = Path("/root") / f"legato-oracle-{secrets.token_hex(4)}.txt"
+    secret.write_text("host only")
+    client = server.client()
+    try:
+        assert (await client.execute(f"ln -s {secret} ~/link.txt", shell=True))["returncode"] == 0
+        with pytest.raises(DesktopError) as err:
+            await client.open_file("/home/user/link.txt", timeout=2)
+        assert "File not found" in str(err.value)
+    finally:
+        secret.unlink()
+        await client.reset(full=False)
+        await client.aclose()

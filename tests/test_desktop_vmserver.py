@@ -12,18 +12,10 @@ server; the engine.
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
 from pathlib import Path
 
-import httpx
 import orjson
 import pytest
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from legato_pipelines import DesktopConfig, PolicyConfig, collect_async, load_tasks, read_records
 from legato_pipelines.actions import Action
@@ -34,28 +26,10 @@ from legato_pipelines.errors import DesktopError
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from tests.desktop_local_support import RunningServer, needs_apps, needs_xvfb
 from tests.osworld_backend_support import needs_vm_python
+from tests.vmserver_support import BaseApiProxy
 
 SUITE = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "local"
 TASKS = ["local-term-sort", "local-term-mkdir", "local-edit-append", "local-edit-replace"]
-#: OSWorld's in-VM server routes the base-API mode may use (docs/osworld.md §2).
-BASE_ROUTES = frozenset(
-    {
-        "/screenshot",
-        "/execute",
-        "/setup/execute",
-        "/setup/launch",
-        "/setup/open_file",
-        "/setup/activate_window",
-        "/setup/close_window",
-        "/setup/upload",
-        "/file",
-        "/platform",
-        "/screen_size",
-        "/cursor_position",
-        "/terminal",
-    }
-)
-
 #: Live processes named $1 on this desktop's display (other desktops may share the user).
 ON_DISPLAY = (
     'n=0; for p in $(pgrep -x "$0"); do tr "\\0" "\\n" < /proc/$p/environ 2>/dev/null'
@@ -63,50 +37,6 @@ ON_DISPLAY = (
 )
 
 pytestmark = [needs_xvfb, needs_apps, needs_vm_python, pytest.mark.desktop, pytest.mark.slow]
-
-
-class BaseApiProxy:
-    """A plain-OSWorld stand-in: forwards the base routes to ``upstream`` with its token,
-    404 for anything else; records ``(method, path, had_authorization)`` of every request."""
-
-    def __init__(self, upstream: str, token: str):
-        self.seen: list[tuple[str, str, bool]] = []
-        self._upstream, self._token = upstream, token
-        app = Starlette(
-            routes=[Route("/{path:path}", self._forward, methods=["GET", "POST"])],
-        )
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
-        )
-
-    async def _forward(self, request: Request) -> Response:
-        path = request.url.path
-        self.seen.append((request.method, path, "authorization" in request.headers))
-        if path not in BASE_ROUTES:
-            return Response("Not Found", status_code=404)
-        headers = {"Authorization": f"Bearer {self._token}"}
-        if "content-type" in request.headers:
-            headers["Content-Type"] = request.headers["content-type"]
-        async with httpx.AsyncClient(base_url=self._upstream, timeout=300) as client:
-            answer = await client.request(
-                request.method, path, content=await request.body(), headers=headers
-            )
-        keep = {k: v for k, v in answer.headers.items() if k.lower() == "content-type"}
-        return Response(answer.content, status_code=answer.status_code, headers=keep)
-
-    def __enter__(self) -> BaseApiProxy:
-        self._thread.start()
-        while not self._server.started:
-            threading.Event().wait(0.02)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.should_exit = True
-        self._thread.join(10)
 
 
 @pytest.fixture

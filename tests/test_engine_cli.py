@@ -143,6 +143,21 @@ def test_bad_input_names_the_field(policy_server, tmp_path):
     assert res.returncode == 2
     assert "tasks[1]" in res.stderr and "'b'" in res.stderr and "instruction" in res.stderr
     assert not (tmp_path / "run").exists()
+    tasks.write_text(
+        json.dumps(
+            [
+                {"task_id": "a", "config": {"instruction": "x"}},
+                {"task_id": "b", "config": {"evaluator": {"func": "infeasible"}}},
+                {"domain": "os"},
+            ]
+        )
+    )
+    res = legato(*collect_args(policy_server, tasks, tmp_path / "run"))
+    assert res.returncode == 2 and not (tmp_path / "run").exists()
+    text = " ".join(res.stderr.split())
+    assert "2 problems in the task list" in text
+    assert "tasks[1] (task_id 'b'): field 'config.instruction' is missing" in text
+    assert "tasks[2]: field 'task_id' is missing" in text
     res = legato(
         *collect_args(
             policy_server, write_tasks(tmp_path / "ok.json", 1), tmp_path / "run", "--group", "0"

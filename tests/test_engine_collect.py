@@ -736,3 +736,44 @@ def test_a_desktop_whose_observe_takes_no_size_gets_the_collector_side_resize(
     )  # fmt: skip
     assert summary["counts"]["ok"] == 1
     assert {png_size(p.read_bytes()) for p in (tmp_path / "images").glob("*.png")} == {(1280, 704)}
+
+
+def _qwen_call(args: dict) -> str:
+    call = {"name": "computer_use", "arguments": args}
+    return f"Action: {args['action']}.\n<tool_call>\n{orjson.dumps(call).decode()}\n</tool_call>"
+
+
+def test_click_outside_the_model_image_is_a_parse_error_and_sends_no_input(tmp_path):
+    # qwen25vl sees a 1280x720 screen as a 1288x728 image: x 1800 is off it. The fake desktop
+    # counts every action it is sent; an off-image click must not reach it (no edge click).
+    from legato_pipelines.desktops.fake import FakeDesktop
+    from legato_pipelines.policy.scripted import ScriptedPolicyServer
+
+    class Counting(FakeDesktop):
+        async def act(self, action):
+            sent.append((action.action, action.x, action.y))
+            await super().act(action)
+
+    sent: list = []
+    script = {
+        "default": [
+            _qwen_call({"action": "left_click", "coordinate": [1800, 100]}),
+            _qwen_call({"action": "left_click", "coordinate": [640, 364]}),
+            _qwen_call({"action": "terminate", "status": "success"}),
+        ]
+    }
+    config = DesktopConfig(backend="fake", screen_width=1280, screen_height=720)
+    pool = [Counting(config, 0)]
+    with ScriptedPolicyServer(flavor="vllm", script=script) as server:
+        summary = collect(
+            load_tasks(fake_tasks(1)), policy(server), tmp_path, desktop_pool=pool,
+            desktop=config, group=1, max_steps=5, harness="qwen25vl",
+        )  # fmt: skip
+    (record,) = read_records(tmp_path)
+    first, second, last = record["steps"]
+    assert first["actions"] == []
+    assert "invalid action: left_click coordinate [1800, 100]" in first["parse_error"]
+    assert "outside the model's image (x 0..1287, y 0..727)" in first["parse_error"]
+    assert second["actions"][0]["screen"] == [636, 360] and second.get("parse_error") is None
+    assert sent == [("left_click", 636, 360)]  # the valid click only
+    assert summary["parse_errors"] == 1 and record["outcome"] == "done"

@@ -5,7 +5,7 @@ optional ``variant`` (default qwen3vl), ``screen`` ([W, H], default 1920x1080),
 ``osworld_exact``; ``expect`` holds ``actions`` (the tool calls' arguments as given),
 ``action_text``, ``parse_error`` (bool) and optionally ``error`` (a substring of the reason),
 ``terminal``, ``screen`` (mapped [x, y] or null per action), ``keys`` (normalized per key
-action), ``clamped`` (per action) and ``history_text``.
+action) and ``history_text``.
 """
 
 from __future__ import annotations
@@ -67,8 +67,6 @@ def _check(case: dict) -> None:
     if "screen" in expect:
         got = [None if a.x is None else [a.x, a.y] for a in parsed.actions]
         assert got == expect["screen"]
-    if "clamped" in expect:
-        assert [a.clamped for a in parsed.actions] == expect["clamped"]
     if "keys" in expect:
         assert [list(a.keys) for a in parsed.actions if a.action == "key"] == expect["keys"]
     if "history_text" in expect:

@@ -117,10 +117,11 @@ def test_qwen25vl_absolute_mapping_uses_the_requested_image_size():
     (action,) = ep.parse(_click(658, 364), "stop").actions
     assert (action.x, action.y) == (960, 540)  # int(658 * 1920/1316), int(364 * 1080/728)
     (corner,) = ep.parse(_click(1315, 727), "stop").actions
-    assert (corner.x, corner.y, corner.clamped) == (1919, 1079, False)  # 1918.54, 1078.52
-    (off,) = ep.parse(_click(-20, 800), "stop").actions
-    assert (off.x, off.y, off.clamped) == (0, 1079, True)
-    assert off.to_record()["clamped"] is True
+    assert (corner.x, corner.y) == (1919, 1079)  # 1918.54, 1078.52
+    off = ep.parse(_click(-20, 800), "stop")
+    assert off.actions == [] and "outside the model's image (x 0..1315, y 0..727)" in (
+        off.parse_error or ""
+    )
 
 
 def test_qwen25vl_absolute_click_rounds_to_the_nearest_pixel():
@@ -131,7 +132,7 @@ def test_qwen25vl_absolute_click_rounds_to_the_nearest_pixel():
     coords = CoordinateMap.absolute((1522, 1022), (1512, 1008))
     assert 756 * (1522 / 1512) < 761
     (action,) = parse_response(_click(756, 504), "stop", variant="qwen25vl", coords=coords).actions
-    assert (action.x, action.y, action.clamped) == (761, 511, False)
+    assert (action.x, action.y) == (761, 511)
     assert action.to_record()["screen"] == [761, 511]
     # relative coordinates round too: 500 * 1522 / 999 = 761.76 -> 762 (truncated: 761)
-    assert CoordinateMap.relative((1522, 1022)).map(500, 500) == (762, 512, False)
+    assert CoordinateMap.relative((1522, 1022)).map(500, 500) == (762, 512)

@@ -92,3 +92,39 @@ def test_the_default_lake_is_the_one_legato_demo_writes_not_the_current_director
     assert f"lake:   {tmp_path / 'other'}" in out.output
     help_text = " ".join(runner.invoke(app, ["lake", "query", "--help"]).output.split())
     assert "$LEGATO_LAKE, else the lake legato demo writes" in help_text
+
+
+def test_a_folder_with_an_invalid_key_breaks_no_other_versions_view(tmp_path):
+    # A lake written before keys were checked: policy_version=step-5_lr=3e-6 (DuckDB's hive
+    # partitioning reads two keys there and refused every table's view, all versions).
+    import pyarrow.parquet as pq
+
+    lake, run = _lake(tmp_path)
+    bad = lake.root / "rollouts" / "policy_version=step-5_lr=3e-6"
+    bad.mkdir()
+    table = lake.read("rollouts", "step-5")
+    column = table.schema.get_field_index("policy_version")
+    table = table.set_column(column, "policy_version", [["step-5_lr=3e-6"] * table.num_rows])
+    pq.write_table(table, bad / "part-0.parquet")
+    assert lake.versions("rollouts") == ["step-5"]  # not a version: left out
+    lake.refresh_views()
+    out = CliRunner().invoke(
+        app,
+        [
+            "lake",
+            "query",
+            "SELECT policy_version, count(*) AS n FROM rollouts GROUP BY 1 ORDER BY 1",
+            "--lake",
+            str(lake.root),
+            "--json",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    rows = [json.loads(line) for line in out.output.splitlines()]
+    n = len(run["records"])
+    assert rows == [
+        {"policy_version": "step-5", "n": n},
+        {"policy_version": "step-5_lr=3e-6", "n": n},
+    ]
+    views = CliRunner().invoke(app, ["lake", "views", "--lake", str(lake.root)])
+    assert views.exit_code == 0 and "step-5" in views.output

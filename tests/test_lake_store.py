@@ -12,7 +12,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from legato_pipelines.errors import ConfigError
-from legato_pipelines.store.lake import Lake, check_partition_key
+from legato_pipelines.store.lake import Lake
 from legato_pipelines.store.lake_tables import (
     PROFILE_SCHEMA,
     ROLLOUTS_SCHEMA,
@@ -23,6 +23,7 @@ from legato_pipelines.store.lake_tables import (
     samples_table,
     steps_table,
 )
+from legato_pipelines.versions import check_version_key
 from tests.lake_synthetic import write_run_dir
 
 
@@ -88,10 +89,10 @@ def test_samples_get_run_id_and_refuse_another_version():
 
 
 def test_partition_keys_are_checked(tmp_path):
-    assert check_partition_key("step-7") == "step-7"
-    for bad in ("", "a/b", "a...b", "..", "x\ny"):
-        with pytest.raises(ConfigError, match="partition key"):
-            check_partition_key(bad)
+    assert check_version_key("step-7") == "step-7"
+    for bad in ("", "a/b", "a...b", "..", "x\ny", "step-5_lr=3e-6"):
+        with pytest.raises(ConfigError, match="version key"):
+            check_version_key(bad)
     lake = Lake(tmp_path)
     assert lake.run_dir("step-7") == tmp_path.resolve() / "runs" / "policy_version=step-7"
     with pytest.raises(ConfigError, match="unknown table"):
@@ -158,6 +159,24 @@ def test_trainers_read_partitions_with_pyarrow_and_pandas(tmp_path):
 
     frame = pd.read_parquet(lake.partition_dir("steps", "b"))
     assert len(frame) == only_b.num_rows and set(frame["policy_version"]) == {"b"}
+
+
+def test_charts_live_outside_the_tables_and_old_ones_move_out(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    _fill(lake, tmp_path, "a")
+    chart = lake.write_chart("a", "time_share.png", b"\x89PNG not really")
+    assert chart == lake.root / "charts" / "policy_version=a" / "time_share.png"
+    # a lake written before charts had their own folder: a PNG in a profile partition
+    old = lake.partition_dir("profile", "a") / "success_by_task.png"
+    old.write_bytes(b"\x89PNG old")
+    with pytest.raises(pa.ArrowInvalid, match="magic bytes"):
+        ds.dataset(lake.root / "profile", format="parquet", partitioning="hive").to_table()
+    _fill(lake, tmp_path, "a")  # re-materializing the partition moves it out
+    assert not old.exists()
+    assert (lake.chart_dir("a") / "success_by_task.png").read_bytes() == b"\x89PNG old"
+    assert ds.dataset(lake.root / "profile", format="parquet", partitioning="hive").count_rows()
+    with pytest.raises(ValueError, match="non-Parquet"):
+        lake.write_chart("a", "x.parquet", b"")
 
 
 def _writer(root: str, version: str, rounds: int) -> None:

@@ -293,3 +293,47 @@ async def test_model_size_observation_is_the_collector_resize_of_the_vm_screen(t
             assert shot.size == size and shot.png == resize_screenshot(full, rule).png
     finally:
         await desktop.close()
+
+
+async def test_setup_failures_are_the_same_facts_on_both_backends(tmp_path):
+    """Steps OSWorld logs and carries on after are facts (``setup_failures``) on the osworld
+    backend as on the local one: a failing command, a launch that dies at once (xterm exits 0
+    when its command fails), an ``open`` of a missing file; the next step still runs."""
+    from legato_pipelines.desktops.local.backend import open_local_desktops
+    from legato_pipelines.tasks import Task
+
+    task = Task(
+        task_id="setup-facts",
+        domain=None,
+        source="inline",
+        config={
+            "instruction": "nothing",
+            "config": [
+                {"type": "execute", "parameters": {"command": "no-such-cmd-xyz", "shell": True}},
+                {"type": "launch", "parameters": {"command": ["xterm", "-e", "false"]}},
+                {"type": "open", "parameters": {"path": "/home/user/missing-xyz.txt"}},
+                {
+                    "type": "execute",
+                    "parameters": {"command": "echo ok > ~/after.txt", "shell": True},
+                },
+            ],
+            "evaluator": {
+                "func": "exact_match",
+                "result": {"type": "vm_command_line", "command": "cat ~/after.txt", "shell": True},
+                "expected": {"type": "rule", "rules": {"expected": "ok\n"}},
+            },
+        },
+    )
+    expected = [(0, "execute", 127), (1, "launch", 0), (2, "open", None)]
+    [local] = await open_local_desktops(DesktopConfig(backend="local"), 1)
+    [osworld] = await open_desktops(osworld_config(tmp_path), 1)
+    try:
+        for desktop in (local, osworld):
+            await desktop.reset(task)
+            facts = [(f["step"], f["type"], f["exit_status"]) for f in desktop.setup_failures]
+            assert facts == expected, (desktop, desktop.setup_failures)
+            assert "missing-xyz.txt" in desktop.setup_failures[2]["error"]
+            assert (await desktop.evaluate(task)).reward == 1.0
+    finally:
+        await local.close()
+        await osworld.close()

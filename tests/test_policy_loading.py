@@ -335,3 +335,15 @@ def test_legato_collect_load_flags(tmp_path, no_policy_key):
         assert json.loads((tmp_path / "b" / "run.json").read_text())["checkpoint"]["load"] == "lora"
         bad = legato(*collect_args(server, tasks, tmp_path / "c", "--load", "sideways"))
         assert bad.returncode == 2 and "--load" in bad.stderr
+
+
+def test_completeness_of_folders_a_trainer_is_still_writing(tmp_path):
+    path = weights(tmp_path, "step-1")
+    (path / "model.safetensors.index.json").unlink()  # the index comes after the shards
+    assert incomplete(path) == ("model-*-of-00002.safetensors shards without their index file yet")
+    config_only = tmp_path / "step-2"
+    config_only.mkdir()
+    (config_only / "config.json").write_text("{}")
+    assert incomplete(config_only).startswith("config.json without model weights yet")
+    (config_only / "model.safetensors").write_bytes(b"w")
+    assert incomplete(config_only) is None

@@ -175,5 +175,6 @@ def test_old_run_directory_resumes(policy_server, tmp_path):
     old_ok = next(orjson.loads(line) for line in kept if b'"status":"ok"' in line)
     new_ok = next(r for r in records[len(kept) :] if r["status"] == "ok")
     # (plus what the format gained since: whether each ready wait timed out, and the prompt
-    # ids the server returned, an optional key written only when it sends them)
-    assert _keys(new_ok, drop={"timed_out", "prompt_ids"}) == _keys(old_ok)
+    # ids and system_fingerprint the server returned, optional keys written only when it
+    # sends them)
+    assert _keys(new_ok, drop={"timed_out", "prompt_ids", "system_fingerprint"}) == _keys(old_ok)

@@ -222,9 +222,11 @@ def test_two_versions_collect_concurrently_on_two_workers(tmp_path, monkeypatch)
         for name, proc in workers.items():
             wait_log(logs / f"{name}.log", "ready.", 90, proc)
 
-        # two new checkpoints, then the sensor (stopped by default) is switched on
+        # two new checkpoints, then the sensor (stopped by default) is switched on; finished
+        # a while ago, so they count at once (the sensor waits a tick for fresh folders)
         for version in ("step-1", "step-2"):
             (checkpoints / version).mkdir()
+            os.utime(checkpoints / version, (time.time() - 120, time.time() - 120))
         started = procs.start(
             "sensor-start",
             [sys.executable, "-m", "dagster", "sensor", "start", "checkpoint_sensor",
@@ -269,6 +271,7 @@ def test_two_versions_collect_concurrently_on_two_workers(tmp_path, monkeypatch)
         # one worker goes away between runs: the next version runs on the other
         procs.stop("w1", signal.SIGKILL)  # the host dies: no warm shutdown
         (checkpoints / "step-3").mkdir()
+        os.utime(checkpoints / "step-3", (time.time() - 120, time.time() - 120))
         third = wait_runs(instance, 3, RUN_TIMEOUT_S + SENSOR_INTERVAL_S)
         (run3,) = [r for r in third if r.dagster_run.tags["dagster/partition"] == "step-3"]
         assert run3.dagster_run.status == DagsterRunStatus.SUCCESS

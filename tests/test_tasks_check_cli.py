@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tests.osworld_data import LOCAL_SUITE, OSWORLD, REPO_ROOT
 
@@ -142,3 +143,73 @@ def test_bad_shapes_are_rejected_at_load(tmp_path):
     assert proc.returncode == 2
     assert "tasks[0] (task_id 'f'): field 'config.fake.success'" in proc.stderr
     assert "[0, 1]" in proc.stderr
+
+
+def test_every_bad_entry_is_named_at_once(tmp_path):
+    bad = [
+        {"task_id": "ok", "config": {"instruction": "x"}},
+        {"task_id": "no-instruction", "config": {"evaluator": {"func": "infeasible"}}},
+        {"domain": "os"},
+    ]
+    proc = legato(str(write(tmp_path, "two_bad.json", bad)))
+    assert proc.returncode == 2 and proc.stdout == ""
+    text = " ".join(proc.stderr.split())  # rich may wrap long lines
+    assert "2 problems in the task list" in text
+    assert "tasks[1] (task_id 'no-instruction'): field 'config.instruction' is missing" in text
+    assert "tasks[2]: field 'task_id' is missing" in text
+
+
+def test_more_problems_than_a_message_shows_are_all_listed(tmp_path):
+    bad = [{"task_id": f"t{i}", "config": {}} for i in range(25)]
+    proc = legato(str(write(tmp_path, "many.json", bad)))
+    assert proc.returncode == 2
+    text = " ".join(proc.stderr.split())
+    assert "25 problems" in text and "... and" not in text
+    assert all(f"tasks[{i}] (task_id 't{i}')" in text for i in range(25))
+
+
+def test_local_knows_the_apps_this_hosts_desktops_have(tmp_path):
+    """OSWorld tasks of GIMP, VLC and the os domain (GNOME session, pyautogui commands) stop
+    being refused for a missing app once the apps are installed (they are infeasible or
+    gsettings tasks, so nothing else stops them)."""
+    from legato_pipelines.desktops.local.apps import desktop_python_has_pyautogui, installed_apps
+
+    apps = installed_apps()
+    if not {"gimp", "vlc", "os"} <= apps or not desktop_python_has_pyautogui():
+        pytest.skip("needs gimp, vlc, gnome-terminal, nautilus, dconf and pyautogui (setup.sh)")
+    index = tmp_path / "index.json"
+    index.write_bytes(
+        orjson.dumps(
+            {
+                "gimp": ["e19bd559-633b-4b02-940f-d946248f088e"],
+                "vlc": ["cb130f0d-d36f-4302-9838-b3baf46139b6"],
+                "os": ["a4d98375-215b-4a4d-aee9-3d4370fccc41"],
+            }
+        )
+    )
+    proc = legato(str(index), "--osworld", str(OSWORLD), "--backend", "local", "--json")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
+    doc = orjson.loads(proc.stdout)
+    assert doc["local_desktops"] == {"apps": sorted(apps), "pyautogui": True}
+    assert [t["local_blockers"] for t in doc["tasks"]] == [[], [], []]
+    assert doc["totals"]["by_backend"]["local"] == 3
+
+
+def test_osworld_provider_local_accepts_the_os_task_collect_runs(tmp_path):
+    """OSWorld's e0df059f (sudo in setup, pyautogui): `check --backend osworld
+    --osworld-provider local` says what collect's preflight says: runnable."""
+    from legato_pipelines.osworld_format import preflight
+    from legato_pipelines.tasks import load_tasks
+
+    source = next(OSWORLD.glob("os/e0df059f*.json"))
+    config = orjson.loads(source.read_bytes())
+    path = tmp_path / "e0df059f.json"
+    path.write_bytes(orjson.dumps([{"task_id": config["id"], "domain": "os", "config": config}]))
+    assert preflight(load_tasks(path), "osworld") == []  # what collect checks
+    proc = legato(str(path), "--backend", "osworld", "--osworld-provider", "local", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = orjson.loads(proc.stdout)
+    assert doc["osworld_provider"] == "local" and doc["ok"]
+    assert "osworld" in doc["tasks"][0]["backends"]
+    bad = legato(str(path), "--backend", "osworld", "--osworld-provider", "nope")
+    assert bad.returncode != 0 and "--osworld-provider" in bad.stdout + bad.stderr

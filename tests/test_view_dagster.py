@@ -104,7 +104,7 @@ def test_dagster_shows_the_report_strip_and_success_across_versions(tmp_path):
         assert "data:image/png;base64," in profile["success_across_versions_chart"].value
         first = _latest(instance, "profile_summary", "step-100")
         assert first["versions_charted"].value == ["step-100"]  # only itself at the time
-        assert (lake.partition_dir("profile", "step-50") / "success_across_versions.png").is_file()
+        assert (lake.chart_dir("step-50") / "success_across_versions.png").is_file()
 
         # training_samples: the training signal
         signal = _latest(instance, "training_samples", "step-50")

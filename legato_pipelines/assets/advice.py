@@ -34,7 +34,10 @@ RESOURCE_SETTINGS = {
     "--weights-payload": "LEGATO_POLICY_WEIGHTS_PAYLOAD / the policy resource's weights_payload",
     "--checkpoint": "the run's legato/checkpoint tag (set by the checkpoint sensor) or "
     "LEGATO_CHECKPOINTS/<version>",
-    "--adapter": "the partition key (the adapter is named after the version)",
+    "--adapter": "the rollout_batch run config's adapter (default: its model, else the "
+    "partition key)",
+    "--load-timeout": "LEGATO_POLICY_LOAD_TIMEOUT / the policy resource's load_timeout",
+    "--load-wait": "LEGATO_POLICY_LOAD_WAIT / the policy resource's load_wait",
     "--out": "the partition's run directory <lake>/runs/policy_version=<key>: another "
     "policy_version partition, or LEGATO_LAKE",
 }

@@ -3,7 +3,10 @@
 Thin: it turns resources and run config into one :func:`legato_pipelines.collect` call into
 the partition's run directory (``<lake>/runs/policy_version=<key>``; materializing the same
 partition again resumes it) and reports what happened as metadata. The ``legato_collection``
-pool limits how many collections run at once (``concurrency.pools`` in ``dagster.yaml``).
+pool limits how many collections run at once (``concurrency.pools.default_limit`` in
+``dagster.yaml`` for every pool, or ``dagster instance concurrency set legato_collection N``).
+Two ``weights`` runs on one server take turns by themselves (the server's weights lock,
+:mod:`legato_pipelines.policy.servers`).
 
 Before any desktop starts, the version's checkpoint (the run's ``legato/checkpoint`` tag, set
 by the checkpoint sensor, else ``<policy.checkpoint_root>/<version>``) is loaded into the
@@ -21,7 +24,7 @@ from ..resources import DesktopPoolResource, LakeResource, PolicyResource
 from .advice import in_dagster
 from .config import CollectConfig
 from .metadata import counts_markdown, number
-from .partitions import policy_versions
+from .partitions import partition_version, policy_versions
 
 COLLECTION_POOL = "legato_collection"
 GROUP = "legato"
@@ -52,11 +55,17 @@ def rollout_batch(
     ``partition_key``. Raises the engine's ``ConfigError``/``PolicyConfigError`` (bad task list,
     wrong URL or model, no LEGATO_POLICY_URL) before any desktop starts; every engine error's
     message also names the Dagster setting to change (:mod:`.advice`)."""
-    version = context.partition_key
+    version = partition_version(context)  # checked first: it names folders and adapters
     with in_dagster("policy"):
         task_set = load_tasks(config.tasks, osworld=desktops.osworld)
         policy_config = policy.config(version, model=config.model)
-        load = policy.load_spec(version, context.run.tags.get(CHECKPOINT_TAG))
+        load = policy.load_spec(
+            version,
+            context.run.tags.get(CHECKPOINT_TAG),
+            # the models source calls a model id ("team/step-40"): that is the name to check,
+            # not the partition key made from it ("team--step-40")
+            adapter=config.adapter or config.model,
+        )
     store = lake.lake
     run_dir = store.pull_run(version)  # a URL lake: its copy, to resume on any worker host
     seen = 0

@@ -33,7 +33,8 @@ setting -> (resource key, field). ``desktops`` is how many desktops the pool sta
 
 
 class _CollectConfigBase(dg.Config):
-    """Collection knobs of one batch: the task list, a model override, and every
+    """Collection knobs of one batch: the task list, a model override, the version's adapter
+    name, and every
     :class:`~legato_pipelines.rollout.settings.CollectSettings` field but the resource ones
     (same names, defaults, units and bounds)."""
 
@@ -41,12 +42,19 @@ class _CollectConfigBase(dg.Config):
     model: str | None = Field(
         default=None, description="Model id override (set by the sensor's models source)."
     )
+    adapter: str | None = Field(
+        default=None,
+        description="Served name of the version for load lora / external (legato collect "
+        "--adapter); default: model when set (the sensor's models source), else the version.",
+    )
 
     def settings(self, **resources: Any) -> CollectSettings:
         """The engine's settings: these fields plus the resource ones (``desktops=``). Raises
         ``ConfigError`` naming a bad one and its flag (:func:`~.advice.in_dagster` adds the
         Dagster setting)."""
-        return CollectSettings.checked(self.model_dump(exclude={"tasks", "model"}), **resources)
+        return CollectSettings.checked(
+            self.model_dump(exclude={"tasks", "model", "adapter"}), **resources
+        )
 
 
 CollectConfig = create_model(

@@ -98,13 +98,14 @@ def success_across_versions(
 
 
 def across_versions_metadata(store: Lake, version: str, records: list[Record]) -> dict[str, Any]:
-    """``success_across_versions_chart`` (markdown image, also written next to the profile
-    partition as ``success_across_versions.png``) and ``versions_charted`` (in training order)."""
+    """``success_across_versions_chart`` (markdown image, also written to the version's chart
+    folder as ``success_across_versions.png``, :meth:`Lake.write_chart`) and
+    ``versions_charted`` (in training order)."""
     per_version = success_across_versions(store, version, records)
     if not per_version:
         return {}
     png = success_across_versions_chart(per_version, "Success by task across policy versions")
-    store.write_file("profile", version, "success_across_versions.png", png)
+    store.write_chart(version, "success_across_versions.png", png)
     return {
         "success_across_versions_chart": dg.MetadataValue.md(
             markdown_image(png, "success by task across versions")

@@ -6,8 +6,8 @@ views (:meth:`~legato_pipelines.store.lake.Lake.refresh_views`, under the lake's
 Lineage: the rows' ``run_id`` is the Dagster run that materialized ``rollout_batch`` for the
 partition (the collection), found in the instance's event log; ``collect_run_id`` the run that
 collected each attempt (the records' ``collected_by``: a re-executed partition keeps the run
-that collected what it resumed); the served model, checkpoint folder and fingerprint come from
-``run.json``. The run directory is the one that materialization recorded (``run_dir``
+that collected what it resumed); the served model, checkpoint folder, fingerprint, load mode
+and proof come from ``run.json``. The run directory is the one that materialization recorded (``run_dir``
 metadata), else ``<lake>/runs/policy_version=<key>``.
 """
 
@@ -29,7 +29,7 @@ from .charts import markdown_image, success_by_task, success_chart, time_share_c
 from .collection import GROUP, rollout_batch
 from .insight import across_versions_metadata, report_metadata, training_signal
 from .metadata import counts_markdown, number, table_metadata
-from .partitions import policy_versions
+from .partitions import partition_version, policy_versions
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,16 +62,7 @@ def find_batch(instance: dg.DagsterInstance, version: str, lake: Lake, run_id: s
             f"{run_dir} holds policy version {(meta.get('policy') or {}).get('version')!r}, not {version!r} "
             "(fix: materialize rollout_batch for this partition first)"
         )
-    served = meta.get("checkpoint") or {}
-    lineage = Lineage(
-        version,
-        meta["task_set"],
-        run_id,
-        served_model=served.get("served_model") or (meta.get("policy") or {}).get("model"),
-        checkpoint_path=served.get("path"),
-        checkpoint_fingerprint=served.get("fingerprint"),
-    )
-    return Batch(run_dir, lineage)
+    return Batch(run_dir, Lineage.of_run(version, meta, run_id))
 
 
 def _summary(batch: Batch) -> dict:
@@ -90,7 +81,7 @@ def _summary(batch: Batch) -> dict:
 )
 def rollouts(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
     store = lake.lake
-    batch = find_batch(context.instance, context.partition_key, store, context.run.run_id)
+    batch = find_batch(context.instance, partition_version(context), store, context.run.run_id)
     records = read_typed_records(batch.run_dir)
     table = rollouts_table(records, batch.lineage)
     steps = steps_table(records, batch.lineage)
@@ -139,7 +130,7 @@ def training_samples(
     context: dg.AssetExecutionContext, config: SamplesConfig, lake: LakeResource
 ) -> dg.MaterializeResult:
     store = lake.lake
-    batch = find_batch(context.instance, context.partition_key, store, context.run.run_id)
+    batch = find_batch(context.instance, partition_version(context), store, context.run.run_id)
     collected_by = {r.rollout_id: r.collected_by for r in read_typed_records(batch.run_dir)}
     table = samples_table(export_steps(batch.run_dir), batch.lineage, collected_by)
     path = store.write("samples", batch.lineage.policy_version, table)
@@ -183,7 +174,7 @@ def training_samples(
 )
 def profile_summary(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
     store = lake.lake
-    batch = find_batch(context.instance, context.partition_key, store, context.run.run_id)
+    batch = find_batch(context.instance, partition_version(context), store, context.run.run_id)
     summary = _summary(batch)
     table = profile_table(summary, batch.lineage)
     version = batch.lineage.policy_version
@@ -195,14 +186,17 @@ def profile_summary(context: dg.AssetExecutionContext, lake: LakeResource) -> dg
     charts = {}
     if time_share:
         png = time_share_chart(time_share, f"Time share by phase, {version}")
-        store.write_file("profile", version, "time_share.png", png)
+        store.write_chart(version, "time_share.png", png)
         charts["time_share_chart"] = dg.MetadataValue.md(markdown_image(png, "time share by phase"))
     if per_task:
         png = success_chart(per_task, f"Success by task, {version}")
-        store.write_file("profile", version, "success_by_task.png", png)
+        store.write_chart(version, "success_by_task.png", png)
         charts["success_by_task_chart"] = dg.MetadataValue.md(
             markdown_image(png, "success by task")
         )
+    charts.update(across_versions_metadata(store, version, records))
+    if charts:  # the PNGs behind the images, outside the table's folder
+        charts["charts"] = dg.MetadataValue.path(str(store.chart_dir(version)))
     calls = summary.get("model_call_s") or {}
     return dg.MaterializeResult(
         metadata={
@@ -220,7 +214,6 @@ def profile_summary(context: dg.AssetExecutionContext, lake: LakeResource) -> dg
                 {k: round(float(v), 4) for k, v in time_share.items()}
             ),
             **charts,
-            **across_versions_metadata(store, version, records),
             "duckdb": dg.MetadataValue.path(str(store.duckdb_path)),
             "collection_run_id": batch.lineage.run_id,
         },

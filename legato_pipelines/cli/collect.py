@@ -19,6 +19,25 @@ from .options import settings_options
 from .root import app
 
 
+def parse_desktop_options(items: list[str]) -> dict[str, Any]:
+    """``--desktop-option KEY=VALUE`` items as the options dict: VALUE is JSON when it parses
+    (``latency='{"act": 0.1}'``, ``cache_dir='"/c"'``, ``sandbox=false``), else the bare text
+    (``cache_dir=/c``: a path needs no JSON quotes). Raises ``ValueError`` for an item
+    without ``=``."""
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(
+                f"--desktop-option {item!r}: use KEY=JSON, e.g. latency='{{\"act\": 0.1}}'"
+            )
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
 @app.command("collect")
 @settings_options(CollectSettings, after="backend")
 def collect_command(
@@ -123,6 +142,17 @@ def collect_command(
             "--weights-payload", help="JSON body of --weights-route; {checkpoint} {version} filled."
         ),
     ] = '{"model_path": "{checkpoint}"}',
+    load_timeout: Annotated[
+        float,
+        typer.Option("--load-timeout", help="Seconds one load / unload request may take."),
+    ] = 600.0,
+    load_wait: Annotated[
+        float,
+        typer.Option(
+            "--load-wait",
+            help="Seconds a weights run waits for another run holding the server's weights.",
+        ),
+    ] = 3600.0,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     **settings: Any,
@@ -137,19 +167,19 @@ def collect_command(
     from ..policy.loading import LoadSpec
     from ..rollout.engine import collect
     from ..tasks import load_tasks
+    from ..versions import check_version_key
     from .progress import CollectProgress
 
     try:
+        check_version_key(version)
+    except LegatoError as exc:
+        fail(f"--version: {exc}")
+    try:
         knobs = CollectSettings.checked(settings)
-        options = {}
-        for item in desktop_option or []:
-            key, sep, value = item.partition("=")
-            if not sep:
-                fail(f"--desktop-option {item!r}: use KEY=JSON, e.g. latency='{{\"act\": 0.1}}'")
-            try:
-                options[key] = json.loads(value)
-            except json.JSONDecodeError:
-                options[key] = value
+        try:
+            options = parse_desktop_options(desktop_option or [])
+        except ValueError as exc:
+            fail(str(exc))
         if osworld_python is not None:
             options["osworld_python"] = str(osworld_python)
         if osworld_provider is not None:
@@ -191,6 +221,8 @@ def collect_command(
             adapter=adapter,
             weights_route=weights_route,
             weights_payload=payload,
+            timeout=load_timeout,
+            wait=load_wait,
         )
     except ValidationError as exc:
         fail(_pydantic_message(exc))
@@ -364,7 +396,14 @@ def print_profile(summary: dict) -> None:
         f"{_fmt(summary['logprobs_share'], pct=True)} / {_fmt(summary['token_ids_share'], pct=True)}",
     )
     table.add_row("parse errors", str(summary.get("parse_errors", 0)))
+    table.add_row("type actions not fully typed", str(summary.get("not_typed_actions", 0)))
     table.add_row("evaluator errors", str(summary.get("eval_errors", 0)))
+    notes = summary.get("eval_notes") or {"attempts": 0, "by_kind": {}}
+    table.add_row(
+        "evaluator notes",
+        f"{notes['attempts']} attempts"
+        + "".join(f"  {kind} {n}" for kind, n in notes["by_kind"].items()),
+    )
     quality = summary.get("quality")
     if quality:
         table.add_row(
@@ -386,4 +425,12 @@ def print_profile(summary: dict) -> None:
         f"{setup['attempts']} attempts"
         + "".join(f"\n  {where}: {n}" for where, n in list(setup["by_step"].items())[:5]),
     )
+    windows = summary.get("unexpected_windows") or {"attempts": 0, "by_window": {}}
+    table.add_row(
+        "unexpected windows closed",
+        f"{windows['attempts']} attempts"
+        + "".join(f"\n  {what}: {n}" for what, n in list(windows["by_window"].items())[:5]),
+    )
+    keyboard = summary.get("keyboard_restores") or {"attempts": 0}
+    table.add_row("keyboard layouts restored", f"{keyboard['attempts']} resets")
     console.print(table)

@@ -296,16 +296,16 @@ def check_inputs(
 ) -> str:
     """Check the demo's inputs with the engine's own validators before anything starts (a bad
     input is one ``error:`` line and exit 2, not a Dagster stack trace): the partition key
-    (:func:`~legato_pipelines.store.lake.check_partition_key`), the task list
+    (:func:`~legato_pipelines.versions.check_version_key`), the task list
     (:func:`~legato_pipelines.tasks.load_tasks`) and the knobs, as ``legato collect`` checks
     them (:class:`~legato_pipelines.rollout.settings.CollectSettings`). Returns the partition
     key."""
     from ..errors import LegatoError
-    from ..store.lake import check_partition_key
     from ..tasks import load_tasks
+    from ..versions import check_version_key
 
     try:
-        key = check_partition_key(version)
+        key = check_version_key(version)
     except LegatoError as exc:
         fail(f"--version: {exc}")
     if not tasks_path.is_file():

@@ -197,6 +197,16 @@ def scripted_policy_command(
         fail(f"--flavor must be one of {', '.join(FLAVORS)}, got {flavor!r}")
     if hang_mode not in ("sleep", "trickle"):
         fail(f"--hang-mode must be sleep or trickle, got {hang_mode!r}")
+    if weights_route is not None and not flavor.startswith("vllm"):
+        fail(
+            f"--weights-route is a vLLM flavor's route; --flavor {flavor} "
+            + (
+                "has its own (/update_weights_from_disk)"
+                if flavor == "sglang"
+                else "loads no weights"
+            )
+            + " (fix: drop --weights-route, or --flavor vllm)"
+        )
     key = policy_api_key()
     if require_key and not key:
         fail("--require-key needs LEGATO_POLICY_KEY set in the environment")

@@ -1,4 +1,5 @@
-"""The progress bar shown while collecting (rich): groups closed, statuses, success, steps/s."""
+"""Progress bars (rich): while collecting (groups closed, statuses, success, steps/s) and while
+filling the file cache (files, bytes, speed)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,17 @@ from collections import Counter
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
+from rich.text import Text
 
 from ..record import is_final
 
@@ -59,3 +70,66 @@ class CollectProgress:
             completed=len(self.closed),
             stats=f"{statuses} | success {success:.0%} | {self.steps / elapsed:.1f} steps/s",
         )
+
+
+class _ByUnit(ProgressColumn):
+    """``files`` rows: M/N; ``bytes`` rows: downloaded/total and speed."""
+
+    def __init__(self):
+        super().__init__()
+        self.count, self.size, self.speed = (
+            MofNCompleteColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+        )
+
+    def render(self, task) -> Text:
+        if task.fields.get("unit") == "bytes":
+            return Text.assemble(self.size.render(task), " ", self.speed.render(task))
+        return self.count.render(task)
+
+
+class CacheProgress:
+    """Context manager drawing ``legato osworld cache``: a row of files done (of those to fetch)
+    and a row of bytes on disk (of the sizes announced so far). Implements
+    :class:`~legato_pipelines.osworld_format.fetch.FetchProgress`."""
+
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(stderr=True)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description:>5}"),
+            BarColumn(),
+            _ByUnit(),
+            TextColumn("{task.fields[note]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=False,
+        )
+        self.files = self.progress.add_task("files", total=0, unit="files", note="")
+        self.bytes = self.progress.add_task("bytes", total=None, unit="bytes", note="")
+        self.expected = 0
+        self.failed = 0
+
+    def __enter__(self) -> CacheProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def planned(self, files: int) -> None:
+        self.progress.update(self.files, total=files)
+        if not files:
+            self.progress.update(self.bytes, total=0)
+
+    def expect(self, nbytes: int) -> None:
+        self.expected += nbytes
+        self.progress.update(self.bytes, total=self.expected)
+
+    def advance(self, nbytes: int) -> None:
+        self.progress.advance(self.bytes, nbytes)
+
+    def done(self, result) -> None:
+        self.failed += result.status == "failed"
+        note = f"[red]{self.failed} failed[/]" if self.failed else ""
+        self.progress.update(self.files, advance=1, note=note)

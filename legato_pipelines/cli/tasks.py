@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ..desktops.local.apps import desktop_python_has_pyautogui, installed_apps
 from ..errors import TaskListError
 from ..osworld_format import BackendSupport, TaskClass, classify_task, summarize
 from ..osworld_format.problems import BACKENDS
@@ -150,6 +151,15 @@ def check_command(
             "the task has a 'fake' block).",
         ),
     ] = None,
+    osworld_provider: Annotated[
+        str | None,
+        typer.Option(
+            "--osworld-provider",
+            help="Backend osworld: the DesktopEnv provider collect would use (docker | local | "
+            "vmware | aws | ...), as `legato collect --osworld-provider`. The verdict is the "
+            "one collect's preflight gives, which no provider changes.",
+        ),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (tasks + problems + totals).")
     ] = False,
@@ -164,12 +174,23 @@ def check_command(
 
     Exit status: 0 when every task can run; 1 when some task cannot run on the backend given with --backend, or (no --backend) on any backend it is written for: a real desktop (local or osworld), or fake for a task with a 'fake' block (the fake backend never grades, so running there alone does not count); 2 when the task list itself is bad (nothing classified).
     """
+    if osworld_provider is not None:
+        from ..desktops.osworld.options import PROVIDERS
+
+        if osworld_provider not in PROVIDERS:
+            fail(f"--osworld-provider {osworld_provider!r}: use one of {', '.join(PROVIDERS)}")
+        if backend not in (None, Backend.osworld):
+            fail(f"--osworld-provider is for --backend osworld, not {backend.value}")
     try:
         path = _resolve_tasks_path(tasks, osworld)
         task_set = load_tasks(path, osworld=osworld)
     except TaskListError as exc:
-        fail(str(exc))
-    support = BackendSupport(cache_dir=cache_dir)
+        fail(exc.describe())  # every problem of the list, not only the first 20
+    support = BackendSupport(
+        cache_dir=cache_dir,
+        local_apps=installed_apps(),
+        local_pyautogui=desktop_python_has_pyautogui(),
+    )
     classes = [classify_task(task, backend_support=support) for task in task_set]
     totals = summarize(classes)
     checked: tuple[str, ...] = (backend.value,) if backend else BACKENDS
@@ -197,9 +218,14 @@ def check_command(
             "path": str(path),
             "task_set": task_set.task_set,
             "backends_checked": list(checked),
+            "osworld_provider": osworld_provider,
             "ok": not failing,
             "problems": problems,
             "not_runnable": not_runnable,
+            "local_desktops": {
+                "apps": sorted(support.local_apps),
+                "pyautogui": support.local_pyautogui,
+            },
             "tasks": [c.model_dump() for c in classes],
             "totals": totals.model_dump(),
         }
@@ -221,6 +247,12 @@ def check_command(
         _out.print(_totals_table(totals))
         _out.print(
             f"[dim]{escape(str(path))}: {len(task_set)} tasks, task set {task_set.task_set}[/]",
+            highlight=False,
+        )
+        pyautogui = "with" if support.local_pyautogui else "without"
+        _out.print(
+            f"[dim]local desktops on this host have: {', '.join(sorted(support.local_apps))}; "
+            f"{pyautogui} pyautogui (docs/local-desktop.md §11)[/]",
             highlight=False,
         )
         if not backend and any(not_runnable.values()):

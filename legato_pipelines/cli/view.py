@@ -62,8 +62,13 @@ def view_command(
         if version is None:
             fail("pass a RUN_DIR, or --version V (and --lake LAKE) for a lake's run directory")
         from ..store.lake import Lake
+        from ..versions import check_version_key
         from .demo import default_lake
 
+        try:
+            check_version_key(version)
+        except LegatoError as exc:
+            fail(f"--version: {exc}")
         try:
             store = Lake(lake) if lake else Lake(default_lake())
             run_dir = store.pull_run(version)

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..actions import Action
 from ..errors import ConfigError, DesktopError
-from ..harness.render import render_osworld_code
+from ..harness.render import not_typed_in, render_osworld_code
 from ..images import Screenshot
 from ..osworld_format.controller import EXECUTE_TIMEOUT_S
 from ..tasks import Evaluation, Task
@@ -81,9 +81,13 @@ class Desktop(Protocol):
         only hashes and stores it); a screenshot of another size is resized by the engine.
         Backends that cannot resize are called as ``observe()``."""
 
-    async def act(self, action: Action) -> None:
+    async def act(self, action: Action) -> dict[str, Any] | None:
         """Execute one structured action (never model text as code). ``wait`` sleeps
-        ``action.seconds`` (else ``Waits.wait_action_s``); ``terminate`` never comes here."""
+        ``action.seconds`` (else ``Waits.wait_action_s``); ``terminate`` never comes here.
+
+        Returns ``None``, or facts about how the action was carried out that the engine
+        records on it: ``{"not_typed": "€"}`` when characters of a ``type`` did not reach the
+        desktop (:func:`act_facts`)."""
 
     async def wait_after_action(self, action: Action) -> Wait: ...
 
@@ -108,6 +112,10 @@ class Waits(BaseModel):
     wait_action_s         a ``wait`` action without ``seconds``
     execute_timeout_s     one command of OSWorld's ``/execute`` (a setup step's command, an
                           action's pyautogui code): OSWorld's own ``subprocess.run`` timeout
+    settle_after_reset_s  after the reset's ready wait, keep watching for windows nobody asked
+                          for (an "updates available" dialog) this long before the first
+                          screenshot is handed out (0: none; the check before the first
+                          action still covers the policy's first call)
 
     Set them as ``DesktopConfig(waits=...)``, or by name among the desktop options
     (``--desktop-option ready_after_action_s=8``, ``LEGATO_BACKEND_OPTIONS``, the Dagster
@@ -121,6 +129,7 @@ class Waits(BaseModel):
     ready_before_eval_s: float = Field(5.0, gt=0)
     wait_action_s: float = Field(1.0, ge=0)
     execute_timeout_s: float = Field(EXECUTE_TIMEOUT_S, gt=0)
+    settle_after_reset_s: float = Field(0.0, ge=0)
 
     def ready_cap(self, mode: str) -> float:
         """The cap of the ready wait of ``mode`` (``reset`` | ``action`` | ``eval``)."""
@@ -207,6 +216,16 @@ def screenshot_of(png: bytes, name: str, kind: str = "observe") -> Screenshot:
         raise DesktopError(
             f"{name}: the desktop sent a screenshot that is not a PNG", kind=kind
         ) from None
+
+
+def act_facts(action: Action, output: str | None) -> dict[str, Any] | None:
+    """The facts of an action run as :func:`osworld_code` from the command's stdout:
+    ``{"not_typed": chars}`` when a ``type`` reported characters it could not type, else
+    ``None``."""
+    if action.action != "type":
+        return None
+    missed = not_typed_in(output)
+    return {"not_typed": missed} if missed else None
 
 
 def osworld_code(action: Action, name: str) -> str:

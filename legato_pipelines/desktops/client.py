@@ -292,3 +292,20 @@ class DesktopClient:
 
     async def processes(self) -> dict[str, Any]:
         return (await self._request("GET", "/legato/processes", kind="transport")).json()
+
+    async def windows(self) -> list[dict[str, Any]] | None:
+        """``GET /legato/windows``: the managed top-level windows, oldest first, each
+        ``{id, title, instance, class}``; ``None`` from a server without the route (an older
+        ``legato desktop serve``)."""
+        response = await self._request("GET", "/legato/windows", kind="observe", allow=(404,))
+        return None if response.status_code == 404 else list(response.json()["windows"])
+
+    async def close_windows(self, ids: list[int]) -> dict[int, str]:
+        """``POST /legato/windows/close``: close windows ``ids`` (asked, then their client
+        killed after ~1 s); ``{id: "closed" | "killed" | "open" | "gone"}``."""
+        body = (
+            await self._request(
+                "POST", "/legato/windows/close", kind="observe", json={"ids": list(ids)}
+            )
+        ).json()
+        return {int(wid): str(result) for wid, result in body["closed"].items()}

@@ -9,12 +9,15 @@ server, and the URL becomes a :class:`VMServerDesktop`. Per attempt::
                        previous task's domain, verify none survived,
                        restore the HOME baseline captured at attach (docs/osworld.md §6), then the
                        task's setup steps (osworld_format.run_setup over the base API)
-    wait_after_reset   poll GET /screenshot until stable   (or sleep fixed_wait)
-    observe            GET /screenshot -> Screenshot
+    wait_after_reset   poll GET /screenshot until stable   (or sleep fixed_wait), then the
+                       windows the setup produced (``wmctrl -lx`` over /execute)
+    observe            GET /screenshot -> Screenshot (the first one once windows nobody asked
+                       for are closed: ``wmctrl -ic``, ``xkill``; again before the first action)
     act(action)        POST /execute ["python", "-c", "import pyautogui; import time;
                        pyautogui.FAILSAFE = False; <code>"], as OSWorld's DesktopEnv.step runs
                        it; <code> is render_osworld_code(action) (escaped pyautogui from the structured
-                       action, never model text); ``wait`` sleeps
+                       action, never model text; text pyautogui cannot type goes through XTest,
+                       what still fails is the action's ``not_typed``); ``wait`` sleeps
     wait_after_action  poll GET /screenshot until stable   (or sleep fixed_wait)
     wait_before_eval   poll GET /screenshot until stable   (or sleep fixed_wait)
     evaluate(task)     postconfig + getters + metrics over the base API (osworld_format.evaluate_task)
@@ -33,15 +36,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from ..actions import Action
 from ..errors import DesktopError
 from ..images import Screenshot
 from ..osworld_format import needs_full_reset
 from ..tasks import Evaluation, Task
-from .base import DesktopConfig, WaitsByMode, osworld_code, screenshot_of
+from .base import DesktopConfig, WaitsByMode, act_facts, osworld_code, screenshot_of
 from .client import DesktopClient
 from .domains import REVERT_DOMAINS, baseline_script, domain_processes, fast_reset_script
+from .popups import PopupGuard, WmctrlWindows
 from .ready import ScreenshotReady
 from .reconnect import reconnect
 from .server_tasks import ServerTasks
@@ -66,7 +71,7 @@ def execute_argv(code: str) -> list[str]:
     return ["python", "-c", PYAUTOGUI_PREFIX + code]
 
 
-class VMServerDesktop(ServerTasks, WaitsByMode):
+class VMServerDesktop(PopupGuard, ServerTasks, WaitsByMode):
     """One desktop behind a plain OSWorld in-VM server at ``client.url`` (implements
     :class:`~legato_pipelines.desktops.base.Desktop`). Make it with :func:`attach_vm_server`.
 
@@ -87,6 +92,8 @@ class VMServerDesktop(ServerTasks, WaitsByMode):
         self.last_reset: dict[str, float] | None = None
         self._ready_signal = ScreenshotReady(self.client.screenshot)
         self._last_domain: str | None = None  # the previous task's apps are killed as well
+        self._windows = WmctrlWindows(lambda argv: self.client.execute(argv, timeout=10.0))
+        self._guard_reset()
 
     # -- attach ------------------------------------------------------------------------------------
 
@@ -127,6 +134,7 @@ class VMServerDesktop(ServerTasks, WaitsByMode):
                 f"{self.name}: task {task.task_id!r} needs a snapshot revert ({why}): {REVERT_MESSAGE}",
                 kind="vm",
             )
+        self._guard_reset()
         await self._probe("before the attempt")
         t0 = time.perf_counter()
         kill = set(domain_processes(task.domain))
@@ -150,18 +158,23 @@ class VMServerDesktop(ServerTasks, WaitsByMode):
         return "fast"
 
     async def observe(self) -> Screenshot:
-        """``GET /screenshot``; raises ``DesktopError(kind="observe")`` for a non-PNG answer."""
+        """``GET /screenshot`` (the first after a reset once unexpected windows are closed:
+        :mod:`.popups`); raises ``DesktopError(kind="observe")`` for a non-PNG answer."""
+        await self._guard_handout()
         return screenshot_of(await self.client.screenshot(), self.name)
 
-    async def act(self, action: Action) -> None:
+    async def act(self, action: Action) -> dict[str, Any] | None:
         """One action as OSWorld's DesktopEnv.step runs it (see the module docs).
 
-        Raises ``DesktopError(kind="act")`` when the action cannot be rendered or its code
-        failed on the desktop (e.g. no ``python`` with pyautogui there).
+        Returns ``{"not_typed": chars}`` when a ``type`` could not type some characters
+        (:func:`~legato_pipelines.desktops.base.act_facts`), else ``None``. Raises
+        ``DesktopError(kind="act")`` when the action cannot be rendered or its code failed on
+        the desktop (e.g. no ``python`` with pyautogui there).
         """
+        await self._guard_first_action()
         if action.action == "wait":
             await asyncio.sleep(self.config.waits.wait_action(action))
-            return
+            return None
         code = osworld_code(action, self.name)
         out = await self.client.execute(
             execute_argv(code), timeout=self.config.waits.execute_timeout_s
@@ -172,6 +185,7 @@ class VMServerDesktop(ServerTasks, WaitsByMode):
                 f"(exit {out.get('returncode')}): {(out.get('error') or '').strip()[-300:]}",
                 kind="act",
             )
+        return act_facts(action, out.get("output"))
 
     async def evaluate(self, task: Task, *, last_action_fail: bool = False) -> Evaluation:
         """Postconfig + OSWorld getters/metrics over the base API, within ``eval_timeout`` s.
@@ -203,6 +217,12 @@ class VMServerDesktop(ServerTasks, WaitsByMode):
     async def _ready(self, mode: str, cap_s: float) -> tuple[float, bool]:
         result = await self._ready_signal.wait(mode, timeout_s=cap_s)
         return result.ready_s, result.timed_out
+
+    async def _list_windows(self) -> list[dict[str, Any]] | None:
+        return await self._windows.list()
+
+    async def _close_windows(self, ids: list[Any]) -> dict[Any, str]:
+        return await self._windows.close(ids)
 
 
 async def attach_vm_server(

@@ -17,12 +17,13 @@ hysteresis policies), ``parse`` (responses -> :class:`~legato_pipelines.actions.
 
 from .episode import Episode, Harness
 from .history import HistoryPolicy, HysteresisPolicy, WindowPolicy
-from .parse import CoordinateMap, ParsedResponse, parse_response
+from .parse import CoordinateMap, CoordinateOutOfRange, ParsedResponse, parse_response
 from .render import render_osworld_code, render_pyautogui
 from .resize import smart_resize
 
 __all__ = [
     "CoordinateMap",
+    "CoordinateOutOfRange",
     "Episode",
     "Harness",
     "HistoryPolicy",

@@ -6,19 +6,26 @@ What is read (OSWorld ``mm_agents/qwen3vl_agent.py`` / ``qwen25vl_agent.py``):
 - The first line starting with ``Action:`` (case-insensitive) is the step's text.
 - Every ``<tool_call>...</tool_call>`` block, and every bare one-line JSON
   ``{"name": ..., "arguments": ...}``, is one ``computer_use`` call, in order: several calls
-  give several actions. A final ``<tool_call>`` left open is read too (OSWorld does).
+  give several actions. A final ``<tool_call>`` left open is read too (OSWorld does). A block
+  ends at the first ``</tool_call>`` after its complete JSON object, so text to type may
+  hold the tag itself.
 - Model coordinates map to screen pixels with OSWorld's scale factors, relative
   ``x * (W / 999)`` (``qwen3vl``), absolute ``x * (W / processed_W)`` (``qwen25vl``), rounded
   to the nearest pixel (half up; OSWorld's ``int()`` truncates, so a product computed as
-  760.9999 would land one pixel off the point the image processor's maths gives: 761); then
-  they are clamped to the screen.
+  760.9999 would land one pixel off the point the image processor's maths gives: 761). A
+  model coordinate outside the image the model saw (outside ``0..999`` for ``qwen3vl``,
+  outside ``0..processed_W-1`` x ``0..processed_H-1`` for ``qwen25vl``) is an invalid action,
+  not a click at the screen's edge: OSWorld's action space gives every coordinate a valid
+  range (``desktop_env/envs/actions.py``: ``x`` in ``[0, X_MAX]``). The response then gets a
+  ``parse_error`` naming the coordinate and the range, and no input is sent. Only the grid's
+  own edge is held on the screen (``999 * W / 999`` is ``W``, one past the last pixel).
 
 Where this parser is stricter than OSWorld's (which logs and skips what it cannot read),
 a response that cannot be fully read yields ``parse_error`` (the reason) and no actions,
 so the step does nothing and the fact is on the record: broken JSON, prose only, output cut
 by ``max_tokens`` (``finish_reason == "length"``) inside or before a tool call, another
 tool's name, an unknown action, a missing or malformed required argument, an unknown key
-name. Parsing never raises. Actions after a ``terminate`` are dropped (OSWorld stops the
+name, a coordinate outside the model's image. Parsing never raises. Actions after a ``terminate`` are dropped (OSWorld stops the
 episode at ``DONE``).
 """
 
@@ -74,15 +81,20 @@ class ParsedResponse:
         return out
 
 
+class CoordinateOutOfRange(ValueError):
+    """A model coordinate outside the image the model saw (an invalid action)."""
+
+
 @dataclass(frozen=True, slots=True)
 class CoordinateMap:
-    """Model coordinates -> screen pixels.
+    """Model coordinates -> screen pixels: the one place every backend's targets come from.
 
     ``screen`` is (W, H) in pixels; ``divisor`` the value a model coordinate is divided by
     (999 for relative coordinates; the processed image size for absolute ones); ``limit``
-    the largest valid model coordinate per axis. ``map`` returns ``v * (W / divisor)``
-    rounded to the nearest pixel (half up, never truncated) and clamped to ``[0, W-1]``, and
-    whether the model coordinate was outside ``[0, limit]`` (the ``clamped`` flag).
+    the largest valid model coordinate per axis (inclusive; the smallest is 0). ``map``
+    returns ``v * (W / divisor)`` rounded to the nearest pixel (half up, never truncated),
+    held on ``[0, W-1]`` (only the grid's own edge, ``999 -> W``, needs it), and raises
+    :class:`CoordinateOutOfRange` for a model coordinate outside ``[0, limit]``.
     """
 
     screen: tuple[int, int]
@@ -96,15 +108,24 @@ class CoordinateMap:
 
     @classmethod
     def absolute(cls, screen: tuple[int, int], processed: tuple[int, int]) -> CoordinateMap:
-        """Pixels of the resized image the model saw (Qwen2.5-VL)."""
+        """Pixels of the resized image the model saw (Qwen2.5-VL), ``processed`` = (w, h)."""
         return cls(screen, processed, (processed[0] - 1, processed[1] - 1))
 
-    def map(self, x: float, y: float) -> tuple[int, int, bool]:
+    def map(self, x: float, y: float) -> tuple[int, int]:
+        """Model ``(x, y)`` -> screen ``(x, y)`` [px].
+
+        Raises :class:`CoordinateOutOfRange` (naming the point and the valid range) when the
+        point lies outside ``[0, limit]`` on either axis: no screen point stands for it.
+        """
+        if not (0 <= x <= self.limit[0] and 0 <= y <= self.limit[1]):
+            raise CoordinateOutOfRange(
+                f"coordinate [{x:g}, {y:g}] is outside the model's image "
+                f"(x 0..{self.limit[0]:g}, y 0..{self.limit[1]:g}); no input sent"
+            )
         width, height = self.screen
         sx = _nearest(x * (width / self.divisor[0]))
         sy = _nearest(y * (height / self.divisor[1]))
-        flagged = not (0 <= x <= self.limit[0] and 0 <= y <= self.limit[1])
-        return min(max(sx, 0), width - 1), min(max(sy, 0), height - 1), flagged
+        return min(sx, width - 1), min(sy, height - 1)
 
 
 def _nearest(value: float) -> int:
@@ -210,7 +231,7 @@ class _Scan:
             if start < 0:
                 return
             body_start = start + len(_OPEN)
-            end = text.find(_CLOSE, body_start)
+            end = text.find(_CLOSE, _json_end(text, body_start))
             if end < 0:
                 self.calls.append((text[body_start:], False))
                 return
@@ -233,6 +254,27 @@ class _Scan:
             if line.startswith("{") and ('"name"' in line or '"arguments"' in line):
                 # A bare one-line JSON tool call (or what is left of one).
                 self.calls.append((line, line.endswith("}")))
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _json_end(text: str, start: int) -> int:
+    """Where the JSON object opening at ``text[start:]`` (after whitespace) ends, else ``start``.
+
+    A block ends at the closing tag that follows the complete object, so a string inside it
+    may hold ``</tool_call>`` (``{"text": "a </tool_call> b"}``). What does not decode ends at
+    the first closing tag, and reads as broken JSON there.
+    """
+    begin = start
+    while begin < len(text) and text[begin].isspace():
+        begin += 1
+    if not text.startswith("{", begin):
+        return start
+    try:
+        return _DECODER.raw_decode(text, begin)[1]
+    except json.JSONDecodeError:
+        return start
 
 
 def _action(body: str, closed: bool, cut: bool, index: int, coords: CoordinateMap) -> Action:
@@ -265,11 +307,10 @@ def _action(body: str, closed: bool, cut: bool, index: int, coords: CoordinateMa
 
 
 def _pointer(kind: str, args: dict[str, Any], coords: CoordinateMap) -> Action:
-    point = _coordinate(kind, args, required=kind in ("mouse_move", "left_click_drag"))
+    point = _coordinate(kind, args, coords, required=kind in ("mouse_move", "left_click_drag"))
     if point is None:
         return Action(kind, args)
-    x, y, clamped = coords.map(*point)
-    return Action(kind, args, x=x, y=y, clamped=clamped)
+    return Action(kind, args, x=point[0], y=point[1])
 
 
 def _type(kind: str, args: dict[str, Any], coords: CoordinateMap) -> Action:
@@ -306,11 +347,10 @@ def _scroll(kind: str, args: dict[str, Any], coords: CoordinateMap) -> Action:
     pixels = _number(args.get("pixels"))
     if pixels is None:
         raise _Unreadable("scroll needs a number of pixels")
-    point = _coordinate(kind, args, required=False)
+    point = _coordinate(kind, args, coords, required=False)
     if point is None:
         return Action(kind, args, pixels=int(pixels))
-    x, y, clamped = coords.map(*point)
-    return Action(kind, args, x=x, y=y, pixels=int(pixels), clamped=clamped)
+    return Action(kind, args, x=point[0], y=point[1], pixels=int(pixels))
 
 
 def _wait(kind: str, args: dict[str, Any], coords: CoordinateMap) -> Action:
@@ -348,7 +388,10 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _coordinate(kind: str, args: dict[str, Any], *, required: bool) -> tuple[float, float] | None:
+def _coordinate(
+    kind: str, args: dict[str, Any], coords: CoordinateMap, *, required: bool
+) -> tuple[int, int] | None:
+    """The action's ``coordinate`` as screen pixels (``None`` when absent and optional)."""
     value = args.get("coordinate")
     if value is None:
         if required:
@@ -359,7 +402,10 @@ def _coordinate(kind: str, args: dict[str, Any], *, required: bool) -> tuple[flo
     if isinstance(value, list | tuple) and len(value) == 2:
         x, y = _number(value[0]), _number(value[1])
         if x is not None and y is not None:
-            return x, y
+            try:
+                return coords.map(x, y)
+            except CoordinateOutOfRange as exc:
+                raise _Unreadable(f"invalid action: {kind} {exc}") from None
     raise _Unreadable(f"{kind}: coordinate must be [x, y] numbers, got {_short(value)}")
 
 

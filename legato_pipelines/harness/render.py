@@ -29,7 +29,9 @@ the desktops that run actions as OSWorld's ``DesktopEnv.step`` does send (with i
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 from ..actions import Action
 
@@ -132,14 +134,30 @@ def _int(value: object) -> int:
 LESS_THAN = 'pyautogui.hotkey("shift", ",")'
 
 
+#: Characters pyautogui's X11 backend types (its key table): printable ASCII and tab. It
+#: silently skips every other one (``Spaß`` arrives as ``Spa``).
+PYAUTOGUI_CHARS = frozenset(chr(c) for c in range(0x20, 0x7F)) | {"\t"}
+#: The source of :mod:`.vm_typer`, run inside the desktop's python for the other characters.
+VM_TYPER_SOURCE = Path(__file__).with_name("vm_typer.py").read_text(encoding="utf-8")
+
+
 def render_osworld_code(action: Action) -> str:
-    """pyautogui code for ``action``: :func:`render_pyautogui`, with OSWorld's ``<`` fix.
+    """pyautogui code for ``action``: :func:`render_pyautogui`, with OSWorld's ``<`` fix, and
+    text pyautogui cannot type typed through XTest.
 
     ``DesktopEnv.step`` rewrites ``<`` only inside ``typewrite('...')`` without arguments;
     the harness renders ``typewrite('...', interval=0.03)`` (newer OSWorld Qwen agents), which
     the rewrite misses, so ``<`` would arrive as ``>``. The same fix is applied here on the
     structured action: the text is split at ``<`` and each ``<`` typed as shift+comma.
+
+    A ``type`` whose text holds characters outside :data:`PYAUTOGUI_CHARS` (``ß``, ``€``,
+    Cyrillic, CJK) keeps ``typewrite`` for its ASCII runs and types the rest with
+    :class:`~legato_pipelines.harness.vm_typer.LegatoTyper` (its source is part of the code:
+    ``exec`` of a literal, the text only ever a ``repr`` argument). What it could not type is
+    printed as ``LEGATO_NOT_TYPED <json>`` (:func:`not_typed_in`).
     """
+    if action.action == "type" and action.text and _needs_typer(action.text):
+        return _render_type_with_typer(action)
     if action.action == "type" and action.text and "<" in action.text:
         parts = action.text.split("<")
         code = []
@@ -150,3 +168,49 @@ def render_osworld_code(action: Action) -> str:
                 code.append(LESS_THAN)
         return "\n".join(code)
     return render_pyautogui(action)
+
+
+def _needs_typer(text: str) -> bool:
+    return any(c not in PYAUTOGUI_CHARS and c not in "\r\n" for c in text)
+
+
+def _render_type_with_typer(action: Action) -> str:
+    """``type`` code: ASCII runs as :func:`render_osworld_code` renders them, the other
+    characters through ``LegatoTyper`` (mapped up front), Return between lines."""
+    text = action.text.replace("\r\n", "\n")
+    others = "".join(dict.fromkeys(c for c in text if c not in PYAUTOGUI_CHARS and c != "\n"))
+    code = [f"exec({VM_TYPER_SOURCE!r})", f"_legato_typer = LegatoTyper({others!r})"]
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        start = 0
+        while start < len(line):
+            ascii_run = line[start] in PYAUTOGUI_CHARS
+            end = start
+            while end < len(line) and (line[end] in PYAUTOGUI_CHARS) == ascii_run:
+                end += 1
+            run = line[start:end]
+            if ascii_run:
+                code.append(render_osworld_code(replace(action, text=run)))
+            else:
+                code.append(f"_legato_typer.type({run!r}, {TYPE_INTERVAL_S!r})")
+            start = end
+        if i < len(lines) - 1:
+            code.append("pyautogui.press('enter')")
+    code.append("_legato_typer.close()")
+    return "\n".join(code)
+
+
+def not_typed_in(output: str | None) -> str | None:
+    """The characters a ``type`` action's code reported it could not type (its stdout's
+    ``LEGATO_NOT_TYPED <json string>`` lines, joined), or ``None`` when it typed everything
+    (or printed nothing: plain pyautogui code)."""
+    from .vm_typer import NOT_TYPED_MARK
+
+    missed = []
+    for line in (output or "").splitlines():
+        if line.startswith(NOT_TYPED_MARK):
+            try:
+                missed.append(str(json.loads(line[len(NOT_TYPED_MARK) :])))
+            except ValueError:
+                missed.append(line[len(NOT_TYPED_MARK) :])
+    return "".join(missed) or None

@@ -25,7 +25,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..tasks import Task
-from .evaluate import evaluator_parts, evaluator_unsupported
+from .evaluate import evaluator_unsupported
+from .files import evaluator_getters, task_files
 from .problems import BACKENDS, BackendName, evaluator_problems, task_problems
 from .setup import SUPPORTED_STEP_TYPES
 from .sources import find_source, is_internet_url
@@ -136,13 +137,18 @@ class BackendSupport(BaseModel):
     """What backends offer, for :func:`classify_task`.
 
     ``local_apps``: app names a local desktop has (default: terminal, text_editor,
-    libreoffice_calc). ``cache_dir``: a local file cache; download/cloud_file URLs found there (or
+    libreoffice_calc; ``legato tasks check`` passes what this host's desktops have:
+    :func:`legato_pipelines.desktops.local.apps.installed_apps`). ``os`` in it: OSWorld's GNOME
+    session (persistent gsettings, gnome-terminal, nautilus). ``local_pyautogui``: the desktops'
+    ``python`` has pyautogui, so OSWorld's ``python -c "import pyautogui; ..."`` commands run
+    there. ``cache_dir``: a local file cache; download/cloud_file URLs found there (or
     ``file://``) do not count as needing the internet.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     local_apps: frozenset[str] = LOCAL_APPS
+    local_pyautogui: bool = False
     cache_dir: Path | None = None
 
 
@@ -253,17 +259,8 @@ def _steps_commands(steps: list[dict]) -> list[str]:
     return out
 
 
-def _evaluator_getters(evaluator: dict) -> list[dict]:
-    """The evaluator's ``result`` and ``expected`` getters (none when it is malformed)."""
-    try:
-        parts = evaluator_parts(evaluator) if evaluator.get("func") else []
-    except ValueError:
-        parts = []
-    return [getter for _, result, expected, _ in parts for getter in (result, expected) if getter]
-
-
 def _evaluator_commands(evaluator: dict) -> list[str]:
-    return [_command_text(g["command"]) for g in _evaluator_getters(evaluator) if "command" in g]
+    return [_command_text(g["command"]) for g in evaluator_getters(evaluator) if "command" in g]
 
 
 def classify_task(task: Task, *, backend_support: BackendSupport | None = None) -> TaskClass:
@@ -281,37 +278,25 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
 
     commands = _steps_commands(all_steps) + _evaluator_commands(evaluator)
 
-    # Internet.
-    urls: list[str] = []
+    # Internet: download / cloud_file files neither file:// nor in the cache (files.task_files).
+    urls: list[str] = [
+        file.url
+        for file in task_files(task)
+        if is_internet_url(file.url)
+        and not find_source(
+            file.url, dest=file.dest, cache_dir=support.cache_dir, task_id=task.task_id
+        )
+    ]
     reasons: list[str] = []
     for step in all_steps:
         params = step.get("parameters") or {}
-        if step.get("type") == "download":
-            for file in params.get("files", []):
-                url = file.get("url", "")
-                if is_internet_url(url) and not find_source(
-                    url, dest=file.get("path"), cache_dir=support.cache_dir, task_id=task.task_id
-                ):
-                    urls.append(url)
-        elif step.get("type") == "chrome_open_tabs":
+        if step.get("type") == "chrome_open_tabs":
             urls.extend(params.get("urls_to_open", []))
         elif step.get("type") in ("googledrive", "login"):
             reasons.append(f"{step['type']} (Google account)")
-    getters = _evaluator_getters(evaluator)
+    getters = evaluator_getters(evaluator)
     for getter in getters:
-        if getter.get("type") == "cloud_file":
-            paths = getter["path"] if getter.get("multi") else [getter.get("path")]
-            dests = getter["dest"] if getter.get("multi") else [getter.get("dest")]
-            for url, dest in zip(paths, dests, strict=False):
-                if (
-                    url
-                    and is_internet_url(url)
-                    and not find_source(
-                        url, dest=dest, cache_dir=support.cache_dir, task_id=task.task_id
-                    )
-                ):
-                    urls.append(url)
-        elif getter.get("type") == "googledrive_file":
+        if getter.get("type") == "googledrive_file":
             reasons.append("googledrive_file getter (Google account)")
     launched = {
         _command_text(s.get("parameters", {}).get("command"))
@@ -377,7 +362,7 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     local_blockers += [f"app {a}" for a in missing_apps]
     if "os" in apps and not (set(apps) & support.local_apps):
         local_blockers.append("app os (GNOME desktop)")
-    if any("pyautogui" in text for text in commands):
+    if not support.local_pyautogui and any("pyautogui" in text for text in commands):
         local_blockers.append("pyautogui commands on the desktop")
     local_blockers += [f"evaluator: {part}" for part in unsupported_eval]
     problems = {name: task_problems(task, name, cache_dir=support.cache_dir) for name in BACKENDS}

@@ -10,7 +10,9 @@ Semantics of OSWorld's ``DesktopEnv.evaluate`` (docs/osworld.md §1):
    (default) stops at the first 0, else the mean; ``"or"`` stops at the first 1, else the max.
 
 An evaluator that raises scores 0 with the reason in ``Evaluation.error`` (OSWorld's run loop
-records the exception). Unknown getters/metrics score 0 with ``"... not supported locally"``
+records the exception). Facts about the compared files that explain a grade without changing
+it (an xlsx whose formulas have no cached values: :mod:`.file_notes`) are
+``Evaluation.notes``. Unknown getters/metrics score 0 with ``"... not supported locally"``
 and are reported by :func:`~legato_pipelines.osworld_format.classify_task` ahead of time.
 Transport failures of the desktop (``DesktopError`` kinds transport/timeout/crash/vm) propagate,
 so the engine recovers the desktop instead of grading a dead one.
@@ -20,15 +22,18 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import DesktopError
 from ..tasks import Evaluation, Task
 from .controller import DesktopController
+from .file_notes import file_notes
 from .getters import GETTERS, EvalContext
 from .metrics import METRICS, TABLE_RULE_TYPES
 from .setup import run_setup
+from .sources import cache_dir_path
 from .unsupported import UnsupportedStep
 
 DEAD_DESKTOP_KINDS = frozenset({"transport", "timeout", "crash", "vm"})
@@ -114,7 +119,7 @@ async def evaluate_task(
     controller: DesktopController,
     *,
     last_action_fail: bool = False,
-    cache_dir: Path | None = None,
+    cache_dir: Path | str | None = None,
     work_dir: Path | None = None,
     screen_size: tuple[int, int] = (1280, 720),
     client_password: str = "password",
@@ -122,15 +127,20 @@ async def evaluate_task(
     """Grade the desktop's current state against ``task``'s evaluator; reward in [0, 1].
 
     ``last_action_fail``: the agent's last action was FAIL (OSWorld ``infeasible``).
-    ``cache_dir``: read-only file cache for downloads / ``cloud_file`` (see :mod:`.sources`).
+    ``cache_dir``: read-only file cache for downloads / ``cloud_file`` / ``cache_file`` (see
+    :mod:`.sources`): a ``Path`` or a ``str``, ``~`` expanded (:func:`.sources.cache_dir_path`,
+    which raises ``ConfigError`` for anything else).
     ``work_dir``: where fetched files and postconfig captures go (default: a temporary directory
     removed afterwards; pass the one given to ``run_setup`` to read setup captures).
     ``screen_size`` (pixels) and ``client_password`` fill postconfig placeholders.
 
-    Returns ``Evaluation(reward, error)``; ``error`` is set when the evaluator could not run.
+    Returns ``Evaluation(reward, error, notes)``; ``error`` is set when the evaluator could not
+    run; ``notes`` (``"<kind>: <text>"``) are facts about the compared files
+    (:func:`.file_notes.file_notes`), never a change of the reward.
     Raises ``DesktopError`` only when the desktop itself failed (transport, timeout, crash).
     """
     evaluator = task.evaluator
+    cache_dir = cache_dir_path(cache_dir)  # a str option must not reach the getters' "/"
     unsupported = evaluator_unsupported(evaluator)
     if unsupported:
         return Evaluation(
@@ -162,7 +172,24 @@ async def _evaluate(
     screen_size: tuple[int, int],
     client_password: str,
 ) -> Evaluation:
+    ctx = EvalContext(
+        controller=controller, task_id=task.task_id, work_dir=work_dir, cache_dir=cache_dir
+    )
+    evaluation = await _graded(task, ctx, last_action_fail, screen_size, client_password)
+    if ctx.notes:  # facts about the compared files: the grade stays OSWorld's
+        evaluation = replace(evaluation, notes=tuple(dict.fromkeys(ctx.notes)))
+    return evaluation
+
+
+async def _graded(
+    task: Task,
+    ctx: EvalContext,
+    last_action_fail: bool,
+    screen_size: tuple[int, int],
+    client_password: str,
+) -> Evaluation:
     evaluator = task.evaluator
+    controller, cache_dir, work_dir = ctx.controller, ctx.cache_dir, ctx.work_dir
     try:
         await run_setup(
             task,
@@ -177,9 +204,6 @@ async def _evaluate(
             return Evaluation(1.0 if last_action_fail else 0.0)
         if last_action_fail:
             return Evaluation(0.0)
-        ctx = EvalContext(
-            controller=controller, task_id=task.task_id, work_dir=work_dir, cache_dir=cache_dir
-        )
         parts = evaluator_parts(evaluator)
         if len(parts) == 1 and not isinstance(evaluator["func"], list):
             score, error = await _score(ctx, *parts[0])
@@ -223,11 +247,13 @@ async def _score(
     if result is None:
         return 0.0, None
     metric = METRICS[name]
+    ctx.notes.extend(await asyncio.to_thread(file_notes, result, "result"))
     if expected_cfg is not None:
         try:
             expected = await GETTERS[expected_cfg["type"]](ctx, expected_cfg)
         except FileNotFoundError as exc:
             return 0.0, f"metric {name}: expected file missing: {exc}"
+        ctx.notes.extend(await asyncio.to_thread(file_notes, expected, "expected"))
         score = await asyncio.to_thread(metric, result, expected, **options)
     else:
         score = await asyncio.to_thread(metric, result, **options)

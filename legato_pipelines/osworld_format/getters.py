@@ -18,7 +18,7 @@ entry of a task's evaluator (``{"type": T, ...}``); OSWorld names them ``get_<ty
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -32,13 +32,15 @@ class EvalContext:
     """What getters of one evaluation share: the desktop, the task id and two directories.
 
     ``work_dir`` is private to this evaluation (files fetched from the desktop, command
-    captures); ``cache_dir`` is the shared read-only file cache (``None``: none).
+    captures); ``cache_dir`` is the shared read-only file cache (``None``: none); ``notes``
+    collects facts about the compared files (:mod:`.file_notes`), recorded on the attempt.
     """
 
     controller: DesktopController
     task_id: str
     work_dir: Path
     cache_dir: Path | None
+    notes: list[str] = field(default_factory=list)
 
 
 Getter = Callable[[EvalContext, dict[str, Any]], Awaitable[Any]]

@@ -18,7 +18,7 @@ from .evaluate import evaluator_parts, evaluator_unsupported
 from .getters import GETTERS
 from .metrics import METRICS
 from .setup import SUPPORTED_STEP_TYPES
-from .sources import find_source, is_internet_url
+from .sources import cache_dir_path, find_source, is_internet_url
 
 BackendName = Literal["local", "osworld", "fake"]
 
@@ -153,7 +153,7 @@ def _source_problem(field: str, url: str, cache_dir: Path | None) -> str:
     where = f"not in the file cache {cache_dir}" if cache_dir else "no file cache given"
     return (
         f"field '{field}': {url} needs the internet ({where}; local desktops never download; "
-        "fix: put the file in the cache directory (--cache-dir) or run the task on the osworld backend)"
+        "fix: fetch it into a file cache with `legato osworld cache TASKS` and pass that cache (--cache-dir), or run the task on the osworld backend)"
     )
 
 
@@ -272,7 +272,7 @@ def task_problems(task: Task, backend: str, *, cache_dir: Path | None = None) ->
 
 
 def preflight(
-    task_set: Iterable[Task], backend: str, *, cache_dir: Path | None = None
+    task_set: Iterable[Task], backend: str, *, cache_dir: Path | str | None = None
 ) -> list[str]:
     """Human-readable problems that make tasks of ``task_set`` unrunnable on ``backend``.
 
@@ -293,6 +293,7 @@ def preflight(
     Raises ``ValueError`` for an unknown ``backend``. Never touches a desktop or the network.
     """
     out: list[str] = []
+    cache_dir = cache_dir_path(cache_dir)
     for index, task in enumerate(task_set):
         prefix = f"tasks[{index}] (task_id {task.task_id!r}): "
         out.extend(prefix + p for p in task_problems(task, backend, cache_dir=cache_dir))

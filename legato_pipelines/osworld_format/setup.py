@@ -34,7 +34,7 @@ from ..errors import DesktopError
 from ..tasks import Task
 from .controller import EXECUTE_TIMEOUT_S, DesktopController
 from .placeholders import placeholder_values, substitute
-from .sources import resolve_source
+from .sources import cache_dir_path, resolve_source
 from .unsupported import UnsupportedStep
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ async def run_setup(
     controller: DesktopController,
     *,
     steps: list[dict] | None = None,
-    cache_dir: Path | None = None,
+    cache_dir: Path | str | None = None,
     work_dir: Path | None = None,
     screen_size: tuple[int, int] = (1280, 720),
     client_password: str = "password",
@@ -109,7 +109,7 @@ async def run_setup(
         controller=controller,
         task_id=task.task_id,
         values=placeholder_values(client_password, screen_size),
-        cache_dir=Path(cache_dir) if cache_dir is not None else None,
+        cache_dir=cache_dir_path(cache_dir),
         work_dir=Path(work_dir) if work_dir is not None else None,
         execute_timeout=execute_timeout,
     )

@@ -9,15 +9,40 @@ OSWorld's host downloads every ``download`` / ``cloud_file`` URL (all on hugging
    ``<uuid5(NAMESPACE_URL, url)>_<basename(dest)>`` (setup downloads) and ``<dest>`` (evaluator
    ``cloud_file``), then the URL's own file name (``basename(urlpath)``);
 3. else :class:`UnsupportedStep` naming the URL (it would need the internet).
+
+``legato osworld cache`` (:mod:`.fetch`) fills a cache ahead of time under OSWorld's names in
+``<cache>/<task_id>/`` (docs/osworld.md §10).
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path, PurePosixPath
+from typing import Any
 from urllib.parse import unquote, urlparse
 
+from ..errors import ConfigError
 from .unsupported import UnsupportedStep
+
+
+def cache_dir_path(value: Any) -> Path | None:
+    """The file cache directory a ``cache_dir`` option names, as a ``Path`` with ``~`` expanded;
+    ``None`` when unset (``None`` or ``""``).
+
+    The option arrives as a ``str`` whatever its spelling (``--desktop-option cache_dir=/c``,
+    ``cache_dir='"/c"'``, JSON in ``LEGATO_BACKEND_OPTIONS``) or as a ``Path``; every consumer
+    (setup, getters, preflight) goes through here, so none of them meets a bare ``str``.
+    Raises ``ConfigError`` naming the option when ``value`` is not a path (a number, a list).
+    """
+    if value is None or value == "":
+        return None
+    if isinstance(value, str | os.PathLike):
+        return Path(value).expanduser()
+    raise ConfigError(
+        f"desktop option 'cache_dir' must be a directory path, got {value!r} "
+        "(fix: --desktop-option cache_dir=/path/to/cache)"
+    )
 
 
 def local_url_path(url: str) -> Path | None:
@@ -91,7 +116,7 @@ def resolve_source(
     )
     raise UnsupportedStep(
         f"{step_type}: {url} needs the internet (not a file:// URL{where}); "
-        "fix: put the file in the cache directory (--cache-dir) or run the task on the osworld backend",
+        "fix: fetch it into a file cache with `legato osworld cache TASKS` and pass that cache (--cache-dir), or run the task on the osworld backend",
         step_type=step_type,
         urls=[url],
     )

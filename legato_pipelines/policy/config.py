@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..versions import check_version_key
 from .key import API_KEY_ENV, policy_api_key
 from .wire import check_extra_body
 
@@ -75,11 +76,7 @@ class PolicyConfig(BaseModel):
     @field_validator("version")
     @classmethod
     def _version(cls, value: str) -> str:
-        if not value or "..." in value or any(ord(c) < 32 for c in value) or "/" in value:
-            raise ValueError(
-                "version must be non-empty, without '/', '...' or control characters (it names a partition)"
-            )
-        return value
+        return check_version_key(value)  # the one rule for version keys (versions.py)
 
     def sampling(self, logprobs_mode: str | None = None) -> dict[str, Any]:
         """The sampling settings a run is collected with (``run.json``'s ``sampling``, each

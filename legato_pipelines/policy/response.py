@@ -29,6 +29,9 @@ class PolicyResponse:
       seconds              wall time of the call including re-tries
       attempts             HTTP requests made (1 + re-tries used)
       timeouts             how many of those hit ``step_timeout``
+      system_fingerprint   the response's ``system_fingerprint`` when the server sent one
+                           (evidence of which weights answered; ``None``: none sent, as vLLM
+                           and SGLang today)
       notes                facts worth keeping: ``token_ids_dropped`` (server refused the field),
                            ``token_ids_ignored`` (asked, none came back), ``length_mismatch``,
                            ``logprob_sentinels: N`` (sentinel logprobs, stored as ``None``)...
@@ -50,6 +53,7 @@ class PolicyResponse:
     attempts: int = 1
     timeouts: int = 0
     notes: list[str] = field(default_factory=list)
+    system_fingerprint: str | None = None
 
     def response_record(self) -> dict[str, Any]:
         """The step's ``response`` object in ``rollouts.jsonl``."""
@@ -63,8 +67,9 @@ class PolicyResponse:
         }
 
     def model_record(self) -> dict[str, Any]:
-        """The step's ``model`` stats object in ``rollouts.jsonl``."""
-        return {
+        """The step's ``model`` stats object in ``rollouts.jsonl`` (``system_fingerprint``
+        only when the server sent one)."""
+        out = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
@@ -74,3 +79,6 @@ class PolicyResponse:
             "token_ids_source": self.token_ids_source,
             "notes": self.notes,
         }
+        if self.system_fingerprint is not None:
+            out["system_fingerprint"] = self.system_fingerprint
+        return out

@@ -626,6 +626,10 @@ class ScriptedPolicyServer:
         )
 
     async def _sglang_model_info(self, request: Request) -> Response:
+        entry = RequestLog(seq=0, path="/get_model_info")
+        self.requests.append(entry)
+        if (err := self._auth(request, entry)) is not None:  # SGLang's --api-key covers it
+            return err
         return Response(
             orjson.dumps(
                 {

@@ -345,6 +345,7 @@ def normalize(
         if len(set(lengths.values())) > 1:
             notes.append("length_mismatch: " + " ".join(f"{k}={v}" for k, v in lengths.items()))
 
+    fingerprint = payload.get("system_fingerprint")  # which weights answered, if it says
     return PolicyResponse(
         content=message.get("content"),
         reasoning=reasoning,
@@ -359,4 +360,5 @@ def normalize(
         prompt_token_ids=prompt_ids,
         reasoning_field=reasoning_field,
         notes=notes,
+        system_fingerprint=fingerprint if isinstance(fingerprint, str) else None,
     )

@@ -11,6 +11,8 @@ LEGATO_POLICY_SERVER       ``policy.load_server`` (auto | vllm | sglang)        
 LEGATO_POLICY_LOAD_KEEP    ``policy.load_keep`` (LoRA adapters kept loaded)       2
 LEGATO_POLICY_WEIGHTS_ROUTE  ``policy.weights_route`` (vLLM full weights)         /update_weights
 LEGATO_POLICY_WEIGHTS_PAYLOAD  ``policy.weights_payload`` (JSON object)           {"model_path": "{checkpoint}"}
+LEGATO_POLICY_LOAD_TIMEOUT ``policy.load_timeout`` (s per load request)           600
+LEGATO_POLICY_LOAD_WAIT    ``policy.load_wait`` (s for the server's weights lock) 3600
 LEGATO_BACKEND             ``desktops.backend``                                   fake
 LEGATO_DESKTOPS            ``desktops.desktops``                                  4
 LEGATO_DESKTOP_URLS        ``desktops.urls`` (space/comma-separated URLs)         none
@@ -21,10 +23,15 @@ LEGATO_CHECKPOINTS         ``checkpoints.directory``, ``policy.checkpoint_root``
 LEGATO_CHECKPOINT_SOURCE   ``checkpoints.source`` (directory | models)            directory
 LEGATO_CHECKPOINT_GLOB     ``checkpoints.pattern``                                step-* / *
 LEGATO_CHECKPOINT_READY    ``checkpoints.ready_marker``                           none
+LEGATO_CHECKPOINT_STABLE_S ``checkpoints.stable_s`` (s; 0: count when complete)   30
 =========================  =====================================================  ==========
 
 String and integer settings that are set become ``EnvVar`` references (resolved when a run
-starts, shown as the variable's name in the UI); unset ones take the default. The code
+starts, shown as the variable's name in the UI); unset ones take the default. Every value is
+checked when the code location loads, so a bad one (``LEGATO_POLICY_SERVER=tgi``,
+``LEGATO_POLICY_LOAD_KEEP=0`` or ``abc``, ``LEGATO_POLICY_WEIGHTS_ROUTE=update_weights``) fails
+loading with a message naming the variable and its valid values, never later inside a run;
+choices are case-insensitive (``LEGATO_POLICY_LOAD=LoRA`` is ``lora``). The code
 location loads without LEGATO_POLICY_URL (the UI, ``dg check defs``), but a run started without
 it fails at once with an error naming the variable (``PolicyResource.api_base``): there is no
 server a run could assume. The task list
@@ -42,6 +49,7 @@ import dagster as dg
 
 from ..errors import ConfigError
 from ..policy.config import API_KEY_ENV
+from ..policy.loading import LoadSpec
 from .checkpoints import CheckpointSourceResource
 from .desktops import DesktopPoolResource
 from .lake import LakeResource
@@ -55,20 +63,60 @@ def _env(name: str, default: Any) -> Any:
     return dg.EnvVar(name) if os.environ.get(name) else default
 
 
-def _env_int(name: str, default: int) -> Any:
-    return dg.EnvVar.int(name) if os.environ.get(name) else default
+def _env_int(name: str, default: int, minimum: int = 0) -> Any:
+    """``EnvVar.int(name)`` when set (checked now: an integer >= ``minimum``, else a
+    ``ConfigError`` naming the variable), else ``default``."""
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise ConfigError(
+            f"{name}={raw!r} is not a whole number >= {minimum} (fix: set {name} to one, or "
+            "unset it for the default)"
+        )
+    return dg.EnvVar.int(name)
+
+
+def _env_float(name: str, default: float, *, zero_ok: bool = False) -> float:
+    """The variable as a number of seconds, > 0 (>= 0 with ``zero_ok``; ``ConfigError``
+    naming the variable otherwise), or ``default`` when unset."""
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = None
+    if value is None or value < 0 or (value == 0 and not zero_ok) or value != value:
+        bound = ">= 0" if zero_ok else "> 0"
+        raise ConfigError(
+            f"{name}={raw!r} is not a number of seconds {bound} (fix: set {name} to one, or "
+            "unset it for the default)"
+        )
+    return value
+
+
+_JSON_EXAMPLES = {
+    "LEGATO_BACKEND_OPTIONS": '{"latency": {"act": 0.1}}',
+    "LEGATO_POLICY_WEIGHTS_PAYLOAD": '{"model_path": "{checkpoint}"}',
+}
 
 
 def _env_json(name: str) -> dict[str, Any]:
     raw = os.environ.get(name)
     if not raw:
         return {}
+    example = _JSON_EXAMPLES.get(name, "{}")
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{name} must be a JSON object ({exc})") from None
+        raise ConfigError(f"{name} must be a JSON object, e.g. '{example}' ({exc})") from None
     if not isinstance(value, dict):
-        raise ConfigError(f'{name} must be a JSON object, e.g. \'{{"latency": {{"act": 0.1}}}}\'')
+        raise ConfigError(f"{name} must be a JSON object, e.g. '{example}'")
     return value
 
 
@@ -80,12 +128,30 @@ def _env_choice(name: str, resource: type[dg.ConfigurableResource], field: str) 
     if not raw:
         return None
     choices = get_args(resource.model_fields[field].annotation)
+    folded = {c.lower(): c for c in choices}
+    if raw.strip().lower() in folded:
+        return folded[raw.strip().lower()]
     if raw not in choices:
         raise ConfigError(
             f"{name}={raw!r} is not a valid {field} (fix: set {name} to one of "
             f"{', '.join(choices)}, or unset it for the default)"
         )
     return raw
+
+
+def _env_route(name: str, default: str) -> Any:
+    """``EnvVar(name)`` when set, checked now as the loader checks it (a path on the server,
+    ``/...``, not a URL); ``ConfigError`` naming the variable otherwise."""
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        LoadSpec.checked(weights_route=raw)
+    except ConfigError as exc:
+        raise ConfigError(
+            str(exc).replace("(fix: --weights-route)", f"(fix: set {name})")
+        ) from None
+    return dg.EnvVar(name)
 
 
 def default_resources() -> dict[str, dg.ConfigurableResource]:
@@ -98,10 +164,12 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:
             load=_env_choice("LEGATO_POLICY_LOAD", PolicyResource, "load") or "none",
             load_server=_env_choice("LEGATO_POLICY_SERVER", PolicyResource, "load_server")
             or "auto",
-            load_keep=_env_int("LEGATO_POLICY_LOAD_KEEP", 2),
-            weights_route=_env("LEGATO_POLICY_WEIGHTS_ROUTE", "/update_weights"),
+            load_keep=_env_int("LEGATO_POLICY_LOAD_KEEP", 2, minimum=1),
+            weights_route=_env_route("LEGATO_POLICY_WEIGHTS_ROUTE", "/update_weights"),
             weights_payload=_env_json("LEGATO_POLICY_WEIGHTS_PAYLOAD")
             or {"model_path": "{checkpoint}"},
+            load_timeout=_env_float("LEGATO_POLICY_LOAD_TIMEOUT", 600.0),
+            load_wait=_env_float("LEGATO_POLICY_LOAD_WAIT", 3600.0, zero_ok=True),
             checkpoint_root=_env("LEGATO_CHECKPOINTS", None),
         ),
         "desktops": DesktopPoolResource(
@@ -118,5 +186,6 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:
             directory=_env("LEGATO_CHECKPOINTS", None),
             pattern=_env("LEGATO_CHECKPOINT_GLOB", None),
             ready_marker=_env("LEGATO_CHECKPOINT_READY", None),
+            stable_s=_env_int("LEGATO_CHECKPOINT_STABLE_S", 30),
         ),
     }

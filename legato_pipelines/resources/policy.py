@@ -36,7 +36,8 @@ class PolicyResource(dg.ConfigurableResource):
     How a version reaches the server (:mod:`legato_pipelines.policy.loading`; ``legato collect
     --load``): ``load`` (``none`` | ``lora`` | ``weights`` | ``external``; LEGATO_POLICY_LOAD),
     ``load_server`` (auto | vllm | sglang), ``load_keep`` [adapters], ``weights_route`` and
-    ``weights_payload`` (a vLLM full-weights route), ``checkpoint_root`` (where a version's
+    ``weights_payload`` (a vLLM full-weights route), ``load_timeout`` [s] per load request,
+    ``load_wait`` [s] a weights run waits for the server's weights lock, ``checkpoint_root`` (where a version's
     folder ``<root>/<version>`` is when the run's ``legato/checkpoint`` tag, set by the
     checkpoint sensor, does not name it; LEGATO_CHECKPOINTS).
     """
@@ -88,6 +89,15 @@ class PolicyResource(dg.ConfigurableResource):
         default_factory=lambda: {"model_path": "{checkpoint}"},
         description="JSON body of weights_route; {checkpoint} and {version} are filled in.",
     )
+    load_timeout: float = Field(
+        default=600.0,
+        description="Seconds one load / unload request may take (LEGATO_POLICY_LOAD_TIMEOUT).",
+    )
+    load_wait: float = Field(
+        default=3600.0,
+        description="Seconds a weights run waits for another run holding the server's weights "
+        "(LEGATO_POLICY_LOAD_WAIT).",
+    )
     checkpoint_root: str | None = Field(
         default=None,
         description="Checkpoints directory: a version's folder is <root>/<version> unless the "
@@ -113,11 +123,14 @@ class PolicyResource(dg.ConfigurableResource):
             extra_body=dict(self.extra_body),
         )
 
-    def load_spec(self, version: str, checkpoint: str | None = None) -> LoadSpec:
+    def load_spec(
+        self, version: str, checkpoint: str | None = None, *, adapter: str | None = None
+    ) -> LoadSpec:
         """The engine's :class:`~legato_pipelines.policy.loading.LoadSpec` for ``version``:
         the checkpoint folder is ``checkpoint`` (the run's ``legato/checkpoint`` tag), else
         ``<checkpoint_root>/<version>`` when that folder exists, else none (``lora`` and
-        ``weights`` then fail naming the setting). Raises ``ConfigError`` for a bad field."""
+        ``weights`` then fail naming the setting); ``adapter`` the version's served name
+        (default: the version). Raises ``ConfigError`` for a bad field."""
         if checkpoint is None and self.checkpoint_root:
             candidate = Path(self.checkpoint_root) / version
             if candidate.is_dir():
@@ -127,8 +140,11 @@ class PolicyResource(dg.ConfigurableResource):
             checkpoint=checkpoint,
             server=self.load_server,
             keep=self.load_keep,
+            adapter=adapter,
             weights_route=self.weights_route,
             weights_payload=dict(self.weights_payload),
+            timeout=self.load_timeout,
+            wait=self.load_wait,
         )
 
     def api_base(self) -> str:

@@ -40,6 +40,7 @@ from ..record import (
     SetupFailure,
     Step,
     StepResponse,
+    UnexpectedWindow,
     encode_prompt_ids,
     valid_reward,
 )
@@ -97,8 +98,30 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
     desktop. Any other exception that is not the project's own does the same with error type
     ``unexpected`` (:func:`unexpected`). A ``PolicyError`` gives ``error`` kind ``policy``.
     ``PolicyConfigError`` propagates; cancellation (``asyncio.CancelledError``) propagates.
+    What the desktop did on its own around the reset (``desktop.reset_facts``: a keyboard
+    layout restored, unexpected windows closed before the policy's first action) goes into
+    ``record.reset``, however the execution ended.
     """
     record = base_record(ctx, ex, desktop.name)
+    try:
+        return await _run(ctx, ex, desktop, record)
+    finally:
+        _add_reset_facts(record, desktop)
+
+
+def _add_reset_facts(record: Record, desktop: Desktop) -> None:
+    facts = getattr(desktop, "reset_facts", None) or {}
+    if record.reset is None or not facts:
+        return
+    if facts.get("keyboard_restored"):
+        record.reset.keyboard_restored = str(facts["keyboard_restored"])
+    if facts.get("unexpected_windows"):
+        record.reset.unexpected_windows = [
+            UnexpectedWindow(**w) for w in facts["unexpected_windows"]
+        ]
+
+
+async def _run(ctx: AttemptContext, ex: Execution, desktop: Desktop, record: Record) -> Record:
     timing = record.timing
     start = time.time()
     record.started_at = start
@@ -193,8 +216,10 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
                     continue
                 done = ActionRecord(**action.to_record())
                 t = time.perf_counter()
-                await desktop.act(action)
+                facts = await desktop.act(action)
                 done.act_s = time.perf_counter() - t
+                if facts and facts.get("not_typed"):  # text that did not reach the desktop
+                    done.not_typed = str(facts["not_typed"])
                 timing.act_s += done.act_s
                 wait = await desktop.wait_after_action(action)
                 done.wait_s = wait.wait_s
@@ -265,6 +290,8 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
         return _desktop_failure(ctx, record, ex, exc, phase, start, t0)
     record.reward = float(evaluation.reward)
     record.eval_error = evaluation.error
+    if evaluation.notes:  # what explains the grade (uncached formulas, ...): facts, not a change
+        record.eval_notes = list(evaluation.notes)
     record.status = fmt.SURPLUS if group.closed else status
     return _close(record, start, t0)
 

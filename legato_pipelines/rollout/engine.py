@@ -20,9 +20,16 @@ from typing import Any
 
 from ..desktops import open_desktops
 from ..desktops.base import Desktop, DesktopConfig
-from ..errors import DesktopError, PolicyConfigError, TaskListError
+from ..errors import DesktopError, LoadError, PolicyConfigError, TaskListError
 from ..policy.config import PolicyConfig
-from ..policy.loading import LoadSpec, load_version, plan_load
+from ..policy.loading import (
+    LoadSpec,
+    adapter_gone,
+    load_version,
+    plan_load,
+    release,
+    verify_served,
+)
 from ..record import ENV, ERROR, FORMAT, RETRIED, SKIPPED, ErrorInfo, PolicyRef, Record, as_records
 from ..store.rundir import RunWriter, read_records
 from ..tasks import TaskSet, load_tasks
@@ -152,82 +159,98 @@ async def collect_async(
         per_group=per_group,
         seed=seed,
     )
-    owned = desktop_pool is None
-    pool: list[Desktop] = []
-    async with contextlib.AsyncExitStack() as stack:
-        stack.enter_context(young_gc_threshold())
-        client = await stack.enter_async_context(
-            PolicyClient(
-                policy, max_inflight=settings.max_inflight or len(desktop_pool or []) or desktops
-            )
-        )
-        if peek.pending() and plan is not None:
-            # the version's weights into the server (or verified there), before any desktop
-            await load_version(plan)
-            meta["checkpoint"] = plan.meta()
-        if peek.pending() and check_policy:
-            # a wrong URL or model fails here, in seconds, writing nothing
-            if plan is None or plan.listed_model == policy.model:
-                await client.check()
-            elif plan.listed_model not in await client.list_models():
-                raise PolicyConfigError(
-                    f"model {plan.listed_model!r} is not served at {policy.api_base} (fix: --model)"
+    try:
+        owned = desktop_pool is None
+        pool: list[Desktop] = []
+        async with contextlib.AsyncExitStack() as stack:
+            stack.enter_context(young_gc_threshold())
+            client = await stack.enter_async_context(
+                PolicyClient(
+                    policy,
+                    max_inflight=settings.max_inflight or len(desktop_pool or []) or desktops,
                 )
-            if client.logprobs_mode:  # the server reported it: that is what the logprobs are
-                meta["sampling"] = policy.sampling(client.logprobs_mode)
-                writer.check(meta)
-        # takes the run directory's lock; cuts a torn last line
-        previous = as_records(writer.open(meta))
-        started, prior_wall_s = time.time(), writer.previous_wall_s()
-        sched = Scheduler()
-        _plan(sched, task_set, previous, group=group, per_group=per_group, seed=seed)
-        records: list[Record] = list(previous)
-
-        def emit(record: Record) -> None:
-            if collected_by is not None:
-                record.collected_by = collected_by
-            line = record.to_json_dict()
-            writer.append(line)
-            records.append(record)
-            if on_record is not None:
-                on_record(line)
-
-        try:
-            ctx = AttemptContext(
-                policy=client,
-                harness=harness_obj,
-                writer=writer,
-                policy_info=policy_info,
-                task_set=task_set.task_set,
-                max_steps=settings.max_steps,
-                rollout_timeout=settings.rollout_timeout,
-                eval_timeout=desktop.eval_timeout,
-                env_retries=settings.env_retries,
             )
-            if sched.pending():
-                pool = (
-                    desktop_pool
-                    if desktop_pool is not None
-                    else await open_desktops(desktop, min(desktops, sched.pending()))
+            if peek.pending() and plan is not None:
+                # the version's weights into the server (or verified there), before any desktop
+                await load_version(plan)
+                meta["checkpoint"] = plan.meta()
+            if peek.pending() and check_policy:
+                # a wrong URL or model fails here, in seconds, writing nothing
+                if plan is None or plan.listed_model == policy.model:
+                    await client.check()
+                elif plan.listed_model not in await client.list_models():
+                    raise PolicyConfigError(
+                        f"model {plan.listed_model!r} is not served at {policy.api_base} (fix: --model)"
+                    )
+                if client.logprobs_mode:  # the server reported it: that is what the logprobs are
+                    meta["sampling"] = policy.sampling(client.logprobs_mode)
+                    writer.check(meta)
+            # takes the run directory's lock; cuts a torn last line
+            previous = as_records(writer.open(meta))
+            started, prior_wall_s = time.time(), writer.previous_wall_s()
+            sched = Scheduler()
+            _plan(sched, task_set, previous, group=group, per_group=per_group, seed=seed)
+            records: list[Record] = list(previous)
+
+            def emit(record: Record) -> None:
+                if collected_by is not None:
+                    record.collected_by = collected_by
+                line = record.to_json_dict()
+                writer.append(line)
+                records.append(record)
+                if on_record is not None:
+                    on_record(line)
+
+            try:
+                ctx = AttemptContext(
+                    policy=client,
+                    harness=harness_obj,
+                    writer=writer,
+                    policy_info=policy_info,
+                    task_set=task_set.task_set,
+                    max_steps=settings.max_steps,
+                    rollout_timeout=settings.rollout_timeout,
+                    eval_timeout=desktop.eval_timeout,
+                    env_retries=settings.env_retries,
                 )
-                await _run_workers(ctx, sched, pool, emit)
-        finally:
-            if owned:
-                await asyncio.gather(*(d.close() for d in pool), return_exceptions=True)
-            wall_s = prior_wall_s + (time.time() - started)
-            summary = summarize(records, meta, wall_s=wall_s, groups=sched.groups)
-            writer.write_summary(summary)
-            writer.close()
-    return summary
+                if sched.pending():
+                    pool = (
+                        desktop_pool
+                        if desktop_pool is not None
+                        else await open_desktops(desktop, min(desktops, sched.pending()))
+                    )
+                    try:
+                        await _run_workers(ctx, sched, pool, emit)
+                    except PolicyConfigError as exc:
+                        gone = (
+                            await adapter_gone(plan)
+                            if plan is not None and exc.status_code == 404
+                            else None
+                        )
+                        if gone is None:
+                            raise
+                        raise LoadError(gone) from exc
+                    if plan is not None:
+                        await _verify_after(plan, writer)
+            finally:
+                if owned:
+                    await asyncio.gather(*(d.close() for d in pool), return_exceptions=True)
+                wall_s = prior_wall_s + (time.time() - started)
+                summary = summarize(records, meta, wall_s=wall_s, groups=sched.groups)
+                writer.write_summary(summary)
+                writer.close()
+        return summary
+    finally:
+        release(plan)  # the server's weights lock, adapter leases: the next run may load
 
 
 GC_YOUNG_THRESHOLD = 10_000
 """Net new container objects between two young garbage collections while a batch runs
 (Python's default: 700). Every step leaves ~70 long-lived objects (its record's lists and
-models, the prompt's messages) and a collection costs ~2 us per object it scans, so with
-~1,000 rollouts in flight the default spent a fifth of the collector's CPU in the collector
-of cycles (BENCHMARKS.md, issue 18); the run makes almost no cyclic garbage (the HTTP
-clients break httpx's response cycle), so collecting less often frees nothing later."""
+models, the prompt's messages, the prompt ids) and a collection costs ~2 us per object it
+scans, so with ~1,000 rollouts in flight the default spent a fifth of the collector's CPU in
+the collector of cycles (BENCHMARKS.md, issue 18); the run makes almost no cyclic garbage (the
+HTTP clients break httpx's response cycle), so collecting less often frees nothing later."""
 
 
 @contextlib.contextmanager
@@ -241,6 +264,17 @@ def young_gc_threshold(threshold: int = GC_YOUNG_THRESHOLD):
         yield
     finally:
         gc.set_threshold(*before)
+
+
+async def _verify_after(plan, writer: RunWriter) -> None:
+    """After collecting: the server still serves what was proven (``run.json``'s
+    ``checkpoint.after``); raises ``LoadError`` when it serves other weights now."""
+    try:
+        after = await verify_served(plan)
+    except LoadError as exc:
+        writer.update_meta("checkpoint", {**plan.meta(), "after": {"changed": str(exc)}})
+        raise
+    writer.update_meta("checkpoint", {**plan.meta(), "after": after})
 
 
 async def _run_workers(ctx: AttemptContext, sched: Scheduler, pool: list[Desktop], emit) -> None:

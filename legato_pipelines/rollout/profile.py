@@ -38,8 +38,16 @@ def summarize(
     with ``PolicyTimeout``); ``prefix_cache_hit_rate`` is cached / prompt tokens over
     the calls that reported cached tokens (``None`` when none did); ``logprobs_share`` /
     ``token_ids_share`` are shares of steps whose response carried them; ``ready_timeouts`` counts
-    the actions whose ready wait hit its cap (:func:`ready_timeouts`); ``eval_errors`` counts
-    graded attempts whose evaluator failed (scored 0 with the reason in ``eval_error``). ``missing`` is the
+    the actions whose ready wait hit its cap (:func:`ready_timeouts`); ``not_typed_actions``
+    counts ``type`` actions whose text did not all reach the desktop (``not_typed`` on the
+    action: characters the desktop could not type); ``eval_errors`` counts
+    graded attempts whose evaluator failed (scored 0 with the reason in ``eval_error``);
+    ``keyboard_restores`` counts resets that restored a keyboard layout an earlier attempt had
+    switched (:func:`_keyboard_restores`); ``unexpected_windows`` counts attempts whose desktop
+    closed a window nobody asked for before the policy's first action
+    (:func:`_unexpected_windows`); ``eval_notes`` counts graded attempts whose evaluator
+    noted a fact about the compared files
+    (:func:`_eval_notes`; the reward is OSWorld's, unchanged). ``missing`` is the
     number of logical attempts without a final record (0 after a complete batch), so
     ``records == scheduled - missing + retries``. ``sampling`` is ``run.json``'s sampling
     settings; ``quality`` is :func:`quality`.
@@ -129,8 +137,12 @@ def summarize(
         "token_ids_share": _share(steps, "token_ids"),
         "parse_errors": sum(1 for s in steps if s.parse_error),
         "ready_timeouts": ready_timeouts(steps),
+        "not_typed_actions": sum(1 for s in steps for a in s.actions or () if a.not_typed),
         "eval_errors": sum(1 for r in final if r.eval_error),
         "setup_failures": _setup_failures(records),
+        "keyboard_restores": _keyboard_restores(records),
+        "unexpected_windows": _unexpected_windows(records),
+        "eval_notes": _eval_notes(records),
         "desktops": desktop_health(records),
         "sampling": meta.get("sampling"),
         "quality": quality(records, steps, knobs, meta.get("sampling") or {}),
@@ -270,6 +282,45 @@ def _setup_failures(records: list[Record]) -> dict[str, Any]:
         for f in failures:
             by_step[f"{r.task_id} step {f.step} ({f.type})"] += 1
     return {"attempts": attempts, "by_step": dict(by_step.most_common())}
+
+
+def _keyboard_restores(records: list[Record]) -> dict[str, Any]:
+    """Attempts whose reset found the keyboard layout changed by an earlier attempt and restored
+    the desktop's own (``reset.keyboard_restored``): how many, and the count per change
+    (``{"attempts", "by_change"}``, e.g. ``{"layout de -> us": 2}``)."""
+    changes = Counter(
+        r.reset.keyboard_restored for r in records if r.reset and r.reset.keyboard_restored
+    )
+    return {"attempts": sum(changes.values()), "by_change": dict(changes.most_common())}
+
+
+def _unexpected_windows(records: list[Record]) -> dict[str, Any]:
+    """Attempts on whose desktop a window nobody asked for appeared after the reset and before
+    the policy's first action, and was closed (``reset.unexpected_windows``): how many, and
+    the count per window and outcome (``{"attempts", "by_window"}``, e.g.
+    ``{"XTerm 'Updates' (closed)": 2}``). A fact of the desktop, never the policy's failure."""
+    by_window: Counter = Counter()
+    attempts = 0
+    for r in records:
+        windows = (r.reset.unexpected_windows if r.reset is not None else None) or []
+        if windows:
+            attempts += 1
+        for w in windows:
+            by_window[f"{w.wm_class} {w.title!r} ({w.outcome})"] += 1
+    return {"attempts": attempts, "by_window": dict(by_window.most_common())}
+
+
+def _eval_notes(records: list[Record]) -> dict[str, Any]:
+    """Graded attempts whose evaluator noted a fact about what it compared (``eval_notes``,
+    e.g. an xlsx whose formulas hold no cached values): how many, and the notes per kind (the
+    text before ``": "``) as ``{"attempts", "by_kind"}``."""
+    by_kind: Counter = Counter()
+    attempts = 0
+    for r in records:
+        if r.final and r.eval_notes:
+            attempts += 1
+            by_kind.update(str(n).partition(": ")[0] for n in r.eval_notes)
+    return {"attempts": attempts, "by_kind": dict(by_kind.most_common())}
 
 
 def _share(steps: list[Step], key: str) -> float | None:

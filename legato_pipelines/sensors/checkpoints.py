@@ -1,18 +1,26 @@
 """``checkpoint_sensor``: a new policy version appears -> add its partition, run ``collect_job``.
 
 Each evaluation asks the checkpoint source once (a directory listing, or one ``/v1/models``
-call), compares with the cursor (the JSON list of versions already requested) and, for every
-new version, adds the ``policy_version`` partition (when it does not exist yet) and requests
-one run with ``run_key=<version>``. The cursor and the run key both make a version run once:
-a second evaluation requests nothing, and Dagster drops a repeated run key even if the cursor
-was reset. Versions are requested oldest first; at most ``MAX_PER_TICK`` per evaluation (the
-rest on the next ones), so a directory of 1,000 old checkpoints never floods the queue at once.
+call), compares with the cursor and, for every new version, adds the ``policy_version``
+partition (when it does not exist yet) and requests one run with ``run_key=<version>``. The
+cursor and the run key both make a version run once: a second evaluation requests nothing, and
+Dagster drops a repeated run key even if the cursor was reset. Versions are requested oldest
+first; at most ``MAX_PER_TICK`` per evaluation (the rest on the next ones), so a directory of
+1,000 old checkpoints never floods the queue at once.
 
-Folders that match but are not ready (no ready marker yet, or incomplete: a file still
-being written, an index naming missing shards) are named in the skip reason ("waiting: step-3
-(no READY marker yet)") and requested once they are ready. Each run carries the version's
-folder as tag ``legato/checkpoint``: ``rollout_batch`` loads it into the server (the policy
-resource's ``load``) before any desktop starts.
+The cursor is JSON ``{"requested": [versions], "sizes": {folder: size signature}}`` (a bare
+list, the older form, is read as ``requested``): ``sizes`` holds the complete folders whose
+files were still changing, so a folder counts once its sizes are the same on two ticks in a
+row (:mod:`legato_pipelines.resources.checkpoints`: a folder whose files all changed longer
+ago than ``stable_s`` counts at once).
+
+Folders that match but do not count yet (no ready marker, incomplete: a file still being
+written, an index naming missing shards; sizes not yet stable) are named in the skip reason
+("waiting: step-3 (no READY marker yet)") and requested once they count. A folder or model id
+that cannot be a version key (``step-5_lr=3e-6``) is skipped with its reason and the key to
+rename it to ("skipped: ..."), every tick, while the other versions go on. Each run carries the
+version's folder as tag ``legato/checkpoint``: ``rollout_batch`` loads it into the server (the
+policy resource's ``load``) before any desktop starts.
 """
 
 import json
@@ -28,26 +36,38 @@ MINIMUM_INTERVAL_S = 30
 MAX_WAITING_SHOWN = 5
 
 
-def _cursor(raw: str | None) -> set[str]:
+def _cursor(raw: str | None) -> tuple[set[str], dict[str, str]]:
+    """``(requested versions, sizes)`` from the cursor; nothing from a missing or bad one."""
     if not raw:
-        return set()
+        return set(), {}
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:
-        return set()
-    return set(value) if isinstance(value, list) else set()
-
-
-def _waiting(waiting: list[tuple[str, str]]) -> str:
-    """``"waiting: step-3 (no READY marker yet), step-4 (still being written (x.tmp))"`` (at most
-    :data:`MAX_WAITING_SHOWN` named), or ``""`` when nothing waits."""
-    if not waiting:
-        return ""
-    shown = ", ".join(f"{name} ({why})" for name, why in waiting[:MAX_WAITING_SHOWN])
-    more = (
-        f" and {len(waiting) - MAX_WAITING_SHOWN} more" if len(waiting) > MAX_WAITING_SHOWN else ""
+        return set(), {}
+    if isinstance(value, list):  # the older cursor: the requested versions only
+        return {v for v in value if isinstance(v, str)}, {}
+    if not isinstance(value, dict):
+        return set(), {}
+    requested = value.get("requested")
+    sizes = value.get("sizes")
+    return (
+        {v for v in requested if isinstance(v, str)} if isinstance(requested, list) else set(),
+        {k: v for k, v in sizes.items() if isinstance(v, str)} if isinstance(sizes, dict) else {},
     )
-    return f"waiting: {shown}{more}"
+
+
+def _dump(requested: set[str], sizes: dict[str, str]) -> str:
+    return json.dumps({"requested": sorted(requested), "sizes": dict(sorted(sizes.items()))})
+
+
+def _named(label: str, items: list[tuple[str, str]]) -> str:
+    """``"<label>: step-3 (no READY marker yet), step-4 (...)"`` (at most
+    :data:`MAX_WAITING_SHOWN` named), or ``""`` when there are none."""
+    if not items:
+        return ""
+    shown = ", ".join(f"{name} ({why})" for name, why in items[:MAX_WAITING_SHOWN])
+    more = f" and {len(items) - MAX_WAITING_SHOWN} more" if len(items) > MAX_WAITING_SHOWN else ""
+    return f"{label}: {shown}{more}"
 
 
 @dg.sensor(
@@ -61,21 +81,27 @@ def checkpoint_sensor(
     checkpoints: CheckpointSourceResource,
     policy: PolicyResource,
 ) -> dg.SensorResult | dg.SkipReason:
-    seen = _cursor(context.cursor)
+    seen, sizes = _cursor(context.cursor)
     try:
-        found, waiting = checkpoints.scan(policy, known=seen)
+        scan = checkpoints.scan(policy, known=seen, sizes=sizes)
     except FileNotFoundError:
         return dg.SkipReason(f"checkpoints directory {checkpoints.directory!r} does not exist yet")
     except ValueError as exc:  # not configured (no LEGATO_CHECKPOINTS): say so on every tick
         return dg.SkipReason(str(exc))
+    found = scan.ready
     new = [c for c in found if c.version not in seen][:MAX_PER_TICK]
-    waiting_text = _waiting(waiting)
+    notes = "; ".join(
+        text for text in (_named("waiting", scan.waiting), _named("skipped", scan.refused)) if text
+    )
     if not new:
-        if waiting_text:
-            return dg.SkipReason(f"{waiting_text} ({len(found)} known)")
-        return dg.SkipReason(f"no new policy version ({len(found)} known)")
-    if waiting_text:
-        context.log.info(waiting_text)
+        reason = f"{notes or 'no new policy version'} ({len(found)} known)"
+        if scan.sizes != sizes:  # sizes recorded: the next tick compares with them
+            return dg.SensorResult(skip_reason=reason, cursor=_dump(seen, scan.sizes))
+        return dg.SkipReason(reason)
+    if scan.waiting:
+        context.log.info(_named("waiting", scan.waiting))
+    if scan.refused:
+        context.log.warning(_named("skipped", scan.refused))
     existing = set(context.instance.get_dynamic_partitions(policy_versions.name))
     to_add = [c.version for c in new if c.version not in existing]
     requests = []
@@ -93,8 +119,9 @@ def checkpoint_sensor(
             )
         )
     context.log.info(f"new policy versions: {', '.join(c.version for c in new)}")
+    requested = seen | {c.version for c in new}
     return dg.SensorResult(
         run_requests=requests,
         dynamic_partitions_requests=[policy_versions.build_add_request(to_add)] if to_add else [],
-        cursor=json.dumps(sorted(seen | {c.version for c in new})),
+        cursor=_dump(requested, {k: v for k, v in scan.sizes.items() if k not in requested}),
     )

@@ -7,8 +7,9 @@ Every row says what a trainer must know before trusting its numbers (:func:`step
 ``completion_tokens`` disagree), ``logprob_sentinels`` (logprobs the server clamped or sent
 non-finite: stored as null, never as a number), ``logprobs_valid`` (all of it fine: one
 ``WHERE logprobs_valid`` keeps what an importance ratio can use) and ``reward_valid``; the
-exact prompt ids the server saw (``prompt_token_ids``, when it returned them) and the
-sampling settings of the run (lineage).
+exact prompt ids the server saw (``prompt_token_ids``, when it returned them), the
+sampling settings of the run and its weights (``served_model``, ``checkpoint_path``,
+``checkpoint_fingerprint``, ``load_mode``, ``load_proof``: lineage).
 """
 
 from __future__ import annotations
@@ -72,9 +73,24 @@ def sample_schema() -> pa.Schema:
             ("max_tokens", pa.int64()),
             ("sampling_seed", pa.int64()),
             ("logprobs_mode", pa.string()),
+            # the weights (run.json's checkpoint entry; store/lake_tables.py: load_proof 'none'
+            # means checkpoint_path / checkpoint_fingerprint were not shown to be served)
+            ("served_model", pa.string()),
+            ("checkpoint_path", pa.string()),
+            ("checkpoint_fingerprint", pa.string()),
+            ("load_mode", pa.string()),
+            ("load_proof", pa.string()),
         ]
     )
 
+
+WEIGHTS_COLUMNS = (
+    "served_model",
+    "checkpoint_path",
+    "checkpoint_fingerprint",
+    "load_mode",
+    "load_proof",
+)
 
 SAMPLING_COLUMNS = {
     "temperature": "temperature",
@@ -203,6 +219,7 @@ def export_steps(run_dir: str | Path, *, inline_images: bool = False) -> pa.Tabl
     """
     meta = read_meta(run_dir)  # raises ConfigError when run_dir is not a run directory
     sampling = meta.get("sampling") or {}
+    weights = run_weights(meta)
     records = read_typed_records(run_dir)
     advantages = group_advantages(records)
     import pyarrow as pa
@@ -242,7 +259,24 @@ def export_steps(run_dir: str | Path, *, inline_images: bool = False) -> pa.Tabl
             rows["reward_valid"].append(True)
             for column, key in SAMPLING_COLUMNS.items():
                 rows[column].append(sampling.get(key))
+            for column in WEIGHTS_COLUMNS:
+                rows[column].append(weights[column])
     return pa.Table.from_pydict(rows, schema=schema)
+
+
+def run_weights(meta: Mapping[str, Any]) -> dict[str, str | None]:
+    """The weights columns of a run (``run.json``'s ``checkpoint`` entry; the lake's lineage
+    reads the same, :class:`~.lake_tables.Lineage`)."""
+    served = meta.get("checkpoint") or {}
+    load = served.get("load")
+    return {
+        "served_model": served.get("served_model") or (meta.get("policy") or {}).get("model"),
+        "checkpoint_path": served.get("path"),
+        "checkpoint_fingerprint": served.get("fingerprint"),
+        "load_mode": load,
+        "load_proof": (served.get("proof") or {}).get("kind")
+        or ("none" if load == "none" else None),
+    }
 
 
 def _messages_json(run_dir, shas: list[str], inline: bool, cache: dict[str, str]) -> str:

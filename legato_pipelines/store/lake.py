@@ -7,7 +7,12 @@ Layout under the lake root (docs/architecture.md §7)::
     <lake>/samples/policy_version=<key>/part-0.parquet
     <lake>/profile/policy_version=<key>/part-0.parquet
     <lake>/runs/policy_version=<key>/      the run directory of that version's collection
+    <lake>/charts/policy_version=<key>/    that version's PNG charts (profile_summary's)
     <lake>/legato.duckdb                   views rollouts, steps, samples, profile, time_share
+
+A table's directory holds Parquet files and nothing else (temp files start with ``.``, which
+pyarrow, pandas and DuckDB's ``*.parquet`` glob all skip), so ``ds.dataset("<lake>/profile",
+partitioning="hive")`` and ``pd.read_parquet`` read any table folder as it is.
 
 Parquet is the storage; DuckDB is only the read layer. DuckDB allows one writer process per
 database file, so nothing ever writes into ``legato.duckdb`` in place: the views are built in
@@ -15,7 +20,13 @@ a temp file under an exclusive lock (``<lake>/.legato.duckdb.lock``, ``fcntl.flo
 moved over the old file with ``os.replace``. Two partitions materializing at once therefore
 never collide, and readers open the file ``read_only=True`` (:meth:`Lake.connect`) while it
 is being replaced. The views read ``<lake>/<table>/*/*.parquet``, so a partition written
-after the views were built shows up without a rebuild.
+after the views were built shows up without a rebuild. They take ``policy_version`` from the
+files (every partition file carries it, :meth:`Lake.write` checks), not from folder names, so
+a folder whose name is no valid key (one written before keys were checked:
+``policy_version=step-5_lr=3e-6``, which DuckDB's hive partitioning refuses for every table)
+never breaks the views of the other versions; :meth:`Lake.versions` leaves such a folder out.
+Keys are checked by :func:`~legato_pipelines.versions.check_version_key` wherever a path is
+made from one.
 
 Every Parquet write is atomic too: a temp file in the partition directory, then
 ``os.replace``; a reader sees the old partition or the new one, never half of one.
@@ -50,7 +61,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import ConfigError
-from ..versions import sort_versions
+from ..versions import check_version_key, sort_versions
 
 TABLES = ("rollouts", "steps", "samples", "profile")
 """The lake's tables; each is a directory of ``policy_version=<key>`` partitions and a view."""
@@ -60,6 +71,7 @@ DUCKDB_FILE = "legato.duckdb"
 LOCK_FILE = ".legato.duckdb.lock"
 PART_FILE = "part-0.parquet"
 RUNS_DIR = "runs"
+CHARTS_DIR = "charts"
 RECORDS_FILE = "rollouts.jsonl"
 CACHE_ENV = "LEGATO_LAKE_CACHE"
 OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "az", "abfss"})
@@ -75,26 +87,12 @@ _EXTRA_VIEWS = {
 }
 
 
-def check_partition_key(key: str) -> str:
-    """Return ``key`` if it can name a partition directory and a Dagster dynamic partition.
-
-    Raises :class:`~legato_pipelines.errors.ConfigError` for an empty key, ``/`` or ``\\``,
-    ``...`` (Dagster forbids it), ``.``/``..``, or control characters.
-    """
-    if (
-        not isinstance(key, str)
-        or not key
-        or key in (".", "..")
-        or "/" in key
-        or "\\" in key
-        or "..." in key
-        or any(ord(c) < 32 for c in key)
-    ):
-        raise ConfigError(
-            f"policy_version {key!r}: a partition key must be non-empty, without '/', '\\', '...' "
-            "or control characters (e.g. 'step-7')"
-        )
-    return key
+def _valid_key(name: str) -> bool:
+    try:
+        check_version_key(name)
+    except ConfigError:
+        return False
+    return True
 
 
 def is_url(root: str | Path) -> bool:
@@ -170,11 +168,11 @@ class Lake:
 
         Collecting the same version again resumes it (the engine's resume rule). For a URL
         lake this is the local staging copy in :attr:`cache_dir` (see :meth:`pull_run`)."""
-        return self.cache_dir / RUNS_DIR / f"{PARTITION_COLUMN}={check_partition_key(version)}"
+        return self.cache_dir / RUNS_DIR / f"{PARTITION_COLUMN}={check_version_key(version)}"
 
     def run_location(self, version: str) -> Path | str:
         """Where ``version``'s run directory is kept: :meth:`run_dir`, or its URL in the lake."""
-        return self._join(RUNS_DIR, f"{PARTITION_COLUMN}={check_partition_key(version)}")
+        return self._join(RUNS_DIR, f"{PARTITION_COLUMN}={check_version_key(version)}")
 
     def pull_run(self, version: str) -> Path:
         """The local run directory of ``version``, brought up to date from a URL lake: the
@@ -229,7 +227,7 @@ class Lake:
         """``<lake>/<table>/policy_version=<key>``; ``ConfigError`` for an unknown table."""
         if table not in TABLES:
             raise ConfigError(f"lake: unknown table {table!r} (one of {', '.join(TABLES)})")
-        return self._join(table, f"{PARTITION_COLUMN}={check_partition_key(version)}")
+        return self._join(table, f"{PARTITION_COLUMN}={check_version_key(version)}")
 
     def partition_file(self, table: str, version: str) -> Path | str:
         if self.fs is not None:
@@ -238,20 +236,23 @@ class Lake:
 
     def versions(self, table: str) -> list[str]:
         """Policy versions with a written partition of ``table``, in training order
-        (:func:`~legato_pipelines.versions.sort_versions`: ``step-50`` before ``step-100``)."""
+        (:func:`~legato_pipelines.versions.sort_versions`: ``step-50`` before ``step-100``).
+        A folder whose name is no valid version key is left out (module doc)."""
         prefix = f"{PARTITION_COLUMN}="
         if self.fs is not None:
             self.fs.invalidate_cache()  # other hosts write here too: no stale listings
             found = self.fs.glob(f"{self._join(table)}/{prefix}*/{PART_FILE}")
-            return sort_versions(p.rstrip("/").split("/")[-2][len(prefix) :] for p in found)
-        base = self.root / table
-        if not base.is_dir():
-            return []
-        return sort_versions(
-            p.name[len(prefix) :]
-            for p in base.iterdir()
-            if p.name.startswith(prefix) and (p / PART_FILE).is_file()
-        )
+            names = [p.rstrip("/").split("/")[-2][len(prefix) :] for p in found]
+        else:
+            base = self.root / table
+            if not base.is_dir():
+                return []
+            names = [
+                p.name[len(prefix) :]
+                for p in base.iterdir()
+                if p.name.startswith(prefix) and (p / PART_FILE).is_file()
+            ]
+        return sort_versions(name for name in names if _valid_key(name))
 
     def write(self, table: str, version: str, data: pa.Table) -> Path | str:
         """Write one partition atomically (temp file, then ``os.replace``; on an object store
@@ -269,22 +270,44 @@ class Lake:
             )
         target = self.partition_file(table, version)
         if self.fs is not None:
-            return self._write_remote(target, data)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-        try:
-            pq.write_table(data, tmp, compression="zstd")
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return target
+            written = self._write_remote(target, data)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+            try:
+                pq.write_table(data, tmp, compression="zstd")
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
+            written = target
+        self._move_old_charts(table, version)
+        return written
 
-    def write_file(self, table: str, version: str, name: str, data: bytes) -> Path | str:
-        """Write a side file (a chart, ``name`` without ``/``) into a partition's directory,
-        atomically like :meth:`write`; return its path. Views read only ``*.parquet``."""
-        if not name or "/" in name or name.endswith(".parquet"):
-            raise ValueError(f"lake.write_file: {name!r} must be a plain, non-Parquet file name")
-        directory = self.partition_dir(table, version)
+    def _move_old_charts(self, table: str, version: str) -> None:
+        """Lakes written before charts had their own folder kept them in the partition's
+        directory, where they break every Parquet reader of the table: move them out."""
+        directory, charts = self.partition_dir(table, version), self.chart_dir(version)
+        if self.fs is not None:
+            for path in self.fs.glob(f"{directory}/*.png"):
+                self.fs.mv(path, f"{charts}/{path.rsplit('/', 1)[-1]}")
+            return
+        for path in directory.glob("*.png"):
+            charts.mkdir(parents=True, exist_ok=True)
+            os.replace(path, charts / path.name)
+
+    def chart_dir(self, version: str) -> Path | str:
+        """``<lake>/charts/policy_version=<key>``: where :meth:`write_chart` puts ``version``'s
+        charts, outside every table's directory."""
+        return self._join(CHARTS_DIR, f"{PARTITION_COLUMN}={check_version_key(version)}")
+
+    def write_chart(self, version: str, name: str, data: bytes) -> Path | str:
+        """Write one chart of ``version`` (PNG bytes; ``name`` a plain file name such as
+        ``time_share.png``) into :meth:`chart_dir`, atomically like :meth:`write`; return its
+        path (a URL string for a URL lake). ``ValueError`` for a name with ``/`` or a
+        ``.parquet`` name (tables are written with :meth:`write`)."""
+        if not name or "/" in name or name.startswith(".") or name.endswith(".parquet"):
+            raise ValueError(f"lake.write_chart: {name!r} must be a plain, non-Parquet file name")
+        directory = self.chart_dir(version)
         if self.fs is not None:
             target = f"{directory}/{name}"
             self.fs.pipe_file(target, data)  # one PUT: atomic on object stores
@@ -352,9 +375,9 @@ class Lake:
                 continue
             pattern = str(self._join(table, "*", "*.parquet")).replace("'", "''")
             statements[table] = (
+                # policy_version comes from the files, never from folder names (module doc)
                 f"CREATE VIEW {table} AS SELECT * FROM read_parquet('{pattern}', "
-                f"hive_partitioning = true, hive_types = {{'{PARTITION_COLUMN}': VARCHAR}}, "
-                "union_by_name = true)"
+                "hive_partitioning = false, union_by_name = true)"
             )
         for name, (needs, select) in _EXTRA_VIEWS.items():
             if needs in statements:

@@ -12,7 +12,12 @@ Four tables, one Parquet partition per policy version each (docs/architecture.md
 Every row carries its lineage: ``policy_version``, ``task_set``, ``run_id`` (the Dagster run
 that materialized the partition's collection last), ``served_model`` (the model id the batch
 called), ``checkpoint_path`` and ``checkpoint_fingerprint`` (the version's folder and its
-fingerprint, null when the batch had none) and ``rollout_id`` (``profile`` rows have no
+fingerprint, null when the batch had none), ``load_mode`` (``none`` | ``lora`` | ``weights`` |
+``external``; null for a run from before loading existed) and ``load_proof`` (what showed the
+server served that folder: ``models_listing``, ``loaded_adapters``, ``model_path``,
+``route_reported_path``, ``route_answer``, ``load_answer``; ``none`` under load ``none``, where
+``checkpoint_path`` and ``checkpoint_fingerprint`` are what the run was told, not what the
+server was shown to serve: ``WHERE load_proof <> 'none'`` keeps proven rows) and ``rollout_id`` (``profile`` rows have no
 rollout); ``rollouts``, ``steps`` and ``samples`` rows also carry ``collect_run_id``, the run
 that collected that attempt (a re-executed partition keeps it; ``run_id`` when the record
 does not say), and ``policy_step``, the training step the version key carries (null when
@@ -32,7 +37,7 @@ import pyarrow as pa
 
 from ..record import PHASES, STATUSES, Record, as_record
 from ..versions import version_step
-from .export import step_quality
+from .export import run_weights, step_quality
 
 # PHASES: timing phases of a record (``timing.<phase>_s``), in the order an attempt runs them.
 # STATUSES: record statuses (docs/architecture.md §3); ``profile`` has one ``count_<status>``
@@ -43,7 +48,8 @@ from .export import step_quality
 class Lineage:
     """What every lake row is tied to: the policy version (the partition key), the task set
     id, the Dagster run id of the collection, and the weights: the served model id, the
-    checkpoint folder and its fingerprint (``None`` when unknown)."""
+    checkpoint folder and its fingerprint, the load mode and the kind of proof (``None`` when
+    unknown; module doc)."""
 
     policy_version: str
     task_set: str
@@ -51,6 +57,13 @@ class Lineage:
     served_model: str | None = None
     checkpoint_path: str | None = None
     checkpoint_fingerprint: str | None = None
+    load_mode: str | None = None
+    load_proof: str | None = None
+
+    @classmethod
+    def of_run(cls, version: str, meta: Mapping[str, Any], run_id: str) -> Lineage:
+        """The lineage a run directory's ``run.json`` gives (``meta``) for ``version``."""
+        return cls(version, meta["task_set"], run_id, **run_weights(meta))
 
     def columns(self, n: int) -> dict[str, pa.Array]:
         """The lineage columns for ``n`` rows: the ids, the weights (served model, checkpoint
@@ -65,6 +78,8 @@ class Lineage:
             "served_model": pa.array([self.served_model] * n, pa.string()),
             "checkpoint_path": pa.array([self.checkpoint_path] * n, pa.string()),
             "checkpoint_fingerprint": pa.array([self.checkpoint_fingerprint] * n, pa.string()),
+            "load_mode": pa.array([self.load_mode] * n, pa.string()),
+            "load_proof": pa.array([self.load_proof] * n, pa.string()),
         }
 
 
@@ -72,6 +87,8 @@ _WEIGHTS_FIELDS = [
     pa.field("served_model", pa.string()),
     pa.field("checkpoint_path", pa.string()),
     pa.field("checkpoint_fingerprint", pa.string()),
+    pa.field("load_mode", pa.string()),
+    pa.field("load_proof", pa.string()),
 ]
 _LINEAGE_FIELDS = [
     pa.field("policy_version", pa.string(), nullable=False),
@@ -112,6 +129,7 @@ ROLLOUTS_SCHEMA = pa.schema(
         pa.field("cached_tokens", pa.int64()),
         pa.field("model", pa.string()),
         pa.field("truncation", pa.string()),  # why a truncated attempt stopped (context length)
+        pa.field("eval_notes", pa.list_(pa.string())),  # facts explaining the reward
         *_LINEAGE_FIELDS,
         _COLLECT_RUN,
     ]
@@ -193,6 +211,10 @@ PROFILE_SCHEMA = pa.schema(
             "setup_failure_attempts", pa.int64()
         ),  # attempts whose setup carried on past a failure
         pa.field("ready_timeouts", pa.int64()),  # actions whose ready wait hit its cap
+        pa.field("eval_note_attempts", pa.int64()),  # graded attempts with evaluator notes
+        pa.field("keyboard_restores", pa.int64()),  # resets that restored the keyboard layout
+        pa.field("unexpected_window_attempts", pa.int64()),  # popups closed before acting
+        pa.field("not_typed_actions", pa.int64()),  # type actions whose text did not all arrive
         pa.field("prefix_cache_hit_rate", pa.float64()),
         pa.field("logprobs_share", pa.float64()),
         pa.field("token_ids_share", pa.float64()),
@@ -272,6 +294,7 @@ def rollouts_table(records: Iterable[Record | Mapping[str, Any]], lineage: Linea
             "model": r.policy.model,
             "truncation": r.truncation,
             "collect_run_id": r.collected_by or lineage.run_id,
+            "eval_notes": r.eval_notes,
         }
         rows.append(row)
     return _table(rows, ROLLOUTS_SCHEMA, lineage)
@@ -406,6 +429,10 @@ def profile_table(summary: Mapping[str, Any], lineage: Lineage) -> pa.Table:
         "parse_errors": summary.get("parse_errors"),
         "setup_failure_attempts": (summary.get("setup_failures") or {}).get("attempts"),
         "ready_timeouts": (summary.get("ready_timeouts") or {}).get("count"),
+        "eval_note_attempts": (summary.get("eval_notes") or {}).get("attempts"),
+        "keyboard_restores": (summary.get("keyboard_restores") or {}).get("attempts"),
+        "unexpected_window_attempts": (summary.get("unexpected_windows") or {}).get("attempts"),
+        "not_typed_actions": summary.get("not_typed_actions"),
         "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate"),
         "logprobs_share": summary.get("logprobs_share"),
         "token_ids_share": summary.get("token_ids_share"),

@@ -88,8 +88,8 @@ class RunWriter:
     def check(self, meta: dict[str, Any]) -> None:
         """Refuse, before anything is created or started, to resume into a directory that is
         not a run directory, or holds a run of another policy (version or model), task set,
-        group or oversample, or of a checkpoint whose fingerprint has changed since (both
-        ``run.json``'s ``checkpoint.fingerprint``). Raises :class:`ResumeError` /
+        group or oversample, or of another load mode or checkpoint folder, or of a checkpoint
+        whose fingerprint has changed since (``run.json``'s ``checkpoint`` entry). Raises :class:`ResumeError` /
         :class:`ConfigError`."""
         if self.root.exists() and not self.root.is_dir():
             raise ConfigError(
@@ -103,17 +103,7 @@ class RunWriter:
                 )
             return
         old = orjson.loads(meta_path.read_bytes())
-        old_print = (old.get("checkpoint") or {}).get("fingerprint")
-        new_print = (meta.get("checkpoint") or {}).get("fingerprint")
-        if old_print is not None and new_print is not None and old_print != new_print:
-            raise ResumeError(
-                f"out: {self.root} holds a run collected from checkpoint "
-                f"{(old.get('checkpoint') or {}).get('path')} with fingerprint {old_print}, but "
-                f"{(meta.get('checkpoint') or {}).get('path')} now has fingerprint {new_print}: "
-                "the checkpoint folder changed, so these weights are not the ones the run's "
-                "records came from (fix: restore the folder, or collect the new weights as "
-                "another --version into another --out)"
-            )
+        self._check_checkpoint(old, meta)
         old_knobs, knobs = old.get("knobs", {}), meta.get("knobs", {})
         checks = [
             (
@@ -152,6 +142,50 @@ class RunWriter:
                     f"out: {self.root} holds a run of {label} {a!r}, not {b!r}; a run resumes only with the "
                     f"same policy version, model, task list and collection settings (fix: {flag} {a!r}, or another --out)"
                 )
+
+    def _check_checkpoint(self, old: dict[str, Any], meta: dict[str, Any]) -> None:
+        """Refuse a resume whose load mode, checkpoint folder or folder fingerprint is not the
+        one ``run.json`` records: the records already there came from those weights. A
+        ``run.json`` from before loading existed (no ``checkpoint`` entry) resumes with load
+        ``none`` (nothing was proven then, nothing is now)."""
+        from ..policy.loading import same_fingerprint
+
+        was, now = old.get("checkpoint"), meta.get("checkpoint") or {}
+        mode = now.get("load", "none")
+        if was is None:
+            if mode == "none":
+                return
+            was = {}
+        old_mode = was.get("load", "none")
+        if old_mode != mode:
+            raise ResumeError(
+                f"out: {self.root} holds a run collected with load {old_mode!r}, not {mode!r}: "
+                "its records and the new ones would come from differently proven weights "
+                f"(fix: --load {old_mode}, or another --out)"
+            )
+        old_path, path = was.get("path"), now.get("path")
+        if _norm(old_path) != _norm(path):
+            raise ResumeError(
+                f"out: {self.root} holds a run collected from checkpoint {old_path or '(none)'}, "
+                f"not {path or '(none)'} (fix: --checkpoint {old_path or '(none: drop it)'}, or "
+                "another --out)"
+            )
+        if was.get("fingerprint") is not None or now.get("fingerprint") is not None:
+            if not same_fingerprint(was, now):
+                raise ResumeError(
+                    f"out: {self.root} holds a run collected from checkpoint {old_path} with "
+                    f"fingerprint {was.get('fingerprint')}, but {path} now has fingerprint "
+                    f"{now.get('fingerprint')}: the checkpoint folder changed, so these weights "
+                    "are not the ones the run's records came from (fix: restore the folder, or "
+                    "collect the new weights as another --version into another --out)"
+                )
+
+    def update_meta(self, key: str, value: Any) -> None:
+        """Set ``run.json``'s ``key`` entry to ``value`` (atomically; the run must exist)."""
+        path = self.root / RUN_META
+        meta = orjson.loads(path.read_bytes())
+        meta[key] = value
+        atomic_write(path, orjson.dumps(meta, option=orjson.OPT_INDENT_2))
 
     def open(self, meta: dict[str, Any]) -> list[dict[str, Any]]:
         """Create or resume the directory and take its lock; return the records already there.
@@ -240,6 +274,10 @@ def _write_new(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def _norm(path: str | None) -> str | None:
+    return os.path.normpath(path) if path else None
 
 
 def read_meta(run_dir: str | Path) -> dict[str, Any]:

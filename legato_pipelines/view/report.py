@@ -291,6 +291,8 @@ def _step_view(step, images: _Images, page_dir: Path, harness: str | None) -> di
             what += f" {a.status}"
         if a.clamped:
             what += " (clamped)"
+        if a.not_typed:
+            what += f" (NOT TYPED: {short(a.not_typed, 40)!r})"
         actions.append(
             {
                 "what": what,

@@ -137,9 +137,11 @@ ROLLOUT = """{% extends "base" %}
 <dt>rollout</dt><dd><code>{{ r.rollout_id }}</code> on {{ r.desktop or "?" }}</dd>
 <dt>status / outcome</dt><dd><span class="status-{{ r.status }}">{{ r.status }}</span> / {{ r.outcome or "–" }}</dd>
 <dt>evaluator</dt><dd>{% if evaluator %}<code>{{ evaluator }}</code> → {% endif %}reward <b class="{{ 'r1' if (r.reward or 0) > 0 else 'r0' }}">{{ fmt(r.reward, 3) }}</b>, advantage {{ fmt(advantage, 3) }}
-{% if r.eval_error %}<div class="parse-error">evaluator error: {{ r.eval_error }}</div>{% endif %}</dd>
+{% if r.eval_error %}<div class="parse-error">evaluator error: {{ r.eval_error }}</div>{% endif %}
+{% for n in r.eval_notes or [] %}<div class="eval-note">evaluator note: {{ n }}</div>{% endfor %}</dd>
 {% if r.error %}<dt>error</dt><dd class="parse-error">{{ r.error.kind }} / {{ r.error.type }} in {{ r.error.phase }}: {{ r.error.message }}</dd>{% endif %}
-<dt>reset</dt><dd>{% if r.reset %}{{ r.reset.kind }}, ready after {{ fmt(r.reset.ready_s, 2) }} s, waited {{ fmt(r.reset.wait_s, 2) }} s{% else %}–{% endif %}</dd>
+<dt>reset</dt><dd>{% if r.reset %}{{ r.reset.kind }}, ready after {{ fmt(r.reset.ready_s, 2) }} s, waited {{ fmt(r.reset.wait_s, 2) }} s{% if r.reset.keyboard_restored %}; keyboard restored ({{ r.reset.keyboard_restored }}){% endif %}
+{% for w in r.reset.unexpected_windows or [] %}<div class="setup-failure">unexpected window {{ w.wm_class }} "{{ w.title }}" found at {{ w.when }}: {{ w.outcome }}</div>{% endfor %}{% else %}–{% endif %}</dd>
 <dt>setup failures</dt><dd>{% if r.reset and r.reset.setup_failures %}<table><tr><th>step</th><th>type</th><th>exit</th><th>error</th></tr>
 {% for f in r.reset.setup_failures %}<tr class="setup-failure"><td>{{ f.step }}</td><td>{{ f.type }}</td><td>{{ f.exit_status }}</td><td><pre>{{ f.error }}</pre></td></tr>{% endfor %}</table>{% else %}none{% endif %}</dd>
 <dt>time</dt><dd>{{ fmt(r.timing.total_s, 2) }} s total: {% for p, v in phases %}{{ p }} {{ fmt(v, 2) }}{% if not loop.last %} · {% endif %}{% endfor %}</dd>

@@ -2,10 +2,12 @@
 
 OSWorld's server splits a command string without ``shell`` with shlex and expands a leading
 ``~/`` in each argument; the local server does the same with the desktop user's HOME.
-Apps that autolaunch a session bus (mousepad, nautilus, LibreOffice, ...) are wrapped in
-``dbus-run-session --`` so the bus is their child and dies with them instead of leaking
-(docs/local-desktop.md §9). ``/setup/open_file`` picks an app by extension (there is no desktop
-environment to ask), falling back to ``xdg-open`` when installed.
+A desktop with a session bus of its own (:mod:`.dbus_session`, the default where Debian's
+dbus-daemon and dconf are installed) starts apps on that bus. Without one, apps that autolaunch
+a session bus (mousepad, nautilus, LibreOffice, ...) are wrapped in ``dbus-run-session --`` so
+the bus is their child and dies with them instead of leaking (docs/local-desktop.md §9).
+``/setup/open_file`` picks an app by extension (there is no desktop environment to ask),
+falling back to ``xdg-open`` when installed.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import subprocess
+from dataclasses import dataclass
 
 from ..domains import TEXT_EDITORS
+from . import chrome, dbus_session
 
 #: Programs wrapped in ``dbus-run-session``.
 DBUS_APPS = frozenset(
@@ -102,8 +107,16 @@ def command_argv(command: list[str] | str, shell: bool, home: str) -> list[str] 
     return [expand_home(a, home) for a in command]
 
 
-def with_session_bus(argv: list[str] | str, shell: bool) -> tuple[list[str] | str, bool]:
-    """Wrap a launch in ``dbus-run-session --`` when it starts a bus-autolaunching app."""
+def with_session_bus(
+    argv: list[str] | str, shell: bool, *, desktop_bus: bool = False
+) -> tuple[list[str] | str, bool]:
+    """Wrap a launch in ``dbus-run-session --`` when it starts a bus-autolaunching app.
+
+    ``desktop_bus``: the desktop has a session bus of its own (:mod:`.dbus_session`), which the
+    app must share (gsettings, gnome-terminal-server); nothing is wrapped then.
+    """
+    if desktop_bus:
+        return argv, shell
     words = shlex.split(argv) if isinstance(argv, str) else argv
     programs = {os.path.basename(w) for w in words}
     if not programs & DBUS_APPS or not shutil.which("dbus-run-session"):
@@ -134,3 +147,105 @@ def opener_for(path: str) -> list[str]:
     raise ValueError(
         f"no installed app opens {ext or 'extensionless'} files (install libreoffice, l3afpad or xdg-utils)"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class DesktopApp:
+    """An app a local desktop can have, from Debian.
+
+    ``provides``: the app name tasks use (``legato tasks check``'s ``apps``: ``terminal``,
+    ``libreoffice_writer``, ``gimp``, ...); ``command``: the argv of a launch step;
+    ``needs``: programs on ``PATH`` or absolute paths that must exist; ``packages``: the
+    Debian packages that bring it (scripts/setup.sh installs them); ``title``: a
+    case-insensitive part of its main window's title.
+    """
+
+    provides: str
+    command: tuple[str, ...]
+    needs: tuple[str, ...]
+    packages: str
+    title: str
+
+    def installed(self) -> bool:
+        """True when everything in :attr:`needs` is on this host."""
+        return all(
+            os.path.exists(need) if need.startswith("/") else shutil.which(need) is not None
+            for need in self.needs
+        )
+
+
+LO_PROGRAM = "/usr/lib/libreoffice/program"
+#: The apps of local desktops (docs/local-desktop.md §1, §11). ``google-chrome`` exists inside
+#: sandboxed desktops only (:mod:`.chrome`).
+DESKTOP_APPS: tuple[DesktopApp, ...] = (
+    DesktopApp("terminal", ("xterm",), ("xterm",), "xterm", "xterm"),
+    DesktopApp("terminal", ("gnome-terminal",), ("gnome-terminal",), "gnome-terminal", "Terminal"),
+    DesktopApp("text_editor", ("l3afpad",), ("l3afpad",), "l3afpad", "Untitled"),
+    DesktopApp(
+        "libreoffice_calc",
+        ("libreoffice", "--calc"),
+        ("soffice", f"{LO_PROGRAM}/libsclo.so"),
+        "libreoffice-calc",
+        "LibreOffice Calc",
+    ),
+    DesktopApp(
+        "libreoffice_writer",
+        ("libreoffice", "--writer"),
+        ("soffice", f"{LO_PROGRAM}/libswlo.so"),
+        "libreoffice-writer",
+        "LibreOffice Writer",
+    ),
+    DesktopApp(
+        "libreoffice_impress",
+        ("libreoffice", "--impress"),
+        ("soffice", f"{LO_PROGRAM}/libslideshowlo.so"),
+        "libreoffice-impress",
+        "LibreOffice Impress",
+    ),
+    DesktopApp("gimp", ("gimp",), ("gimp",), "gimp", "GNU Image Manipulation Program"),
+    DesktopApp("vlc", ("vlc",), ("vlc",), "vlc", "VLC media player"),
+    DesktopApp("thunderbird", ("thunderbird",), ("thunderbird",), "thunderbird", "Thunderbird"),
+    DesktopApp("nautilus", ("nautilus",), ("nautilus",), "nautilus", "Home"),
+    DesktopApp(
+        "chrome",
+        ("google-chrome", f"--remote-debugging-port={chrome.CDP_PORT}"),
+        (chrome.CHROMIUM_BINARY,),
+        "chromium",
+        "Chromium",
+    ),
+)
+
+
+def installed_apps() -> frozenset[str]:
+    """The app names (as :attr:`DesktopApp.provides`) local desktops on this host have.
+
+    Besides :data:`DESKTOP_APPS`: ``libreoffice`` with ``soffice``; ``os`` (OSWorld's GNOME
+    session: persistent gsettings, gnome-terminal and nautilus) when the session bus with dconf
+    (:mod:`.dbus_session`) and both apps are there. Looks at files only: no process starts.
+    """
+    names = {app.provides for app in DESKTOP_APPS if app.installed()}
+    if shutil.which("soffice"):
+        names.add("libreoffice")
+    if not dbus_session.missing() and {"nautilus"} <= names and shutil.which("gnome-terminal"):
+        names.add("os")
+    return frozenset(names)
+
+
+def desktop_python_has_pyautogui(timeout: float = 20.0) -> bool:
+    """True when the ``python`` on the desktops' PATH imports pyautogui's parts, as OSWorld's
+    in-VM commands (``python -c "import pyautogui; ..."``) need (``scripts/osworld_venv.sh``
+    installs it). Runs that ``python`` once, for at most ``timeout`` seconds."""
+    probe = (
+        "import importlib.util, Xlib, pymsgbox, pytweening;"
+        "assert importlib.util.find_spec('pyautogui')"
+    )
+    try:
+        done = subprocess.run(
+            ["python", "-c", probe],
+            env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+            capture_output=True,
+            timeout=timeout,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0

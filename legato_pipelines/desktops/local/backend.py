@@ -4,10 +4,15 @@ Each desktop is a server process (``python -m legato_pipelines.desktops.local.se
 this backend starts (and restarts in ``recover()`` when it died), or a server somebody else
 started (``legato desktop serve``) that it attaches to by URL. Per attempt::
 
-    reset(task)        POST /legato/reset {full}, then the task's setup steps (OSWorld format)
-    wait_after_reset   POST /legato/wait mode=reset       (or sleep fixed_wait)
-    observe            GET  /legato/observe?width=&height= -> Screenshot (the model's size)
-    act(action)        POST /legato/act                   (XTest input; never code)
+    reset(task)        POST /legato/reset {full} (restores the keyboard layout too), then the
+                       task's setup steps (OSWorld format)
+    wait_after_reset   POST /legato/wait mode=reset       (or sleep fixed_wait), then
+                       GET /legato/windows: the windows the setup produced
+    observe            GET  /legato/observe?width=&height= -> Screenshot at the model's size
+                       (the first one after unexpected windows are closed:
+                       POST /legato/windows/close)
+    act(action)        POST /legato/act                   (XTest input; never code; before
+                       the first action, unexpected windows are closed again)
     wait_after_action  POST /legato/wait mode=action      (or sleep fixed_wait)
     wait_before_eval   POST /legato/wait mode=eval        (or sleep fixed_wait)
     evaluate(task)     postconfig + getters + metrics     (osworld_format.evaluate_task)
@@ -25,6 +30,7 @@ started (``legato desktop serve``) that it attaches to by URL. Per attempt::
   template      directory copied into each baseline HOME (pre-built app profiles)
   prebuild      apps whose profile each server builds into its baseline HOME: ["libreoffice"]
   cache_dir     read-only file cache for ``download`` steps and ``cloud_file`` getters
+                (``legato osworld cache`` fills it)
   start_timeout seconds a server may take to come up (default 30)
 """
 
@@ -47,6 +53,7 @@ from ...osworld_format import needs_full_reset
 from ...tasks import Evaluation, Task
 from ..base import DesktopConfig, WaitsByMode, check_options
 from ..client import DesktopClient
+from ..popups import PopupGuard
 from ..server_tasks import ServerTasks
 from .wire import DEFAULT_TOKEN_ENV, READY_LINE
 
@@ -188,7 +195,7 @@ class ServerProcess:
             self._proc.kill()
 
 
-class LocalDesktop(ServerTasks, WaitsByMode):
+class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
     """One local desktop (implements :class:`~legato_pipelines.desktops.base.Desktop`).
 
     ``client`` talks to the server; ``server`` is the process this object owns, or ``None``
@@ -210,6 +217,7 @@ class LocalDesktop(ServerTasks, WaitsByMode):
         self.server = server
         self.last_reset: dict[str, Any] | None = None
         self._force_full = False
+        self._guard_reset()
         # servers this backend starts are sandboxed unless sandbox=false; attached ones may not be
         self.sandboxed = server is not None and config.options.get("sandbox", True) is True
 
@@ -224,18 +232,26 @@ class LocalDesktop(ServerTasks, WaitsByMode):
         # upper layer is not empty), so tasks that do need no full restart up front.
         outside = needs_full_reset(task) and not self.sandboxed
         full = self._force_full or not self.config.fast_reset or outside
+        self._guard_reset()
         self.last_reset = await self.client.reset(full=full)
         self._force_full = False
+        if self.last_reset.get("keyboard_restored"):  # an earlier attempt switched the layout
+            self.reset_facts["keyboard_restored"] = self.last_reset["keyboard_restored"]
         await self._run_task_setup(task)
         return "fast" if self.last_reset["kind"] == "fast" else "revert"
 
     async def observe(self, size: tuple[int, int] | None = None) -> Screenshot:
         """The screen; at the model's ``size`` (width, height) when given, resized by the
-        desktop server in its own process (``/legato/observe?width=&height=``)."""
+        desktop server in its own process (``/legato/observe?width=&height=``); the first
+        one after a reset only once unexpected windows are closed
+        (:class:`~legato_pipelines.desktops.popups.PopupGuard`)."""
+        await self._guard_handout()
         return await self.client.observe(size)
 
     async def act(self, action: Action) -> None:
-        """XTest input on the server; ``wait`` sleeps here."""
+        """XTest input on the server; ``wait`` sleeps here. Before the policy's first action
+        of the attempt, windows that appeared since the reset are closed first."""
+        await self._guard_first_action()
         if action.action == "wait":
             await asyncio.sleep(self.config.waits.wait_action(action))
             return
@@ -280,6 +296,12 @@ class LocalDesktop(ServerTasks, WaitsByMode):
         self._drop_work_dir()
 
     # -- helpers -------------------------------------------------------------------------------
+
+    async def _list_windows(self) -> list[dict[str, Any]] | None:
+        return await self.client.windows()  # None from an older server: the guard is off
+
+    async def _close_windows(self, ids: list[Any]) -> dict[Any, str]:
+        return await self.client.close_windows(ids)
 
     async def _ready(self, mode: str, cap_s: float) -> tuple[float, bool]:
         result = await self.client.wait(mode, timeout_s=cap_s)

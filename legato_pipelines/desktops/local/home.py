@@ -18,6 +18,8 @@ BASELINE_FILES: dict[str, str] = {
     ".config/gtk-3.0/settings.ini": "[Settings]\ngtk-cursor-blink=false\ngtk-enable-animations=false\n",
     ".config/gtk-4.0/settings.ini": "[Settings]\ngtk-cursor-blink=false\ngtk-enable-animations=false\n",
     ".gtkrc-2.0": "gtk-cursor-blink = 0\n",
+    # VLC: no "Privacy and Network Access Policy" dialog on its first start (docs/local-desktop.md §11)
+    ".config/vlc/vlcrc": "[qt]\nqt-privacy-ask=0\n",
     ".config/user-dirs.dirs": (
         'XDG_DESKTOP_DIR="$HOME/Desktop"\nXDG_DOCUMENTS_DIR="$HOME/Documents"\n'
         'XDG_DOWNLOAD_DIR="$HOME/Downloads"\nXDG_PICTURES_DIR="$HOME/Pictures"\n'

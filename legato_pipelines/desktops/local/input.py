@@ -2,8 +2,10 @@
 
 XTest calls take 0.2-2.5 ms where an ``xdotool`` process takes 28-104 ms (docs/local-desktop.md
 §5). Keys are mapped keysym -> keycode from the server's keyboard map, with Shift pressed for
-keysyms on a keycode's shifted level. A character without any keycode (``é``, ``→``) is put
-on a spare keycode with ``ChangeKeyboardMapping`` first (what xdotool does).
+keysyms on a keycode's shifted level; the map is re-read before a keystroke when the server
+announced a change (a layout switched inside the desktop: ``setxkbmap de``). A character
+without any keycode (``é``, ``→``) is put on a spare keycode with ``ChangeKeyboardMapping``
+first (what xdotool does).
 
 Semantics follow pyautogui as OSWorld's Qwen agents use it: ``scroll(pixels)`` presses the
 wheel ``|pixels|`` times (positive = up); ``left_click_drag`` drags from the current pointer
@@ -150,25 +152,59 @@ def char_keysym(char: str) -> int:
 
 
 class Keyboard:
-    """keysym -> (keycode, needs Shift), with spare keycodes for unmapped keysyms."""
+    """keysym -> (keycode, needs Shift), with spare keycodes for unmapped keysyms.
+
+    The map is the server's current keymap, read here (python-xlib's own cache is the one of
+    connection time and never follows a change), and read again by :meth:`refresh` when the
+    server announced a change: a layout switched inside the desktop (``setxkbmap de``),
+    ``xmodmap``, or a spare keycode this class mapped.
+    """
 
     def __init__(self, display: Display):
         self.d = display
-        first = display.display.info.min_keycode
-        count = display.display.info.max_keycode - first + 1
-        mapping = display.get_keyboard_mapping(first, count)
-        self._spare = [first + i for i, syms in enumerate(mapping) if not any(syms)]
         self._remapped: dict[int, int] = {}  # keysym -> spare keycode
         self._next_spare = 0
+        self._load()
+
+    def _load(self) -> None:
+        first = self.d.display.info.min_keycode
+        count = self.d.display.info.max_keycode - first + 1
+        mapping = self.d.get_keyboard_mapping(first, count)
+        self._codes: dict[int, tuple[int, int]] = {}  # keysym -> (level index, keycode), lowest
+        for i, syms in enumerate(mapping):
+            for index, keysym in enumerate(syms[:2]):  # group 1, levels 1-2 (Shift)
+                if keysym and (index, first + i) < self._codes.get(keysym, (9, 1 << 16)):
+                    self._codes[keysym] = (index, first + i)
+        empty = {first + i for i, syms in enumerate(mapping) if not any(syms)}
+        # spares this class mapped and that still hold their keysym stay in use (and reusable)
+        self._remapped = {k: c for k, c in self._remapped.items() if mapping[c - first][0] == k}
+        self._spare = sorted(empty | set(self._remapped.values()))
         self.shift = self.lookup(XK.string_to_keysym("Shift_L"))[0]
+
+    def refresh(self) -> bool:
+        """Re-read the keymap if the server announced a change since the last call
+        (``MappingNotify``, delivered to every client); returns whether it did. One round
+        trip (``sync``) makes sure the announcements of changes made before now have arrived."""
+        self.d.sync()
+        changed = False
+        while self.d.pending_events():
+            ev = self.d.next_event()
+            if ev.type == X.MappingNotify and ev.request in (
+                X.MappingKeyboard,
+                X.MappingModifier,
+            ):
+                changed = True
+        if changed:
+            self._load()
+        return changed
 
     def lookup(self, keysym: int) -> tuple[int, bool]:
         """(keycode, needs_shift) for ``keysym``; maps it onto a spare keycode if needed."""
         if keysym in self._remapped:
             return self._remapped[keysym], False
-        for keycode, index in self.d.keysym_to_keycodes(keysym):
-            if index in (0, 1):
-                return keycode, index == 1
+        found = self._codes.get(keysym)
+        if found is not None:
+            return found[1], found[0] == 1
         if not self._spare:
             raise InputError(f"no spare keycode to type keysym {keysym:#x}")
         keycode = self._spare[self._next_spare % len(self._spare)]
@@ -262,12 +298,14 @@ class Input:
             if action.text is None:
                 raise InputError("type: field 'text' is missing")
             self.windows.ensure_focus()
+            self.keyboard.refresh()  # the layout may have changed since the last keystroke
             self.type_text(action.text)
         elif name == "key":
             if not action.keys:
                 raise InputError("key: field 'keys' is empty")
             keysyms = [keysym_for(k) for k in action.keys]
             self.windows.ensure_focus()
+            self.keyboard.refresh()
             self.chord(keysyms)
         elif name == "scroll":
             if action.x is not None and action.y is not None:

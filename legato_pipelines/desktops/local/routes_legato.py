@@ -1,5 +1,5 @@
 """The project's ``/legato/`` routes of a local desktop server: structured actions as XTest
-input, the ready wait, observe, reset, health and the task's processes.
+input, the ready wait, observe, reset, health, the task's processes and its windows.
 """
 
 from __future__ import annotations
@@ -106,6 +106,14 @@ async def health(request: Request) -> Response:
             "home": sess.desktop_home,
             "host_home": str(sess.home),
             "sandbox": sess.sandbox.describe() if sess.sandbox is not None else None,
+            "session_bus": (
+                {
+                    "address": sess.task_env()["DBUS_SESSION_BUS_ADDRESS"],
+                    "running": sess.bus.alive(),
+                }
+                if sess.bus is not None
+                else {"missing": sess.bus_missing}
+            ),
             "width": sess.width,
             "height": sess.height,
             "pid": os.getpid(),
@@ -133,6 +141,31 @@ async def processes(request: Request) -> Response:
     return JSONResponse(await asyncio.to_thread(collect))
 
 
+async def windows(request: Request) -> Response:
+    """The managed top-level windows, oldest first: ``{"windows": [{id, title, instance,
+    class}]}``."""
+    s = desktop_of(request)
+    found = await s.x.run(lambda: s.x.ctx().windows.clients())
+    return JSONResponse(
+        {
+            "windows": [
+                {"id": w.id, "title": w.title, "instance": w.wm_class[0], "class": w.wm_class[1]}
+                for w in found
+            ]
+        }
+    )
+
+
+async def close_windows(request: Request) -> Response:
+    """``{"ids": [...]}``: close those windows (asked, then killed): ``{"closed": {id: outcome}}``."""
+    s = desktop_of(request)
+    ids = param(await request_params(request), "ids", list)
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise BadRequest("field 'ids' must be a list of window ids (integers)")
+    outcome = await s.close_windows(ids)
+    return JSONResponse({"closed": {str(wid): result for wid, result in outcome.items()}})
+
+
 #: (path, endpoint, methods) of the project's ``/legato/`` routes.
 LEGATO_ROUTES = [
     ("/legato/act", act, ["POST"]),
@@ -141,4 +174,6 @@ LEGATO_ROUTES = [
     ("/legato/reset", reset, ["POST"]),
     ("/legato/health", health, ["GET"]),
     ("/legato/processes", processes, ["GET"]),
+    ("/legato/windows", windows, ["GET"]),
+    ("/legato/windows/close", close_windows, ["POST"]),
 ]

@@ -54,17 +54,19 @@ async def launch(request: Request) -> Response:
     p = await request_params(request)
     shell = param(p, "shell", bool, False)
     argv = apps.command_argv(param(p, "command", (str, list)), shell, s.home)
+    before = await s.task_pids()
     try:
         proc = await s.x.run(s._spawn_app, argv, shell)
     except OSError as exc:
         return error_response(500, f"cannot launch {argv!r}: {exc}")
     shown = argv if isinstance(argv, str) else " ".join(argv)
-    code = await s.died_at_once(proc)
+    code = await s.died_at_once(proc, before)
     if code is not None:
+        how = f"exited with {code} at once" + (", leaving no process running" if code == 0 else "")
         return JSONResponse(
             {
                 "status": "error",
-                "message": f"{shown} exited with {code} at once: {s.apps_log_tail()}",
+                "message": f"{shown} {how}: {s.apps_log_tail()}",
                 "kind": "setup",
                 "returncode": code,
             },
@@ -79,7 +81,7 @@ async def open_file(request: Request) -> Response:
     raw = param(p, "path")
     timeout = float(param(p, "timeout", (int, float), OPEN_FILE_TIMEOUT_S))
     path = apps.resolve_path(raw, s.home)
-    if os.path.exists(s.session.host_path(path)):
+    if await s.exists(path):
         argv = apps.opener_for(path)
     elif apps.shutil.which(raw):
         argv = [raw]

@@ -13,7 +13,13 @@ namespace with nothing but a loopback), built with util-linux's ``unshare`` and 
   the desktop's own directories; ``/root`` is empty; everything else of the host (``/root``,
   ``/work``, other desktops, run directories, the policy key) is simply not there;
 - a fresh ``/proc`` of its own pid namespace: host processes are invisible; ``/dev`` holds
-  only ``null zero full random urandom tty``, a private ``pts`` and ``shm``;
+  only ``null zero full random urandom tty``, a private ``pts``, ``shm`` and ``mqueue``;
+- host-wide knobs read-only: ``/proc/sys`` and the rest of :data:`PROC_READONLY`, ``/sys``
+  and every mount below it (cgroups); kernel internals masked (:data:`PROC_MASKED`,
+  :data:`SYS_MASKED`);
+- no process inside holds :data:`CAPS_DROPPED` (``sys_admin``, ``setfcap``...): they are
+  dropped from the bounding set of the init and of every process entered, so ``sudo`` cannot
+  give them back, and nothing inside can mount, remount, or map uid 0 into a user namespace;
 - the X display through its socket file alone (the X server listens on no abstract socket,
   so one sandbox cannot reach another desktop's display).
 
@@ -28,8 +34,10 @@ Why these choices (measured on Debian bookworm, kernel 6.x, as root):
 - uid maps: the sandbox maps uids/gids ``0..65535`` to the *same* host ids, written by the
   server itself (root may write any map). Identity maps are what make the host's
   root-owned ``sudo`` and ``/etc/sudoers`` work inside; the cost is that root inside is host
-  uid 0 *for files bound in from the host*, which is why nothing writable of the host is
-  bound in (the overlays' lower layers cannot be written through the overlay).
+  uid 0 for permission checks on whatever it reaches, which is why nothing writable of the
+  host is bound in (the overlays' lower layers cannot be written through the overlay), the
+  host-wide knobs are read-only and the capabilities above are gone; and that uid 1000
+  inside is the host's, which is why ``sandbox/`` is 0700 on the host.
 - bubblewrap was tried first: it always sets ``no_new_privs`` and mounts its binds
   ``nosuid``, so ``sudo`` cannot work inside a bubblewrap sandbox; and Debian bookworm's
   bubblewrap (0.8) has no overlay option.
@@ -66,7 +74,45 @@ OVERLAID = ("etc", "usr", "var", "opt")
 #: uid/gid range mapped one to one (host id = sandbox id).
 ID_MAP = "0 0 65536\n"
 START_TIMEOUT_S = 10.0
-TOOLS = ("unshare", "nsenter", "mount", "pivot_root", "tini", "sudo")
+TOOLS = ("unshare", "nsenter", "setpriv", "findmnt", "mount", "pivot_root", "tini", "sudo")
+#: Capabilities dropped from the bounding set of the sandbox's init and of every process
+#: entered, so that not even root inside (``sudo``) can hold them. ``sys_admin``: no mount or
+#: remount (``/proc/sys``, ``/sys`` stay read-only, nothing mounted inside outlives a reset);
+#: ``setfcap``: root inside cannot map uid 0 into a user namespace of its own (the kernel asks
+#: for it), so it cannot become host-uid-0-with-all-capabilities there; ``sys_ptrace``: no
+#: reading or tracing of processes it does not own; the rest are no use inside and
+#: dangerous if the kernel ever honoured them there.
+CAPS_DROPPED = (
+    "sys_admin",
+    "setfcap",
+    "sys_ptrace",
+    "sys_module",
+    "sys_rawio",
+    "sys_boot",
+    "sys_time",
+    "mknod",
+    "syslog",
+    "mac_admin",
+    "mac_override",
+)
+#: ``/proc`` entries bound read-only over themselves (host-wide knobs that the identity uid
+#: map would let root inside write: sysctls, ``sysrq-trigger``, irq affinities...).
+PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
+#: ``/proc`` entries hidden (``/dev/null`` over files, an empty read-only tmpfs over
+#: directories), Docker's list: kernel memory, keyrings, timers, scheduler internals.
+PROC_MASKED = (
+    "kcore",
+    "keys",
+    "timer_list",
+    "timer_stats",
+    "sched_debug",
+    "latency_stats",
+    "acpi",
+    "asound",
+    "scsi",
+)
+#: ``/sys`` directories hidden (firmware tables, energy counters).
+SYS_MASKED = ("firmware", "devices/virtual/powercap")
 
 # Runs as root inside the new user + mount + pid namespaces (pid 1 of the new pid namespace),
 # after the server has written the uid/gid maps (it writes a line on stdin when done).
@@ -81,18 +127,32 @@ for d in $OVERLAID; do
   lower="/$d"; [ -d "$SB/seed/$d" ] && lower="$SB/seed/$d:/$d"
   mount -t overlay "legato-$d" -o "lowerdir=$lower,upperdir=$LAYERS/upper/$d,workdir=$LAYERS/work/$d,userxattr" "$R/$d"
 done
+for b in $BINDS; do mount --bind "${b%%:*}" "$R/${b#*:}"; done
 for l in bin sbin lib lib32 lib64 libx32; do [ -L "/$l" ] && ln -s "$(readlink "/$l")" "$R/$l"; done
 mkdir -p "$R/proc" "$R/sys" "$R/dev" "$R/tmp" "$R/home" "$R/root" "$R/run" "$R/mnt" "$R/media" "$R/srv" "$R/.old"
 mount -t proc -o nosuid,nodev,noexec proc "$R/proc"
+echo 1 > "$R/proc/sys/kernel/shm_rmid_forced"
+for p in $PROC_READONLY; do
+  [ -e "$R/proc/$p" ] || continue
+  mount --bind "$R/proc/$p" "$R/proc/$p"; mount -o remount,bind,ro "$R/proc/$p"
+done
+for p in $PROC_MASKED; do
+  if [ -d "$R/proc/$p" ]; then mount -t tmpfs -o ro,mode=0555 legato-masked "$R/proc/$p"
+  elif [ -e "$R/proc/$p" ]; then mount --bind /dev/null "$R/proc/$p"; fi
+done
 mount --rbind /sys "$R/sys"
-mount -o remount,bind,ro "$R/sys"
+for p in $SYS_MASKED; do
+  [ -d "$R/sys/$p" ] && mount -t tmpfs -o ro,mode=0555 legato-masked "$R/sys/$p"
+done
+findmnt -R -n -r -o TARGET "$R/sys" | while read -r m; do mount -o remount,bind,ro "$m"; done
 mount -t tmpfs -o mode=0755,nosuid dev "$R/dev"
 for n in null zero full random urandom tty; do
   touch "$R/dev/$n"; mount --bind "/dev/$n" "$R/dev/$n"
 done
-mkdir "$R/dev/pts" "$R/dev/shm"
+mkdir "$R/dev/pts" "$R/dev/shm" "$R/dev/mqueue"
 mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts "$R/dev/pts"
 mount -t tmpfs -o mode=1777,nosuid,nodev shm "$R/dev/shm"
+mount -t mqueue -o nosuid,nodev,noexec mqueue "$R/dev/mqueue"
 ln -s pts/ptmx "$R/dev/ptmx"
 ln -s /proc/self/fd "$R/dev/fd"
 ln -s /proc/self/fd/0 "$R/dev/stdin"; ln -s /proc/self/fd/1 "$R/dev/stdout"; ln -s /proc/self/fd/2 "$R/dev/stderr"
@@ -115,7 +175,7 @@ cd /
 umount -l /.old
 rmdir /.old
 echo ready
-exec env -i /usr/bin/tini -s -- /bin/sleep infinity </dev/null >/dev/null 2>&1
+exec setpriv --bounding-set "$CAPS_DROPPED" -- env -i /usr/bin/tini -s -- /bin/sleep infinity </dev/null >/dev/null 2>&1
 """
 
 
@@ -194,17 +254,24 @@ def _seed_files() -> dict[str, tuple[str, int]]:
         "etc/passwd": ("\n".join(passwd) + "\n", 0o644),
         "etc/group": ("\n".join(group) + "\n", 0o644),
         "etc/shadow": ("\n".join(shadow) + "\n", 0o640),
-        "etc/sudoers.d/legato-user": (f"{SANDBOX_USER} ALL=(ALL:ALL) ALL\n", 0o440),
+        # lecture=never: sudo would otherwise write /var/lib/sudo/lectured/ on first use,
+        # and every task using sudo would force a revert (its timestamps in /run are cleared)
+        "etc/sudoers.d/legato-user": (
+            f"Defaults:{SANDBOX_USER} lecture=never\n{SANDBOX_USER} ALL=(ALL:ALL) ALL\n",
+            0o440,
+        ),
     }
 
 
 @dataclass
 class _Instance:
-    """One running set of namespaces: its layer directory, ``unshare`` process and init pid."""
+    """One running set of namespaces: its layer directory, ``unshare`` process, the init's
+    pid and the pid of the init's one child (``sleep infinity``), both read once at start."""
 
     layers: Path
     anchor: subprocess.Popen
     init_pid: int
+    sleep_pid: int
 
     def stop(self) -> None:
         """SIGKILL the pid namespace's init (the kernel kills every process in it), reap."""
@@ -220,13 +287,9 @@ class _Instance:
                 stream.close()
 
     def pids(self) -> set[int]:
-        """``unshare``, the init and init's ``sleep`` (host pids)."""
-        pids = {self.anchor.pid, self.init_pid}
-        try:
-            children = Path(f"/proc/{self.init_pid}/task/{self.init_pid}/children").read_text()
-        except OSError:
-            return pids
-        return pids | {int(pid) for pid in children.split() if _comm(int(pid)) == "sleep"}
+        """``unshare``, the init and the init's ``sleep`` (host pids). Whatever else runs
+        below the init (orphans of the task re-parented to it) is the task's."""
+        return {self.anchor.pid, self.init_pid, self.sleep_pid}
 
 
 class Sandbox:
@@ -234,8 +297,10 @@ class Sandbox:
 
     Layout::
 
+        sandbox/                     0700, root's: no host user reaches anything below
         sandbox/seed/etc/            passwd, group, shadow, sudoers.d/ (lower layer over /etc)
         sandbox/homes/user/          HOME, seen inside as /home/user
+        sandbox/tmp/, sandbox/run/   the session's, seen inside as /tmp and /run/user/1000
         sandbox/layers-N/upper/D/    what the task wrote under /D (D in etc usr var opt)
         sandbox/layers-N/work/D/     overlayfs work directories
         sandbox/layers-N/root/       mount point of the sandbox's root (empty on the host)
@@ -279,6 +344,7 @@ class Sandbox:
         self._spare_layers = self.dir / "layers-1"
         self._x_socket: str | None = None
         self._worker: ThreadPoolExecutor | None = None
+        self._starting: set[int] = set()  # unshare pids of sandboxes being started
 
     @property
     def init_pid(self) -> int | None:
@@ -294,7 +360,9 @@ class Sandbox:
         if not support.ok:
             raise SandboxError(support.problem)
         self.dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.dir, 0o711)
+        # 0700: uid 1000 inside is the host's uid 1000, so the host's uid 1000 must find no
+        # way into HOME (inside, /home is a mount of homes/: nothing above it is traversed)
+        os.chmod(self.dir, 0o700)
         (self.dir / "homes").mkdir(exist_ok=True)
         os.chmod(self.dir / "homes", 0o755)
         for rel, (text, mode) in _seed_files().items():
@@ -302,6 +370,9 @@ class Sandbox:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             os.chmod(path, mode)
+        from . import chrome  # here: the module's top imports stay stdlib-only
+
+        chrome.write_seed(self.dir / "seed")  # google-chrome as Chromium (chrome.py)
 
     def start(self, x_socket: str | None) -> float:
         """Start a clean sandbox (and a spare in the background); returns the seconds it took
@@ -313,6 +384,7 @@ class Sandbox:
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="legato-sandbox")
         self._active = self._worker.submit(self._launch, self.dir / "layers-0", x_socket).result()
+        self._starting.discard(self._active.anchor.pid)
         self._spare_layers = self.dir / "layers-1"
         self._start_spare()
         return time.perf_counter() - t0
@@ -328,6 +400,7 @@ class Sandbox:
                 spare.result().stop()
             except Exception:  # a spare that failed to start has nothing to stop
                 pass
+        self._starting.clear()
 
     def close(self) -> None:
         """Stop everything and the worker thread."""
@@ -350,6 +423,7 @@ class Sandbox:
             if spare is None:
                 raise SandboxError("no spare")
             self._active = spare.result()
+            self._starting.discard(self._active.anchor.pid)
         except Exception:
             return {"revert_s": self.start(self._x_socket)}
         if old is not None:
@@ -364,11 +438,14 @@ class Sandbox:
 
     def anchor_pids(self) -> set[int]:
         """The sandboxes' own processes on the host (unshare, init, init's sleep; the spare's)."""
+        starting = set(self._starting)  # before looking at the spare: no gap between the two
         pids = self._active.pids() if self._active is not None else set()
         if self._spare is not None and self._spare.done() and self._spare.exception() is None:
             pids |= self._spare.result().pids()
-        elif self._spare is not None:  # still starting: its unshare is ours, not the task's
-            pids |= {pid for pid in _children(os.getpid()) if _comm(pid) == "unshare"}
+            self._starting.discard(self._spare.result().anchor.pid)
+        elif self._spare is not None:  # still starting: its unshare and below are ours
+            for pid in starting:
+                pids |= {pid, *_tree(pid)}
         return pids
 
     def enter_argv(self, *, uid: int = SANDBOX_UID, cwd: str = SANDBOX_HOME) -> list[str]:
@@ -382,26 +459,31 @@ class Sandbox:
         argv.append("--ipc")
         if not self.network:
             argv.append("--net")
-        argv += ["--root", "-S", str(uid), "-G", str(uid), "--", "env", "-C", cwd, "--"]
-        return argv
-
-    def host_path(self, path: str) -> str:
-        """Where the host reaches ``path`` as the sandbox sees it (through its init's root)."""
-        if self._active is None:
-            raise SandboxError("the desktop's sandbox is not running")
-        return f"/proc/{self._active.init_pid}/root/{path.lstrip('/')}"
+        argv += ["--root", "--", "setpriv", "--bounding-set", _bounding_drop()]
+        argv += ["--reuid", str(uid), "--regid", str(uid), "--clear-groups"]
+        return argv + ["--", "env", "-C", cwd, "--"]
 
     def dirty(self) -> list[str]:
-        """Top entries the task wrote outside HOME and ``/tmp`` (``etc/x``, ``usr/local``...);
-        empty when the overlays' upper layers are clean."""
+        """What the task left that only a revert undoes (:func:`.leftovers.written`: the
+        overlays' upper layers, the sandbox's own tmpfs directories, System V IPC objects),
+        as paths inside (``etc/x``, ``root/.bashrc``, ``ipc/sem``...); empty when clean.
+        Call it once the task's processes are dead."""
+        from . import leftovers  # here: this module alone must run as a script (see the tests)
+
         if self._active is None:
             return []
-        found: list[str] = []
-        for name in OVERLAID:
-            upper = self._active.layers / "upper" / name
-            if upper.is_dir():
-                found += [f"{name}/{entry}" for entry in sorted(os.listdir(upper))]
-        return found
+        uppers = [self._active.layers / "upper" / name for name in OVERLAID]
+        root = Path(f"/proc/{self._active.init_pid}/root")
+        found = leftovers.written(root, [u for u in uppers if u.is_dir()])
+        return found + leftovers.ipc_objects(self._active.init_pid)
+
+    def clear_shared(self) -> None:
+        """Empty the running sandbox's ``/dev/shm``, ``/dev/mqueue`` and ``/run`` (but the
+        session's ``/run/user/1000``); its processes must be dead (:func:`.leftovers.clear`)."""
+        from . import leftovers
+
+        if self._active is not None:
+            leftovers.clear(Path(f"/proc/{self._active.init_pid}/root"), SANDBOX_UID)
 
     def describe(self) -> dict:
         """For ``/legato/health``: the sandbox's user, HOME, network and init pid."""
@@ -428,6 +510,8 @@ class Sandbox:
             for name in OVERLAID:
                 (top / name).mkdir(parents=True)
         (layers / "root").mkdir(exist_ok=True)
+        from . import chrome
+
         env = {
             "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
             "SB": str(self.dir),
@@ -438,6 +522,12 @@ class Sandbox:
             "UID_IN": str(SANDBOX_UID),
             "X_SOCKET": x_socket or "",
             "OWN_NET": "0" if self.network else "1",
+            "PROC_READONLY": " ".join(PROC_READONLY),
+            "PROC_MASKED": " ".join(PROC_MASKED),
+            "SYS_MASKED": " ".join(SYS_MASKED),
+            "CAPS_DROPPED": _bounding_drop(),
+            # host file -> mount point in the seed layer ("src:dst" words; chrome.py)
+            "BINDS": " ".join(f"{src}:{dst}" for src, dst in chrome.bind_mounts(self.dir / "seed")),
         }
         argv = ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--user", "--mount"]
         argv += ["--pid", "--ipc", "--fork", "--kill-child", "--propagation", "private"]
@@ -452,17 +542,24 @@ class Sandbox:
             env=env,
             start_new_session=True,
         )
+        self._starting.add(proc.pid)
         try:
             _write_id_maps(proc)
             proc.stdin.write(b"go\n")
             proc.stdin.close()
             _wait_ready(proc)
-            return _Instance(layers, proc, _wait_init(proc))
+            return _Instance(layers, proc, *_wait_init(proc))
         except BaseException:
+            self._starting.discard(proc.pid)
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
             raise
+
+
+def _bounding_drop() -> str:
+    """``setpriv --bounding-set`` argument dropping :data:`CAPS_DROPPED`."""
+    return ",".join(f"-{cap}" for cap in CAPS_DROPPED)
 
 
 def _write_id_maps(proc: subprocess.Popen) -> None:
@@ -500,12 +597,22 @@ def _wait_ready(proc: subprocess.Popen) -> None:
         raise SandboxError(f"the sandbox did not start: {_stderr(proc) or 'timed out'}")
 
 
-def _wait_init(proc: subprocess.Popen) -> int:
+def _wait_init(proc: subprocess.Popen) -> tuple[int, int]:
+    """Host pids of the sandbox's init (``tini``, ``unshare``'s child) and of its one child
+    (``sleep infinity``), read as soon as they exist: nothing else runs in the namespaces yet,
+    so the first child of the init is the sleep whatever it is called. Raises
+    :class:`SandboxError` when they do not appear within :data:`START_TIMEOUT_S`."""
     deadline = time.monotonic() + START_TIMEOUT_S
+    init = None
     while time.monotonic() < deadline:
-        children = _children(proc.pid)
-        if children and _comm(children[0]) == "tini":
-            return children[0]
+        if init is None:
+            children = _children(proc.pid)
+            if children and _comm(children[0]) == "tini":
+                init = children[0]
+        if init is not None:
+            children = _children(init)
+            if children:
+                return init, children[0]
         if proc.poll() is not None:
             raise SandboxError(f"the sandbox exited at start: {_stderr(proc)}")
         time.sleep(0.0005)
@@ -517,6 +624,18 @@ def _children(pid: int) -> list[int]:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
+
+
+def _tree(pid: int) -> set[int]:
+    """Every descendant of ``pid`` (through ``/proc/PID/task/PID/children``)."""
+    found: set[int] = set()
+    stack = _children(pid)
+    while stack:
+        child = stack.pop()
+        if child not in found:
+            found.add(child)
+            stack += _children(child)
+    return found
 
 
 def _comm(pid: int) -> str:

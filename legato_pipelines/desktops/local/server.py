@@ -22,7 +22,8 @@ Project routes
   POST /legato/wait      {mode: action|launch|reset|eval, stable_s?, timeout_s?, interval_s?} -> {ready_s, ...}
   GET|POST /legato/observe   PNG; headers X-Screen-Width, X-Screen-Height
   POST /legato/reset     {full: bool} -> {kind: fast|full, reset_s, ...}
-  GET  /legato/health    {ok, display, user, home, host_home, sandbox, width, height, pid, generation}
+  GET  /legato/health    {ok, display, user, home, host_home, sandbox, session_bus, width, height,
+                          pid, generation}
   GET  /legato/processes {server_pid, task: [{pid, comm, state}], infra: [...]}
 
 Every request needs the desktop's token (``Authorization: Bearer <token>`` or

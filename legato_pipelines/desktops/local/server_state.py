@@ -18,12 +18,20 @@ from starlette.requests import Request
 from ...actions import Action
 from ..ready import HEAVY_APPS, ReadyResult, policy_for, wait_until_ready
 from . import apps
-from .procs import process_table
+from .keymap import KeyboardState, keyboard_state, restore_keyboard
+from .procs import descendants, process_table
 from .session import Session
 from .xthread import XThread
 
 REAP_INTERVAL_S = 1.0
-LAUNCH_CHECK_S = 0.05  # a launched app that exits non-zero this soon is reported as failed
+CLOSE_GRACE_S = 1.0  # seconds a window may take to close when asked, before its client is killed
+#: A launched app that ends this soon (s), failing or leaving nothing running, is reported
+#: (``xterm -e false`` ends after ~50 ms under the sandbox).
+LAUNCH_CHECK_S = 0.2
+#: ... but a launch is settled after this long (s) once the app has a child of its own that
+#: runs (xterm's shell, LibreOffice's soffice.bin): the usual launch returns this soon.
+LAUNCH_SETTLED_S = 0.05
+EXISTS_TIMEOUT_S = 10.0  # seconds for the ``test -e`` of an ``open`` step
 
 
 @dataclass
@@ -44,13 +52,14 @@ class DesktopServer:
         self.reset_lock = asyncio.Lock()
         self.launch_mark: LaunchMark | None = None
         self.before_action: np.ndarray | None = None  # the screen just before the last action
+        self.keyboard_baseline: KeyboardState | None = None  # the layout at start (keymap.py)
         self._reaper: asyncio.Task | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
         await self.x.run(self.session.start)
-        await self.x.run(self.x.ctx)
+        self.keyboard_baseline = await self.x.run(lambda: keyboard_state(self.x.ctx().display))
         self._reaper = asyncio.create_task(self._reap_forever())
 
     async def stop(self) -> None:
@@ -92,20 +101,55 @@ class DesktopServer:
         self.launch_mark = LaunchMark(ctx.screen.frame(), frozenset(ctx.windows.client_ids()))
 
     def _spawn_app(self, argv, shell: bool) -> subprocess.Popen:
-        argv, shell = apps.with_session_bus(argv, shell)
+        argv, shell = apps.with_session_bus(argv, shell, desktop_bus=self.session.bus is not None)
         self._mark_launch()
-        with open(self.session.state / "apps.log", "ab") as log:
+        with open(self.session.state / "apps.log", "ab", opener=_private) as log:
             return self.session.procs.spawn(
                 argv, self.session.run_as(), shell=shell, stdout=log, stderr=log
             )
 
-    async def died_at_once(self, proc: subprocess.Popen) -> int | None:
-        """The exit status of a just-launched app that failed within ``LAUNCH_CHECK_S``
-        seconds (a missing program exits 127 in a few ms), else ``None`` (running, or 0)."""
-        deadline = time.monotonic() + LAUNCH_CHECK_S
-        while proc.poll() is None and time.monotonic() < deadline:
+    async def died_at_once(self, proc: subprocess.Popen, before: set[int]) -> int | None:
+        """The exit status of a just-launched app that ended at once, either failing
+        (non-zero: a missing program exits 127 in a few ms) or with 0 leaving no process
+        running (``xterm -e false``: xterm exits 0 when its command fails). ``None``: still
+        running, or it handed over to a process that runs on (a daemonizing launcher).
+
+        Watched for :data:`LAUNCH_CHECK_S` seconds at most, :data:`LAUNCH_SETTLED_S` (and
+        two looks ~10 ms apart) once the app has a child of its own that stays alive
+        (``xterm``'s shell): an app whose command ended is about to end too. ``before``: the task's pids before the launch. A launcher that
+        only passes its arguments to an instance already running also ends with 0 and
+        leaves nothing new: it is reported too (setups carry on after it)."""
+        t0 = time.monotonic()
+        # processes below ``proc`` that are not the app's children: sandboxed, proc is nsenter
+        # and the app its child
+        wrappers = 1 if self.session.sandbox is not None else 0
+        seen: set[int] = set()  # live below proc at the last look (a child must stay alive)
+        while proc.poll() is None and time.monotonic() < t0 + LAUNCH_CHECK_S:
             await asyncio.sleep(0.005)
-        return proc.returncode or None
+            if time.monotonic() >= t0 + LAUNCH_SETTLED_S:
+                table = await asyncio.to_thread(process_table)
+                live = {p for p in descendants(proc.pid, table) if table[p].state != "Z"}
+                if len(live & seen) > wrappers:
+                    return None
+                seen = live
+                await asyncio.sleep(0.005)
+        if proc.returncode is None:
+            return None
+        if proc.returncode != 0:
+            return proc.returncode
+        table = await asyncio.to_thread(process_table)
+        left = {p for p in self.session.task_pids(table) if table[p].state != "Z"}
+        return 0 if not left - before - {proc.pid} else None
+
+    async def exists(self, path: str) -> bool:
+        """Whether ``path`` exists as the desktop user sees it (``test -e`` run as the user,
+        inside the sandbox: a symlink resolves there, never against the host's root)."""
+        done = await self.run_command(["test", "-e", path], False, EXISTS_TIMEOUT_S)
+        return done.returncode == 0
+
+    async def task_pids(self) -> set[int]:
+        """The task's processes now (host pids; a ``/proc`` scan, a few ms)."""
+        return await asyncio.to_thread(self.session.task_pids)
 
     def apps_log_tail(self, chars: int = 500) -> str:
         """The end of ``apps.log`` (the launched apps' stdout and stderr)."""
@@ -126,8 +170,10 @@ class DesktopServer:
     # -- operations used by several routes ------------------------------------------------------
 
     async def reset(self, full: bool) -> dict:
-        """Fast reset (kill the task's processes, restore HOME), or a full restart when asked,
-        when the display died, or when the fast reset failed."""
+        """Fast reset (kill the task's processes, restore HOME, restore the keyboard layout the
+        desktop started with), or a full restart when asked, when the display died, or when
+        the fast reset failed. ``keyboard_restored`` in the answer says what a task had changed
+        about the keyboard (:mod:`.keymap`)."""
         async with self.reset_lock:
             t0 = time.perf_counter()
             kind = "full" if full or not self.session.alive() else "fast"
@@ -147,14 +193,28 @@ class DesktopServer:
 
     def _fast_reset_sync(self) -> dict:
         detail = self.session.fast_reset()
+        detail |= self._restore_keyboard()
         self._settle_input()
         return detail
 
     def _full_reset_sync(self) -> dict:
         self.x.drop_ctx()
         detail = self.session.full_reset()
+        detail |= self._restore_keyboard()
         self._settle_input()
         return detail
+
+    def _restore_keyboard(self) -> dict:
+        """The layout the desktop started with, back if a task changed it (``setxkbmap de``
+        survives killing the task's processes): ``{"keyboard_restored": "layout de -> us"}``
+        or ``{}``. Raises ``KeymapError`` when it cannot be restored (a fast reset then falls
+        back to a full restart, whose new X server starts with the default layout)."""
+        if self.keyboard_baseline is None:
+            return {}
+        restored = restore_keyboard(
+            self.x.ctx().display, self.session.display, self.keyboard_baseline
+        )
+        return {"keyboard_restored": restored} if restored else {}
 
     def _settle_input(self) -> None:
         ctx = self.x.ctx()
@@ -187,6 +247,37 @@ class DesktopServer:
             self.before_action = None
         return result
 
+    async def close_windows(self, ids: list[int], grace_s: float = CLOSE_GRACE_S) -> dict[int, str]:
+        """Close the managed windows ``ids``: ask the window manager (``_NET_CLOSE_WINDOW``,
+        the app gets ``WM_DELETE_WINDOW``), and kill the X client of those still open after
+        ``grace_s`` seconds. Returns ``{id: "closed" | "killed" | "open" | "gone"}`` (``gone``:
+        it had closed already; ``open``: it survived both)."""
+
+        def present() -> set[int]:
+            return set(self.x.ctx().windows.client_ids())
+
+        async def wait_gone(wanted: list[int]) -> set[int]:
+            deadline = time.monotonic() + grace_s
+            while True:
+                left = set(wanted) & await self.x.run(present)
+                if not left or time.monotonic() > deadline:
+                    return left
+                await asyncio.sleep(0.02)
+
+        now = await self.x.run(present)
+        outcome = {wid: "gone" for wid in ids if wid not in now}
+        asked = [wid for wid in ids if wid in now]
+        for wid in asked:
+            await self.x.run(self.x.ctx().windows.close, wid)
+        stubborn = await wait_gone(asked)
+        outcome |= {wid: "closed" for wid in asked if wid not in stubborn}
+        for wid in stubborn:
+            with contextlib.suppress(Exception):  # BadValue: it closed meanwhile
+                await self.x.run(self.x.ctx().windows.kill, wid)
+        survivors = await wait_gone(list(stubborn))
+        outcome |= {wid: "open" if wid in survivors else "killed" for wid in stubborn}
+        return outcome
+
     def perform(self, action: Action) -> None:
         """Grab the screen (the action wait's reference), then perform ``action`` (X thread)."""
         ctx = self.x.ctx()
@@ -197,3 +288,8 @@ class DesktopServer:
 def desktop_of(request: Request) -> DesktopServer:
     """The :class:`DesktopServer` a request is served by (set on the app by ``build_app``)."""
     return request.app.state.desktop
+
+
+def _private(path: str, flags: int) -> int:
+    """``open`` opener creating the file 0600 (the task's output is no host user's)."""
+    return os.open(path, flags, 0o600)

@@ -4,15 +4,17 @@ Layout of the state directory (one per desktop server)::
 
     baseline/   the clean HOME, built once at start (blink off, XDG folders)
     home/       the live HOME of the desktop user (restored from baseline on reset)
-    run/        XDG_RUNTIME_DIR (0700, the desktop user's)
+    run/        XDG_RUNTIME_DIR (0700, the desktop user's; emptied on reset)
     tmp/        TMPDIR of the task's processes (emptied on reset)
     wm/         HOME of the window manager (its config and cache stay out of the task's HOME)
-    apps.log    stdout/stderr of the task's processes; xvfb.log, wm.log of the infrastructure
+    apps.log    stdout/stderr of the task's processes (0600); xvfb.log, wm.log of the
+                infrastructure
 
 Sandboxed (the default; :mod:`.sandbox`): task processes run inside the desktop's own
 namespaces as OSWorld's ``user`` with HOME ``/home/user``; HOME then lives in
-``sandbox/homes/user`` and ``tmp/`` and ``run/`` are seen inside as ``/tmp`` and
-``/run/user/1000``. Unsandboxed (``sandbox=False``), when the server runs as root, task
+``sandbox/homes/user`` and ``sandbox/tmp/`` and ``sandbox/run/`` are seen inside as ``/tmp``
+and ``/run/user/1000``: all under ``sandbox/`` (0700, root's), so that no host user, not
+even the host's uid 1000 (the sandbox's ``user``), reaches what the task wrote. Unsandboxed (``sandbox=False``), when the server runs as root, task
 processes run as an unprivileged host user (``legato-desktop`` by default, created with
 ``useradd`` if missing) with the state directory's paths as they are. Xvfb and openbox run as
 the server itself under ``setpriv --pdeathsig KILL``, so they die with it even when it is
@@ -33,7 +35,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from . import dbus_session
 from . import home as home_mod
+from .leftovers import empty_dir
 from .procs import ProcessTable, RunAs, descendants, process_table
 from .sandbox import SANDBOX_HOME, SANDBOX_UID, SANDBOX_USER, Sandbox, SandboxError
 
@@ -43,6 +47,8 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: docs/local-desktop.md §9) and no blinking cursors.
 X_RESOURCES = "XTerm*faceName: DejaVu Sans Mono\nXTerm*faceSize: 11\n*cursorBlink: false\n"
 XVFB_TIMEOUT_S = 10.0
+#: How long Xvfb gets to exit on SIGTERM (removing its lock and socket) before SIGKILL.
+XVFB_STOP_S = 2.0
 #: First X display number a desktop tries (lower ones are left to the machine's own X servers).
 DISPLAY_BASE = 20
 PREBUILD_APPS = ("libreoffice",)
@@ -151,8 +157,10 @@ class Session:
         self.state = Path(state_dir)
         self.template = template
         self.procs = ProcessTable()
-        self.run_dir = self.state / "run"
-        self.tmp = self.state / "tmp"
+        # sandboxed: inside sandbox/ (0700), out of every host user's reach
+        private = self.state / "sandbox" if sandbox else self.state
+        self.run_dir = private / "run"
+        self.tmp = private / "tmp"
         self.sandbox: Sandbox | None = None
         if not sandbox and not network:
             raise SessionError("network=none needs the sandbox (sandbox=true)")
@@ -176,6 +184,13 @@ class Session:
         self._xvfb: subprocess.Popen | None = None
         self._wm: subprocess.Popen | None = None
         self.generation = 0  # bumped on every X (re)start; X clients reconnect when it changes
+        # the session D-Bus with dconf (dbus_session.py), when Debian's packages are there
+        self.bus_missing = dbus_session.missing()
+        self.bus = (
+            None
+            if self.bus_missing
+            else dbus_session.SessionBus(self.procs, self.state / "bus.log")
+        )
 
     # -- paths as the task sees them ---------------------------------------------------------
 
@@ -184,20 +199,23 @@ class Session:
         """HOME as the task's processes see it (``/home/user`` in a sandbox)."""
         return SANDBOX_HOME if self.sandbox is not None else str(self.home)
 
-    def host_path(self, path: str) -> str:
-        """The host path of ``path`` as the task's processes see it."""
-        return self.sandbox.host_path(path) if self.sandbox is not None else path
-
     # -- environment -------------------------------------------------------------------------
 
     def task_env(self) -> dict[str, str]:
         """The environment of every task process (built from scratch, nothing inherited).
 
-        ``NO_AT_BRIDGE``/``GTK_A11Y``/``GSETTINGS_BACKEND=memory`` keep GTK apps from
-        autolaunching at-spi, dconf and dbus helpers that outlive them (docs/local-desktop.md §9).
+        ``NO_AT_BRIDGE``/``GTK_A11Y`` keep GTK apps from autolaunching at-spi. With the
+        desktop's session bus (:mod:`.dbus_session`), ``DBUS_SESSION_BUS_ADDRESS`` names it and
+        GSettings persists in dconf; without one, ``GSETTINGS_BACKEND=memory`` keeps apps from
+        autolaunching dconf and dbus helpers that outlive them (docs/local-desktop.md §9, §10).
         """
         home = self.desktop_home
         sandboxed = self.sandbox is not None
+        runtime = f"/run/user/{SANDBOX_UID}" if sandboxed else str(self.run_dir)
+        if self.bus is not None:
+            bus = {"DBUS_SESSION_BUS_ADDRESS": dbus_session.bus_address(runtime)}
+        else:
+            bus = {"GSETTINGS_BACKEND": "memory"}
         return {
             "HOME": home,
             "USER": self.user,
@@ -207,7 +225,7 @@ class Session:
             "LANG": "C.UTF-8",
             "DISPLAY": self.display or "",
             "XDG_SESSION_TYPE": "x11",
-            "XDG_RUNTIME_DIR": f"/run/user/{SANDBOX_UID}" if sandboxed else str(self.run_dir),
+            "XDG_RUNTIME_DIR": runtime,
             "XDG_CONFIG_HOME": f"{home}/.config",
             "XDG_CACHE_HOME": f"{home}/.cache",
             "XDG_DATA_HOME": f"{home}/.local/share",
@@ -215,7 +233,8 @@ class Session:
             "TMPDIR": "/tmp" if sandboxed else str(self.tmp),
             "NO_AT_BRIDGE": "1",
             "GTK_A11Y": "none",
-            "GSETTINGS_BACKEND": "memory",
+            "GTK_USE_PORTAL": "0",
+            **bus,
         }
 
     def run_as(self) -> RunAs:
@@ -254,9 +273,11 @@ class Session:
         home_mod.build_baseline(self.baseline, uid=self.uid, gid=self.gid, template=self.template)
         if "libreoffice" in self.prebuild:
             self._prebuild_libreoffice()
+        self._baseline_settings()
         home_mod.restore(self.baseline, self.home)
         self.start_x()
         self._start_sandbox()
+        self._start_bus()
 
     def _start_sandbox(self) -> None:
         if self.sandbox is None:
@@ -276,9 +297,10 @@ class Session:
 
         A display is claimed through Xvfb's own lock file (``/tmp/.X<n>-lock``, created
         atomically; a second server on the same number exits at once, and the next number is
-        tried). ``-displayfd`` is not used: with it Xvfb takes no lock, and without its
-        abstract socket (off when sandboxed) two servers would pick the same number.
-        Raises :class:`SessionError` when either is not ready within 10 s.
+        tried). A lock whose owner is dead (a server SIGKILLed with its desktop) does not
+        count: Xvfb itself replaces it. ``-displayfd`` is not used: with it Xvfb takes no
+        lock, and without its abstract socket (always off) two servers would pick the same
+        number. Raises :class:`SessionError` when either is not ready within 10 s.
         """
         deadline = time.monotonic() + XVFB_TIMEOUT_S
         number = DISPLAY_BASE
@@ -298,9 +320,11 @@ class Session:
                         f"{self.width}x{self.height}x24",
                         "-nolisten",
                         "tcp",
-                        # sandboxed: no abstract socket (one namespace for every process on
-                        # the host network), so a sandbox reaches only its own socket file
-                        *(["-nolisten", "local"] if self.sandbox is not None else []),
+                        # no abstract socket (one namespace for every process on the host
+                        # network, sandboxed or not): a sandbox reaches only the socket file
+                        # bound into it; host clients connect through the file too
+                        "-nolisten",
+                        "local",
                         "-noreset",
                     ],
                     self._infra_run_as(),
@@ -330,17 +354,57 @@ class Session:
         self.generation += 1
 
     def stop_x(self) -> None:
-        """Kill openbox and Xvfb (by PID) and reap them."""
-        for proc in (self._wm, self._xvfb):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        """Kill openbox, stop Xvfb (by PID) and reap them; the display's lock file and
+        socket are gone afterwards (Xvfb removes them on SIGTERM; when it had to be
+        SIGKILLed after :data:`XVFB_STOP_S`, they are removed here if still its own)."""
+        if self._wm is not None and self._wm.poll() is None:
+            self._wm.kill()
+            self._wm.wait()
+        xvfb, number = self._xvfb, self.display
+        if xvfb is not None and xvfb.poll() is None:
+            xvfb.terminate()
+            try:
+                xvfb.wait(XVFB_STOP_S)
+            except subprocess.TimeoutExpired:
+                xvfb.kill()
+                xvfb.wait()
+        if xvfb is not None and number is not None:
+            _remove_display_files(int(number[1:]), xvfb.pid)
         self._wm = self._xvfb = None
         self.procs.reap()
 
     def alive(self) -> bool:
         """True while Xvfb and the window manager both run."""
         return all(p is not None and p.poll() is None for p in (self._xvfb, self._wm))
+
+    def _baseline_settings(self) -> None:
+        """dconf settings of the baseline HOME (screen lock and idle off; :mod:`.dbus_session`)."""
+        if self.bus is None:
+            return
+        env = self._baseline_env()
+        run_as = RunAs(env=env, cwd=env["HOME"], uid=self.uid, gid=self.gid)
+        try:
+            dbus_session.write_baseline_settings(self.procs, run_as, self.state / "baseline-bus")
+        except dbus_session.SessionBusError as exc:
+            raise SessionError(str(exc)) from None
+
+    def _start_bus(self) -> dict[str, float]:
+        """A fresh session bus for the next attempt; ``{bus_s}`` (seconds), ``{}`` without one."""
+        if self.bus is None:
+            return {}
+        env = self.task_env()
+        runtime = env["XDG_RUNTIME_DIR"]
+        try:
+            return {"bus_s": self.bus.start(self.run_as(), runtime, self.run_dir)}
+        except dbus_session.SessionBusError as exc:
+            raise SessionError(str(exc)) from None
+
+    def _stop_bus(self) -> None:
+        if self.bus is not None:
+            try:
+                self.bus.stop()
+            except dbus_session.SessionBusError as exc:
+                raise SessionError(str(exc)) from None
 
     def close(self) -> None:
         """Kill every process of the desktop (tasks and infrastructure)."""
@@ -355,6 +419,8 @@ class Session:
     def infra_pids(self, table) -> set[int]:
         """Xvfb, the window manager and anything below them; the sandbox's own processes."""
         pids: set[int] = set(self.sandbox.anchor_pids()) if self.sandbox is not None else set()
+        if self.bus is not None:
+            pids |= self.bus.pids(table)
         for proc in (self._xvfb, self._wm):
             if proc is not None and proc.pid in table:
                 pids.add(proc.pid)
@@ -379,14 +445,18 @@ class Session:
     # -- reset ---------------------------------------------------------------------------------
 
     def fast_reset(self) -> dict:
-        """Kill the task's processes and restore HOME and TMPDIR. Returns step timings (s).
+        """Kill the task's processes and restore HOME, TMPDIR and XDG_RUNTIME_DIR. Returns
+        step timings (s).
 
-        Sandboxed, when the task wrote outside HOME and ``/tmp`` (a non-empty overlay upper
-        layer) or the sandbox died, the sandbox is reverted too: ``reverted`` lists what was
-        written (``etc/x``, ...) and ``revert_s`` what it cost.
+        Sandboxed, ``/dev/shm`` and ``/dev/mqueue`` are emptied too; when the task left
+        anything else outside HOME (:meth:`.Sandbox.dirty`: a non-empty overlay upper layer,
+        a file under ``/root``, a System V semaphore...) or the sandbox died, the sandbox is
+        reverted instead: ``reverted`` lists what was left (``etc/x``, ...) and ``revert_s``
+        what it cost.
         """
         t0 = time.perf_counter()
-        killed = self.kill_task_processes()
+        killed = self.kill_task_processes()  # with what the bus activated (dconf-service, ...)
+        self._stop_bus()
         t1 = time.perf_counter()
         detail: dict = {}
         if self.sandbox is not None:
@@ -394,24 +464,29 @@ class Session:
             if dirty or not self.sandbox.alive():
                 detail = {"reverted": dirty or ["(sandbox exited)"]}
                 detail |= self._revert_sandbox()
+            else:
+                self.sandbox.clear_shared()
         t2 = time.perf_counter()
         self._restore_files()
         t3 = time.perf_counter()
+        detail |= self._start_bus()
         return {"kill_s": t1 - t0, "restore_s": t3 - t2, "killed": killed, **detail}
 
     def full_reset(self) -> dict[str, float]:
         """Restart Xvfb and openbox too, and start a clean sandbox (the local snapshot revert)."""
         t0 = time.perf_counter()
+        self._stop_bus()
         self.stop_x()
         if self.sandbox is not None:
             self.sandbox.stop()
         killed = self.kill_task_processes()
         if self.sandbox is not None:
-            _empty_dir(self.tmp / ".X11-unix")
+            empty_dir(self.tmp / ".X11-unix")
         self._restore_files()
         t1 = time.perf_counter()
         self.start_x()
         self._start_sandbox()
+        self._start_bus()
         t2 = time.perf_counter()
         return {"kill_restore_s": t1 - t0, "restart_s": t2 - t1, "killed": killed}
 
@@ -429,14 +504,8 @@ class Session:
                 "prebuild libreoffice: soffice is not installed (apt-get install libreoffice-calc)"
             )
         base = str(self.baseline)
-        env = self.task_env() | {
-            "HOME": base,
-            "XDG_CONFIG_HOME": f"{base}/.config",
-            "XDG_CACHE_HOME": f"{base}/.cache",
-            "XDG_DATA_HOME": f"{base}/.local/share",
-            "XDG_STATE_HOME": f"{base}/.local/state",
-        }
-        env.pop("DISPLAY")
+        env = self._baseline_env() | {"GSETTINGS_BACKEND": "memory"}
+        env.pop("DBUS_SESSION_BUS_ADDRESS", None)
         run_as = RunAs(env=env, cwd=base, uid=self.uid, gid=self.gid)
         try:
             self.procs.run(
@@ -454,19 +523,35 @@ class Session:
         except FileNotFoundError:
             raise SessionError("prebuild libreoffice: soffice did not create a profile") from None
 
+    def _baseline_env(self) -> dict[str, str]:
+        """The task environment with HOME and the XDG folders in the baseline, no display."""
+        base = str(self.baseline)
+        env = self.task_env() | {
+            "HOME": base,
+            "XDG_CONFIG_HOME": f"{base}/.config",
+            "XDG_CACHE_HOME": f"{base}/.cache",
+            "XDG_DATA_HOME": f"{base}/.local/share",
+            "XDG_STATE_HOME": f"{base}/.local/state",
+        }
+        env.pop("DISPLAY")
+        return env
+
     def _restore_files(self) -> None:
         try:
             home_mod.restore(self.baseline, self.home)
         except RuntimeError as exc:
             raise SessionError(str(exc)) from None
         self._fresh_private_dir(self.tmp)
+        self._fresh_private_dir(self.run_dir)
 
     def _fresh_private_dir(self, path: Path) -> None:
         """An empty TMPDIR / XDG_RUNTIME_DIR. Sandboxed, the directory is bound into the
         sandbox, so it is emptied in place (its X socket mount point kept) and ``tmp/`` is
         ``/tmp`` inside (1777, root's)."""
         if self.sandbox is not None and path.is_dir():
-            _empty_dir(path, keep=(".X11-unix",))
+            empty_dir(path, keep=(".X11-unix",))
+            x_socket = os.path.basename(self.x_socket or "")
+            empty_dir(path / ".X11-unix", keep=(x_socket,))  # its mount point stays
             return
         if path.exists():
             shutil.rmtree(path)
@@ -477,24 +562,39 @@ class Session:
             os.chown(path, self.uid, self.gid)
 
 
-def _empty_dir(path: Path, keep: tuple[str, ...] = ()) -> None:
-    """Remove everything inside ``path`` but the names in ``keep`` (missing path: no-op)."""
-    if not path.is_dir():
-        return
-    for entry in os.scandir(path):
-        if entry.name in keep:
-            continue
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path)
-        else:
-            os.unlink(entry.path)
-
-
 def _free_display(number: int) -> int:
-    """The first display number >= ``number`` without an X lock file."""
-    while os.path.exists(f"/tmp/.X{number}-lock"):
+    """The first display number >= ``number`` that no live X server holds: no lock file, or
+    one whose owner pid is dead (Xvfb replaces such a stale lock itself, atomically)."""
+    while os.path.exists(f"/tmp/.X{number}-lock") and not _lock_is_stale(number):
         number += 1
     return number
+
+
+def _lock_is_stale(number: int) -> bool:
+    """True when display ``number``'s lock names a pid that no longer exists (a lock not
+    readable, or naming a live pid, is not stale)."""
+    owner = _lock_owner(number)
+    if owner is None:
+        return False
+    try:
+        os.kill(owner, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _remove_display_files(number: int, pid: int) -> None:
+    """Remove display ``number``'s lock file and socket if the lock still names ``pid``
+    (our Xvfb, now dead): another server may have taken the number since."""
+    if _lock_owner(number) != pid:
+        return
+    for path in (f"/tmp/.X11-unix/X{number}", f"/tmp/.X{number}-lock"):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 def _lock_owner(number: int) -> int | None:

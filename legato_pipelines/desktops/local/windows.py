@@ -116,6 +116,12 @@ class Windows:
         """Ask the WM to close ``wid`` gracefully (``_NET_CLOSE_WINDOW``, as wmctrl ``-c``)."""
         self._send(wid, "_NET_CLOSE_WINDOW", [X.CurrentTime, 2, 0, 0, 0])
 
+    def kill(self, wid: int) -> None:
+        """Close the X connection of the client owning ``wid`` (``XKillClient``, as ``xkill``):
+        for a window that ignores :meth:`close`. Its process usually exits with it."""
+        self.d.kill_client(wid)
+        self.d.sync()
+
     def ensure_focus(self) -> int | None:
         """If no managed window has the focus (e.g. after a click on the empty desktop, which
         unfocuses everything in openbox: docs/local-desktop.md §5), focus the newest one.

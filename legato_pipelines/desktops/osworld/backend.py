@@ -9,8 +9,11 @@ Per attempt::
 
     reset(task)        worker reset: fast (kill the domain's apps, verify, clean HOME) or a
                        snapshot revert, then the task's setup via DesktopEnv.reset
-    wait_after_reset   poll the VM server's GET /screenshot until stable (frame diff), capped
-    observe            worker observe (DesktopEnv.render, resized to the model's size there)
+    wait_after_reset   poll the VM server's GET /screenshot until stable (frame diff), capped;
+                       then the windows the setup produced (``wmctrl -lx`` over /execute)
+    observe            worker observe (DesktopEnv.render, resized to the model's size there);
+                       the first one once windows nobody asked for are closed (again before
+                       the first action: ``..popups``)
     act(action)        render_code(action) -> DesktopEnv.step(code, pause=0)
     wait_after_action  poll /screenshot until stable   (or sleep fixed_wait)
     wait_before_eval   poll /screenshot until stable   (or sleep fixed_wait)
@@ -62,10 +65,11 @@ from ...errors import ConfigError, DesktopError
 from ...images import Screenshot
 from ...osworld_format import needs_full_reset
 from ...tasks import Evaluation, Task
-from ..base import DesktopConfig, WaitsByMode, osworld_code, screenshot_of
+from ..base import DesktopConfig, WaitsByMode, act_facts, osworld_code, screenshot_of
 from ..client import DesktopClient
 from ..domains import REVERT_DOMAINS
 from ..local import ServerProcess, sandbox_options
+from ..popups import PopupGuard, WmctrlWindows
 from ..ready import ScreenshotReady
 from .channel import WorkerProcess
 from .options import default_cache_root, plan_desktops, resolve_python, worker_env
@@ -75,7 +79,7 @@ VM_TOKEN_ENV = "LEGATO_OSWORLD_VM_TOKEN"
 CLOSE_TIMEOUT_S = 60.0
 
 
-class OSWorldDesktop(WaitsByMode):
+class OSWorldDesktop(PopupGuard, WaitsByMode):
     """One OSWorld desktop (implements :class:`~legato_pipelines.desktops.base.Desktop`).
 
     ``start_request`` is the worker's ``start`` request (provider, screen, cache dir, ...);
@@ -104,6 +108,9 @@ class OSWorldDesktop(WaitsByMode):
         self.server_url: str | None = None
         self.worker: WorkerProcess | None = None
         self.last_reset: dict[str, Any] | None = None
+        #: facts of the last reset's setup (steps OSWorld carries on after, as on the local
+        #: backend: ``setup_facts.py``); kept on the attempt's record (``reset.setup_failures``)
+        self.setup_failures: list[dict[str, Any]] = []
         self.last_start: dict[str, Any] | None = None
         self._force_revert = False
         self._http = None
@@ -116,6 +123,8 @@ class OSWorldDesktop(WaitsByMode):
         )
         self.call_timeout = float(opts.get("call_timeout", 120.0))
         self.reset_timeout = float(opts.get("reset_timeout", 300.0))
+        self._windows = WmctrlWindows(self._vm_execute)
+        self._guard_reset()
 
     def __repr__(self) -> str:
         return f"OSWorldDesktop({self.name!r}, provider={self.start_request['provider']!r})"
@@ -174,7 +183,9 @@ class OSWorldDesktop(WaitsByMode):
             or needs_full_reset(task)
         )
         task_config = {**task.config, "id": task.config.get("id") or task.task_id}
+        self._guard_reset()
         self._ready_signal.prepare(task)
+        self.setup_failures = []
         try:
             self.last_reset = await self._call(
                 "reset",
@@ -187,26 +198,33 @@ class OSWorldDesktop(WaitsByMode):
             self._force_revert = True
             raise
         self._force_revert = False
+        self.setup_failures = list(self.last_reset.get("setup_failures") or [])
         return self.last_reset["kind"]
 
     async def observe(self, size: tuple[int, int] | None = None) -> Screenshot:
         """``DesktopEnv.render()``; at the model's ``size`` (width, height) when given, resized
-        in the worker's process (``worker.model_png``), not the collector's."""
+        in the worker's process (``worker.model_png``), not the collector's; the first one once
+        windows nobody asked for are closed (``..popups``)."""
+        await self._guard_handout()
         fields = {"size": list(size)} if size is not None else {}
         answer = await self._call("observe", self.call_timeout, **fields)
         return screenshot_of(base64.b64decode(answer["png"]), self.name, kind="vm")
 
-    async def act(self, action: Action) -> None:
+    async def act(self, action: Action) -> dict[str, Any] | None:
         """:func:`~legato_pipelines.harness.render.render_osworld_code` (``render_pyautogui`` +
-        OSWorld's ``<`` fix) through ``DesktopEnv.step(code, pause=0)``.
+        OSWorld's ``<`` fix; text pyautogui cannot type through XTest) through
+        ``DesktopEnv.step(code, pause=0)``.
 
         ``wait`` is OSWorld's ``WAIT`` (``step`` sleeps ``pause`` twice, so ``pause`` is half
-        the wait). Raises ``DesktopError(kind="act")`` when the action's code failed on the VM.
+        the wait). Returns ``{"not_typed": chars}`` when a ``type`` could not type some
+        characters, else ``None``. Raises ``DesktopError(kind="act")`` when the action's code
+        failed on the VM.
         """
+        await self._guard_first_action()
         if action.action == "wait":
             seconds = self.config.waits.wait_action(action)
             await self._call("step", self.call_timeout + seconds, code="WAIT", pause=seconds / 2)
-            return
+            return None
         code = osworld_code(action, self.name)
         result = await self._call("step", self.call_timeout, code=code, pause=0)
         if result.get("returncode") not in (0, None):
@@ -215,17 +233,21 @@ class OSWorldDesktop(WaitsByMode):
                 f"(exit {result['returncode']}): {(result.get('error') or '').strip()[-300:]}",
                 kind="act",
             )
+        return act_facts(action, result.get("output"))
 
     async def evaluate(self, task: Task, *, last_action_fail: bool = False) -> Evaluation:
         """``DesktopEnv.evaluate()`` (postconfig, getters, metrics) within ``eval_timeout`` s.
 
-        An evaluator exception is ``Evaluation(0, error=reason)``; a dead VM or a hung
-        evaluation raises ``DesktopError`` (kinds ``vm`` / ``evaluator``).
+        An evaluator exception is ``Evaluation(0, error=reason)``; facts about the files the
+        metrics compared (an xlsx with uncached formulas) are ``notes``, the reward unchanged;
+        a dead VM or a hung evaluation raises ``DesktopError`` (kinds ``vm`` / ``evaluator``).
         """
         result = await self._call(
             "evaluate", self.config.eval_timeout, last_action_fail=last_action_fail
         )
-        return Evaluation(float(result["reward"]), result.get("error"))
+        return Evaluation(
+            float(result["reward"]), result.get("error"), tuple(result.get("notes") or ())
+        )
 
     async def recover(self) -> None:
         """Restart the worker and its VM (DesktopEnv constructed anew); next reset reverts.
@@ -271,6 +293,27 @@ class OSWorldDesktop(WaitsByMode):
     async def grab_frame(self) -> np.ndarray:
         """One frame of ``GET /screenshot`` from the VM server (:class:`ScreenshotReady`)."""
         return await self._ready_signal.grab_frame()
+
+    async def _vm_execute(self, argv: list[str]) -> dict[str, Any]:
+        """``POST /execute`` on the VM server (wmctrl for :mod:`..popups`); its JSON answer.
+        Raises ``DesktopError(kind="vm")`` when the server does not answer."""
+        import httpx
+
+        try:
+            response = await self._http.post(
+                "/execute", json={"command": argv, "shell": False}, timeout=30.0
+            )
+        except httpx.HTTPError as exc:
+            raise DesktopError(f"{self.name}: POST /execute: {exc}", kind="vm") from None
+        if response.status_code != 200:
+            return {"returncode": None, "output": "", "error": response.text[:300]}
+        return response.json()
+
+    async def _list_windows(self) -> list[dict[str, Any]] | None:
+        return await self._windows.list()
+
+    async def _close_windows(self, ids: list[Any]) -> dict[Any, str]:
+        return await self._windows.close(ids)
 
     async def _fetch_png(self) -> bytes:
         import httpx

@@ -19,13 +19,15 @@ Operations (``result`` shapes):
   start     construct DesktopEnv once (boots the VM); {vm, screen:[w,h], import_s, start_s}
   reset     {task_config, fast, domain?, kill?}: fast reset (kill the task's apps, verify, restore the
             baseline HOME) or snapshot revert, then the task's own setup through
-            ``DesktopEnv.reset`` (which no longer reverts); {kind: fast|revert, revert_s, clean_s, setup_s}
+            ``DesktopEnv.reset`` (which no longer reverts); {kind: fast|revert, revert_s, clean_s,
+            setup_s, setup_failures: [{step, type, exit_status, error}] (setup_facts.py)}
   observe   {size?: [w, h]}: {png: base64}; at the model's size when given (resized here, in
             the worker's process, by the project's ``images.resized_png``)
   step      {code, pause?}: ``DesktopEnv.step(code, pause)`` (pause 0 unless given);
-            {done, info, returncode, error}
-  evaluate  {last_action_fail}: ``DesktopEnv.evaluate()``; {reward, error}. An exception from
-            the evaluator is a reward 0 with its reason, not a failure.
+            {done, info, returncode, error, output} (``output``: the code's stdout tail)
+  evaluate  {last_action_fail}: ``DesktopEnv.evaluate()``; {reward, error, notes}. An exception
+            from the evaluator is a reward 0 with its reason, not a failure; ``notes`` are facts
+            about the files the metrics were given (``osworld_format/file_notes.py``).
   close     ``DesktopEnv.close()`` (stops the VM), then the worker exits.
 
 Silent failures of DesktopEnv become errors here (docs/osworld.md §8): a dead server before
@@ -58,19 +60,26 @@ KNOWN_PROVIDERS = CLEAN_START + ("vmware", "virtualbox")
 PROBE_TIMEOUT_S = 5.0
 
 
-def _load(relative: str, name: str):
-    """A module of the project that imports only the standard library (``desktops/domains.py``,
-    ``images.py``), loaded by its path: this interpreter cannot import the project's package."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    path = os.path.normpath(os.path.join(here, relative))
-    spec = importlib.util.spec_from_file_location(name, path)
+def _load_by_path(relative: str, name: str):
+    """A standard-library-only module of the package (``relative`` to ``legato_pipelines/``),
+    loaded by its path: this interpreter cannot import the project's package."""
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(package, relative))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_domains = _load("../domains.py", "legato_desktop_domains")
-_images = _load("../../images.py", "legato_images")
+def _load_domains():
+    """``desktops/domains.py`` (standard library only)."""
+    return _load_by_path(os.path.join("desktops", "domains.py"), "legato_desktop_domains")
+
+
+_domains = _load_domains()
+#: ``osworld_format/file_notes.py``: facts about the files OSWorld's metrics compare.
+_file_notes = _load_by_path(os.path.join("osworld_format", "file_notes.py"), "legato_file_notes")
+#: ``images.py``: the one resize of a screenshot to the model's size (``model_png``).
+_images = _load_by_path("images.py", "legato_images")
 DOMAIN_PROCESSES = _domains.DOMAIN_PROCESSES
 BASELINE_DIR = _domains.BASELINE_DIR
 baseline_script = _domains.baseline_script
@@ -274,6 +283,8 @@ class Worker:
         self.base_url = ""
         self.baseline_ready = False
         self.last_execute: list = []
+        self.eval_notes: list[str] = []
+        self.facts = None  # setup_facts.SetupFacts, once DesktopEnv is there
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -362,11 +373,7 @@ class Worker:
 
     def _use_local_provider(self, de, req: dict) -> None:
         """Swap the factory DesktopEnv calls for one returning the project-local provider."""
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "provider_local.py")
-        spec = importlib.util.spec_from_file_location("legato_osworld_provider_local", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
+        module = load_sibling("provider_local")
         self.vm_token = os.environ.get(req.get("vm_token_env") or "LEGATO_OSWORLD_VM_TOKEN") or None
         url = req["vm_url"].rstrip("/")
         ports = req.get("ports") or {}
@@ -379,18 +386,25 @@ class Worker:
         )
 
     def _watch_controllers(self) -> None:
-        """Record what ``execute_python_command`` and ``setup`` return (DesktopEnv drops it)."""
+        """Record what ``execute_python_command`` and ``setup`` return (DesktopEnv drops it);
+        run setups step by step, keeping the failures OSWorld carries on after as facts
+        (``setup_facts.py``)."""
         env = self.env
         execute = env.controller.execute_python_command
-        setup = env.setup_controller.setup
+        controller = env.setup_controller
+        setup = controller.setup
+        if self.facts is None:
+            import desktop_env.controllers.setup as setup_module
+
+            self.facts = load_sibling("setup_facts").SetupFacts(setup_module)
 
         def watched_execute(command, _execute=execute):
             result = _execute(command)
             self.last_execute.append(result)
             return result
 
-        def watched_setup(config, use_proxy=False, _setup=setup):
-            ok = _setup(config, use_proxy)
+        def watched_setup(config, use_proxy=False, _setup=setup, _controller=controller):
+            ok = self.facts.run(_setup, _controller, config, use_proxy)
             if not ok:
                 raise WorkerError(
                     "setup", "SetupController.setup returned False (the VM server is unreachable)"
@@ -399,6 +413,29 @@ class Worker:
 
         env.controller.execute_python_command = watched_execute
         env.setup_controller.setup = watched_setup
+
+    def _watch_metrics(self) -> None:
+        """Note facts about what OSWorld's metrics are given (an xlsx whose formulas hold no
+        cached values: ``file_notes``) in :attr:`eval_notes`; the metrics run unchanged and
+        their scores are returned as they are (``DesktopEnv.evaluate`` stays the authority)."""
+        env = self.env
+
+        def watched(metric):
+            def call(*args, **kwargs):
+                for value, role in zip(args, ("result", "expected"), strict=False):
+                    try:
+                        self.eval_notes.extend(_file_notes.file_notes(value, role))
+                    except Exception:  # a note must never change the grade
+                        traceback.print_exc(file=sys.stderr)
+                return metric(*args, **kwargs)
+
+            return call
+
+        metric = getattr(env, "metric", None)
+        if isinstance(metric, list):
+            env.metric = [watched(m) for m in metric]
+        elif callable(metric):
+            env.metric = watched(metric)
 
     def _probe(self) -> None:
         http_probe(self.base_url + "/screenshot", self.vm_token)
@@ -465,22 +502,27 @@ class Worker:
         self._probe()
         check_evaluator(task)
         t2 = time.perf_counter()
+        if self.facts is not None:
+            self.facts.failures = []
         try:
             obs = env.reset(task_config=task)
         except WorkerError:
             raise
         except Exception as exc:
             raise WorkerError("setup", f"task setup failed: {_describe(exc)}") from None
+        setup_failures = list(self.facts.failures) if self.facts is not None else []
         if obs.get("screenshot") is None:
             raise WorkerError(
                 "vm", "no screenshot after the task's setup (the VM server stopped answering)"
             )
+        self._watch_metrics()
         return {
             "kind": kind,
             "revert_s": revert_s,
             "clean_s": clean_s,
             "setup_s": time.perf_counter() - t2,
             "reset_s": time.perf_counter() - t0,
+            "setup_failures": setup_failures,
             **detail,
         }
 
@@ -537,6 +579,7 @@ class Worker:
                 )
             result["returncode"] = answer.get("returncode")
             result["error"] = (answer.get("error") or "")[-2000:] or None
+            result["output"] = (answer.get("output") or "")[-2000:] or None
         if obs.get("screenshot") is None:
             raise WorkerError(
                 "vm", "no screenshot after the action (the VM server stopped answering)"
@@ -551,6 +594,7 @@ class Worker:
         if req.get("last_action_fail"):
             env.step("FAIL", pause=0)  # OSWorld's FAIL: infeasible scores 1, other metrics 0
         t0 = time.perf_counter()
+        self.eval_notes = []
         try:
             reward = float(env.evaluate())
             error = None
@@ -558,7 +602,13 @@ class Worker:
             raise
         except Exception as exc:
             reward, error = 0.0, _describe(exc)
-        return {"reward": reward, "error": error, "eval_s": time.perf_counter() - t0}
+        notes = list(dict.fromkeys(self.eval_notes))
+        return {
+            "reward": reward,
+            "error": error,
+            "notes": notes,
+            "eval_s": time.perf_counter() - t0,
+        }
 
     def close(self, req: dict) -> dict:
         env, self.env = self.env, None
@@ -590,6 +640,20 @@ def model_png(png: bytes, size) -> bytes:
         if image.size == (width, height):
             return png
         return _images.resized_png(image, (width, height))
+
+
+def load_sibling(name: str) -> types.ModuleType:
+    """Import ``<name>.py`` from this file's directory by path (``-I`` keeps the script's
+    directory off ``sys.path``), once, as ``legato_osworld_<name>``."""
+    full = f"legato_osworld_{name}"
+    if full in sys.modules:
+        return sys.modules[full]
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(full, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[full] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,0 +1,113 @@
+"""Chromium answering as ``google-chrome`` inside a sandboxed desktop, as OSWorld's configs expect.
+
+OSWorld's chrome tasks (and many multi_apps tasks) launch ``["google-chrome",
+"--remote-debugging-port=1337"]``, bridge it with ``socat tcp-listen:9222,fork
+tcp:localhost:1337``, read the profile under ``~/.config/google-chrome`` and stop it with
+``pkill chrome``. Google's build is not in Debian; Debian's ``chromium`` is, so every sandbox
+gets, in the seed layer under its ``/usr`` overlay (docs/sandbox.md §2):
+
+- ``/usr/bin/google-chrome`` and ``/usr/bin/google-chrome-stable``: a wrapper that runs
+  Chromium with the profile in ``~/.config/google-chrome``, no first-run window, no default-
+  browser check, passwords in the profile (no keyring), no background downloads (component
+  updates, variations), and ``--remote-debugging-port=1337`` unless the caller passes its own;
+- ``/usr/lib/chromium/chrome``: Chromium's binary bind-mounted under that name (the mount point
+  is an empty file of the seed layer), which the wrapper executes, so the browser's processes
+  are named ``chrome`` and ``pkill chrome`` stops it as in OSWorld's VM. Chromium names its
+  processes after ``/proc/self/exe`` (``prctl(PR_SET_NAME)``), so neither a symlink nor
+  ``exec -a`` would do: ``chromium`` does not match ``pkill chrome``;
+- ``/usr/share/applications/google-chrome.desktop``, which one config copies and edits.
+
+Nothing of the host changes: the files exist only inside the desktops' sandboxes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: Debian's Chromium binary (package ``chromium``) and its launcher.
+CHROMIUM_BINARY = "/usr/lib/chromium/chromium"
+CHROMIUM_LAUNCHER = "/usr/bin/chromium"
+#: OSWorld's Chrome DevTools port inside the VM (docs/osworld.md §2).
+CDP_PORT = 1337
+#: Where Chromium's binary is bind-mounted inside a sandbox: its name becomes the process name.
+CHROME_BINARY = "usr/lib/chromium/chrome"
+
+WRAPPER = f"""#!/bin/sh
+# google-chrome on a legato local desktop: Debian's Chromium with OSWorld's profile folder and
+# DevTools port (legato_pipelines/desktops/local/chrome.py). Flags given later win.
+export CHROME_WRAPPER=/usr/bin/google-chrome CHROME_DESKTOP=google-chrome.desktop
+exec /{CHROME_BINARY} \\
+  --user-data-dir="$HOME/.config/google-chrome" \\
+  --no-first-run --no-default-browser-check --password-store=basic \\
+  --disable-background-networking --disable-component-update --disable-breakpad \\
+  --remote-debugging-port={CDP_PORT} "$@"
+"""
+
+DESKTOP_ENTRY = """[Desktop Entry]
+Version=1.0
+Name=Google Chrome
+GenericName=Web Browser
+Exec=/usr/bin/google-chrome-stable %U
+StartupNotify=true
+Terminal=false
+Icon=chromium
+Type=Application
+Categories=Network;WebBrowser;
+MimeType=text/html;text/xml;application/xhtml+xml;x-scheme-handler/http;x-scheme-handler/https;
+StartupWMClass=Google-chrome
+"""
+
+
+def available() -> bool:
+    """True when Debian's Chromium is installed (``apt-get install chromium``)."""
+    return os.access(CHROMIUM_BINARY, os.X_OK)
+
+
+def write_seed(seed: Path) -> list[str]:
+    """Lay the ``google-chrome`` files into a sandbox's seed directory (``seed/usr/...``).
+
+    Does nothing and returns ``[]`` when Chromium is not installed; else returns the paths
+    written, relative to ``seed``. Existing files are replaced. Raises ``OSError`` when the
+    seed directory cannot be written.
+    """
+    if not available():
+        return []
+    written = []
+    for rel, text, mode in (
+        ("usr/bin/google-chrome", WRAPPER, 0o755),
+        ("usr/share/applications/google-chrome.desktop", DESKTOP_ENTRY, 0o644),
+    ):
+        path = seed / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        os.chmod(path, mode)
+        written.append(rel)
+    link = seed / "usr/bin/google-chrome-stable"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to("google-chrome")
+    mount_point = seed / CHROME_BINARY
+    mount_point.parent.mkdir(parents=True, exist_ok=True)
+    mount_point.touch()
+    os.chmod(mount_point, 0o755)
+    written += ["usr/bin/google-chrome-stable", CHROME_BINARY]
+    for directory in (
+        "usr",
+        "usr/bin",
+        "usr/lib",
+        "usr/lib/chromium",
+        "usr/share",
+        "usr/share/applications",
+    ):
+        os.chmod(seed / directory, 0o755)
+    return written
+
+
+def bind_mounts(seed: Path) -> list[tuple[str, str]]:
+    """``(host file, path inside the sandbox without the leading /)`` pairs to bind-mount when a
+    sandbox starts: Chromium's binary onto :data:`CHROME_BINARY`, once :func:`write_seed` laid
+    its mount point into ``seed``; else none."""
+    if available() and (seed / CHROME_BINARY).is_file():
+        return [(CHROMIUM_BINARY, CHROME_BINARY)]
+    return []

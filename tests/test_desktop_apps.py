@@ -1,0 +1,64 @@
+"""Every app a local desktop has from Debian (``DESKTOP_APPS``) launches in a sandboxed desktop,
+maps its main window within a minute, and is gone after the next reset. Real server, real Xvfb."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from legato_pipelines.desktops.local.apps import DESKTOP_APPS, DesktopApp
+from tests.desktop_local_support import RunningServer, needs_xvfb
+
+pytestmark = [
+    needs_xvfb,
+    pytest.mark.desktop,
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes need root (uid maps)"),
+]
+#: GIMP's first start with a new profile takes ~6 s on 2 cores, Thunderbird's ~4 s.
+LAUNCH_TIMEOUT_S = 60.0
+TITLE_RE = re.compile(r'<frame name="([^"]*)"')
+
+
+@pytest.fixture(scope="module")
+def server():
+    running = RunningServer(1280, 720)
+    yield running
+    running.stop()
+
+
+def app_id(app: DesktopApp) -> str:
+    return app.provides if app.command[0] == "libreoffice" else app.command[0]
+
+
+@pytest.mark.parametrize("app", DESKTOP_APPS, ids=app_id)
+async def test_app_launches_and_maps_its_main_window(server, app):
+    if not app.installed():
+        pytest.skip(f"{app_id(app)} is not installed (apt-get install {app.packages})")
+    client = server.client()
+    try:
+        await client.reset()
+        t0 = time.monotonic()
+        await client.launch(list(app.command))
+        titles: list[str] = []
+        while not any(app.title.lower() in title.lower() for title in titles):
+            if time.monotonic() - t0 > LAUNCH_TIMEOUT_S:
+                log = (Path(server.state) / "apps.log").read_text(errors="replace")[-1500:]
+                pytest.fail(
+                    f"{app_id(app)}: no window titled *{app.title}* within {LAUNCH_TIMEOUT_S:.0f}"
+                    f" s; windows: {titles}; apps.log: {log}"
+                )
+            await asyncio.sleep(0.1)
+            titles = TITLE_RE.findall(await client.accessibility())
+        # first-start dialogs the baseline HOME turns off (VLC's privacy policy)
+        assert not [t for t in TITLE_RE.findall(await client.accessibility()) if "Privacy" in t]
+        assert (await client.reset())["kind"] == "fast"
+        assert (await client.processes())["task"] == []  # the app and its helpers are gone
+        assert TITLE_RE.findall(await client.accessibility()) == []
+    finally:
+        await client.aclose()
