@@ -206,7 +206,7 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
         in the worker's process (``worker.model_png``), not the collector's; the first one once
         windows nobody asked for are closed (``..popups``)."""
         await self._guard_handout()
-        fields = {"size": list(size)} if size is not None else {}
+        fields = {"size": list(size), "pillow": _pillow_version()} if size is not None else {}
         answer = await self._call("observe", self.call_timeout, **fields)
         return screenshot_of(base64.b64decode(answer["png"]), self.name, kind="vm")
 
@@ -337,6 +337,14 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
             return float(result["ready_s"]), bool(result.get("timed_out"))
         result = await self._ready_signal.wait(mode, timeout_s=cap_s)
         return result.ready_s, result.timed_out
+
+
+def _pillow_version() -> str:
+    """This interpreter's Pillow version: the worker resizes only with the same one (the same
+    bytes as the collector's resize), else it sends the whole screenshot."""
+    import PIL
+
+    return PIL.__version__
 
 
 async def open_osworld_desktops(config: DesktopConfig, n: int) -> list[OSWorldDesktop]:

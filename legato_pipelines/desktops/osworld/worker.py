@@ -21,8 +21,9 @@ Operations (``result`` shapes):
             baseline HOME) or snapshot revert, then the task's own setup through
             ``DesktopEnv.reset`` (which no longer reverts); {kind: fast|revert, revert_s, clean_s,
             setup_s, setup_failures: [{step, type, exit_status, error}] (setup_facts.py)}
-  observe   {size?: [w, h]}: {png: base64}; at the model's size when given (resized here, in
-            the worker's process, by the project's ``images.resized_png``)
+  observe   {size?: [w, h], pillow?}: {png: base64}; at the model's size when given (resized
+            here, in the worker's process, by the project's ``images.resized_png``, when this
+            interpreter's Pillow is the collector's version ``pillow``)
   step      {code, pause?}: ``DesktopEnv.step(code, pause)`` (pause 0 unless given);
             {done, info, returncode, error, output} (``output``: the code's stdout tail)
   evaluate  {last_action_fail}: ``DesktopEnv.evaluate()``; {reward, error, notes}. An exception
@@ -554,7 +555,7 @@ class Worker:
         if png is None:
             raise WorkerError("vm", "no screenshot (the VM server stopped answering)")
         if req.get("size") is not None:
-            png = model_png(png, req["size"])
+            png = model_png(png, req["size"], req.get("pillow"))
         return {"png": base64.b64encode(png).decode("ascii")}
 
     def step(self, req: dict) -> dict:
@@ -622,13 +623,13 @@ class Worker:
         return self.env
 
 
-def model_png(png: bytes, size) -> bytes:
+def model_png(png: bytes, size, pillow: str | None = None) -> bytes:
     """The VM's screenshot at the model's ``size`` ([width, height]), resized here in the
     worker's process by the project's own ``images.resized_png`` (what the collector would
-    do: decode, Pillow's default resize, encode); the VM's own bytes when it has that size."""
+    do: decode, Pillow's default resize, encode). The VM's own bytes when it already has that
+    size, or when this interpreter has no Pillow or another version than ``pillow`` (the
+    collector's: the same version makes the same bytes), so the collector resizes it."""
     import io
-
-    from PIL import Image
 
     try:
         width, height = (int(v) for v in size)
@@ -636,6 +637,13 @@ def model_png(png: bytes, size) -> bytes:
         raise WorkerError(
             "protocol", f"observe: size must be [width, height], got {size!r}"
         ) from None
+    try:
+        import PIL
+        from PIL import Image
+    except ImportError:
+        return png
+    if pillow is not None and PIL.__version__ != pillow:
+        return png
     with Image.open(io.BytesIO(png)) as image:
         if image.size == (width, height):
             return png
