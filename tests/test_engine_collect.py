@@ -777,3 +777,17 @@ def test_click_outside_the_model_image_is_a_parse_error_and_sends_no_input(tmp_p
     assert second["actions"][0]["screen"] == [636, 360] and second.get("parse_error") is None
     assert sent == [("left_click", 636, 360)]  # the valid click only
     assert summary["parse_errors"] == 1 and record["outcome"] == "done"
+
+
+def test_profile_percentiles_are_numpys():
+    """The profile's model-call percentiles (computed without numpy, which `legato collect`
+    no longer imports) equal numpy.percentile's default (linear) on any data."""
+    import random
+
+    from legato_pipelines.rollout.profile import percentile
+
+    rng = random.Random(7)
+    for n in (1, 2, 3, 10, 99, 1000):
+        values = sorted(rng.lognormvariate(0, 1) for _ in range(n))
+        for q in (50, 95, 99):
+            assert percentile(values, q) == float(np.percentile(values, q)), (n, q)
