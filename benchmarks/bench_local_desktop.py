@@ -6,7 +6,8 @@ Starts one real desktop server (Xvfb + openbox) and measures, with real apps:
   probe      one ready-signal probe in-process: raw grab + frame comparison (ms)
   act        POST /legato/act round trip for a click, a 20-character type, a key chord (ms)
   ready      POST /legato/wait after typing into l3afpad: ready_s and the whole wait (s)
-  observe    GET /legato/observe: PNG grab + encode + transfer (ms) and PNG size (KB)
+  observe    GET /legato/observe: PNG grab + encode + transfer (ms) and PNG size (KB); the
+             whole screen and the model's size (qwen3vl), with the server's CPU per observation
   reset      reset-to-ready for an editor task (l3afpad on a file) and a terminal task (xterm):
              LocalDesktop.reset (server fast reset + setup steps) + wait_after_reset (s)
   calc       (--calc) the same for a LibreOffice Calc task (open a CSV), with a fresh profile
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 
@@ -28,7 +30,14 @@ from rich.table import Table
 from legato_pipelines.actions import Action
 from legato_pipelines.desktops.base import DesktopConfig
 from legato_pipelines.desktops.local import open_local_desktops
+from legato_pipelines.harness import Harness
 from legato_pipelines.tasks import Task
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) from /proc."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def summary(values: list[float], scale: float = 1.0) -> dict:
@@ -160,6 +169,20 @@ async def bench(width: int, height: int, n: int) -> dict:
             sizes.append(len(shot.png) / 1024)
         results["observe_ms"] = summary(obs, 1000)
         results["png_kb"] = summary(sizes)
+        # the whole screen (as the collector used to get it) and the model's size (issue 18):
+        # wall per observation and the desktop server process's own CPU per observation
+        model = Harness().episode("x", (width, height)).model_size
+        for key, size in (("observe_full", None), ("observe_model", model)):
+            times, cpu0 = [], process_cpu_s(desktop.server.pid)
+            for _ in range(4 * n):
+                t0 = time.perf_counter()
+                shot = await desktop.observe(size)
+                times.append(time.perf_counter() - t0)
+            results[key] = {
+                "size": list(shot.size), "wall_ms": summary(times, 1000),
+                "server_cpu_ms": (process_cpu_s(desktop.server.pid) - cpu0) / (4 * n) * 1000,
+                "png_kb": len(shot.png) / 1024,
+            }  # fmt: skip
 
         for t in (EDITOR, TERMINAL):
             totals, server_reset, ready_s = [], [], []
@@ -202,6 +225,12 @@ def show(results: dict) -> None:
     table.add_row("wait after typing (client)", fmt(results["ready_after_type"]["wait_s"], "s"))
     table.add_row("observe (grab + PNG + HTTP)", fmt(results["observe_ms"], "ms"))
     table.add_row("PNG size", fmt(results["png_kb"], "KB"))
+    for key in ("observe_full", "observe_model"):
+        r = results[key]
+        table.add_row(
+            f"{key} {r['size'][0]}x{r['size'][1]}: wall, server CPU, PNG",
+            f"{fmt(r['wall_ms'], 'ms')}, {r['server_cpu_ms']:.1f} ms, {r['png_kb']:.0f} KB",
+        )
     for name in ("editor", "terminal"):
         r = results[f"reset_{name}"]
         table.add_row(f"reset-to-ready, {name} task", fmt(r["reset_to_ready_s"], "s"))

@@ -4,6 +4,12 @@ The run directory stores each image once by SHA-256 (``images/<sha>.png``) and m
 to it as ``legato-image://<sha>``; the policy client splices the data URL in when it sends a
 request. Both derived values are cached on the object, so an image that stays in the prompt
 for 20 steps is hashed and base64-encoded once, not once per request.
+
+:func:`resized_png` is the one resize of a screenshot to the model's size, wherever it runs:
+the collector (``harness/resize.py``), the fake backend, the local desktop server and the
+OSWorld worker, so what the model sees is the same pixels and bytes whichever side made it.
+This module imports only the standard library (Pillow inside the functions that need it): the
+OSWorld worker, which runs under another interpreter, loads it by its path.
 """
 
 from __future__ import annotations
@@ -67,12 +73,48 @@ class Screenshot:
     @classmethod
     def from_pil(cls, image, *, compress_level: int = 1) -> Screenshot:
         """Encode a PIL image as PNG (``compress_level`` 1: ~2x faster than 6, ~1.5x bigger)."""
-        buf = io.BytesIO()
-        image.save(buf, format="PNG", compress_level=compress_level)
-        return cls(buf.getvalue(), image.width, image.height)
+        return cls(encode_png(image, compress_level=compress_level), image.width, image.height)
+
+    def complete(self) -> bool:
+        """Whether the PNG ends with its ``IEND`` chunk (cheap: no decoding). Half a PNG (a
+        connection dropped mid-transfer) does not; the engine checks the screenshots it does not
+        decode itself."""
+        return png_complete(self.png)
 
     def __repr__(self) -> str:
         return f"Screenshot({self.width}x{self.height}, {len(self.png)} bytes)"
+
+
+def encode_png(image, *, compress_level: int = 1) -> bytes:
+    """A PIL image as PNG bytes (Pillow's encoder, zlib ``compress_level``)."""
+    buf = io.BytesIO()
+    image.save(buf, format="PNG", compress_level=compress_level)
+    return buf.getvalue()
+
+
+def resized_png(image, size: tuple[int, int]) -> bytes:
+    """``image`` (a PIL image) resized to ``size`` = (width, height), as PNG bytes.
+
+    The resize OSWorld's Qwen agents do before sending a screenshot: ``Image.resize`` with
+    Pillow's default filter (bicubic for RGB/RGBA; nearest for modes "1"/"P"), then a PNG,
+    here at zlib level 1 (same pixels as level 6, ~2x faster). An image already of that size
+    is only encoded. Every side that resizes a screenshot for the model calls this (module
+    docs), so the same pixels in give the same bytes out.
+    """
+    width, height = size
+    if image.size != (width, height):
+        # No explicit filter: Pillow's default, as OSWorld.
+        image = image.resize((width, height))
+    return encode_png(image)
+
+
+_PNG_END = b"IEND\xaeB`\x82"  # the IEND chunk's type and CRC-32: the last 8 bytes of a PNG
+
+
+def png_complete(png: bytes) -> bool:
+    """Whether ``png`` ends with a PNG's ``IEND`` chunk (trailing bytes after it are allowed
+    up to 64): a cheap test for half a PNG, without decoding."""
+    return png.rfind(_PNG_END, max(0, len(png) - 72)) != -1
 
 
 def png_size(png: bytes) -> tuple[int, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import math
 import os
 import shutil
@@ -47,6 +48,59 @@ async def test_screenshot_is_a_png_of_the_screen_size(client):
     assert await client.screen_size() == (1024, 768)
     assert await client.platform() == "Linux"
     assert (await client.terminal())["status"] == "success"
+
+
+async def _stable_screen(client):
+    """A full-size observation of a screen that did not change around it (two equal grabs)."""
+    for _ in range(20):
+        first = await client.observe()
+        second = await client.observe()
+        if first.png == second.png:
+            return first
+        await asyncio.sleep(0.1)
+    raise AssertionError("the screen kept changing")
+
+
+@needs_apps
+async def test_model_size_observation_equals_the_collector_resize_on_a_real_screen(client):
+    """On a real Xvfb screen (an editor with text, an xterm, the cursor): the server's
+    model-size PNG (/legato/observe?width=&height=) is byte for byte what the collector-side
+    path (decode the full PNG, Pillow's default resize, encode) makes of the same screen, for
+    the Qwen variants' sizes and a downscale; the full screen stays the server's own PNG."""
+    from PIL import Image
+
+    from legato_pipelines.harness import Harness
+    from legato_pipelines.harness.resize import ResizeRule, resize_screenshot
+
+    await client.launch(["xterm"])
+    await client.launch(["l3afpad"])
+    await client.wait("launch")
+    await client.act(Action("type", text="model-size screenshots: the same pixels"))
+    await client.act(Action("mouse_move", x=300, y=200))
+    await client.wait("action")
+    rules = [Harness(variant=v).resize_rule for v in ("qwen3vl", "qwen25vl")]
+    rules.append(ResizeRule(factor=32, max_pixels=640 * 480))  # a downscale
+    sizes = {rule.size(1024, 768) for rule in rules}
+    assert (1024, 768) in sizes and len(sizes) == 3  # qwen3vl needs no resize at 1024x768
+    for rule in rules:
+        size = rule.size(1024, 768)
+        full = await _stable_screen(client)
+        shot = await client.observe(size)
+        assert shot.size == size and shot.complete()
+        expected = resize_screenshot(full, rule)
+        if size == (1024, 768):
+            assert shot.png == full.png  # no resize: the server's own PNG, untouched
+            continue
+        assert shot.png == expected.png, size
+        with Image.open(io.BytesIO(shot.png)) as img:
+            assert img.mode == "RGB" and len(img.getcolors(1 << 24)) > 50  # real content
+
+
+async def test_observe_refuses_a_bad_size(server, client):
+    async with httpx.AsyncClient(base_url=server.url, headers=client._http.headers) as raw:
+        for query in ("width=100", "width=0&height=10", "width=a&height=2"):
+            answer = await raw.get("/legato/observe?" + query)
+            assert answer.status_code == 400 and "width" in answer.json()["message"]
 
 
 async def test_every_route_needs_the_token(server):

@@ -317,3 +317,18 @@ def test_calls_that_time_out_count_as_hung(tmp_path):
     assert res.returncode == 1  # nothing graded
     summary = json.loads(legato("profile", tmp_path / "run", "--json").stdout)
     assert summary["policy_errors"] == 2 and summary["hung_calls"] == 4  # 2 calls x (1 + 1 retry)
+
+
+def test_screen_flag_sets_the_desktops_screen_size(policy_server, tmp_path):
+    """``--screen WxH`` is the fake desktops' screen: a 1920x1080 screen reaches the model as
+    qwen3vl's 1920x1088 (docs/osworld.md §4); a malformed size is bad input naming the flag."""
+    tasks = write_tasks(tmp_path / "tasks.json", 1)
+    out = tmp_path / "run"
+    extra = ("--group", "1", "--max-steps", "1", "--screen", "1920x1080")
+    res = legato(*collect_args(policy_server, tasks, out, *extra))
+    assert res.returncode == 0, res.stderr
+    from legato_pipelines.images import png_size
+
+    assert {png_size(p.read_bytes()) for p in (out / "images").glob("*.png")} == {(1920, 1088)}
+    bad = legato(*collect_args(policy_server, tasks, tmp_path / "bad", "--screen", "1920*1080"))
+    assert bad.returncode == 2 and "--screen" in bad.stderr and "Traceback" not in bad.stderr

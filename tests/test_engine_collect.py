@@ -3,6 +3,7 @@ loopback, real run directories. Statuses, accounting, advantages, dedup, resume.
 
 from __future__ import annotations
 
+import io
 import math
 from collections import Counter
 from pathlib import Path
@@ -625,6 +626,118 @@ def test_a_line_that_is_not_a_record_is_an_error(policy_server, tmp_path):
         read_records(tmp_path)
 
 
+@pytest.mark.parametrize("screen", [(1280, 720), (1920, 1080)])
+def test_collector_does_no_pixel_work_when_the_desktop_resizes(
+    policy_server, tmp_path, monkeypatch, screen
+):
+    """Desktops that resize (observe(size=)) hand out the model-size PNG: the collector never
+    decodes, resizes or encodes a screenshot (both are made to fail here), and what it stores
+    and sends is what the collector-side path makes of the full screen, pixel for pixel."""
+    from PIL import Image
+
+    from legato_pipelines.desktops.fake import frame_pool
+    from legato_pipelines.harness import Harness
+    from legato_pipelines.harness import episode as episode_module
+    from legato_pipelines.images import Screenshot
+
+    def no_pixel_work(*args, **kwargs):
+        raise AssertionError("the collector did pixel work on a screenshot")
+
+    monkeypatch.setattr(episode_module, "resize_screenshot", no_pixel_work)
+    monkeypatch.setattr(Screenshot, "to_pil", no_pixel_work)
+    desktop = DesktopConfig(
+        backend="fake", screen_width=screen[0], screen_height=screen[1], options={"unique": True}
+    )
+    summary = collect(
+        load_tasks(fake_tasks(2)), policy(policy_server), tmp_path, desktops=2,
+        desktop=desktop, group=2, max_steps=3,
+    )  # fmt: skip
+    assert summary["counts"]["ok"] == summary["records"] == 4 and summary["steps"] == 12
+    monkeypatch.undo()
+    rule = Harness().resize_rule
+    expected = set()
+    for frame in frame_pool(*screen):
+        with Image.open(io.BytesIO(frame.png)) as img:
+            expected.add(img.resize(rule.size(*screen)).tobytes())
+    stored = list((tmp_path / "images").glob("*.png"))
+    assert len(stored) == 12  # a new screenshot every step, as on real screens
+    for path in stored:
+        with Image.open(path) as img:
+            assert img.size == rule.size(*screen) and img.tobytes() in expected
+
+
+def test_a_batch_collects_young_garbage_less_often_and_restores_the_thresholds(
+    policy_server, tmp_path
+):
+    """While a batch runs the young generation's GC threshold is GC_YOUNG_THRESHOLD (a step
+    leaves ~70 long-lived objects; the default 700 made the cycle collector a fifth of the
+    collector's CPU at 1,000 desktops); the thresholds in force before are restored after."""
+    import gc
+
+    from legato_pipelines.rollout.engine import GC_YOUNG_THRESHOLD
+
+    before = gc.get_threshold()
+    seen = []
+    collect(
+        load_tasks(fake_tasks(1)), policy(policy_server), tmp_path, desktops=1,
+        desktop=fake(), group=2, max_steps=2, on_record=lambda r: seen.append(gc.get_threshold()),
+    )  # fmt: skip
+    assert seen and all(t == (GC_YOUNG_THRESHOLD, *before[1:]) for t in seen)
+    assert gc.get_threshold() == before
+
+
+async def test_desktop_client_calls_leave_no_cyclic_garbage():
+    """The desktop client (every observe, act and wait of a local desktop) frees what a call
+    made by reference counting: no httpx Response <-> stream cycle per call."""
+    import gc
+
+    import httpx
+
+    from legato_pipelines.desktops.client import DesktopClient
+    from legato_pipelines.desktops.fake import frame_pool
+
+    png = frame_pool(640, 480, frames=1)[0].png
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=png))
+    client = DesktopClient("http://desktop.test:5000", "token", transport=transport)
+    try:
+        await client.observe((640, 480))
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(20):
+                await client.observe((640, 480))
+            unreachable = gc.collect()
+        finally:
+            gc.enable()
+    finally:
+        await client.aclose()
+    assert unreachable < 20, f"{unreachable} objects in reference cycles after 20 calls"
+
+
+def test_a_desktop_whose_observe_takes_no_size_gets_the_collector_side_resize(
+    policy_server, tmp_path
+):
+    """A subclass of a resizing backend that overrides observe() without ``size`` (a test
+    double, a wrapper) is called as observe() and the engine resizes what it sends."""
+    from legato_pipelines.desktops.fake import FakeDesktop
+    from legato_pipelines.images import png_size
+    from legato_pipelines.rollout.attempt import observes_at_size
+
+    class FullScreen(FakeDesktop):
+        async def observe(self):
+            return await super().observe()
+
+    config = DesktopConfig(backend="fake", options={"unique": True})
+    desktop = FullScreen(config, 0)
+    assert not observes_at_size(desktop) and observes_at_size(FakeDesktop(config, 1))
+    summary = collect(
+        load_tasks(fake_tasks(1)), policy(policy_server), tmp_path, desktops=1, group=1,
+        max_steps=2, desktop_pool=[desktop],
+    )  # fmt: skip
+    assert summary["counts"]["ok"] == 1
+    assert {png_size(p.read_bytes()) for p in (tmp_path / "images").glob("*.png")} == {(1280, 704)}
+
+
 def _qwen_call(args: dict) -> str:
     call = {"name": "computer_use", "arguments": args}
     return f"Action: {args['action']}.\n<tool_call>\n{orjson.dumps(call).decode()}\n</tool_call>"
@@ -664,3 +777,17 @@ def test_click_outside_the_model_image_is_a_parse_error_and_sends_no_input(tmp_p
     assert second["actions"][0]["screen"] == [636, 360] and second.get("parse_error") is None
     assert sent == [("left_click", 636, 360)]  # the valid click only
     assert summary["parse_errors"] == 1 and record["outcome"] == "done"
+
+
+def test_profile_percentiles_are_numpys():
+    """The profile's model-call percentiles (computed without numpy, which `legato collect`
+    no longer imports) equal numpy.percentile's default (linear) on any data."""
+    import random
+
+    from legato_pipelines.rollout.profile import percentile
+
+    rng = random.Random(7)
+    for n in (1, 2, 3, 10, 99, 1000):
+        values = sorted(rng.lognormvariate(0, 1) for _ in range(n))
+        for q in (50, 95, 99):
+            assert percentile(values, q) == float(np.percentile(values, q)), (n, q)

@@ -78,3 +78,45 @@ async def test_crash_needs_recover():
 def test_bad_options_name_the_field(options, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         FakeDesktop(DesktopConfig(backend="fake", options=options), 0)
+
+
+def _pixels(shot):
+    with Image.open(io.BytesIO(shot.png)) as img:
+        return img.mode, img.size, img.tobytes()
+
+
+@pytest.mark.parametrize("screen", [(1280, 720), (1920, 1080)])
+@pytest.mark.parametrize("variant", ["qwen3vl", "qwen25vl"])
+async def test_model_size_observation_is_what_the_collector_would_send(screen, variant):
+    """observe(size=) hands out the model-size screen the collector-side path makes of the
+    full screen (decode, Pillow's default resize, encode): same size, same bytes; a unique
+    observation has the same pixels and its own tEXt chunk."""
+    from legato_pipelines.harness import Harness
+    from legato_pipelines.harness.resize import resize_screenshot
+
+    harness = Harness(variant=variant)
+    size = harness.episode("x", screen).model_size
+    config = DesktopConfig(backend="fake", screen_width=screen[0], screen_height=screen[1])
+    desktop = FakeDesktop(config, 2)
+    unique = FakeDesktop(config.model_copy(update={"options": {"unique": True}}), 2)
+    for d in (desktop, unique):
+        await d.reset(task(), seed=1)
+    for _ in range(3):
+        full, shot, tagged = await desktop.observe(), await desktop.observe(size), None
+        tagged = await unique.observe(size)
+        assert full.size == screen and shot.size == tagged.size == size != screen
+        expected = resize_screenshot(full, harness.resize_rule)
+        assert shot.png == expected.png  # the same bytes the collector would have made
+        assert _pixels(tagged) == _pixels(expected) and tagged.png != expected.png
+        assert tagged.complete() and shot.complete()
+        for d in (desktop, unique):
+            await d.act(Action("left_click", {}, x=1, y=1))
+
+
+async def test_truncated_model_size_screenshot_is_incomplete():
+    desktop = FakeDesktop(
+        DesktopConfig(backend="fake", options={"faults": {"truncated_screenshot": 1.0}}), 0
+    )
+    await desktop.reset(task(), seed=0)
+    shot = await desktop.observe((1280, 704))
+    assert shot.size == (1280, 704) and not shot.complete()

@@ -270,6 +270,31 @@ async def test_osworld_e0df059f_on_the_sandboxed_local_provider(tmp_path):
         await desktop.close()
 
 
+async def test_model_size_observation_is_the_collector_resize_of_the_vm_screen(tmp_path):
+    """Through DesktopEnv on a real screen (an editor open): observe(size=) is resized in the
+    worker, byte for byte what the collector-side path makes of the full screenshot."""
+    from legato_pipelines.harness import Harness
+    from legato_pipelines.harness.resize import resize_screenshot
+
+    task = suite_tasks()["local-edit-append"]
+    [desktop] = await open_desktops(osworld_config(tmp_path), 1)
+    try:
+        await desktop.reset(task)
+        await desktop.wait_after_reset()
+        for variant in ("qwen3vl", "qwen25vl"):
+            rule = Harness(variant=variant).resize_rule
+            size = rule.size(*desktop.screen_size)
+            assert size != desktop.screen_size
+            for _ in range(20):  # a screen that did not change around the model-size grab
+                full = await desktop.observe()
+                shot = await desktop.observe(size)
+                if (await desktop.observe()).png == full.png:
+                    break
+            assert shot.size == size and shot.png == resize_screenshot(full, rule).png
+    finally:
+        await desktop.close()
+
+
 async def test_setup_failures_are_the_same_facts_on_both_backends(tmp_path):
     """Steps OSWorld logs and carries on after are facts (``setup_failures``) on the osworld
     backend as on the local one: a failing command, a launch that dies at once (xterm exits 0

@@ -285,7 +285,9 @@ def test_worker_script_needs_no_project_dependency():
     """worker.py and provider_local.py import only the standard library and desktop_env."""
     import ast
 
-    allowed = set(sys.stdlib_module_names) | {"desktop_env", "requests", "__future__"}
+    # PIL: desktop_env's own dependency, only inside model_png (which sends the VM's own
+    # screenshot without it)
+    allowed = set(sys.stdlib_module_names) | {"desktop_env", "requests", "__future__", "PIL"}
     for path in (channel.WORKER_SCRIPT, channel.WORKER_SCRIPT.with_name("provider_local.py")):
         tree = ast.parse(path.read_text())
         names = {
@@ -356,3 +358,38 @@ print(json.dumps(out))
     assert "legato osworld install --full" in heavy
     assert "get_no_such_getter" in getter
     assert reader.startswith("ImportError") and "easyocr" in reader
+
+
+def test_worker_resize_is_the_collectors_byte_for_byte(python, tmp_path):
+    """The worker's model-size screenshot (``model_png``, under the OSWorld venv's own Pillow)
+    is the collector-side resize of the same PNG, byte for byte, for both Qwen variants; a
+    screenshot already at the model's size, or a worker whose Pillow is not the collector's
+    version, sends the VM's own bytes (the collector then resizes)."""
+    import PIL
+
+    from legato_pipelines.desktops.fake import frame_pool
+    from legato_pipelines.harness import Harness
+    from legato_pipelines.harness.resize import resize_screenshot
+
+    cases = []
+    for screen in ((1280, 720), (1920, 1080)):
+        frame = frame_pool(*screen, frames=2)[1]
+        path = tmp_path / f"{screen[0]}.png"
+        path.write_bytes(frame.png)
+        for variant in ("qwen3vl", "qwen25vl"):
+            rule = Harness(variant=variant).resize_rule
+            cases.append((str(path), rule.size(*screen), resize_screenshot(frame, rule).png))
+    cases.append((str(path), (1920, 1080), frame.png))
+    cases.append((str(path), (1920, 1088), frame.png))  # another Pillow: the VM's own bytes
+    pillow = [PIL.__version__] * (len(cases) - 1) + ["0.0-not-this-one"]
+    probe = f"""
+import runpy, sys
+w = runpy.run_path({str(channel.WORKER_SCRIPT)!r})
+for i, (path, size) in enumerate({[(c[0], c[1]) for c in cases]!r}):
+    out = w["model_png"](open(path, "rb").read(), size, {pillow!r}[i])
+    open({str(tmp_path)!r} + f"/out-{{i}}.png", "wb").write(out)
+"""
+    done = subprocess.run([python, "-I", "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    for i, (_, size, expected) in enumerate(cases):
+        assert (tmp_path / f"out-{i}.png").read_bytes() == expected, size

@@ -157,3 +157,21 @@ def test_the_graph_is_read():
     """Guards the reader itself: known edges are found."""
     assert f"{PACKAGE}.desktops.base" in GRAPH[f"{PACKAGE}.rollout.attempt"]
     assert f"{PACKAGE}.errors" in GRAPH[f"{PACKAGE}.desktops.fake"]
+
+
+def test_legato_collect_imports_no_numpy_pyarrow_or_duckdb():
+    """``legato collect`` on fake desktops starts without numpy, pyarrow or duckdb (~0.15 s
+    of CPU at every start; issue 18): they are imported where tables are made or queried."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; import legato_pipelines.cli, legato_pipelines.rollout.engine, "
+        "legato_pipelines.desktops.fake, legato_pipelines.policy.client; "
+        "print(sorted(m for m in ('numpy', 'pyarrow', 'duckdb') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT.parent, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -70,6 +70,12 @@ def collect_command(
         list[str] | None,
         typer.Option("--desktop-option", help="Backend option KEY=JSON (repeatable)."),
     ] = None,
+    screen: Annotated[
+        str,
+        typer.Option(
+            "--screen", help="Screen size WIDTHxHEIGHT in pixels (fake and local desktops, VMs)."
+        ),
+    ] = "1280x720",
     osworld_python: Annotated[
         Path | None,
         typer.Option(
@@ -190,8 +196,13 @@ def collect_command(
             sampling_seed=sampling_seed,
             logprobs_mode=logprobs_mode,
         )
+        width, sep, height = screen.lower().partition("x")
+        if not (sep and width.isdigit() and height.isdigit()):
+            fail(f"--screen {screen!r}: use WIDTHxHEIGHT in pixels, e.g. 1920x1080")
         desktop = DesktopConfig(
             backend=backend,
+            screen_width=int(width),
+            screen_height=int(height),
             ready_signal=knobs.ready_signal,
             fixed_wait=knobs.fixed_wait,
             fast_reset=knobs.fast_reset,

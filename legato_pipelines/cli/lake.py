@@ -13,7 +13,6 @@ import json
 import os
 from typing import Annotated
 
-import duckdb
 import typer
 from rich.table import Table
 
@@ -61,6 +60,8 @@ def query_command(
     ] = 50,
 ) -> None:
     """Run SQL on the lake's DuckDB views and print the result."""
+    import duckdb
+
     store = _lake(lake)
     try:
         result = store.query(sql)

@@ -71,7 +71,15 @@ class Desktop(Protocol):
 
     async def wait_after_reset(self) -> Wait: ...
 
-    async def observe(self) -> Screenshot: ...
+    async def observe(self) -> Screenshot:
+        """The screen as a PNG :class:`~legato_pipelines.images.Screenshot`.
+
+        A backend whose class sets ``observe_resizes = True`` is called as
+        ``observe(size=(w, h))`` with the model's size (the harness's ``smart_resize`` of
+        ``screen_size``) and hands out the screen resized to it by
+        :func:`~legato_pipelines.images.resized_png`, where the pixels are (so the collector
+        only hashes and stores it); a screenshot of another size is resized by the engine.
+        Backends that cannot resize are called as ``observe()``."""
 
     async def act(self, action: Action) -> dict[str, Any] | None:
         """Execute one structured action (never model text as code). ``wait`` sleeps

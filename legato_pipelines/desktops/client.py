@@ -81,6 +81,7 @@ class DesktopClient:
             raise DesktopError(
                 f"{method} {self.url}{path}: {type(exc).__name__}: {exc}", kind="transport"
             ) from None
+        response.stream = None  # read and closed: no Response <-> stream cycle for the GC
         if response.status_code < 400 or response.status_code in allow:
             return response
         if response.status_code == 401:
@@ -228,14 +229,19 @@ class DesktopClient:
 
     # -- project endpoints -------------------------------------------------------------------------
 
-    async def observe(self) -> Screenshot:
-        """``/legato/observe``: the screen as a :class:`Screenshot` (size from the headers)."""
-        response = await self._request("GET", "/legato/observe", kind="observe")
-        return Screenshot(
-            response.content,
-            int(response.headers["x-screen-width"]),
-            int(response.headers["x-screen-height"]),
-        )
+    async def observe(self, size: tuple[int, int] | None = None) -> Screenshot:
+        """``/legato/observe``: the screen as a :class:`Screenshot`; with ``size`` (width,
+        height: the model's) resized to it by the server. A server that does not know the
+        query answers the whole screen (the engine then resizes it). The size is the PNG's
+        own (its IHDR); ``DesktopError(kind="observe")`` when the answer is not a PNG."""
+        params = {"width": size[0], "height": size[1]} if size is not None else None
+        response = await self._request("GET", "/legato/observe", kind="observe", params=params)
+        try:
+            return Screenshot(response.content)
+        except ValueError:
+            raise DesktopError(
+                f"GET {self.url}/legato/observe: the answer is not a PNG", kind="observe"
+            ) from None
 
     async def act(self, action: Action) -> float:
         """``/legato/act``: perform ``action`` as XTest input; returns the server's act_s."""

@@ -141,7 +141,9 @@ class Episode:
         self._images: dict[str, Screenshot] = {}
         self._pending: _Turn | None = None  # requested, not yet recorded
         self.drops = 0  # how many times the history policy dropped screenshots
-        self._coords = self._coordinate_map(harness.resize_rule.size(width, height))
+        # (width, height) the variant sends a screenshot of the screen at (smart_resize)
+        self.model_size: tuple[int, int] = harness.resize_rule.size(width, height)
+        self._coords = self._coordinate_map(self.model_size)
 
     # -- images -------------------------------------------------------------------------
 
@@ -154,8 +156,11 @@ class Episode:
         return resize_screenshot(screenshot, self.harness.resize_rule)
 
     def prepared(self, screenshot: Screenshot) -> Screenshot | None:
-        """:meth:`prepare`'s answer when it costs no pixel work (no resize needed, or the
-        resize is cached), else ``None``: the engine then runs :meth:`prepare` off the loop."""
+        """:meth:`prepare`'s answer when it costs no pixel work (already :attr:`model_size`,
+        e.g. a desktop resized it; no resize needed; or the resize is cached), else ``None``:
+        the engine then runs :meth:`prepare` off the loop."""
+        if screenshot.size == self.model_size:
+            return screenshot
         if not needs_resize(screenshot, self.harness.resize_rule):
             return screenshot
         return cached_resize(screenshot, self.harness.resize_rule)

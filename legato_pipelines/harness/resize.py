@@ -10,7 +10,9 @@ The OSWorld Qwen agents call it with:
 
 OSWorld resizes with Pillow's default filter (bicubic) and re-encodes the PNG; here the PNG
 is written with ``compress_level=1`` (same pixels, faster), and a screenshot that already has
-the target size is returned untouched, without decoding it.
+the target size is returned untouched, without decoding it. Desktops that can resize hand out
+the model-size screenshot themselves (``Desktop.observe(size=)``, docs/architecture.md §4)
+through the same :func:`~legato_pipelines.images.resized_png`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from ..images import Screenshot
+from ..images import Screenshot, resized_png
 
 MAX_ASPECT_RATIO = 200
 """``smart_resize`` refuses images whose long side exceeds 200x the short side (Qwen)."""
@@ -119,8 +121,9 @@ def resize_screenshot(shot: Screenshot, rule: ResizeRule) -> Screenshot:
         if hit is not None:
             _cache.move_to_end(key)
             return hit
-    # No explicit filter: Pillow's default (bicubic; nearest for modes "1"/"P"), as OSWorld.
-    resized = Screenshot.from_pil(shot.to_pil().resize((width, height)), compress_level=1)
+    # Pillow's default filter (bicubic; nearest for modes "1"/"P"), as OSWorld; the same
+    # function as the desktops that hand out model-size screenshots (images.resized_png).
+    resized = Screenshot(resized_png(shot.to_pil(), (width, height)), width, height)
     with _cache_lock:
         _cache[key] = resized
         if len(_cache) > _CACHE_SIZE:

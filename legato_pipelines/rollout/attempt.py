@@ -18,6 +18,8 @@ reward (``None``, NaN, +-inf) is a desktop failure of kind ``invalid_reward`` (r
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import time
 import traceback
 import uuid
@@ -142,6 +144,7 @@ async def _run(ctx: AttemptContext, ex: Execution, desktop: Desktop, record: Rec
             record.reset.setup_failures = [SetupFailure(**f) for f in setup_failures]
         timing.reset_s = time.perf_counter() - t0
         episode = ctx.harness.episode(task.instruction, desktop.screen_size)
+        resizes = observes_at_size(desktop)
         steps = record.steps
         hashes: dict[
             int, tuple[dict, str]
@@ -155,7 +158,14 @@ async def _run(ctx: AttemptContext, ex: Execution, desktop: Desktop, record: Rec
                 raise _Truncated
             phase = "observe"
             t = time.perf_counter()
-            raw = await desktop.observe()
+            if resizes:  # the desktop hands out the model-size PNG: no pixel work here
+                raw = await desktop.observe(size=episode.model_size)
+            else:
+                raw = await desktop.observe()
+            if not raw.complete():
+                raise ValueError(
+                    f"the screenshot is half a PNG ({len(raw.png)} bytes, no IEND chunk)"
+                )
             # resizing is CPU work (decode, resize, encode): keep it off the event loop
             shot = episode.prepared(raw) or await asyncio.to_thread(episode.prepare, raw)
             obs_s = time.perf_counter() - t
@@ -284,6 +294,23 @@ async def _run(ctx: AttemptContext, ex: Execution, desktop: Desktop, record: Rec
         record.eval_notes = list(evaluation.notes)
     record.status = fmt.SURPLUS if group.closed else status
     return _close(record, start, t0)
+
+
+def observes_at_size(desktop: Desktop) -> bool:
+    """Whether the engine asks ``desktop`` for the model-size screenshot (``observe(size=)``):
+    its class says it can (``observe_resizes = True``) and its ``observe`` takes ``size`` (a
+    subclass that overrides ``observe()`` without it gets the collector-side resize)."""
+    if getattr(desktop, "observe_resizes", False) is not True:
+        return False
+    return _takes_size(getattr(type(desktop), "observe", None))
+
+
+@functools.cache
+def _takes_size(observe) -> bool:
+    try:
+        return "size" in inspect.signature(observe).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def unexpected(exc: BaseException) -> DesktopError:

@@ -9,6 +9,8 @@ re-runs only what is missing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import time
 from collections import defaultdict
@@ -160,9 +162,14 @@ async def collect_async(
     try:
         owned = desktop_pool is None
         pool: list[Desktop] = []
-        async with PolicyClient(
-            policy, max_inflight=settings.max_inflight or len(desktop_pool or []) or desktops
-        ) as client:
+        async with contextlib.AsyncExitStack() as stack:
+            stack.enter_context(young_gc_threshold())
+            client = await stack.enter_async_context(
+                PolicyClient(
+                    policy,
+                    max_inflight=settings.max_inflight or len(desktop_pool or []) or desktops,
+                )
+            )
             if peek.pending() and plan is not None:
                 # the version's weights into the server (or verified there), before any desktop
                 await load_version(plan)
@@ -235,6 +242,28 @@ async def collect_async(
         return summary
     finally:
         release(plan)  # the server's weights lock, adapter leases: the next run may load
+
+
+GC_YOUNG_THRESHOLD = 10_000
+"""Net new container objects between two young garbage collections while a batch runs
+(Python's default: 700). Every step leaves ~70 long-lived objects (its record's lists and
+models, the prompt's messages, the prompt ids) and a collection costs ~2 us per object it
+scans, so with ~1,000 rollouts in flight the default spent a fifth of the collector's CPU in
+the collector of cycles (BENCHMARKS.md, issue 18); the run makes almost no cyclic garbage (the
+HTTP clients break httpx's response cycle), so collecting less often frees nothing later."""
+
+
+@contextlib.contextmanager
+def young_gc_threshold(threshold: int = GC_YOUNG_THRESHOLD):
+    """Raise the young generation's GC threshold to ``threshold`` for the block (never lower
+    it, never turn collection on); the thresholds in force before are restored after."""
+    before = gc.get_threshold()
+    if before[0]:  # 0: automatic collection is off; leave it so
+        gc.set_threshold(max(before[0], threshold), *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 async def _verify_after(plan, writer: RunWriter) -> None:

@@ -4,12 +4,12 @@ and the ``profile`` table report. Computed from the records alone, so it can be 
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from .. import record as fmt
 from ..record import Record, Step, as_records
@@ -60,7 +60,7 @@ def summarize(
     logical_done = {r.logical_attempt for r in records if r.status != fmt.RETRIED}
     if scheduled is None:
         per_group = knobs.get("group", 0) + int(
-            np.ceil(knobs.get("group", 0) * knobs.get("oversample", 0) - 1e-9)
+            math.ceil(knobs.get("group", 0) * knobs.get("oversample", 0) - 1e-9)
         )
         scheduled = per_group * meta.get("n_tasks", 0) or len({r.logical_attempt for r in records})
     if wall_s is None:
@@ -76,7 +76,7 @@ def summarize(
             phase_totals[f"{phase}_s"] += r.timing.phase(phase)
         steps.extend(r.steps)
     phase_sum = sum(phase_totals.values())
-    call_s = np.array([s.model.seconds for s in steps], dtype=float)
+    call_s = [float(s.model.seconds) for s in steps]
     cache = [
         (s.model.cached_tokens, s.model.prompt_tokens)
         for s in steps
@@ -110,7 +110,7 @@ def summarize(
         "records": len(records),
         "missing": max(0, scheduled - len(logical_done)),
         "groups": {"total": n_groups, "closed": closed},
-        "success_rate": float(np.mean(rewards)) if rewards else None,
+        "success_rate": statistics.fmean(rewards) if rewards else None,
         "graded": len(rewards),
         "rollouts_per_hour": (len(final) / wall_s * 3600.0) if wall_s > 0 else None,
         "wall_s": round(wall_s, 6),
@@ -251,11 +251,23 @@ def desktop_health(records: Iterable[Record | Mapping[str, Any]]) -> dict[str, A
     }
 
 
-def _percentiles(values: np.ndarray) -> dict[str, float | None]:
-    if not len(values):
+def _percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
         return {"p50": None, "p95": None, "p99": None}
-    p50, p95, p99 = np.percentile(values, [50, 95, 99])
-    return {"p50": round(float(p50), 4), "p95": round(float(p95), 4), "p99": round(float(p99), 4)}
+    ordered = sorted(values)
+    return {f"p{q}": round(percentile(ordered, q), 4) for q in (50, 95, 99)}
+
+
+def percentile(ordered: list[float], q: float) -> float:
+    """The ``q``-th percentile of the sorted ``ordered`` as ``numpy.percentile`` computes it
+    by default (linear interpolation between the closest ranks, numpy's own lerp), without
+    importing numpy (~0.1 s of every ``legato collect``'s start-up)."""
+    position = (len(ordered) - 1) * (q / 100)
+    below = math.floor(position)
+    above = min(below + 1, len(ordered) - 1)
+    a, b, t = ordered[below], ordered[above], position - below
+    diff = b - a
+    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
 
 
 def _setup_failures(records: list[Record]) -> dict[str, Any]:

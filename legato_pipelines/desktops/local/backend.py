@@ -8,8 +8,9 @@ started (``legato desktop serve``) that it attaches to by URL. Per attempt::
                        task's setup steps (OSWorld format)
     wait_after_reset   POST /legato/wait mode=reset       (or sleep fixed_wait), then
                        GET /legato/windows: the windows the setup produced
-    observe            GET  /legato/observe -> Screenshot (the first one after unexpected
-                       windows are closed: POST /legato/windows/close)
+    observe            GET  /legato/observe?width=&height= -> Screenshot at the model's size
+                       (the first one after unexpected windows are closed:
+                       POST /legato/windows/close)
     act(action)        POST /legato/act                   (XTest input; never code; before
                        the first action, unexpected windows are closed again)
     wait_after_action  POST /legato/wait mode=action      (or sleep fixed_wait)
@@ -201,6 +202,8 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
     when attached to a URL (then ``recover()`` is a full reset plus a health check).
     """
 
+    observe_resizes = True  # the server hands out the model-size PNG (base.py)
+
     def __init__(
         self,
         name: str,
@@ -237,11 +240,13 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
         await self._run_task_setup(task)
         return "fast" if self.last_reset["kind"] == "fast" else "revert"
 
-    async def observe(self) -> Screenshot:
-        """The screen; the first one after a reset only once unexpected windows are closed
+    async def observe(self, size: tuple[int, int] | None = None) -> Screenshot:
+        """The screen; at the model's ``size`` (width, height) when given, resized by the
+        desktop server in its own process (``/legato/observe?width=&height=``); the first
+        one after a reset only once unexpected windows are closed
         (:class:`~legato_pipelines.desktops.popups.PopupGuard`)."""
         await self._guard_handout()
-        return await self.client.observe()
+        return await self.client.observe(size)
 
     async def act(self, action: Action) -> None:
         """XTest input on the server; ``wait`` sleeps here. Before the policy's first action

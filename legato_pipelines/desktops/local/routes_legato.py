@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from .procs import process_table
 from .route_params import BadRequest, error_response, param, parse_action, request_params
+from .screen import model_png
 from .server_state import desktop_of
 from .session import SessionError
 
@@ -44,15 +45,45 @@ async def wait(request: Request) -> Response:
 
 
 async def observe(request: Request) -> Response:
+    """The screen as PNG; with ``?width=W&height=H`` (the model's size) resized to it here
+    (``screen.model_png``), so the collector does no pixel work. Headers: ``X-Screen-Width``
+    / ``-Height`` (the screen), ``X-Image-Width`` / ``-Height`` (the PNG), ``X-Observe-S``."""
     s = desktop_of(request)
+    size = _model_size(request)
     t0 = time.perf_counter()
-    png, size = await s.x.run(lambda: (s.x.ctx().screen.png(), s.x.ctx().screen.size))
+    if size is None or size == (s.session.width, s.session.height):
+        png, screen = await s.x.run(lambda: (s.x.ctx().screen.png(), s.x.ctx().screen.size))
+        image = screen
+    else:
+        raw, screen = await s.x.run(lambda: s.x.ctx().screen.grab())
+        png = await asyncio.to_thread(model_png, raw, screen, size)
+        image = size
     headers = {
-        "X-Screen-Width": str(size[0]),
-        "X-Screen-Height": str(size[1]),
+        "X-Screen-Width": str(screen[0]),
+        "X-Screen-Height": str(screen[1]),
+        "X-Image-Width": str(image[0]),
+        "X-Image-Height": str(image[1]),
         "X-Observe-S": f"{time.perf_counter() - t0:.6f}",
     }
     return Response(png, media_type="image/png", headers=headers)
+
+
+MAX_SIDE = 16384
+
+
+def _model_size(request: Request) -> tuple[int, int] | None:
+    """``(width, height)`` from the query (both or neither), or ``None``; :class:`BadRequest`
+    when they are not whole numbers of pixels in [1, 16384]."""
+    query = request.query_params
+    if "width" not in query and "height" not in query:
+        return None
+    try:
+        size = (int(query["width"]), int(query["height"]))
+    except (KeyError, ValueError):
+        raise BadRequest("observe: give both width and height, in pixels") from None
+    if not all(1 <= v <= MAX_SIDE for v in size):
+        raise BadRequest(f"observe: width and height must be 1..{MAX_SIDE} pixels, got {size}")
+    return size
 
 
 async def reset(request: Request) -> Response:

@@ -5,6 +5,11 @@ A raw 1080p grab with ``xshmgetimage`` takes ~1.4 ms; PNG encoding dominates an 
 docs/local-desktop.md §4), so each observation is encoded exactly once. Observations include the
 mouse cursor (as OSWorld's screenshots do); ready-signal frames do not, so a parked pointer
 never counts as a change.
+
+At the model's size (``/legato/observe?width=&height=``) an observation is grabbed raw and
+resized here, by :func:`~legato_pipelines.images.resized_png` (the collector's own resize),
+off the X thread: one encode of the smaller image in this server's process, and no decode,
+resize or encode on the collector.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import mss
 import mss.tools
 import numpy as np
+
+from ...images import resized_png
 
 PNG_LEVEL = 1
 
@@ -37,6 +44,22 @@ class Screen:
         shot = self._shots.grab(self.monitor)
         return mss.tools.to_png(shot.rgb, shot.size, level=PNG_LEVEL)
 
+    def grab(self) -> tuple[bytes, tuple[int, int]]:
+        """The screen (with the cursor) raw: (BGRX bytes, (width, height)); see :func:`model_png`."""
+        shot = self._shots.grab(self.monitor)
+        return shot.raw, (int(shot.width), int(shot.height))
+
     def close(self) -> None:
         for sct in (self._frames, self._shots):
             sct.close()
+
+
+def model_png(raw: bytes, screen: tuple[int, int], size: tuple[int, int]) -> bytes:
+    """A raw grab (:meth:`Screen.grab`) as the PNG the model is sent: resized from ``screen``
+    to ``size`` (both (width, height)) exactly as the collector would resize the screen's own
+    PNG (same RGB pixels in, :func:`~legato_pipelines.images.resized_png`). Thread-safe;
+    Pillow releases the GIL while it works."""
+    from PIL import Image
+
+    image = Image.frombuffer("RGB", screen, raw, "raw", "BGRX", 0, 1)
+    return resized_png(image, size)

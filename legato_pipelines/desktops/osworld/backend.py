@@ -11,8 +11,9 @@ Per attempt::
                        snapshot revert, then the task's setup via DesktopEnv.reset
     wait_after_reset   poll the VM server's GET /screenshot until stable (frame diff), capped;
                        then the windows the setup produced (``wmctrl -lx`` over /execute)
-    observe            worker observe (DesktopEnv.render); the first one once windows nobody
-                       asked for are closed (again before the first action: ``..popups``)
+    observe            worker observe (DesktopEnv.render, resized to the model's size there);
+                       the first one once windows nobody asked for are closed (again before
+                       the first action: ``..popups``)
     act(action)        render_code(action) -> DesktopEnv.step(code, pause=0)
     wait_after_action  poll /screenshot until stable   (or sleep fixed_wait)
     wait_before_eval   poll /screenshot until stable   (or sleep fixed_wait)
@@ -84,6 +85,8 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
     ``start_request`` is the worker's ``start`` request (provider, screen, cache dir, ...);
     ``vm_server`` the local desktop server this desktop owns (provider ``local``), else None.
     """
+
+    observe_resizes = True  # the worker hands out the model-size PNG (base.py)
 
     def __init__(
         self,
@@ -198,10 +201,14 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
         self.setup_failures = list(self.last_reset.get("setup_failures") or [])
         return self.last_reset["kind"]
 
-    async def observe(self) -> Screenshot:
-        await self._guard_handout()  # windows nobody asked for, closed first (.popups)
-        png = base64.b64decode((await self._call("observe", self.call_timeout))["png"])
-        return screenshot_of(png, self.name, kind="vm")
+    async def observe(self, size: tuple[int, int] | None = None) -> Screenshot:
+        """``DesktopEnv.render()``; at the model's ``size`` (width, height) when given, resized
+        in the worker's process (``worker.model_png``), not the collector's; the first one once
+        windows nobody asked for are closed (``..popups``)."""
+        await self._guard_handout()
+        fields = {"size": list(size), "pillow": _pillow_version()} if size is not None else {}
+        answer = await self._call("observe", self.call_timeout, **fields)
+        return screenshot_of(base64.b64decode(answer["png"]), self.name, kind="vm")
 
     async def act(self, action: Action) -> dict[str, Any] | None:
         """:func:`~legato_pipelines.harness.render.render_osworld_code` (``render_pyautogui`` +
@@ -330,6 +337,14 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
             return float(result["ready_s"]), bool(result.get("timed_out"))
         result = await self._ready_signal.wait(mode, timeout_s=cap_s)
         return result.ready_s, result.timed_out
+
+
+def _pillow_version() -> str:
+    """This interpreter's Pillow version: the worker resizes only with the same one (the same
+    bytes as the collector's resize), else it sends the whole screenshot."""
+    import PIL
+
+    return PIL.__version__
 
 
 async def open_osworld_desktops(config: DesktopConfig, n: int) -> list[OSWorldDesktop]:

@@ -21,7 +21,9 @@ Operations (``result`` shapes):
             baseline HOME) or snapshot revert, then the task's own setup through
             ``DesktopEnv.reset`` (which no longer reverts); {kind: fast|revert, revert_s, clean_s,
             setup_s, setup_failures: [{step, type, exit_status, error}] (setup_facts.py)}
-  observe   {png: base64}
+  observe   {size?: [w, h], pillow?}: {png: base64}; at the model's size when given (resized
+            here, in the worker's process, by the project's ``images.resized_png``, when this
+            interpreter's Pillow is the collector's version ``pillow``)
   step      {code, pause?}: ``DesktopEnv.step(code, pause)`` (pause 0 unless given);
             {done, info, returncode, error, output} (``output``: the code's stdout tail)
   evaluate  {last_action_fail}: ``DesktopEnv.evaluate()``; {reward, error, notes}. An exception
@@ -77,6 +79,8 @@ def _load_domains():
 _domains = _load_domains()
 #: ``osworld_format/file_notes.py``: facts about the files OSWorld's metrics compare.
 _file_notes = _load_by_path(os.path.join("osworld_format", "file_notes.py"), "legato_file_notes")
+#: ``images.py``: the one resize of a screenshot to the model's size (``model_png``).
+_images = _load_by_path("images.py", "legato_images")
 DOMAIN_PROCESSES = _domains.DOMAIN_PROCESSES
 BASELINE_DIR = _domains.BASELINE_DIR
 baseline_script = _domains.baseline_script
@@ -550,6 +554,8 @@ class Worker:
         png = self._env().render()
         if png is None:
             raise WorkerError("vm", "no screenshot (the VM server stopped answering)")
+        if req.get("size") is not None:
+            png = model_png(png, req["size"], req.get("pillow"))
         return {"png": base64.b64encode(png).decode("ascii")}
 
     def step(self, req: dict) -> dict:
@@ -615,6 +621,33 @@ class Worker:
         if self.env is None:
             raise WorkerError("protocol", "the DesktopEnv is not started (send start first)")
         return self.env
+
+
+def model_png(png: bytes, size, pillow: str | None = None) -> bytes:
+    """The VM's screenshot at the model's ``size`` ([width, height]), resized here in the
+    worker's process by the project's own ``images.resized_png`` (what the collector would
+    do: decode, Pillow's default resize, encode). The VM's own bytes when it already has that
+    size, or when this interpreter has no Pillow or another version than ``pillow`` (the
+    collector's: the same version makes the same bytes), so the collector resizes it."""
+    import io
+
+    try:
+        width, height = (int(v) for v in size)
+    except (TypeError, ValueError):
+        raise WorkerError(
+            "protocol", f"observe: size must be [width, height], got {size!r}"
+        ) from None
+    try:
+        import PIL
+        from PIL import Image
+    except ImportError:
+        return png
+    if pillow is not None and PIL.__version__ != pillow:
+        return png
+    with Image.open(io.BytesIO(png)) as image:
+        if image.size == (width, height):
+            return png
+        return _images.resized_png(image, (width, height))
 
 
 def load_sibling(name: str) -> types.ModuleType:
