@@ -10,7 +10,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
+import orjson
 import pytest
 
 from legato_pipelines.desktops.client import DesktopClient
@@ -24,6 +26,44 @@ needs_apps = pytest.mark.skipif(
     shutil.which("l3afpad") is None or shutil.which("xterm") is None,
     reason="l3afpad/xterm not installed (apt-get install xterm l3afpad)",
 )
+
+
+LOCAL_SUITE = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "local"
+LOCAL_SUBSET = ["local-term-sort", "local-term-mkdir", "local-edit-append", "local-edit-replace"]
+
+
+def local_subset(tmp_path: Path) -> Path:
+    """A task list of the four quick local-suite tasks (terminal and editor), written to tmp_path."""
+    tasks = orjson.loads((LOCAL_SUITE / "tasks.json").read_bytes())
+    path = tmp_path / "tasks.json"
+    path.write_bytes(orjson.dumps([t for t in tasks if t["task_id"] in LOCAL_SUBSET]))
+    return path
+
+
+def server_fixture(width: int = 1024, height: int = 768, **kwargs):
+    """A module-scoped ``server`` fixture: one :class:`RunningServer` for the module's tests
+    (assign it to a module attribute named ``server``)."""
+
+    @pytest.fixture(scope="module")
+    def server():
+        running = RunningServer(width, height, **kwargs)
+        yield running
+        running.stop()
+
+    return server
+
+
+def client_fixture():
+    """A ``client`` fixture: a client of the module's ``server``, its desktop reset first."""
+
+    @pytest.fixture
+    async def client(server):
+        c = server.client()
+        await c.reset()
+        yield c
+        await c.aclose()
+
+    return client
 
 
 class RunningServer:

@@ -13,19 +13,17 @@ import random
 import shutil
 import signal
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from legato_pipelines import DesktopConfig, PolicyConfig, collect_async, load_tasks, read_records
 from legato_pipelines.desktops import open_desktops
 from legato_pipelines.images import Screenshot
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
+from tests.desktop_local_support import LOCAL_SUBSET, LOCAL_SUITE, local_subset
 
-SUITE = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "local"
-TASKS = ["local-term-sort", "local-term-mkdir", "local-edit-append", "local-edit-replace"]
+SUITE, TASKS = LOCAL_SUITE, LOCAL_SUBSET
 
 pytestmark = [
     pytest.mark.desktop,
@@ -102,13 +100,6 @@ class ChaosDesktop:
         await self.inner.close()
 
 
-def _tasks(tmp_path: Path) -> Path:
-    tasks = [t for t in orjson.loads((SUITE / "tasks.json").read_bytes()) if t["task_id"] in TASKS]
-    path = tmp_path / "tasks.json"
-    path.write_bytes(orjson.dumps(tasks))
-    return path
-
-
 async def test_chaos_batch_accounts_for_every_attempt(tmp_path):
     config = DesktopConfig(backend="local")
     inner = await open_desktops(config, 2)
@@ -120,7 +111,7 @@ async def test_chaos_batch_accounts_for_every_attempt(tmp_path):
             flavor="vllm", script=SUITE / "scripts" / "correct.json"
         ) as server:
             summary = await collect_async(
-                load_tasks(_tasks(tmp_path)),
+                load_tasks(local_subset(tmp_path)),
                 PolicyConfig(base_url=server.url, model=server.model),
                 tmp_path / "run",
                 desktop_pool=pool,

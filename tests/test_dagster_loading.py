@@ -26,8 +26,8 @@ from legato_pipelines.resources import (
     LakeResource,
     PolicyResource,
 )
-from legato_pipelines.sensors import checkpoint_sensor
 from legato_pipelines.store.lake import Lake
+from tests.dagster_support import sensor_tick
 from tests.engine_support import fake_tasks
 from tests.test_policy_loading import adapter, weights
 
@@ -45,16 +45,7 @@ def tasks_file(tmp_path) -> Path:
 
 
 def _tick(instance, cursor, source, policy):
-    context = dg.build_sensor_context(
-        instance=instance, cursor=cursor, resources={"checkpoints": source, "policy": policy}
-    )
-    result = checkpoint_sensor(context)
-    if isinstance(result, dg.SensorResult):
-        for request in result.dynamic_partitions_requests:
-            instance.add_dynamic_partitions(
-                request.partitions_def_name, list(request.partition_keys)
-            )
-    return result
+    return sensor_tick(instance, cursor, source, policy)
 
 
 def _run(instance, request, policy, lake_root, tasks_file, raise_on_error=True):

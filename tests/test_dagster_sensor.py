@@ -14,24 +14,14 @@ import pytest
 from legato_pipelines.assets import policy_versions
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from legato_pipelines.resources import CheckpointSourceResource, PolicyResource
-from legato_pipelines.sensors import checkpoint_sensor
 from legato_pipelines.sensors.checkpoints import MAX_PER_TICK
+from tests.dagster_support import sensor_tick
 
 POLICY = PolicyResource(base_url="http://127.0.0.1:9", model="unused")
 
 
 def _evaluate(instance, cursor, checkpoints, policy=POLICY):
-    context = dg.build_sensor_context(
-        instance=instance, cursor=cursor, resources={"checkpoints": checkpoints, "policy": policy}
-    )
-    result = checkpoint_sensor(context)
-    if isinstance(result, dg.SensorResult):
-        # What the daemon does with the result: add the partitions.
-        for request in result.dynamic_partitions_requests:
-            instance.add_dynamic_partitions(
-                request.partitions_def_name, list(request.partition_keys)
-            )
-    return result
+    return sensor_tick(instance, cursor, checkpoints, policy)
 
 
 def _age(path, seconds: float = 120) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from legato_pipelines.desktops.local.apps import DESKTOP_APPS, DesktopApp
-from tests.desktop_local_support import RunningServer, needs_xvfb
+from tests.desktop_local_support import needs_xvfb, server_fixture
 
 pytestmark = [
     needs_xvfb,
@@ -25,11 +25,7 @@ LAUNCH_TIMEOUT_S = 60.0
 TITLE_RE = re.compile(r'<frame name="([^"]*)"')
 
 
-@pytest.fixture(scope="module")
-def server():
-    running = RunningServer(1280, 720)
-    yield running
-    running.stop()
+server = server_fixture(1280, 720)
 
 
 def app_id(app: DesktopApp) -> str:

@@ -18,26 +18,20 @@ import pytest
 from legato_pipelines import DesktopConfig, PolicyConfig, collect_async, read_records
 from legato_pipelines.actions import Action
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
-from tests.desktop_local_support import RunningServer, needs_apps, needs_xvfb
+from tests.desktop_local_support import (
+    client_fixture,
+    needs_apps,
+    needs_xvfb,
+    server_fixture,
+)
 
 pytestmark = [needs_xvfb, needs_apps, pytest.mark.desktop]
 
 TEXT = "yz<>@{|} Zürich"
 
 
-@pytest.fixture(scope="module")
-def server():
-    running = RunningServer(width=1024, height=768)
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-async def client(server):
-    c = server.client()
-    await c.reset()
-    yield c
-    await c.aclose()
+server = server_fixture(1024, 768)
+client = client_fixture()
 
 
 async def layout(client) -> str:

@@ -16,28 +16,19 @@ from legato_pipelines.errors import DesktopError
 from legato_pipelines.images import png_size
 from tests.desktop_local_support import (
     RunningServer,
+    client_fixture,
     needs_apps,
     needs_xvfb,
     proc_state,
+    server_fixture,
     zombie_children,
 )
 
 pytestmark = [needs_xvfb, pytest.mark.desktop]
 
 
-@pytest.fixture(scope="module")
-def server():
-    running = RunningServer(width=1024, height=768)
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-async def client(server):
-    c = server.client()
-    await c.reset()
-    yield c
-    await c.aclose()
+server = server_fixture(1024, 768)
+client = client_fixture()
 
 
 async def test_screenshot_is_a_png_of_the_screen_size(client):

@@ -13,7 +13,7 @@ from legato_pipelines import DesktopConfig, PolicyConfig, collect_async, load_ta
 from legato_pipelines.desktops.local import dbus_session
 from legato_pipelines.desktops.local.backend import open_local_desktops
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
-from tests.desktop_local_support import RunningServer, needs_xvfb
+from tests.desktop_local_support import RunningServer, needs_xvfb, server_fixture
 from tests.desktop_sandbox_support import osworld_task
 from tests.osworld_backend_support import needs_vm_python
 from tests.osworld_data import OSWORLD
@@ -31,11 +31,7 @@ LOCK = "org.gnome.desktop.screensaver lock-enabled"
 A4D98375 = "a4d98375-215b-4a4d-aee9-3d4370fccc41"  # "automatically locked after I leave"
 
 
-@pytest.fixture(scope="module")
-def server():
-    running = RunningServer(640, 480)
-    yield running
-    running.stop()
+server = server_fixture(640, 480)
 
 
 async def sh(server: RunningServer, command: str) -> str:

@@ -24,7 +24,7 @@ from legato_pipelines.desktops.client import DesktopClient
 from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV
 from legato_pipelines.desktops.vmserver import VMServerDesktop
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
-from tests.desktop_local_support import RunningServer, needs_apps, needs_xvfb
+from tests.desktop_local_support import RunningServer, needs_apps, needs_xvfb, server_fixture
 from tests.osworld_backend_support import needs_vm_python
 from tests.vmserver_support import BaseApiProxy
 
@@ -33,11 +33,7 @@ pytestmark = [needs_xvfb, needs_apps, needs_vm_python, pytest.mark.desktop]
 TEXT = "Spaß øé € naïve Привет 你好 a<b ok"
 
 
-@pytest.fixture(scope="module")
-def server():
-    running = RunningServer(width=1024, height=768)
-    yield running
-    running.stop()
+server = server_fixture(1024, 768)
 
 
 @pytest.fixture

@@ -11,17 +11,15 @@ import shutil
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
-import orjson
 import pytest
 
 from legato_pipelines import DesktopConfig, PolicyConfig, collect_async, load_tasks, read_records
 from legato_pipelines.desktops import open_desktops
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
+from tests.desktop_local_support import LOCAL_SUBSET, LOCAL_SUITE, local_subset
 
-SUITE = Path(__file__).resolve().parents[1] / "examples" / "tasks" / "local"
-TASKS = ["local-term-sort", "local-term-mkdir", "local-edit-append", "local-edit-replace"]
+SUITE, TASKS = LOCAL_SUITE, LOCAL_SUBSET
 
 pytestmark = [
     pytest.mark.desktop,
@@ -31,13 +29,6 @@ pytestmark = [
         reason="needs Xvfb and apps",
     ),
 ]
-
-
-def subset(tmp_path: Path) -> Path:
-    tasks = [t for t in orjson.loads((SUITE / "tasks.json").read_bytes()) if t["task_id"] in TASKS]
-    path = tmp_path / "tasks.json"
-    path.write_bytes(orjson.dumps(tasks))
-    return path
 
 
 @pytest.mark.parametrize("script,reward", [("correct", 1.0), ("wrong", 0.0)])
@@ -52,7 +43,7 @@ def test_collect_local_scores_scripts(tmp_path, script, reward):
                 "--backend",
                 "local",
                 "--tasks",
-                subset(tmp_path),
+                local_subset(tmp_path),
                 "--policy-url",
                 server.url,
                 "--model",
@@ -82,7 +73,7 @@ def test_collect_local_scores_scripts(tmp_path, script, reward):
 
 
 async def test_killed_desktop_server_is_recovered_and_attempt_retried(tmp_path):
-    tasks = load_tasks(subset(tmp_path))
+    tasks = load_tasks(local_subset(tmp_path))
     config = DesktopConfig(backend="local")
     pool = await open_desktops(config, 2)
     victim = pool[0]

@@ -494,8 +494,7 @@ async def verify_served(plan: LoadPlan) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=30.0, headers=_headers()) as http:
         loader = _Loader(plan, http)
         if kind == "model_path":
-            info = await loader.get_json("/get_model_info")
-            reported = (info or {}).get("model_path") if isinstance(info, dict) else None
+            reported = await loader.reported_model_path()
             if reported is not None and _norm(reported) != _norm(plan.checkpoint):
                 raise LoadError(
                     f"the policy server's weights changed during the run of {plan.version!r}: "
@@ -589,6 +588,12 @@ class _Loader:
                 f"cannot reach {url} to load {self.plan.version!r}: {type(exc).__name__}: "
                 f"{redact(str(exc))} (fix: --policy-url)"
             ) from None
+
+    async def reported_model_path(self) -> str | None:
+        """The ``model_path`` SGLang's ``GET /get_model_info`` reports (``None`` when the server
+        reports none); raises ``LoadError`` on a 401/403 (the key)."""
+        info = await self.get_json("/get_model_info")
+        return info.get("model_path") if isinstance(info, dict) else None
 
     async def get_json(self, route: str) -> Any:
         """The JSON a ``GET`` answers, ``None`` when there is none; raises ``LoadError`` on a
@@ -808,8 +813,7 @@ class _Loader:
                     "--checkpoint a full-weights folder of the served architecture that the "
                     "server can read, or --load lora / external",
                 )
-            info = await self.get_json("/get_model_info")
-            reported = (info or {}).get("model_path") if isinstance(info, dict) else None
+            reported = await self.reported_model_path()
             if reported is not None and _norm(reported) != _norm(plan.checkpoint):
                 raise LoadError(
                     f"SGLang answered success but /get_model_info reports model_path "
@@ -895,8 +899,7 @@ class _Loader:
             }
             return
         if plan.server == "sglang" and plan.checkpoint:
-            info = await self.get_json("/get_model_info")
-            reported = (info or {}).get("model_path") if isinstance(info, dict) else None
+            reported = await self.reported_model_path()
             if reported is not None and _resolved(reported) == _resolved(plan.checkpoint):
                 plan.model = plan.base_model
                 plan.proof = {
