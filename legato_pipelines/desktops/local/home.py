@@ -14,13 +14,26 @@ import stat
 import subprocess
 from pathlib import Path
 
+#: VLC's Lua HTTP interface as OSWorld's getters read it (desktop_env/evaluators/getters/vlc.py
+#: ``get_vlc_playing_info``: ``GET http://<vm_ip>:<vlc_port>/requests/status.xml`` with basic
+#: auth ``('', 'password')``); 8080 is the guest port OSWorld's providers map as ``vlc_port``.
+VLC_HTTP_PORT = 8080
+VLC_HTTP_PASSWORD = "password"
+#: ``~/.config/vlc/vlcrc``: the HTTP interface on as OSWorld's VM has it, bound to the desktop's
+#: loopback only (the password is public), and no "Privacy and Network Access Policy" dialog on
+#: the first start (docs/local-desktop.md §11). VLC looks options up by name; the section
+#: headers are the ones VLC writes itself.
+VLCRC = (
+    f"[core]\nextraintf=http\nhttp-host=127.0.0.1\nhttp-port={VLC_HTTP_PORT}\n"
+    f"[lua]\nhttp-password={VLC_HTTP_PASSWORD}\n"
+    "[qt]\nqt-privacy-ask=0\n"
+)
 #: Files of the baseline HOME (path relative to HOME -> content).
 BASELINE_FILES: dict[str, str] = {
     ".config/gtk-3.0/settings.ini": "[Settings]\ngtk-cursor-blink=false\ngtk-enable-animations=false\n",
     ".config/gtk-4.0/settings.ini": "[Settings]\ngtk-cursor-blink=false\ngtk-enable-animations=false\n",
     ".gtkrc-2.0": "gtk-cursor-blink = 0\n",
-    # VLC: no "Privacy and Network Access Policy" dialog on its first start (docs/local-desktop.md §11)
-    ".config/vlc/vlcrc": "[qt]\nqt-privacy-ask=0\n",
+    ".config/vlc/vlcrc": VLCRC,
     ".config/user-dirs.dirs": (
         'XDG_DESKTOP_DIR="$HOME/Desktop"\nXDG_DOCUMENTS_DIR="$HOME/Documents"\n'
         'XDG_DOWNLOAD_DIR="$HOME/Downloads"\nXDG_PICTURES_DIR="$HOME/Pictures"\n'
