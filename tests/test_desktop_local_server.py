@@ -282,6 +282,9 @@ async def test_prebuilt_libreoffice_profile_is_in_the_baseline():
         client = server.client()
         registry = await client.file("~/.config/libreoffice/4/user/registrymodifications.xcu")
         assert b'"ShowTipOfTheDay"' in registry and b'"FirstRun"' in registry
+        # soffice ran on the baseline (it writes these itself), keeping the baseline's settings
+        assert b'"ooSetupInstCompleted"' in registry and b'"AutoPilot"' in registry
+        assert await client.file("~/.config/libreoffice/4/user/extensions/buildid")
         await client.execute("rm -rf ~/.config/libreoffice", shell=True)
         await client.reset()
         assert (
