@@ -1,6 +1,7 @@
 """Benchmark sandboxed local desktops against unsandboxed ones, in the same run.
 
     python benchmarks/bench_sandbox.py [--width 1280 --height 720] [--n 10] [--json out.json]
+                                       [--network host|own]
 
 Starts three real desktop servers (Xvfb + openbox; taking turns, so machine load hits all
 alike) and measures:
@@ -12,7 +13,8 @@ alike) and measures:
              sandboxed vs unsandboxed (input goes through XTest on the host either way)
   ready      ready_s after that typing (s), sandboxed vs unsandboxed
   execute    POST /execute of `true` (ms): nsenter into the sandbox vs a plain spawn
-Numbers are medians with (min-max). Needs root (sandboxes), Xvfb, openbox, l3afpad, xterm.
+--network: the sandboxed desktop's network (``own``: a namespace of its own connected by pasta,
+which a revert starts anew). Numbers are medians with (min-max). Needs root (sandboxes), Xvfb, openbox, l3afpad, xterm.
 """
 
 from __future__ import annotations
@@ -45,11 +47,11 @@ async def reset_to_ready(desktop, task) -> tuple[float, str]:
     return time.perf_counter() - t0, desktop.last_reset["kind"]
 
 
-async def bench(width: int, height: int, n: int) -> dict:
-    sandboxed = await open_one(width, height, sandbox=True)
+async def bench(width: int, height: int, n: int, network: str = "host") -> dict:
+    sandboxed = await open_one(width, height, sandbox=True, network=network)
     plain = await open_one(width, height, sandbox=False)
     plain_full = await open_one(width, height, sandbox=False, fast_reset=False)
-    results: dict = {"screen": [width, height], "n": n}
+    results: dict = {"screen": [width, height], "n": n, "network": network}
     write_etc = "echo password | sudo -S sh -c 'echo x > /etc/legato-bench'"
     try:
         resets: dict[str, list[float]] = {"revert": [], "fast": [], "full_restart": []}
@@ -105,7 +107,9 @@ async def bench(width: int, height: int, n: int) -> dict:
 
 def show(results: dict) -> None:
     width, height = results["screen"]
-    table = results_table(f"sandboxed local desktops {width}x{height}")
+    table = results_table(
+        f"sandboxed local desktops {width}x{height}, network {results.get('network', 'host')}"
+    )
     for name, s in results["reset_terminal_s"].items():
         kinds = ",".join(results["reset_kinds"][name])
         table.add_row(f"reset -> ready, terminal, {name} (kind {kinds})", fmt(s, "s"))
@@ -118,8 +122,10 @@ def show(results: dict) -> None:
 
 
 def main() -> None:
-    args = screen_parser(__doc__).parse_args()
-    results = asyncio.run(bench(args.width, args.height, args.n))
+    parser = screen_parser(__doc__)
+    parser.add_argument("--network", choices=["host", "own"], default="host")
+    args = parser.parse_args()
+    results = asyncio.run(bench(args.width, args.height, args.n, args.network))
     show(results)
     if args.json:
         with open(args.json, "w") as f:

@@ -22,6 +22,9 @@ APT_PACKAGES=(
   # headless browser for the Dagster UI end-to-end test; inside desktops it is `google-chrome`
   # (desktops/local/chrome.py), with socat for OSWorld's DevTools bridge (9222 -> 1337)
   chromium socat
+  # pasta: desktops' own networks with a route out and their CDP/VLC ports forwarded
+  # (--network own, desktops/local/sandbox.py): 0.4 MB
+  passt
   # scale-out proof (Postgres run storage, Redis broker for Celery run workers)
   postgresql redis-server
 )

@@ -21,7 +21,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ..desktops.local.backend import ServerProcess
+from ..desktops.local.backend import NETWORKS, ServerProcess
 from ..desktops.local.wire import DEFAULT_TOKEN_ENV
 from ..errors import LegatoError
 from .console import console, fail
@@ -82,7 +82,11 @@ def serve(
     ] = True,
     network: Annotated[
         str,
-        typer.Option(help="Sandboxed desktops' network: host, or none (a loopback of their own)."),
+        typer.Option(
+            help="Sandboxed desktops' network: host; none (a loopback of their own); or own (a"
+            " network of their own with a route out, Chrome's and VLC's OSWorld ports forwarded"
+            " from free host ports: needs pasta, apt-get install passt)."
+        ),
     ] = "host",
     user: Annotated[
         str,
@@ -98,10 +102,10 @@ def serve(
     ] = Path.home() / ".config" / "legato" / "desktop.token",
 ) -> None:
     """Start COUNT desktops and serve them until Ctrl-C; restart any that dies."""
-    if network not in ("host", "none"):
-        fail(f"--network must be host or none, got {network!r}")
-    if network == "none" and not sandbox:
-        fail("--network none needs the sandbox (drop --no-sandbox)")
+    if network not in NETWORKS:
+        fail(f"--network must be one of {', '.join(NETWORKS)}, got {network!r}")
+    if network != "host" and not sandbox:
+        fail(f"--network {network} needs the sandbox (drop --no-sandbox)")
     token, written = _token(token_file)
     if not _is_loopback(host):
         _err.print(

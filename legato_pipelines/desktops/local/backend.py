@@ -25,7 +25,9 @@ started (``legato desktop serve``) that it attaches to by URL. Per attempt::
   sandbox       run each desktop in its own sandbox (default true: namespaces, OSWorld's
                 ``user`` and /home/user, sudo inside, revert in ~0.1 s; needs root); false
                 runs the task's processes on the host as ``user`` with no isolation
-  network       sandboxed desktops: "host" (default) or "none" (a loopback of its own)
+  network       sandboxed desktops: "host" (default), "none" (a loopback of its own) or "own"
+                (a network of its own with a route out and OSWorld's Chrome and VLC ports
+                forwarded from free host ports: desktops running Chrome at once do not collide)
   user          desktop user of unsandboxed servers run as root (default legato-desktop)
   template      directory copied into each baseline HOME (pre-built app profiles)
   prebuild      apps whose profile each server builds into its baseline HOME: ["libreoffice"]
@@ -103,6 +105,7 @@ class ServerProcess:
         self.user, self.template, self.start_timeout = user, template, start_timeout
         self.prebuild = tuple(prebuild)
         self.url: str | None = None
+        self.ports: dict[str, int] = {}
         self._fixed_token = token
         self.token: str = token or ""
         self.state_dir: Path | None = None
@@ -172,7 +175,11 @@ class ServerProcess:
                 f"desktop server exited with {code} before it was ready (see its stderr above)",
                 kind="crash",
             )
-        self.url = json.loads(line[len(READY_LINE) :])["url"]
+        ready = json.loads(line[len(READY_LINE) :])
+        self.url = ready["url"]
+        # host ports of the desktop's CDP bridge and VLC ({"chromium", "vlc"}, as DesktopEnv
+        # names them; Session.osworld_ports)
+        self.ports = ready.get("ports") or {}
         return self.url
 
     async def stop(self, timeout: float = 10.0) -> None:
@@ -316,16 +323,22 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
             return False
 
 
+#: Sandboxed desktops' networks (``legato desktop serve --network``, desktop option ``network``).
+NETWORKS = ("host", "none", "own")
+
+
 def sandbox_options(options: dict[str, Any]) -> tuple[bool, str]:
     """``(sandbox, network)`` from desktop options ``sandbox`` (default true) and ``network``
-    (``"host"``, the default, or ``"none"``). Raises ``ConfigError`` naming the option."""
+    (``"host"``, the default, ``"none"`` or ``"own"``). Raises ``ConfigError`` naming the option."""
     sandbox, network = options.get("sandbox", True), options.get("network", "host")
     if not isinstance(sandbox, bool):
         raise ConfigError(f"desktop option 'sandbox' must be true or false, got {sandbox!r}")
-    if network not in ("host", "none"):
-        raise ConfigError(f'desktop option \'network\' must be "host" or "none", got {network!r}')
-    if network == "none" and not sandbox:
-        raise ConfigError("desktop option network=none needs the sandbox (sandbox=true)")
+    if network not in NETWORKS:
+        raise ConfigError(
+            f"desktop option 'network' must be one of {', '.join(NETWORKS)}, got {network!r}"
+        )
+    if network != "host" and not sandbox:
+        raise ConfigError(f"desktop option network={network} needs the sandbox (sandbox=true)")
     return sandbox, network
 
 

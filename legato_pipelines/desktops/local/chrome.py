@@ -30,6 +30,9 @@ CHROMIUM_BINARY = "/usr/lib/chromium/chromium"
 CHROMIUM_LAUNCHER = "/usr/bin/chromium"
 #: OSWorld's Chrome DevTools port inside the VM (docs/osworld.md §2).
 CDP_PORT = 1337
+#: The port OSWorld's configs bridge to it (``socat tcp-listen:9222,fork tcp:localhost:1337``),
+#: which its getters reach as the VM's ``chromium_port``.
+CDP_BRIDGE_PORT = 9222
 #: Where Chromium's binary is bind-mounted inside a sandbox: its name becomes the process name.
 CHROME_BINARY = "usr/lib/chromium/chrome"
 

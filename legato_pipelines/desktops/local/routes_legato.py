@@ -114,6 +114,7 @@ async def health(request: Request) -> Response:
                 if sess.bus is not None
                 else {"missing": sess.bus_missing}
             ),
+            "ports": sess.osworld_ports(),
             "width": sess.width,
             "height": sess.height,
             "pid": os.getpid(),

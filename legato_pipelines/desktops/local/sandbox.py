@@ -2,8 +2,9 @@
 
 Every process of the task (apps, setup and evaluator commands, whatever the policy starts)
 runs in the desktop's own user, mount, pid and ipc namespaces (and optionally its own network
-namespace with nothing but a loopback), built with util-linux's ``unshare`` and entered with
-``nsenter``; no home-made container runtime. Inside (docs/sandbox.md has the whole picture):
+namespace: nothing but a loopback, or connected by passt's ``pasta`` with a route out and
+per-desktop host ports forwarded to its Chrome and VLC ports), built with util-linux's
+``unshare`` and entered with ``nsenter``; no home-made container runtime. Inside (docs/sandbox.md has the whole picture):
 
 - account ``user`` (uid 1000), HOME ``/home/user``, password ``password`` (OSWorld's
   ``{CLIENT_PASSWORD}``), ``sudo -S`` accepting it: root *inside the sandbox only*;
@@ -74,6 +75,8 @@ OVERLAID = ("etc", "usr", "var", "opt")
 #: uid/gid range mapped one to one (host id = sandbox id).
 ID_MAP = "0 0 65536\n"
 START_TIMEOUT_S = 10.0
+#: passt's ``pasta`` (Debian package ``passt``): connects a sandbox's own network namespace.
+PASTA = "pasta"
 TOOLS = ("unshare", "nsenter", "setpriv", "findmnt", "mount", "pivot_root", "tini", "sudo")
 #: Capabilities dropped from the bounding set of the sandbox's init and of every process
 #: entered, so that not even root inside (``sudo``) can hold them. ``sys_admin``: no mount or
@@ -286,9 +289,13 @@ class _Instance:
     sleep_pid: int
     #: :func:`.leftovers.attributes` of the watched places, read before any task ran
     attrs: dict = field(default_factory=dict)
+    #: ``pasta`` connecting the network namespace (only while this sandbox is the running one)
+    pasta: subprocess.Popen | None = None
 
     def stop(self) -> None:
-        """SIGKILL the pid namespace's init (the kernel kills every process in it), reap."""
+        """SIGKILL the pid namespace's init (the kernel kills every process in it) and
+        ``pasta`` (its host ports are free once this returns), reap."""
+        self.stop_pasta()
         try:
             os.kill(self.init_pid, 9)
         except ProcessLookupError:
@@ -300,10 +307,20 @@ class _Instance:
             if stream is not None:
                 stream.close()
 
+    def stop_pasta(self) -> None:
+        if self.pasta is not None:
+            if self.pasta.poll() is None:
+                self.pasta.kill()
+            self.pasta.wait()
+            if self.pasta.stderr is not None:
+                self.pasta.stderr.close()
+            self.pasta = None
+
     def pids(self) -> set[int]:
-        """``unshare``, the init and the init's ``sleep`` (host pids). Whatever else runs
-        below the init (orphans of the task re-parented to it) is the task's."""
-        return {self.anchor.pid, self.init_pid, self.sleep_pid}
+        """``unshare``, the init, the init's ``sleep`` and ``pasta`` (host pids). Whatever else
+        runs below the init (orphans of the task re-parented to it) is the task's."""
+        pids = {self.anchor.pid, self.init_pid, self.sleep_pid}
+        return pids | ({self.pasta.pid} if self.pasta is not None else set())
 
 
 class Sandbox:
@@ -331,6 +348,12 @@ class Sandbox:
       state        the desktop's state directory
       network      ``True``: the host's network (as an unsandboxed desktop); ``False``: a
                    network namespace of its own with only a loopback (no route out)
+      forward      with ``network=False``: connect the namespace with ``pasta`` (a route out
+                   through the host's sockets) and forward ``127.0.0.1:<host port>`` on the
+                   host to ``127.0.0.1:<port>`` inside, as ``{port inside: host port}``
+                   (e.g. ``{9222: 41234, 8080: 41235}``: OSWorld's CDP bridge and VLC ports).
+                   ``pasta`` runs for the running sandbox only (a spare cannot hold the same
+                   host ports): a revert starts it anew (~20 ms)
       spare        keep a clean spare sandbox ready for the next revert
       tmpfs_size   size limit of each of ``/dev/shm``, ``/run``, ``/root`` (tmpfs ``size=``)
 
@@ -344,11 +367,20 @@ class Sandbox:
         state: Path,
         *,
         network: bool = True,
+        forward: dict[int, int] | None = None,
         spare: bool = True,
         tmpfs_size: str = TMPFS_SIZE,
     ):
+        if forward and network:
+            raise SandboxError("forward needs a network namespace of its own (network=False)")
+        if forward and shutil.which(PASTA) is None:
+            raise SandboxError(
+                "a desktop network of its own with forwarded ports needs pasta"
+                " (apt-get install passt)"
+            )
         self.dir = Path(state) / "sandbox"
         self.network = network
+        self.forward = dict(forward or {})
         self.keep_spare = spare
         self.tmpfs_size = tmpfs_size
         self.home = self.dir / "homes" / SANDBOX_USER
@@ -410,6 +442,7 @@ class Sandbox:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="legato-sandbox")
         self._active = self._worker.submit(self._launch, self.dir / "layers-0", x_socket).result()
         self._starting.discard(self._active.anchor.pid)
+        self._connect(self._active)
         self._spare_layers = self.dir / "layers-1"
         self._start_spare()
         return time.perf_counter() - t0
@@ -451,6 +484,7 @@ class Sandbox:
             self._starting.discard(self._active.anchor.pid)
         except Exception:
             return {"revert_s": self.start(self._x_socket)}
+        self._connect(self._active)
         if old is not None:
             self._spare_layers = old.layers
         self._start_spare()
@@ -530,12 +564,47 @@ class Sandbox:
         return {
             "user": SANDBOX_USER,
             "home": SANDBOX_HOME,
-            "network": "host" if self.network else "none",
+            "network": "host" if self.network else "own" if self.forward else "none",
+            "forward": {str(k): v for k, v in self.forward.items()},
             "init_pid": self.init_pid,
             "spare": self._spare is not None,
         }
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _connect(self, instance: _Instance) -> None:
+        """Start ``pasta`` for ``instance``'s network namespace (with :attr:`forward`), on the
+        worker thread (its parent-death signal), and wait until it listens on every host port.
+        Raises :class:`SandboxError` with pasta's message when it exits or does not listen
+        within :data:`START_TIMEOUT_S` (e.g. a host port taken by another program)."""
+        if not self.forward or self._worker is None:
+            return
+        instance.pasta = self._worker.submit(self._pasta, instance.init_pid).result()
+        ports = set(self.forward.values())
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not ports <= _listening(instance.pasta.pid):
+            if instance.pasta.poll() is not None:
+                err = instance.pasta.stderr.read().decode(errors="replace").strip()[-500:]
+                instance.stop_pasta()
+                raise SandboxError(f"pasta exited: {err or 'no message'}")
+            if time.monotonic() > deadline:
+                instance.stop_pasta()
+                raise SandboxError(f"pasta did not listen on host ports {sorted(ports)} in 10 s")
+            time.sleep(0.001)
+
+    def _pasta(self, init_pid: int) -> subprocess.Popen:
+        argv = [PASTA, "--foreground", "--quiet", "--runas", "0", "--config-net"]
+        for inside, host in sorted(self.forward.items()):
+            argv += ["-t", f"127.0.0.1/{host}:{inside}"]
+        # no UDP forwards, and nothing inside reaches the host's own loopback services
+        argv += ["-u", "none", "-T", "none", "-U", "none", str(init_pid)]
+        return subprocess.Popen(
+            ["setpriv", "--pdeathsig", "KILL", "--", *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
 
     def _start_spare(self) -> None:
         if self.keep_spare and self._worker is not None:
@@ -692,6 +761,37 @@ def _wait_init(proc: subprocess.Popen) -> tuple[int, int]:
             raise SandboxError(f"the sandbox exited at start: {_stderr(proc)}")
         time.sleep(0.0005)
     raise SandboxError("the sandbox's init did not start within 10 s")
+
+
+def _listening(pid: int) -> set[int]:
+    """TCP ports ``pid`` listens on (IPv4) in our network namespace (``/proc/self/net/tcp``,
+    state ``0A``, sockets among ``pid``'s open files)."""
+    try:
+        lines = Path("/proc/self/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return set()
+    inodes = _socket_inodes(pid)
+    ports = set()
+    for line in lines:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:
+            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    found = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                found.add(link[8:-1])
+    except OSError:
+        pass
+    return found
 
 
 def _children(pid: int) -> list[int]:

@@ -52,6 +52,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from . import chrome
+from . import home as home_mod
 from .auth import TokenAuth
 from .procs import become_subreaper
 from .route_params import error_response
@@ -112,6 +114,21 @@ def build_app(server: DesktopServer, token: str, *, manage_lifecycle: bool = Tru
 # -- main --------------------------------------------------------------------------------------------
 
 
+def own_network_forward() -> dict[int, int]:
+    """``{port inside: free host port}`` for ``--network own``: OSWorld's CDP bridge (9222)
+    and VLC (8080) ports, each on a host port the kernel picks as free on 127.0.0.1 (another
+    program may take it before ``pasta`` binds it; the start then fails naming pasta's error)."""
+    inside = (chrome.CDP_BRIDGE_PORT, home_mod.VLC_HTTP_PORT)
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in inside]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return {port: sock.getsockname()[1] for port, sock in zip(inside, socks, strict=True)}
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m legato_pipelines.desktops.local.server",
@@ -161,9 +178,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--network",
-        choices=["host", "none"],
+        choices=["host", "none", "own"],
         default="host",
-        help="sandboxed desktops: the host's network, or none at all (a loopback of its own)",
+        help="sandboxed desktops: the host's network; none at all (a loopback of its own); or"
+        " own: a network namespace of its own with a route out (pasta, package passt) and the"
+        " Chrome DevTools bridge (9222) and VLC (8080) forwarded from free host ports, so"
+        " desktops running Chrome or VLC at once do not collide (the ready line's 'ports')",
     )
     parser.add_argument("--log-level", default="warning")
     return parser.parse_args(argv)
@@ -172,7 +192,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Start one desktop and serve it until SIGTERM/SIGINT.
 
-    Prints one line ``LEGATO_DESKTOP_READY {"url", "display", "pid", "home"}`` on stdout once
+    Prints one line ``LEGATO_DESKTOP_READY {"url", "display", "pid", "home", "host_home",
+    "ports"}`` (``ports``: :meth:`.Session.osworld_ports`) on stdout once
     the desktop is up and the port accepts connections; everything else goes to stderr.
     """
     import uvicorn
@@ -187,8 +208,8 @@ def main(argv: list[str] | None = None) -> None:
         support = check_support()
         if not support.ok:
             sys.exit(f"error: {support.problem}")
-    elif args.network == "none":
-        sys.exit("error: --network none needs the sandbox (drop --no-sandbox)")
+    elif args.network != "host":
+        sys.exit(f"error: --network {args.network} needs the sandbox (drop --no-sandbox)")
     become_subreaper()
     own_state = args.state_dir is None
     state = Path(tempfile.mkdtemp(prefix="legato-desktop-")) if own_state else args.state_dir
@@ -201,6 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         prebuild=tuple(args.prebuild),
         sandbox=args.sandbox,
         network=args.network == "host",
+        forward=own_network_forward() if args.network == "own" else None,
     )
     server = DesktopServer(session, remove_state=own_state or args.remove_state)
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so (else Nagle +
@@ -238,6 +260,7 @@ def main(argv: list[str] | None = None) -> None:
                     "pid": os.getpid(),
                     "home": session.desktop_home,
                     "host_home": str(session.home),
+                    "ports": session.osworld_ports(),
                 }
                 print(f"{READY_LINE} {json.dumps(ready)}", flush=True)
                 os.dup2(2, 1)  # nothing else goes to stdout

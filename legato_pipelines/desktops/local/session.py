@@ -35,7 +35,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import dbus_session
+from . import chrome, dbus_session
 from . import home as home_mod
 from .leftovers import empty_dir
 from .procs import ProcessTable, RunAs, descendants, process_table
@@ -133,6 +133,8 @@ class Session:
       sandbox        run the task's processes in the desktop's own namespaces (:mod:`.sandbox`);
                      ``False`` runs them on the host as ``user`` (no isolation)
       network        sandboxed only: ``True`` the host's network, ``False`` none (own loopback)
+      forward        sandboxed with ``network=False``: ``{port inside: host port}`` forwarded by
+                     ``pasta``, which also gives the namespace a route out (:class:`.Sandbox`)
     """
 
     def __init__(
@@ -146,6 +148,7 @@ class Session:
         prebuild: tuple[str, ...] = (),
         sandbox: bool = True,
         network: bool = True,
+        forward: dict[int, int] | None = None,
     ):
         unknown = set(prebuild) - set(PREBUILD_APPS)
         if unknown:
@@ -164,7 +167,10 @@ class Session:
         if not sandbox and not network:
             raise SessionError("network=none needs the sandbox (sandbox=true)")
         if sandbox:
-            self.sandbox = Sandbox(self.state, network=network)
+            try:
+                self.sandbox = Sandbox(self.state, network=network, forward=forward)
+            except SandboxError as exc:
+                raise SessionError(str(exc)) from None
             self.user, self.uid, self.gid = SANDBOX_USER, SANDBOX_UID, SANDBOX_UID
             self.home = self.sandbox.home
         elif os.geteuid() == 0 and user:
@@ -267,6 +273,18 @@ class Session:
         if self.display:
             env["DISPLAY"] = self.display
         return RunAs(env=env, cwd=str(self.wm_home))
+
+    def osworld_ports(self) -> dict[str, int]:
+        """Host ports (on 127.0.0.1) where OSWorld's host-side getters reach the desktop's
+        Chrome DevTools bridge and VLC's HTTP interface, named as DesktopEnv's ``chromium_port``
+        and ``vlc_port`` (``{"chromium": ..., "vlc": ...}``): OSWorld's own 9222 and 8080 on
+        the host's network, the forwarded host ports on a network of its own, ``{}`` without a
+        way in (``network=False`` without ``forward``)."""
+        inside = {"chromium": chrome.CDP_BRIDGE_PORT, "vlc": home_mod.VLC_HTTP_PORT}
+        if self.sandbox is None or self.sandbox.network:
+            return inside
+        forward = self.sandbox.forward
+        return {name: forward[port] for name, port in inside.items() if port in forward}
 
     # -- lifecycle -----------------------------------------------------------------------------
 

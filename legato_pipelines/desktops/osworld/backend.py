@@ -41,7 +41,8 @@ HOME, docs/osworld.md §6), and the first reset after a failure.
   reset_timeout   seconds for a reset with the task's setup (default 300)
   user, template  provider local: the desktop servers' user (unsandboxed) and HOME template
   sandbox, network provider local: the desktop servers' sandbox (default true) and network
-                  ("host" or "none"), as the local backend's options
+                  ("host", "none" or "own"), as the local backend's options; DesktopEnv's
+                  chromium_port and vlc_port are the server's (its ready line's ``ports``)
   log_level       the worker's logging level (default WARNING)
 
 Provider ``local``: the "VM" is a project local desktop server this backend starts per desktop
@@ -143,6 +144,7 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
                 await self.vm_server.stop()
                 await self.vm_server.start()
             request["vm_url"] = self.vm_server.url
+            request["ports"] = self.vm_server.ports  # LocalProvider(chromium=, vlc=)
             request["vm_token_env"] = VM_TOKEN_ENV
             extra[VM_TOKEN_ENV] = self.vm_server.token
             headers["Authorization"] = f"Bearer {self.vm_server.token}"
