@@ -22,6 +22,9 @@ APT_PACKAGES=(
   # headless browser for the Dagster UI end-to-end test; inside desktops it is `google-chrome`
   # (desktops/local/chrome.py), with socat for OSWorld's DevTools bridge (9222 -> 1337)
   chromium socat
+  # AT-SPI behind /accessibility (desktops/local/accessibility.py): the accessibility bus and
+  # pyatspi for the system python3: ~0.7 MB (at-spi2-core often there already)
+  at-spi2-core python3-pyatspi
   # pasta: desktops' own networks with a route out and their CDP/VLC ports forwarded
   # (--network own, desktops/local/sandbox.py): 0.4 MB
   passt

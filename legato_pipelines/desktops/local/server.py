@@ -14,7 +14,7 @@ OSWorld's base routes (request/response shapes of ``desktop_env/server/main.py``
   POST /setup/upload                 multipart file_path + file_data -> text (parents created)
   POST /file                         form/JSON file_path -> bytes, 404 when missing
   GET  /platform -> "Linux";  POST|GET /screen_size -> {width, height};  GET /cursor_position -> [x, y]
-  GET  /terminal -> {output: null, status}  (liveness);  GET /accessibility -> {AT: xml} (windows only)
+  GET  /terminal -> {output: null, status}  (liveness);  GET /accessibility -> {AT: xml} (AT-SPI)
   POST /desktop_path -> {desktop_path}
 
 Project routes

@@ -35,7 +35,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import chrome, dbus_session
+from . import accessibility, chrome, dbus_session
 from . import home as home_mod
 from .leftovers import empty_dir
 from .procs import ProcessTable, RunAs, descendants, process_table
@@ -224,9 +224,10 @@ class Session:
     def task_env(self) -> dict[str, str]:
         """The environment of every task process (built from scratch, nothing inherited).
 
-        ``NO_AT_BRIDGE``/``GTK_A11Y`` keep GTK apps from autolaunching at-spi. With the
-        desktop's session bus (:mod:`.dbus_session`), ``DBUS_SESSION_BUS_ADDRESS`` names it and
-        GSettings persists in dconf; without one, ``GSETTINGS_BACKEND=memory`` keeps apps from
+        With the desktop's session bus (:mod:`.dbus_session`), ``DBUS_SESSION_BUS_ADDRESS``
+        names it, GSettings persists in dconf and apps have their accessibility on when AT-SPI
+        is installed (:func:`.accessibility.task_env`; else ``NO_AT_BRIDGE``/``GTK_A11Y`` keep
+        GTK apps from autolaunching at-spi); without one, ``GSETTINGS_BACKEND=memory`` keeps apps from
         autolaunching dconf and dbus helpers that outlive them (docs/local-desktop.md §9, §10).
         """
         home = self.desktop_home
@@ -251,8 +252,7 @@ class Session:
             "XDG_DATA_HOME": f"{home}/.local/share",
             "XDG_STATE_HOME": f"{home}/.local/state",
             "TMPDIR": "/tmp" if sandboxed else str(self.tmp),
-            "NO_AT_BRIDGE": "1",
-            "GTK_A11Y": "none",
+            **accessibility.task_env(self.bus is not None),
             "GTK_USE_PORTAL": "0",
             **bus,
         }

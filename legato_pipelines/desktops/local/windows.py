@@ -136,7 +136,8 @@ class Windows:
         return ids[-1]
 
     def accessibility_xml(self) -> str:
-        """A minimal accessibility tree: one ``<frame>`` per window (no AT-SPI on this desktop)."""
+        """A minimal accessibility tree: one ``<frame>`` per window, what ``/accessibility``
+        answers where AT-SPI is not there (:mod:`.accessibility`)."""
         focused = self.focused_client()
         rows = [
             f"<frame name={quoteattr(w.title)} class={quoteattr(w.wm_class[1])} "
