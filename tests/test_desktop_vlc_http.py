@@ -1,8 +1,9 @@
 """VLC started the way OSWorld's vlc configs start it answers OSWorld's own VLC getter
-(``get_vlc_playing_info``, run in the OSWorld venv) on a real sandboxed desktop: the baseline
-HOME's vlcrc turns the Lua HTTP interface on with OSWorld's password. The status it fetches is
-read as OSWorld's ``is_vlc_playing`` reads it (its module needs librosa, cv2...: not in the
-core venv)."""
+(``get_vlc_playing_info``, run in the OSWorld venv) on a real sandboxed desktop, on the port the
+server reports as DesktopEnv's ``vlc_port`` (the host's 8080, or a forwarded host port on a
+desktop with a network of its own): the baseline HOME's vlcrc turns the Lua HTTP interface on
+with OSWorld's password. The status it fetches is read as OSWorld's ``is_vlc_playing`` reads it
+(its module needs librosa, cv2...: not in the core venv)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import httpx
 import pytest
 
 from legato_pipelines.desktops.local.home import VLC_HTTP_PORT
-from tests.desktop_local_support import needs_xvfb, server_fixture
+from tests.desktop_local_support import RunningServer, needs_xvfb
 from tests.osworld_backend_support import osworld_python
 
 pytestmark = [
@@ -31,7 +32,17 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes need root (uid maps)"),
 ]
 
-server = server_fixture(1024, 768)
+
+@pytest.fixture(scope="module", params=["host", "own"])
+def server(request):
+    """A desktop on the host's network (VLC on the host's 8080) and one with a network of its
+    own (VLC's 8080 forwarded from the host port its ready line reports)."""
+    if request.param == "own" and shutil.which("pasta") is None:
+        pytest.skip("needs pasta (apt-get install passt)")
+    running = RunningServer(1024, 768, extra_args=("--network", request.param))
+    yield running
+    running.stop()
+
 
 #: OSWorld's vlc configs launch it so (tests/data/osworld/vlc/*.json, 16 of 17 with a shell).
 LAUNCH = "VLC_VERBOSE=-1 vlc --no-audio --no-video-title-show --loop /home/user/Desktop/tone.wav"
@@ -82,9 +93,12 @@ async def test_vlc_answers_osworld_getter(server, tmp_path):
         await client.reset()
         await client.upload("/home/user/Desktop/tone.wav", tone_wav())
         await client.launch(LAUNCH, shell=True)
+        port = server.info["ports"]["vlc"]  # what DesktopEnv gets as vlc_port
+        own_network = "own" in server.proc.args
+        assert (port == VLC_HTTP_PORT) != own_network, (port, server.proc.args)
         t0 = time.monotonic()
         done = subprocess.run(
-            [osworld_python(), "-c", GETTER, str(VLC_HTTP_PORT), str(tmp_path)],
+            [osworld_python(), "-c", GETTER, str(port), str(tmp_path)],
             capture_output=True,
             text=True,
             timeout=120,
@@ -97,11 +111,11 @@ async def test_vlc_answers_osworld_getter(server, tmp_path):
         names = [e.text for e in map(tree.find, FILE_PATHS) if e is not None and e.text]
         assert names and os.path.basename(names[0]) == "tone.wav", names
         # the interface refuses a wrong password, as VLC's does in OSWorld's VM
-        url = f"http://127.0.0.1:{VLC_HTTP_PORT}/requests/status.xml"
+        url = f"http://127.0.0.1:{port}/requests/status.xml"
         assert httpx.get(url, auth=("", "wrong")).status_code == 401
         assert (await client.reset())["kind"] == "fast"
         assert (await client.processes())["task"] == []
-        with pytest.raises(httpx.ConnectError):
-            httpx.get(url, auth=("", "password"))
+        with pytest.raises((httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)):
+            httpx.get(url, auth=("", "password"))  # forwarded: pasta accepts, then closes
     finally:
         await client.aclose()
