@@ -5,7 +5,9 @@
 
 Starts three real desktop servers (Xvfb + openbox; taking turns, so machine load hits all
 alike) and measures:
-  reset      reset -> ready of a terminal task (xterm), LocalDesktop.reset + wait_after_reset:
+  reset      reset -> ready of a terminal task (xterm), LocalDesktop.reset + wait_after_reset
+             (and the server's own revert_s of the revert: switching to the spare sandbox, and
+             with --network own starting its pasta):
              sandboxed revert (the previous attempt wrote /etc via sudo, so the server drops the
              sandbox's overlay and starts a new one; X stays), sandboxed fast reset, and the
              unsandboxed full restart (Xvfb + openbox restarted: the local revert before sandboxes)
@@ -56,17 +58,20 @@ async def bench(width: int, height: int, n: int, network: str = "host") -> dict:
     try:
         resets: dict[str, list[float]] = {"revert": [], "fast": [], "full_restart": []}
         kinds: dict[str, set[str]] = {k: set() for k in resets}
+        server_revert: list[float] = []  # the server's own revert_s (sandbox switch + pasta)
         for _ in range(n):
             assert (await sandboxed.client.execute(write_etc, shell=True))["returncode"] == 0
             for name, desktop in (("revert", sandboxed), ("full_restart", plain_full)):
                 seconds, kind = await reset_to_ready(desktop, TERMINAL)
                 resets[name].append(seconds)
                 kinds[name].add(kind)
+            server_revert.append(sandboxed.last_reset.get("revert_s", float("nan")))
             seconds, kind = await reset_to_ready(sandboxed, TERMINAL)
             resets["fast"].append(seconds)
             kinds["fast"].add(kind)
         results["reset_terminal_s"] = {k: summary(v) for k, v in resets.items()}
         results["reset_kinds"] = {k: sorted(v) for k, v in kinds.items()}
+        results["server_revert_ms"] = summary(server_revert, 1000)
 
         acts = {
             name: {"click": [], "type20": [], "ready": [], "execute": []}
@@ -113,6 +118,9 @@ def show(results: dict) -> None:
     for name, s in results["reset_terminal_s"].items():
         kinds = ",".join(results["reset_kinds"][name])
         table.add_row(f"reset -> ready, terminal, {name} (kind {kinds})", fmt(s, "s"))
+    table.add_row(
+        "server revert_s of the revert (sandbox switch)", fmt(results["server_revert_ms"], "ms")
+    )
     for name, r in results["per_action"].items():
         table.add_row(f"act click ({name})", fmt(r["act_click_ms"], "ms"))
         table.add_row(f"act type 20 chars ({name})", fmt(r["act_type20_ms"], "ms"))
