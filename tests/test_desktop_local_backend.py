@@ -137,6 +137,12 @@ async def test_bad_options_are_config_errors(monkeypatch):
         await open_local_desktops(
             DesktopConfig(backend="local", options={"urls": ["http://127.0.0.1:1"]}), 2
         )
+    for options, message in (
+        ({"network": "bridge"}, "must be one of host, none, own, got 'bridge'"),
+        ({"network": "own", "sandbox": False}, "network=own needs the sandbox"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            await open_local_desktops(DesktopConfig(backend="local", options=options), 1)
     monkeypatch.delenv(DEFAULT_TOKEN_ENV, raising=False)
     with pytest.raises(ConfigError, match=DEFAULT_TOKEN_ENV):
         await open_local_desktops(
