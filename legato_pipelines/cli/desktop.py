@@ -173,8 +173,10 @@ async def _serve(
         table.add_column("desktop")
         table.add_column("url")
         table.add_column("server pid")
+        table.add_column("CDP / VLC port")  # DesktopEnv's chromium_port / vlc_port
         for i, s in enumerate(servers):
-            table.add_row(f"local-{i}", s.url, str(s.pid))
+            ports = f"{s.ports.get('chromium', '-')} / {s.ports.get('vlc', '-')}"
+            table.add_row(f"local-{i}", s.url, str(s.pid), ports)
         console.print(table)
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
@@ -183,6 +185,8 @@ async def _serve(
                     _err.print(f"[yellow]local-{i} ({s.url}) died; restarting[/]")
                     await s.stop()
                     await s.start()
+                    if network == "own":  # new host ports for the new server
+                        _err.print(f"local-{i}: CDP / VLC port {s.ports}")
     except (KeyboardInterrupt, asyncio.CancelledError):
         pass
     finally:
