@@ -1,5 +1,5 @@
 """OSWorld's ``/accessibility`` on a real sandboxed desktop: the AT-SPI tree of a GTK editor,
-gnome-terminal and Chromium (as ``google-chrome``), in the shape OSWorld's server returns, which
+gnome-terminal, VLC (Qt) and Chromium (as ``google-chrome``), in the shape OSWorld's server returns, which
 OSWorld's own ``get_active_url_from_accessTree`` (run in the OSWorld venv) reads the URL from."""
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ pytestmark = [
         reason=f"needs AT-SPI (apt-get install {' '.join(accessibility.missing())})",
     ),
     pytest.mark.skipif(
-        not (chrome.available() and shutil.which("gnome-terminal") and shutil.which("l3afpad")),
-        reason="needs chromium, gnome-terminal and l3afpad",
+        not (chrome.available() and all(map(shutil.which, ("gnome-terminal", "l3afpad", "vlc")))),
+        reason="needs chromium, gnome-terminal, l3afpad and vlc",
     ),
 ]
 TREE_TIMEOUT_S = 60.0
@@ -48,6 +48,8 @@ EXPECTED = {
     # OSWorld's /terminal reads the terminal this way (its server's get_terminal_output)
     "gnome-terminal": '//application[@name="gnome-terminal-server"]/frame//terminal',
     "chrome": '//application[@name="Google Chrome"]//entry[@name="Address and search bar"]',
+    # Qt's bridge, on by QT_ACCESSIBILITY
+    "vlc": '//application[@name="vlc"]/frame[@name="VLC media player"]',
 }
 
 server = server_fixture(1280, 720)
@@ -66,6 +68,7 @@ async def test_accessibility_tree_of_gtk_apps_and_chrome(server, tmp_path):
                 "--remote-debugging-port=1337",
                 "file:///home/user/Desktop/page.html",
             ],
+            ["vlc"],
         ):
             await client.launch(argv)
         deadline = time.monotonic() + TREE_TIMEOUT_S
