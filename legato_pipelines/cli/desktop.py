@@ -173,11 +173,12 @@ async def _serve(
         table.add_column("desktop")
         table.add_column("url")
         table.add_column("server pid")
-        table.add_column("CDP / VLC port")  # DesktopEnv's chromium_port / vlc_port
         for i, s in enumerate(servers):
-            ports = f"{s.ports.get('chromium', '-')} / {s.ports.get('vlc', '-')}"
-            table.add_row(f"local-{i}", s.url, str(s.pid), ports)
+            table.add_row(f"local-{i}", s.url, str(s.pid))
         console.print(table)
+        if network == "own":  # the host ports DesktopEnv needs as chromium_port / vlc_port
+            for i, s in enumerate(servers):
+                _err.print(f"local-{i}: CDP / VLC port {s.ports}")
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             for i, s in enumerate(servers):
