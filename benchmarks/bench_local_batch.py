@@ -44,7 +44,7 @@ COMPARE = {
         "osworld_style": ["--no-ready-signal", "--fixed-wait", "5", "--no-fast-reset"],
     },
     # the first mode's wall over the second's is the figure (goal: <= 0.6)
-    "spares": {"spares_on": ["--spares", "{desktops}"], "spares_off": ["--spares", "0"]},
+    "spares": {"spares_on": ["--spares", "{spares}"], "spares_off": ["--spares", "0"]},
 }
 
 
@@ -124,6 +124,7 @@ def main() -> None:
     ap.add_argument("--desktops", type=int, default=2)
     ap.add_argument("--group", type=int, default=1)
     ap.add_argument("--compare", choices=sorted(COMPARE), default="osworld")
+    ap.add_argument("--spares", type=int, help="spare desktops of spares_on (default: --desktops)")
     ap.add_argument("--repeats", type=int, default=1, help="paired runs, alternating order")
     ap.add_argument("--latency", type=float, default=0.0, help="seconds per model call")
     ap.add_argument("--tasks", type=Path, default=SUITE / "tasks.json")
@@ -131,7 +132,7 @@ def main() -> None:
     ap.add_argument("--osworld", type=Path, help="directory of OSWorld task configs")
     args = ap.parse_args()
     modes = {
-        name: [flag.format(desktops=args.desktops) for flag in flags]
+        name: [flag.format(spares=args.spares or args.desktops) for flag in flags]
         for name, flags in COMPARE[args.compare].items()
     }
     results: dict[str, list[dict]] = {mode: [] for mode in modes}

@@ -256,3 +256,50 @@ def test_spares_default_on_for_local_desktops_only():
     assert spare_desktops(None, desktops=4, backend="osworld") == 0
     assert spare_desktops(None, desktops=2, backend="local", attached=True) == 0  # by URL
     assert spare_desktops(3, desktops=1, backend="osworld") == 3
+
+
+def test_a_batch_cut_mid_way_with_spares_resumes_without_losing_or_doubling(
+    policy_server, tmp_path
+):
+    """A batch with spares cancelled after its third record (desktops being prepared ahead
+    for queued attempts that have no record yet), then resumed: the records written are kept
+    as they were, every logical attempt ends in exactly one final record."""
+    policy_server.latency = Latency(0.05)
+    tasks = load_tasks(fake_tasks(5))
+    config = DesktopConfig(backend="fake", options={"latency": {"reset": 0.2}})
+
+    async def cut():
+        enough, seen = asyncio.Event(), []
+        batch = asyncio.create_task(
+            collect_async(
+                tasks,
+                policy(policy_server),
+                tmp_path,
+                desktops=2,
+                spares=2,
+                desktop=config,
+                group=2,
+                max_steps=2,
+                on_record=lambda r: seen.append(r) if len(seen) < 2 else enough.set(),
+            )
+        )
+        await enough.wait()
+        batch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await batch
+
+    asyncio.run(cut())
+    kept = (tmp_path / "rollouts.jsonl").read_bytes()
+    assert 3 <= len(kept.splitlines()) < 10
+    summary = collect(
+        tasks,
+        policy(policy_server),
+        tmp_path,
+        desktops=2,
+        spares=2,
+        desktop=config,
+        group=2,
+        max_steps=2,
+    )
+    assert (tmp_path / "rollouts.jsonl").read_bytes().startswith(kept)
+    assert_accounted(read_records(tmp_path), summary)
