@@ -71,37 +71,10 @@ def test_collect_local_scores_scripts(tmp_path, script, reward):
     actions = [a for r in records for s in r["steps"] for a in s["actions"]]
     assert actions and all(a["ready_s"] is not None and 0 <= a["ready_s"] < 10 for a in actions)
     assert all(r["reset"]["ready_s"] is not None for r in records)
-    # 2 desktops on the local backend: a spare each by default (issue 18), started while the
-    # runners' desktops work (this batch may end before they are up)
-    assert summary["knobs"]["spares"] == 2
-    assert summary["reset_critical"]["overall"]["n"] == len(TASKS)
-
-
-async def test_spares_prepared_ahead_on_real_desktops(tmp_path):
-    """2 runners + 2 spare local desktops (issue 18): the correct scripts still score 1; the
-    attempts whose desktop was reset while the policy drove another waited for it at most
-    what was left of that reset, and at least one found it ready."""
-    config = DesktopConfig(backend="local")
-    pool = await open_desktops(config, 4)
-    try:
-        with ScriptedPolicyServer(
-            flavor="vllm", script=SUITE / "scripts" / "correct.json"
-        ) as server:
-            summary = await collect_async(
-                load_tasks(local_subset(tmp_path)),
-                PolicyConfig(base_url=server.url, model=server.model),
-                tmp_path / "run",
-                desktop_pool=pool,
-                desktop=config,
-                spares=2,
-                group=1,
-                max_steps=8,
-            )
-    finally:
-        await asyncio.gather(*(d.close() for d in pool))
-    records = read_records(tmp_path / "run")
-    assert summary["knobs"]["desktops"] == 2 and summary["knobs"]["spares"] == 2
-    assert {r["task_id"]: r["reward"] for r in records} == dict.fromkeys(TASKS, 1.0)
+    # 2 desktops on the local backend: a spare each by default (issue 18), the same rewards;
+    # the attempts whose desktop was reset while the policy drove another waited for it at
+    # most what was left of that reset, and at least one found it ready
+    assert summary["knobs"]["spares"] == 2 and len({r["desktop"] for r in records}) > 2
     ahead = [r["timing"] for r in records if r["timing"]["reset_ahead"]]
     assert ahead and all(t["reset_critical_s"] <= t["reset_s"] + 0.05 for t in ahead)
     assert min(t["reset_critical_s"] for t in ahead) < 0.2
