@@ -180,7 +180,6 @@ async def collect_async(
     try:
         owned = desktop_pool is None
         pool: list[Desktop] = []
-        late: asyncio.Task | None = None  # spare desktops starting in the background
         async with contextlib.AsyncExitStack() as stack:
             stack.enter_context(young_gc_threshold())
             client = await stack.enter_async_context(
@@ -235,19 +234,13 @@ async def collect_async(
                 if sched.pending():
                     # runners + spares, no more desktops than attempts to run
                     n_open = min(desktops + spares, sched.pending())
-                    runners = min(desktops, n_open)
-                    if desktop_pool is not None:
-                        pool = desktop_pool
-                    elif n_open > runners and _spares_start_later(desktop):
-                        # the runners' desktops first; the spares start while they work
-                        pool = await open_desktops(desktop, runners)
-                        late = asyncio.create_task(
-                            _open_spares(desktop, n_open - runners, first=runners)
-                        )
-                    else:
-                        pool = await open_desktops(desktop, n_open)
+                    pool = (
+                        desktop_pool
+                        if desktop_pool is not None
+                        else await open_desktops(desktop, n_open)
+                    )
                     try:
-                        await _run_workers(ctx, sched, pool, emit, runners=runners, late=late)
+                        await _run_workers(ctx, sched, pool, emit, runners=min(desktops, n_open))
                     except PolicyConfigError as exc:
                         gone = (
                             await adapter_gone(plan)
@@ -260,8 +253,6 @@ async def collect_async(
                     if plan is not None:
                         await _verify_after(plan, writer)
             finally:
-                if late is not None:  # spares still starting are awaited, then closed
-                    pool = [*pool, *await late]
                 if owned:
                     await asyncio.gather(*(d.close() for d in pool), return_exceptions=True)
                 wall_s = prior_wall_s + (time.time() - started)
@@ -306,46 +297,14 @@ async def _verify_after(plan, writer: RunWriter) -> None:
     writer.update_meta("checkpoint", {**plan.meta(), "after": after})
 
 
-def _spares_start_later(config: DesktopConfig) -> bool:
-    """Whether the spares may start after the runners' desktops (a second
-    :func:`open_desktops` call): backends whose desktop names are labels only (``fake``,
-    ``local`` started here), not ``local`` on fixed ports (``base_port``) or attached by URL,
-    nor ``osworld`` (its names name its work files)."""
-    if config.backend == "fake":
-        return True
-    options = config.options
-    return config.backend == "local" and not options.get("urls") and not options.get("base_port")
-
-
-async def _open_spares(config: DesktopConfig, n: int, *, first: int) -> list[Desktop]:
-    """Start ``n`` spare desktops, named on from index ``first`` (``local-2``...); a start
-    that fails is logged and the batch runs without them (returns ``[]``)."""
-    try:
-        opened = await open_desktops(config, n)
-    except Exception as exc:  # noqa: BLE001 - spares are an optimisation, never a failure
-        log.warning("spare desktops did not start, running without them: %s", exc)
-        return []
-    for i, d in enumerate(opened):
-        d.name = f"{d.name.rsplit('-', 1)[0]}-{first + i}"
-    return opened
-
-
 async def _run_workers(
-    ctx: AttemptContext,
-    sched: Scheduler,
-    pool: list[Desktop],
-    emit,
-    runners: int | None = None,
-    late: asyncio.Task | None = None,
+    ctx: AttemptContext, sched: Scheduler, pool: list[Desktop], emit, runners: int | None = None
 ) -> None:
     """``runners`` attempts at once (default: one per desktop) on the desktops of ``pool``,
-    the others prepared ahead (:mod:`.handout`), until the queue is empty; ``late``: spare
-    desktops still starting (a task giving a list), added when they are up. If every desktop
+    the others prepared ahead (:mod:`.handout`), until the queue is empty; if every desktop
     is gone, what is left in the queue ends as an ``env`` error (nothing is silently
     dropped)."""
     handout = Handout(sched, pool, lambda ex: emit(settled_record(ctx, ex, SKIPPED)))
-    if late is not None:
-        late.add_done_callback(lambda t: t.cancelled() or handout.add(t.result()))
     n = max(1, min(runners or len(pool), len(pool)))
     started = time.perf_counter()  # every runner asks for its first desktop now
     workers = [

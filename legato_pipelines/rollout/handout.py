@@ -74,22 +74,12 @@ class Handout:
         self.on_skipped = on_skipped
         self.free: deque[Desktop] = deque(desktops)
         self.prepared: deque[Handed] = deque()
-        self.recovering: dict[int, asyncio.Task] = {}  # id(desktop) -> its recovery
+        self.recovering: dict[Desktop, asyncio.Task] = {}
         self.draining: set[asyncio.Task] = set()  # resets of skipped executions, still running
         self.busy = 0  # desktops handed out to runners
         self.waiting: deque[object] = deque()  # runners asking, in the order they asked
         self.retired: list[Desktop] = []
-        self.closed = False
         self._changed = asyncio.Event()
-
-    def add(self, desktops: list[Desktop]) -> None:
-        """More desktops (spares that finished starting), prepared at once; ignored once the
-        batch ended (:meth:`aclose`: their owner closes them)."""
-        if self.closed:
-            return
-        self.free.extend(desktops)
-        self._fill()
-        self._changed.set()
 
     def _fill(self) -> None:
         """Prepare every free desktop for the next queued execution."""
@@ -173,7 +163,7 @@ class Handout:
     def _give_back(self, desktop: Desktop, *, broken: bool) -> None:
         if broken:
             task = asyncio.create_task(self._recover(desktop), name=f"recover-{desktop.name}")
-            self.recovering[id(desktop)] = task
+            self.recovering[desktop] = task
         else:
             self.free.append(desktop)
 
@@ -187,7 +177,7 @@ class Handout:
         else:
             self.free.append(desktop)
         finally:
-            self.recovering.pop(id(desktop), None)
+            self.recovering.pop(desktop, None)
             self._changed.set()
         self._fill()
 
@@ -195,7 +185,6 @@ class Handout:
         """Cancel and await every preparation and recovery still running (the batch ended or
         was cancelled); the executions prepared but never handed out go back to the queue's
         front, as not taken (the engine settles what is left in the queue)."""
-        self.closed = True
         tasks = [h.task for h in self.prepared] + list(self.recovering.values())
         tasks += list(self.draining)
         for handed in reversed(self.prepared):
