@@ -74,7 +74,7 @@ class Handout:
         self.on_skipped = on_skipped
         self.free: deque[Desktop] = deque(desktops)
         self.prepared: deque[Handed] = deque()
-        self.recovering: dict[Desktop, asyncio.Task] = {}
+        self.recovering: dict[int, asyncio.Task] = {}  # id(desktop) -> its recovery
         self.draining: set[asyncio.Task] = set()  # resets of skipped executions, still running
         self.busy = 0  # desktops handed out to runners
         self.waiting: deque[object] = deque()  # runners asking, in the order they asked
@@ -163,7 +163,7 @@ class Handout:
     def _give_back(self, desktop: Desktop, *, broken: bool) -> None:
         if broken:
             task = asyncio.create_task(self._recover(desktop), name=f"recover-{desktop.name}")
-            self.recovering[desktop] = task
+            self.recovering[id(desktop)] = task
         else:
             self.free.append(desktop)
 
@@ -177,7 +177,7 @@ class Handout:
         else:
             self.free.append(desktop)
         finally:
-            self.recovering.pop(desktop, None)
+            self.recovering.pop(id(desktop), None)
             self._changed.set()
         self._fill()
 
