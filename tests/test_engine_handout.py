@@ -265,41 +265,33 @@ def test_a_batch_cut_mid_way_with_spares_resumes_without_losing_or_doubling(
     for queued attempts that have no record yet), then resumed: the records written are kept
     as they were, every logical attempt ends in exactly one final record."""
     policy_server.latency = Latency(0.05)
-    tasks = load_tasks(fake_tasks(5))
-    config = DesktopConfig(backend="fake", options={"latency": {"reset": 0.2}})
+    batch = dict(
+        tasks=load_tasks(fake_tasks(5)),
+        policy=policy(policy_server),
+        out=tmp_path,
+        desktops=2,
+        spares=2,
+        desktop=DesktopConfig(backend="fake", options={"latency": {"reset": 0.2}}),
+        group=2,
+        max_steps=2,
+    )
 
     async def cut():
         enough, seen = asyncio.Event(), []
-        batch = asyncio.create_task(
+        running = asyncio.create_task(
             collect_async(
-                tasks,
-                policy(policy_server),
-                tmp_path,
-                desktops=2,
-                spares=2,
-                desktop=config,
-                group=2,
-                max_steps=2,
+                **batch,
                 on_record=lambda r: seen.append(r) if len(seen) < 2 else enough.set(),
             )
         )
         await enough.wait()
-        batch.cancel()
+        running.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await batch
+            await running
 
     asyncio.run(cut())
     kept = (tmp_path / "rollouts.jsonl").read_bytes()
     assert 3 <= len(kept.splitlines()) < 10
-    summary = collect(
-        tasks,
-        policy(policy_server),
-        tmp_path,
-        desktops=2,
-        spares=2,
-        desktop=config,
-        group=2,
-        max_steps=2,
-    )
+    summary = collect(**batch)
     assert (tmp_path / "rollouts.jsonl").read_bytes().startswith(kept)
     assert_accounted(read_records(tmp_path), summary)
