@@ -154,8 +154,10 @@ async def run_attempt(
     measured). ``rollout_timeout`` counts the reset's own seconds, not the time a prepared
     desktop sat ready.
 
-    Never raises for policy/desktop failures (they become the status: ``error`` with
-    ``error.kind``, or ``retried``). A ``PolicyError`` gives ``error`` kind ``policy``.
+    A ``DesktopError`` (in the reset too) gives status ``retried`` (the caller re-queues) or,
+    when ``env_retries`` is used up, ``error`` kind ``env``; the caller must ``recover()`` the
+    desktop. Any other exception that is not the project's own does the same with error type
+    ``unexpected`` (:func:`unexpected`). A ``PolicyError`` gives ``error`` kind ``policy``.
     ``PolicyConfigError`` propagates; cancellation (``asyncio.CancelledError``) propagates.
     What the desktop did on its own around the reset (``desktop.reset_facts``: a keyboard
     layout restored, unexpected windows closed before the policy's first action) goes into
