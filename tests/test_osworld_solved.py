@@ -1,6 +1,6 @@
 """Real OSWorld tasks solved by scripted policy actions on real local desktops (issue 15).
 
-The list ``examples/tasks/osworld_solved/`` (20 tasks: os, LibreOffice Writer, Calc and
+The list ``examples/tasks/osworld_solved/`` (22 tasks: os, LibreOffice Writer, Calc and
 Impress, GIMP, VLC, a multi_apps terminal task) runs through ``collect`` on two desktops, one
 attempt each, answered by the scripted policy server on loopback from
 ``scripts/solve.json``; every task must score 1.0. The files the tasks download and the gold
@@ -11,7 +11,7 @@ evaluators grade the script's work, not the setup.
 
 ``osworld``: OSWorld's DesktopEnv, SetupController and evaluators in the venv, driving local
 desktop servers (``--osworld-provider local``). ``local``: the project's own runtime; it
-grades 8 of the 20 today (the others' metrics and getters are OSWorld's only), so it is
+grades 8 of the 22 today (the others' metrics and getters are OSWorld's only), so it is
 expected to fail until ``--backend local`` grades with OSWorld's evaluators.
 """
 
@@ -62,8 +62,8 @@ def _files():
     return module
 
 
-def desktop_config(backend: str, cache: Path, work: Path, tasks) -> DesktopConfig:
-    """The backend's config with the library-built files in its file cache.
+def desktop_config(backend: str, cache: Path, work: Path, tasks) -> tuple[DesktopConfig, list]:
+    """The backend's config with the library-built files in its file cache, and those files.
 
     ``local`` reads ``<cache>/<task_id>/`` (``legato osworld cache``'s layout); the osworld
     backend gives each desktop its own DesktopEnv cache ``<cache>/desktop-<i>/`` holding
@@ -71,11 +71,10 @@ def desktop_config(backend: str, cache: Path, work: Path, tasks) -> DesktopConfi
     """
     fill_cache = _files().fill_cache
     if backend == "local":
-        fill_cache(cache, tasks)
-        return DesktopConfig(backend="local", options={"cache_dir": str(cache)})
-    for i in range(2):
-        fill_cache(cache / f"desktop-{i}", tasks)
-    return DesktopConfig(
+        written = fill_cache(cache, tasks)
+        return DesktopConfig(backend="local", options={"cache_dir": str(cache)}), written
+    written = [path for i in range(2) for path in fill_cache(cache / f"desktop-{i}", tasks)]
+    config = DesktopConfig(
         backend="osworld",
         options={
             "osworld_python": osworld_python(),
@@ -84,6 +83,7 @@ def desktop_config(backend: str, cache: Path, work: Path, tasks) -> DesktopConfi
             "work_dir": str(work),
         },
     )
+    return config, written
 
 
 def run(tasks, script, desktop: DesktopConfig, out: Path) -> dict[str, dict]:
@@ -103,7 +103,7 @@ def run(tasks, script, desktop: DesktopConfig, out: Path) -> dict[str, dict]:
         pytest.param(
             "local",
             marks=pytest.mark.xfail(
-                reason="--backend local grades 8 of the 20 today (compare_docx_files, "
+                reason="--backend local grades 8 of the 22 today (compare_docx_files, "
                 "compare_pptx_files, vlc_config, gimp_config_file ... are OSWorld's only): "
                 "passes once the local backend grades with OSWorld's evaluators (grader branch)",
                 strict=False,
@@ -115,7 +115,10 @@ def test_every_solved_task_scores_one_and_doing_nothing_scores_zero(tmp_path, ba
     tasks = load_tasks(SOLVED / "tasks.json", osworld=OSWORLD)
     assert len(tasks) >= 20
     assert len({t.config["related_apps"][0] for t in tasks if t.config.get("related_apps")}) >= 5
-    desktop = desktop_config(backend, tmp_path / "cache", tmp_path / "work", tasks)
+    desktop, built = desktop_config(backend, tmp_path / "cache", tmp_path / "work", tasks)
+    # download tasks: inputs (and gold files) built with python-docx, openpyxl, python-pptx
+    assert {path.suffix for path in built} == {".docx", ".xlsx", ".pptx"}
+    assert len({path.parent.name for path in built}) >= 3
 
     solved = run(tasks, SOLVED / "scripts" / "solve.json", desktop, tmp_path / "solve")
     failed = {

@@ -4,10 +4,11 @@ Run ``python examples/tasks/osworld_solved/build.py`` after editing; the JSON fi
 
 Real OSWorld tasks (their configs in ``tests/data/osworld``, resolved with ``--osworld
 tests/data/osworld``) that a scripted policy solves on local desktops with policy actions only:
-keystrokes, typing, menus by keyboard, commands typed into a terminal. Nothing in the setup
-solves a task. ``scripts/solve.json`` is in the scripted policy server's format
-``{"tasks": {"<instruction>": ["<Qwen computer-use response>", ...]}}``; the files the tasks
-download and compare against are built by ``files.py`` (openpyxl, python-docx, python-pptx).
+keystrokes, typing, menus, a few clicks at fixed pixels of a 1280x720 screen, commands typed
+into a terminal. Nothing in the setup solves a task. ``scripts/solve.json`` is in the scripted
+policy server's format ``{"tasks": {"<instruction>": ["<Qwen computer-use response>", ...]}}``;
+the files the tasks download and compare against are built by ``files.py`` (openpyxl,
+python-docx, python-pptx).
 
 One change to OSWorld's configs, for the ``os`` tasks only: their VM is a GNOME session where
 the agent opens a terminal with Ctrl+Alt+T; a local desktop has no GNOME shell and no such
@@ -31,7 +32,7 @@ _spec = importlib.util.spec_from_file_location(
 )
 _local = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_local)
-done, fail, key, type_ = _local.done, _local.fail, _local.key, _local.type_
+done, key, type_ = _local.done, _local.key, _local.type_
 qwen_response = _local.qwen_response
 
 #: What a GNOME session's Ctrl+Alt+T gives the agent on OSWorld's VM: a terminal, focused.
@@ -54,11 +55,19 @@ def click(x: int, y: int, what: str) -> str:
 
 
 #: LibreOffice's first start on a fresh HOME shows "Tip of the Day" over the document, and
-#: keystrokes do not reach it: click its OK (where nothing else is, the click lands in the
-#: document, and the scripts move the cursor by keyboard afterwards).
-TIP_OK = click(850, 449, "Close the Tip of the Day dialog with OK.")
+#: keystrokes do not reach it until it is clicked. Where it sits depends on how far the
+#: window's layout got (maximized, or still at its first size on a loaded machine), so the click
+#: is at a blank spot of the dialog in both places, then Escape closes it. Without the dialog,
+#: the click lands in the document and Escape leaves whatever it entered; the scripts move the
+#: cursor by keyboard afterwards.
+TIP_OK = [
+    click(600, 300, "Click the Tip of the Day dialog to focus it."),
+    key("escape", what="Close the Tip of the Day dialog."),
+]
 
-WAIT = qwen_response("Wait for the app to finish starting.", {"action": "wait", "time": 3})
+#: GIMP starts in a fresh HOME on every reset (its profile, fonts): on 2 loaded cores its main
+#: window can come up seconds after the first screenshot, and a key sent before goes nowhere.
+WAIT = qwen_response("Wait for GIMP to finish starting.", {"action": "wait", "time": 8})
 
 VLC_PREFS = key("ctrl", "p", what="Open VLC's Simple Preferences (Tools > Preferences).")
 VLC_SAVE = click(904, 698, "Save the preferences.")
@@ -121,7 +130,7 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "3ef2b351-8a84-4ff2-8724-d86eae9b842e",
         "writer",
         [
-            TIP_OK,
+            *TIP_OK,
             key("ctrl", "home", what="Go to the heading."),
             key("ctrl", "e", what="Centre it."),
             *SAVE_KEEP,
@@ -133,7 +142,7 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "ecc2413d-8a48-416e-a3a2-d30106ca36cb",
         "writer",
         [
-            TIP_OK,
+            *TIP_OK,
             key("ctrl", "end", what="Go to the end of the document."),
             key("ctrl", "enter", what="Insert a page break."),
             *SAVE_KEEP,
@@ -145,7 +154,7 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "0e763496-b6bb-4508-a427-fad0b6c3e195",
         "writer",
         [
-            TIP_OK,
+            *TIP_OK,
             key("ctrl", "a", what="Select all text."),
             click(300, 79, "Click the font name box."),
             key("ctrl", "a", what="Select its text."),
@@ -159,7 +168,7 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "d53ff5ee-3b1a-431e-b2be-30ed2673079b",
         "writer",
         [
-            TIP_OK,
+            *TIP_OK,
             key("ctrl", "a", what="Select all text."),
             key("alt", "o", what="Open the Format menu."),
             key("x", what="Text"),
@@ -173,11 +182,25 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "e528b65e-1107-4b8c-8988-490e4fece599",
         "writer",
         [
-            TIP_OK,
+            *TIP_OK,
             key("ctrl", "a", what="Select all text."),
             key("alt", "o", what="Open the Format menu."),
             key("x", what="Text"),
             key("c", what="Capitalize Every Word"),
+            *SAVE_KEEP,
+            done(),
+        ],
+    ),
+    (
+        "libreoffice_writer",
+        "0b17a146-2934-46c7-8727-73ff6b6483e8",
+        "writer",
+        [
+            *TIP_OK,
+            key("ctrl", "home", what="Go to the start of the heading, H2O."),
+            key("right", what="Past the H."),
+            key("shift", "right", what="Select the 2."),
+            key("ctrl", "shift", "b", what="Subscript (Format > Text > Subscript)."),
             *SAVE_KEEP,
             done(),
         ],
@@ -188,7 +211,7 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "7efeb4b1-3d19-4762-b163-63328d66303b",
         "calc",
         [
-            TIP_OK,
+            *TIP_OK,
             key("ctrl", "home", what="Go to A1, the Seq No. header."),
             key("down", what="First data row."),
             type_("".join(f"No. {i}\n" for i in range(1, 8)), "Fill Seq No."),
@@ -221,11 +244,24 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         ],
     ),
     (
+        "vlc",
+        "8ba5ae7a-5ae5-4eab-9fcc-5dd4fe3abf89",
+        "vlc",
+        [
+            VLC_PREFS,
+            click(686, 65, "Open the Input / Codecs page."),
+            click(717, 522, "Click the Record directory or filename field."),
+            type_("/home/user/Desktop", "Type the Desktop folder."),
+            VLC_SAVE,
+            done(),
+        ],
+    ),
+    (
         "libreoffice_calc",
         "51b11269-2ca8-4b2a-9163-f21758420e78",
         "calc",
         [
-            TIP_OK,
+            *TIP_OK,
             key("ctrl", "home"),
             key("right", what="Go to B1, the Amount header."),
             key("alt", "d", what="Open the Data menu."),
@@ -239,7 +275,7 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "4188d3a4-077d-46b7-9c86-23e1a036f6c1",
         "calc",
         [
-            TIP_OK,
+            *TIP_OK,
             key("ctrl", "home"),
             key("down"),
             key("right"),
@@ -263,7 +299,7 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "a097acff-6266-4291-9fbd-137af7ecd439",
         "impress",
         [
-            TIP_OK,
+            *TIP_OK,
             key("ctrl", "shift", "s", what="Save As."),
             key("ctrl", "a", what="Select the file name."),
             type_("/home/user/Desktop/pre.pptx\n", "Name the copy."),
@@ -276,7 +312,7 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "ce88f674-ab7a-43da-9201-468d38539e4a",
         "impress",
         [
-            TIP_OK,
+            *TIP_OK,
             click(1137, 170, "Open the sidebar's Orientation list."),
             click(1088, 203, "Choose Portrait."),
             click(920, 650, "Click the empty workspace beside the slide, back to the document."),

@@ -52,6 +52,24 @@ def _docx(paragraphs: list[str], *, heading: str | None = None, page_breaks: int
     return out.getvalue()
 
 
+def _h2o(*, subscript: bool) -> bytes:
+    """A fact sheet whose heading starts with "H2O"; ``subscript``: its 2 a run of its own in
+    subscript (the heading's runs ``H``, ``2``, ``O Factsheet``, as LibreOffice saves it)."""
+    doc = docx.Document()
+    heading = doc.add_paragraph(style="Heading 1")
+    if subscript:
+        heading.add_run("H")
+        heading.add_run("2").font.subscript = True
+        heading.add_run("O Factsheet")
+    else:
+        heading.add_run("H2O Factsheet")
+    for text in WATER:
+        doc.add_paragraph(text)
+    out = io.BytesIO()
+    doc.save(out)
+    return out.getvalue()
+
+
 def _xlsx(rows: list[list], *, freeze: str | None = None) -> bytes:
     """A workbook of one sheet ``Sheet1`` holding ``rows`` from A1 (values only, no formulas);
     ``freeze``: the top-left cell of the unfrozen pane (``"C2"`` freezes row 1 and columns A:B)."""
@@ -123,6 +141,10 @@ SHOUTED = [
     "EVERY GROUP PRESENTS FOR TEN MINUTES.",
     "SEND YOUR SLIDES BY EMAIL THE DAY BEFORE.",
 ]
+WATER = [
+    "Water covers about 71 percent of the surface of the Earth.",
+    "Each molecule holds two hydrogen atoms and one oxygen atom.",
+]
 GEOGRAPHY = [
     "geography and magical realism",
     "the landscape of the novel shapes the lives of its people",
@@ -184,6 +206,10 @@ BUILDERS: dict[str, dict[str, Callable[[], bytes]]] = {
     "e528b65e-1107-4b8c-8988-490e4fece599": {
         "Geography_And_Magical_Realism.docx": lambda: _docx(GEOGRAPHY),
         "Geography_And_Magical_Realism_Gold.docx": lambda: _docx(_title_case(GEOGRAPHY)),
+    },
+    "0b17a146-2934-46c7-8727-73ff6b6483e8": {
+        "H2O_Factsheet_WA.docx": lambda: _h2o(subscript=False),
+        "H2O_Factsheet_WA_Gold.docx": lambda: _h2o(subscript=True),
     },
     "7efeb4b1-3d19-4762-b163-63328d66303b": {
         "Order_Sales_Serial#.xlsx": lambda: _xlsx([ORDERS, *ORDER_ROWS]),
