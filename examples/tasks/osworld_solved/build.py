@@ -10,10 +10,19 @@ policy server's format ``{"tasks": {"<instruction>": ["<Qwen computer-use respon
 the files the tasks download and compare against are built by ``files.py`` (openpyxl,
 python-docx, python-pptx).
 
-One change to OSWorld's configs, for the ``os`` tasks only: their VM is a GNOME session where
-the agent opens a terminal with Ctrl+Alt+T; a local desktop has no GNOME shell and no such
-key, so those entries carry the OSWorld config inline with one more setup step at its end that
-opens gnome-terminal (``TERMINAL``). The setup's own steps and the evaluator are OSWorld's.
+Two additions to OSWorld's configs, each one setup step at the end, nothing that does the
+task's work:
+
+- ``os`` tasks: their VM is a GNOME session where the agent opens a terminal with Ctrl+Alt+T;
+  a local desktop has no GNOME shell and no such key, so the setup opens gnome-terminal
+  (``TERMINAL``).
+- GIMP and VLC tasks: the setup launches the app and goes on; the step waits until its main
+  window is up (``APP_WINDOW``). Without it a slow start is cut short: the desktops' popup
+  guard takes a window that appears after the reset's ready wait for a popup and, when it
+  does not close at once, kills its X client (GIMP's "GIMP Startup" splash: GIMP itself).
+
+Those entries carry the OSWorld config inline; the rest of its setup and its evaluator are
+OSWorld's.
 """
 
 from __future__ import annotations
@@ -44,6 +53,9 @@ TERMINAL = [
     },
 ]
 
+#: The main window's title of an app the setup launches, waited for (bounded) at its end.
+APP_WINDOW = {"gimp": "GNU Image Manipulation Program", "vlc": "VLC media player"}
+
 SCREEN = (1280, 720)  # collect's default --screen; the clicks below are at these pixels
 
 
@@ -65,9 +77,9 @@ TIP_OK = [
     key("escape", what="Close the Tip of the Day dialog."),
 ]
 
-#: GIMP starts in a fresh HOME on every reset (its profile, fonts): on 2 loaded cores its main
-#: window can come up seconds after the first screenshot, and a key sent before goes nowhere.
-WAIT = qwen_response("Wait for GIMP to finish starting.", {"action": "wait", "time": 8})
+#: GIMP's window is up when the setup ends (APP_WINDOW), but it keeps loading for a moment
+#: on loaded cores before it takes keys.
+WAIT = qwen_response("Wait for GIMP to finish starting.", {"action": "wait", "time": 3})
 
 VLC_PREFS = key("ctrl", "p", what="Open VLC's Simple Preferences (Tools > Preferences).")
 VLC_SAVE = click(904, 698, "Save the preferences.")
@@ -324,12 +336,25 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
 
 
 def entry(domain: str, task_id: str) -> dict:
-    """A task list entry: a reference to OSWorld's config, or for ``os`` the config inline with
-    :data:`TERMINAL` appended to its setup."""
-    if domain != "os":
+    """A task list entry: a reference to OSWorld's config, or the config inline with the setup
+    steps above appended (:data:`TERMINAL` for ``os``, a wait for :data:`APP_WINDOW`)."""
+    if domain == "os":
+        extra = TERMINAL
+    elif domain in APP_WINDOW:
+        extra = [
+            {
+                "type": "execute",
+                "parameters": {
+                    "command": "wmctrl -l",
+                    "shell": True,
+                    "until": {"stdout": APP_WINDOW[domain]},
+                },
+            }
+        ]
+    else:
         return {"task_id": task_id, "domain": domain}
     config = copy.deepcopy(json.loads((OSWORLD / domain / f"{task_id}.json").read_text()))
-    config["config"] = [*config.get("config", []), *TERMINAL]
+    config["config"] = [*config.get("config", []), *extra]
     return {"task_id": task_id, "domain": domain, "config": config}
 
 
