@@ -16,7 +16,7 @@ import numpy as np
 from starlette.requests import Request
 
 from ...actions import Action
-from ..ready import HEAVY_APPS, ReadyResult, policy_for, wait_until_ready
+from ..ready import HEAVY_APPS, Activity, Delta, ReadyResult, policy_for, wait_until_ready
 from . import apps
 from .keymap import KeyboardState, keyboard_state, restore_keyboard
 from .procs import descendants, process_table
@@ -32,6 +32,9 @@ LAUNCH_CHECK_S = 0.2
 #: runs (xterm's shell, LibreOffice's soffice.bin): the usual launch returns this soon.
 LAUNCH_SETTLED_S = 0.05
 EXISTS_TIMEOUT_S = 10.0  # seconds for the ``test -e`` of an ``open`` step
+#: Sources of the ready signal: the X server's drawing reports (falls back to ``poll`` when
+#: the server has no DAMAGE extension), or frame polling (docs/local-desktop.md §6).
+READY_SIGNALS = ("damage", "poll")
 
 
 @dataclass
@@ -45,9 +48,16 @@ class LaunchMark:
 class DesktopServer:
     """The state behind the routes: the session, its X thread and the pending launch."""
 
-    def __init__(self, session: Session, *, remove_state: bool = False):
+    def __init__(
+        self, session: Session, *, remove_state: bool = False, ready_signal: str = "damage"
+    ):
+        """``ready_signal``: the default source of the ready wait, one of
+        :data:`READY_SIGNALS` (raises ``ValueError`` otherwise)."""
+        if ready_signal not in READY_SIGNALS:
+            raise ValueError(f"ready_signal must be one of {READY_SIGNALS}, got {ready_signal!r}")
         self.session = session
         self.remove_state = remove_state
+        self.ready_signal = ready_signal
         self.x = XThread(session)
         self.reset_lock = asyncio.Lock()
         self.launch_mark: LaunchMark | None = None
@@ -225,7 +235,14 @@ class DesktopServer:
         ctx.input.move(width - 2, height - 2)
         ctx.display.sync()
 
-    async def wait_ready(self, mode: str, **overrides) -> ReadyResult:
+    async def wait_ready(self, mode: str, signal: str | None = None, **overrides) -> ReadyResult:
+        """Wait until the screen is ready (:func:`~..ready.wait_until_ready`) in ``mode``.
+        ``signal``: ``damage`` | ``poll`` (``None``: the server's default); ``damage`` polls
+        when the X server has no DAMAGE extension. ``overrides``: :class:`~..ready.ReadyPolicy`
+        fields. Raises ``ValueError`` for an unknown mode or signal."""
+        signal = signal or self.ready_signal
+        if signal not in READY_SIGNALS:
+            raise ValueError(f"field 'signal' must be one of {READY_SIGNALS}, got {signal!r}")
         mark = self.launch_mark if mode in ("launch", "reset") else None
         reference = (
             mark.frame if mark is not None else self.before_action if mode == "action" else None
@@ -240,7 +257,21 @@ class DesktopServer:
             ids = await self.x.run(lambda: self.x.ctx().windows.client_ids())
             return bool(set(ids) - mark.windows) if mark is not None else False
 
-        result = await wait_until_ready(grab, policy, reference=reference, new_window=new_window)
+        def take() -> Activity:
+            reports = self.x.ctx().damage
+            return reports.take() if reports is not None else Activity(Delta(0))
+
+        async def activity() -> Activity:
+            return await self.x.run(take)
+
+        damage = signal == "damage" and await self.x.run(lambda: self.x.ctx().damage is not None)
+        result = await wait_until_ready(
+            grab,
+            policy,
+            reference=reference,
+            new_window=new_window,
+            activity=activity if damage else None,
+        )
         if mark is not None and result.changed:
             self.launch_mark = None
         if mode == "action":
@@ -279,9 +310,13 @@ class DesktopServer:
         return outcome
 
     def perform(self, action: Action) -> None:
-        """Grab the screen (the action wait's reference), then perform ``action`` (X thread)."""
+        """Grab the screen (the action wait's reference) and clear the drawing reports (the
+        wait's first look then reports the action's drawing only), then perform ``action``
+        (X thread)."""
         ctx = self.x.ctx()
         self.before_action = ctx.screen.frame()
+        if ctx.damage is not None:
+            ctx.damage.take()
         ctx.input.perform(action)
 
 
