@@ -23,7 +23,8 @@ Two sources of "did the screen change", one decision loop (:func:`wait_until_rea
 - drawing reported by the X server (the DAMAGE extension, local desktops only:
   ``local/damage.py``): look every ``tick_s`` (20 ms) at what was drawn since the last look.
   Damage is exact (no sampling gap), so once something drew after the action the screen is
-  ready after ``quiet_s`` without drawing (60 ms after an action); when nothing at all drew,
+  ready after ``quiet_s`` without drawing (60 ms after an action, 150 ms while a heavy app
+  runs: LibreOffice's idle timers repaint ~80 ms after its first answer); when nothing drew,
   the full ``stable_s`` applies, as with frames (an app may still be about to answer). A look
   that reports drawing grabs one frame to tell a real change from a redraw of the same
   pixels (only a real change counts as ``changed`` and arms a launch wait).
@@ -106,6 +107,11 @@ MODES: dict[str, ReadyPolicy] = {
     "reset": ReadyPolicy(stable_s=0.2, timeout_s=10.0, quiet_s=0.1),
 }
 HEAVY_STABLE_S = 0.5
+#: Damage path, after an action or before grading while a heavy app runs: LibreOffice Calc
+#: draws the typed text at once, then nothing for 70-110 ms, then its toolbar and status
+#: updates (its idle timers; measured with DAMAGE timestamps), so 0.06 s returned early on
+#: 14 of 30 typed cells.
+HEAVY_QUIET_S = 0.15
 
 
 def policy_for(
@@ -114,7 +120,8 @@ def policy_for(
     """The policy of a wait ``mode`` (``action``, ``eval``, ``launch``, ``reset``).
 
     ``heavy``: a heavy app runs, so launch/reset use a stable (and quiet) window of at least
-    0.5 s: LibreOffice draws nothing for ~280 ms between its first paint and its toolbars.
+    0.5 s: LibreOffice draws nothing for ~280 ms between its first paint and its toolbars;
+    action/eval use a quiet window of at least :data:`HEAVY_QUIET_S`.
     ``launch_pending``: an app was launched and has not shown yet (launch/reset only).
     ``overrides``: fields of :class:`ReadyPolicy` (``None`` values are ignored); a
     ``stable_s`` given without ``quiet_s`` sets both (the caller asked for that window).
@@ -131,6 +138,8 @@ def policy_for(
                 quiet_s=max(policy.quiet_s, HEAVY_STABLE_S),
             )
         policy = replace(policy, require_change=launch_pending)
+    elif heavy:
+        policy = replace(policy, quiet_s=max(policy.quiet_s, HEAVY_QUIET_S))
     given = {k: v for k, v in overrides.items() if v is not None}
     if "stable_s" in given and "quiet_s" not in given:
         given["quiet_s"] = given["stable_s"]

@@ -63,6 +63,8 @@ class DesktopServer:
         self.launch_mark: LaunchMark | None = None
         self.before_action: np.ndarray | None = None  # the screen just before the last action
         self.keyboard_baseline: KeyboardState | None = None  # the layout at start (keymap.py)
+        self.heavy = False  # a heavy app (ready.HEAVY_APPS) ran at the last look
+        self._heavy_refresh: asyncio.Task | None = None
         self._reaper: asyncio.Task | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -75,6 +77,9 @@ class DesktopServer:
     async def stop(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
+        if self._heavy_refresh is not None:
+            with contextlib.suppress(Exception):
+                await self._heavy_refresh  # a /proc scan in a thread: let it end
         await self.x.run(self.x.drop_ctx)
         await self.x.run(self.session.close)
         self.x.shutdown()
@@ -247,7 +252,9 @@ class DesktopServer:
         reference = (
             mark.frame if mark is not None else self.before_action if mode == "action" else None
         )
-        heavy = mode in ("launch", "reset") and await asyncio.to_thread(self.heavy_app_running)
+        if mode in ("launch", "reset"):
+            self.heavy = await asyncio.to_thread(self.heavy_app_running)
+        heavy = self.heavy  # action/eval: as of the end of the previous wait (see below)
         policy = policy_for(mode, heavy=heavy, launch_pending=mark is not None, **overrides)
 
         async def grab() -> np.ndarray:
@@ -276,7 +283,20 @@ class DesktopServer:
             self.launch_mark = None
         if mode == "action":
             self.before_action = None
+        self._refresh_heavy()
         return result
+
+    def _refresh_heavy(self) -> None:
+        """Look again, in the background, whether a heavy app runs (a /proc scan: ~8 ms with
+        200 processes, too slow to pay before every action's wait): an app the policy
+        started gets the heavy quiet window from the action after the one that started it."""
+        if self._heavy_refresh is not None and not self._heavy_refresh.done():
+            return
+
+        async def refresh() -> None:
+            self.heavy = await asyncio.to_thread(self.heavy_app_running)
+
+        self._heavy_refresh = asyncio.get_running_loop().create_task(refresh())
 
     async def close_windows(self, ids: list[int], grace_s: float = CLOSE_GRACE_S) -> dict[int, str]:
         """Close the managed windows ``ids``: ask the window manager (``_NET_CLOSE_WINDOW``,
