@@ -17,8 +17,8 @@ Numbers are medians with (min-max). Needs Xvfb, openbox, l3afpad and xterm.
     python benchmarks/bench_local_desktop.py --signals [--n 30] [--calc] [--json out.json]
 
 instead compares the two sources of the ready signal side by side on the same desktop and the
-same tasks, alternating per action (``/legato/wait`` with ``signal=poll``, the frame polling,
-then ``signal=damage``, the X server's drawing reports): ready_s median and p90 per action,
+same tasks, alternating per action (``/legato/wait`` with ``source=poll``, the frame polling,
+then ``source=damage``, the X server's drawing reports): ready_s median and p90 per action,
 and the share of early returns. An early return: the frame grabbed right after the wait
 answered (in this process, on the same display, without the cursor) differs from the frame
 grabbed 0.5 s later by more than the ready signal's caret rule (at most 64 pixels inside a box
@@ -262,8 +262,8 @@ async def bench_signals(width: int, height: int, n: int, calc: bool) -> dict:
         for i in range(n):
             for signal in SIGNALS:
                 await desktop.act(make_action(i))
-                waited = await client.wait("action", signal=signal, timeout_s=5.0)
-                assert waited["signal"] == signal, waited
+                waited = await client.wait("action", source=signal, timeout_s=5.0)
+                assert waited["source"] == signal, waited
                 record(action, signal, waited["ready_s"], await asyncio.to_thread(check))
 
     try:
@@ -272,7 +272,7 @@ async def bench_signals(width: int, height: int, n: int, calc: bool) -> dict:
                 for signal in SIGNALS:
                     t0 = time.perf_counter()
                     await desktop.reset(t)
-                    waited = await client.wait("reset", signal=signal, timeout_s=10.0)
+                    waited = await client.wait("reset", source=signal, timeout_s=10.0)
                     total = time.perf_counter() - t0
                     early = await asyncio.to_thread(check)
                     record(f"reset->ready {t.task_id}", signal, waited["ready_s"], early, total)

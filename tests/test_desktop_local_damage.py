@@ -1,5 +1,5 @@
 """The ready signal from the X server's drawing reports (DAMAGE) on a real Xvfb with real apps,
-beside the frame polling it replaces (``/legato/wait signal=damage|poll``)."""
+beside the frame polling it replaces (``/legato/wait source=damage|poll``)."""
 
 from __future__ import annotations
 
@@ -45,28 +45,28 @@ async def xterm(client) -> None:
 @needs_apps
 async def test_the_wait_holds_while_xterm_prints_and_returns_on_a_settled_screen(client):
     await xterm(client)
-    for signal in ("damage", "poll"):
+    for source in ("damage", "poll"):
         await client.act(Action("type", text=PRINT_LOOP))
         t0 = time.monotonic()
-        waited = await client.wait("action", signal=signal, timeout_s=10.0)
+        waited = await client.wait("action", source=source, timeout_s=10.0)
         # the loop sleeps 40 x 25 ms after the wait started: a return before that was early
-        assert waited["signal"] == signal and not waited["timed_out"], waited
+        assert waited["source"] == source and not waited["timed_out"], waited
         assert waited["changed"] and time.monotonic() - t0 >= 0.9, waited
-        assert await settled(client), f"{signal}: the screen still changed after the wait"
+        assert await settled(client), f"{source}: the screen still changed after the wait"
 
 
 @needs_apps
 async def test_the_wait_returns_on_a_static_screen_and_after_typing(client):
     await client.act(Action("left_click", x=500, y=400))  # on the bare desktop: nothing draws
-    waited = await client.wait("action", signal="damage")
-    assert waited["signal"] == "damage" and not waited["timed_out"] and not waited["changed"]
+    waited = await client.wait("action", source="damage")
+    assert waited["source"] == "damage" and not waited["timed_out"] and not waited["changed"]
     assert waited["ready_s"] < 2.0  # well under the 5 s cap (the benchmark holds the figure)
 
     await client.launch(["l3afpad"])
     assert not (await client.wait("launch"))["timed_out"]
     for _ in range(3):  # a blinking caret must not hold the wait
         await client.act(Action("type", text="ready from damage\n"))
-        waited = await client.wait("action", signal="damage")
+        waited = await client.wait("action", source="damage")
         assert waited["changed"] and not waited["timed_out"], waited
         assert await settled(client)
 
@@ -75,21 +75,21 @@ async def test_the_wait_returns_on_a_static_screen_and_after_typing(client):
 async def test_a_window_that_maps_late_after_a_launch_is_waited_for(client):
     await client.launch("sleep 1; exec xterm -title late", shell=True)
     t0 = time.monotonic()
-    waited = await client.wait("launch", signal="damage", timeout_s=10.0)
+    waited = await client.wait("launch", source="damage", timeout_s=10.0)
     assert waited["changed"] and not waited["timed_out"], waited
     assert time.monotonic() - t0 >= 0.8  # the window cannot exist before the sleep ended
     assert [w["title"] for w in (await client.windows())] == ["late"]
     assert await settled(client)
 
 
-async def test_a_bad_signal_is_refused_naming_the_field(client, server):
+async def test_a_bad_source_is_refused_naming_the_field(client, server):
     async with httpx.AsyncClient(base_url=server.url) as raw:
         answer = await raw.post(
             "/legato/wait",
-            json={"mode": "action", "signal": "fast"},
+            json={"mode": "action", "source": "fast"},
             headers={"X-Legato-Token": server.token},
         )
-    assert answer.status_code == 400 and "'signal'" in answer.json()["message"]
+    assert answer.status_code == 400 and "'source'" in answer.json()["message"]
 
 
 def test_a_server_without_damage_falls_back_to_polling():

@@ -176,7 +176,7 @@ async def test_damage_ready_after_the_quiet_window_once_something_drew():
         screen.grab, policy, activity=screen.activity, clock=screen.clock, sleep=screen.sleep
     )
     # the last drawing is seen at the 0.14 s look, then 3 quiet looks of 20 ms (quiet_s 0.06)
-    assert result.signal == "damage" and result.changed
+    assert result.source == "damage" and result.changed
     assert result.ready_s == pytest.approx(0.2)
     assert result.frames == 3  # the first frame and one per look that saw drawing
 

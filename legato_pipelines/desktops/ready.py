@@ -182,14 +182,14 @@ def is_quiet(delta: Delta, policy: ReadyPolicy) -> bool:
 class ReadyResult:
     """``ready_s``: seconds from the start of the wait until ready (or the cap);
     ``frames``: frames grabbed; ``changed``: the screen changed during the wait;
-    ``timed_out``: the cap was hit; ``signal``: the source, ``damage`` (the X server's
+    ``timed_out``: the cap was hit; ``source``: what it watched, ``damage`` (the X server's
     drawing reports) or ``poll`` (frames)."""
 
     ready_s: float
     frames: int
     changed: bool
     timed_out: bool
-    signal: str = "poll"
+    source: str = "poll"
 
     def to_json(self) -> dict:
         return {
@@ -197,7 +197,7 @@ class ReadyResult:
             "frames": self.frames,
             "changed": self.changed,
             "timed_out": self.timed_out,
-            "signal": self.signal,
+            "source": self.source,
         }
 
 
@@ -273,8 +273,8 @@ async def wait_until_ready(
     """
     start = clock()
     first = await grab()
-    source = _Frames(grab, first) if activity is None else _Damage(activity, grab, first)
-    every_s, signal = (policy.interval_s, "poll") if activity is None else (policy.tick_s, "damage")
+    looker = _Frames(grab, first) if activity is None else _Damage(activity, grab, first)
+    every_s, source = (policy.interval_s, "poll") if activity is None else (policy.tick_s, "damage")
     changed = drew = False
     armed = not policy.require_change
     if reference is not None and not is_quiet(frame_delta(reference, first), policy):
@@ -282,9 +282,9 @@ async def wait_until_ready(
     quiet = 0
     while True:
         if clock() - start >= policy.timeout_s:
-            return ReadyResult(clock() - start, source.frames, changed, True, signal)
+            return ReadyResult(clock() - start, looker.frames, changed, True, source)
         await sleep(every_s)
-        still, moved = await source.look(policy)
+        still, moved = await looker.look(policy)
         if still:
             quiet += 1
         else:
@@ -294,8 +294,8 @@ async def wait_until_ready(
         if not armed and new_window is not None and (not still or activity is None):
             if await new_window():
                 armed, quiet = True, 0
-        if armed and quiet >= source.looks_needed(policy, drew):
-            return ReadyResult(clock() - start, source.frames, changed, False, signal)
+        if armed and quiet >= looker.looks_needed(policy, drew):
+            return ReadyResult(clock() - start, looker.frames, changed, False, source)
 
 
 # -- over a server's GET /screenshot ----------------------------------------------------------

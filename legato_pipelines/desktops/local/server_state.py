@@ -34,7 +34,7 @@ LAUNCH_SETTLED_S = 0.05
 EXISTS_TIMEOUT_S = 10.0  # seconds for the ``test -e`` of an ``open`` step
 #: Sources of the ready signal: the X server's drawing reports (falls back to ``poll`` when
 #: the server has no DAMAGE extension), or frame polling (docs/local-desktop.md §6).
-READY_SIGNALS = ("damage", "poll")
+READY_SOURCES = ("damage", "poll")
 
 
 @dataclass
@@ -49,15 +49,15 @@ class DesktopServer:
     """The state behind the routes: the session, its X thread and the pending launch."""
 
     def __init__(
-        self, session: Session, *, remove_state: bool = False, ready_signal: str = "damage"
+        self, session: Session, *, remove_state: bool = False, ready_source: str = "damage"
     ):
-        """``ready_signal``: the default source of the ready wait, one of
-        :data:`READY_SIGNALS` (raises ``ValueError`` otherwise)."""
-        if ready_signal not in READY_SIGNALS:
-            raise ValueError(f"ready_signal must be one of {READY_SIGNALS}, got {ready_signal!r}")
+        """``ready_source``: the default source of the ready wait, one of
+        :data:`READY_SOURCES` (raises ``ValueError`` otherwise)."""
+        if ready_source not in READY_SOURCES:
+            raise ValueError(f"ready_source must be one of {READY_SOURCES}, got {ready_source!r}")
         self.session = session
         self.remove_state = remove_state
-        self.ready_signal = ready_signal
+        self.ready_source = ready_source
         self.x = XThread(session)
         self.reset_lock = asyncio.Lock()
         self.launch_mark: LaunchMark | None = None
@@ -240,14 +240,14 @@ class DesktopServer:
         ctx.input.move(width - 2, height - 2)
         ctx.display.sync()
 
-    async def wait_ready(self, mode: str, signal: str | None = None, **overrides) -> ReadyResult:
+    async def wait_ready(self, mode: str, source: str | None = None, **overrides) -> ReadyResult:
         """Wait until the screen is ready (:func:`~..ready.wait_until_ready`) in ``mode``.
-        ``signal``: ``damage`` | ``poll`` (``None``: the server's default); ``damage`` polls
+        ``source``: ``damage`` | ``poll`` (``None``: the server's default); ``damage`` polls
         when the X server has no DAMAGE extension. ``overrides``: :class:`~..ready.ReadyPolicy`
-        fields. Raises ``ValueError`` for an unknown mode or signal."""
-        signal = signal or self.ready_signal
-        if signal not in READY_SIGNALS:
-            raise ValueError(f"field 'signal' must be one of {READY_SIGNALS}, got {signal!r}")
+        fields. Raises ``ValueError`` for an unknown mode or source."""
+        source = source or self.ready_source
+        if source not in READY_SOURCES:
+            raise ValueError(f"field 'source' must be one of {READY_SOURCES}, got {source!r}")
         mark = self.launch_mark if mode in ("launch", "reset") else None
         reference = (
             mark.frame if mark is not None else self.before_action if mode == "action" else None
@@ -271,7 +271,7 @@ class DesktopServer:
         async def activity() -> Activity:
             return await self.x.run(take)
 
-        damage = signal == "damage" and await self.x.run(lambda: self.x.ctx().damage is not None)
+        damage = source == "damage" and await self.x.run(lambda: self.x.ctx().damage is not None)
         result = await wait_until_ready(
             grab,
             policy,
