@@ -16,7 +16,13 @@ from legato_pipelines.actions import Action
 from legato_pipelines.desktops.local.damage import Damage, DamageUnavailable
 from legato_pipelines.desktops.local.xthread import XContext
 from legato_pipelines.desktops.ready import ReadyPolicy, frame_delta, is_quiet, png_frame
-from tests.desktop_local_support import client_fixture, needs_apps, needs_xvfb, server_fixture
+from tests.desktop_local_support import (
+    RunningServer,
+    client_fixture,
+    needs_apps,
+    needs_xvfb,
+    server_fixture,
+)
 
 pytestmark = [needs_xvfb, pytest.mark.desktop]
 
@@ -90,6 +96,18 @@ async def test_a_bad_source_is_refused_naming_the_field(client, server):
             headers={"X-Legato-Token": server.token},
         )
     assert answer.status_code == 400 and "'source'" in answer.json()["message"]
+
+
+async def test_a_server_started_with_polling_polls_unless_asked():
+    polling = RunningServer(640, 480, extra_args=("--ready-source", "poll"))
+    client = polling.client()
+    try:
+        await client.act(Action("left_click", x=100, y=100))
+        assert (await client.wait("action"))["source"] == "poll"
+        assert (await client.wait("action", source="damage"))["source"] == "damage"
+    finally:
+        await client.aclose()
+        polling.stop()
 
 
 def test_a_server_without_damage_falls_back_to_polling():
