@@ -24,7 +24,8 @@ answered (in this process, on the same display, without the cursor) differs from
 grabbed 0.5 s later by more than the ready signal's caret rule (at most 64 pixels inside a box
 at most 4 px wide and 40 px tall). Actions: typing 20 characters into l3afpad, typing
 ``echo N`` + Enter into xterm (the shell prints a line), reset -> ready of the editor and the
-terminal task, and with ``--calc`` typing a number + Enter into a LibreOffice Calc cell.
+terminal task, with ``--calc`` typing a number + Enter into a LibreOffice Calc cell, with
+``--chrome`` typing 20 characters into a textarea in Chromium (as ``google-chrome``).
 """
 
 from __future__ import annotations
@@ -219,6 +220,11 @@ async def bench(width: int, height: int, n: int) -> dict:
 
 
 CALC_BLANK = task("calc-blank", [{"type": "launch", "parameters": {"command": ["localc"]}}])
+TEXTAREA = "data:text/html,<textarea autofocus rows=20 cols=80></textarea>"
+CHROME_PAGE = task(
+    "chrome-textarea",
+    [{"type": "launch", "parameters": {"command": ["google-chrome", TEXTAREA]}}],
+)
 SIGNALS = ("poll", "damage")
 LATER_S = 0.5  # an early return: the returned frame differs from the frame this much later
 
@@ -240,7 +246,7 @@ def settled_later(display: str):
     return check, screen.close
 
 
-async def bench_signals(width: int, height: int, n: int, calc: bool) -> dict:
+async def bench_signals(width: int, height: int, n: int, calc: bool, chrome: bool) -> dict:
     """Poll vs damage ready signal, alternating on the same desktop and tasks (module doc)."""
     (desktop,) = await open_local_desktops(
         DesktopConfig(backend="local", screen_width=width, screen_height=height), 1
@@ -289,6 +295,14 @@ async def bench_signals(width: int, height: int, n: int, calc: bool) -> dict:
             await client.wait("reset", timeout_s=30.0)
             await asyncio.sleep(2.0)  # let a cold LibreOffice finish its first paints
             await typed("type number + Enter, Calc", lambda i: Action("type", text=f"{i}\n"))
+        if chrome:
+            await desktop.reset(CHROME_PAGE)
+            await client.wait("reset", timeout_s=30.0)
+            await asyncio.sleep(2.0)  # let a cold Chromium finish its first paints
+            await typed(
+                "type 20 chars, Chromium textarea",
+                lambda i: Action("type", text=f"c{i:02d} bench text.\n"),
+            )
     finally:
         close_screen()
         await desktop.reset(TERMINAL)
@@ -390,11 +404,16 @@ def main() -> None:
         "--calc", action="store_true", help="also LibreOffice Calc (needs libreoffice-calc)"
     )
     parser.add_argument(
+        "--chrome", action="store_true", help="--signals: also Chromium (google-chrome)"
+    )
+    parser.add_argument(
         "--signals", action="store_true", help="only compare the poll and damage ready signals"
     )
     args = parser.parse_args()
     if args.signals:
-        results = asyncio.run(bench_signals(args.width, args.height, args.n, args.calc))
+        results = asyncio.run(
+            bench_signals(args.width, args.height, args.n, args.calc, args.chrome)
+        )
         show_signals(results)
         if args.json:
             with open(args.json, "w") as f:
