@@ -70,6 +70,8 @@ OPTION_NAMES = frozenset(
         "prebuild",
         "cache_dir",
         "start_timeout",
+        "grader",
+        "osworld_python",
     }
 )
 SECRET_ENV = ("LEGATO_POLICY_KEY",)  # never handed to a desktop server or its apps

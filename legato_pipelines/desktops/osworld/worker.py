@@ -214,6 +214,62 @@ def check_evaluator(task: dict) -> None:
             ) from None
 
 
+def installed_names() -> dict:
+    """The names this interpreter's desktop-env offers, read from its sources (nothing of
+    desktop_env is imported, so this takes well under a second).
+
+    ``{"version", "metrics", "getters", "step_types"}``: ``metrics`` / ``getters`` are what
+    ``desktop_env.evaluators.metrics`` / ``.getters`` export (their ``__init__``'s relative
+    imports and its own definitions; getters without the ``get_`` prefix, as a task's
+    ``"type"`` names them); ``step_types`` the ``SetupController._<type>_setup`` methods
+    (what a task's ``config`` step ``type`` may be). Raises ``WorkerError("protocol")`` when
+    desktop_env is not installed here.
+    """
+    from importlib import metadata
+
+    spec = importlib.util.find_spec("desktop_env")
+    if spec is None or not spec.submodule_search_locations:
+        raise WorkerError("protocol", "desktop_env is not installed in this interpreter")
+    root = list(spec.submodule_search_locations)[0]
+
+    def exported(package: str) -> list[str]:
+        init = os.path.join(root, "evaluators", package, "__init__.py")
+        with open(init, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), init)
+        names = []
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                names += [alias.asname or alias.name for alias in node.names]
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                names.append(node.name)
+        return sorted(set(names))
+
+    setup_py = os.path.join(root, "controllers", "setup.py")
+    with open(setup_py, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), setup_py)
+    steps = sorted(
+        {
+            node.name[1 : -len("_setup")]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef)
+            and node.name.startswith("_")
+            and node.name.endswith("_setup")
+            and len(node.name) > len("__setup")
+        }
+    )
+    getters = [n[len("get_") :] for n in exported("getters") if n.startswith("get_")]
+    try:
+        version = metadata.version("desktop-env")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return {
+        "version": version,
+        "metrics": exported("metrics"),
+        "getters": getters,
+        "step_types": steps,
+    }
+
+
 # -- transport ------------------------------------------------------------------------------------
 
 
@@ -709,7 +765,13 @@ def serve(inp, out, worker: Worker | None = None) -> None:
 
 
 def main() -> None:
-    """Keep the real stdout for the protocol; everything else printed goes to stderr."""
+    """Keep the real stdout for the protocol; everything else printed goes to stderr.
+
+    ``worker.py --names`` prints :func:`installed_names` as one JSON object and exits.
+    """
+    if sys.argv[1:] == ["--names"]:
+        print(json.dumps(installed_names()))
+        return
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
