@@ -217,6 +217,12 @@ def _unique(items) -> list:
     return list(dict.fromkeys(i for i in items if i))
 
 
+def _is_loopback(url: Any) -> bool:
+    """True for a URL on this machine (``localhost``, ``127.0.0.1``...): no internet needed."""
+    parts = str(url).split("/")
+    return len(parts) > 2 and any(h in parts[2] for h in LOCAL_HOSTS)
+
+
 def _command_text(command: Any) -> str:
     if isinstance(command, list):
         return " ".join(str(c) for c in command)
@@ -298,7 +304,7 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     for step in all_steps:
         params = step.get("parameters") or {}
         if step.get("type") == "chrome_open_tabs":
-            urls.extend(params.get("urls_to_open", []))
+            urls.extend(u for u in params.get("urls_to_open", []) if not _is_loopback(u))
         elif step.get("type") in ("googledrive", "login"):
             reasons.append(f"{step['type']} (Google account)")
     getters = evaluator_getters(evaluator)
@@ -312,11 +318,7 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     }
     for text in commands:
         if text in launched or NETWORK_CLIENT_RE.search(text):
-            urls.extend(
-                u
-                for u in URL_RE.findall(text)
-                if not any(h in u.split("/")[2] for h in LOCAL_HOSTS)
-            )
+            urls.extend(u for u in URL_RE.findall(text) if not _is_loopback(u))
         reasons.extend(reason for reason, pattern in NEEDS_NETWORK_PATTERNS if pattern.search(text))
     if config.get("proxy"):
         reasons.append("proxy")

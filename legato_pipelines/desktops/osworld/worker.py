@@ -21,6 +21,9 @@ Operations (``result`` shapes):
             baseline HOME) or snapshot revert, then the task's own setup through
             ``DesktopEnv.reset`` (which no longer reverts); {kind: fast|revert, revert_s, clean_s,
             setup_s, setup_failures: [{step, type, exit_status, error}] (setup_facts.py)}
+  setup     {task_config}: only the task's setup (``DesktopEnv.reset`` with nothing to revert),
+            on a desktop the caller has reset (the local backend's OSWorld grader);
+            {setup_s, setup_failures}
   observe   {size?: [w, h], pillow?}: {png: base64}; at the model's size when given (resized
             here, in the worker's process, by the project's ``images.resized_png``, when this
             interpreter's Pillow is the collector's version ``pillow``)
@@ -583,6 +586,36 @@ class Worker:
             **detail,
         }
 
+    def setup(self, req: dict) -> dict:
+        """The task's own setup on a desktop somebody else has just reset (the local backend's
+        grader: it owns reset, observe and step): ``DesktopEnv.reset`` with nothing to revert,
+        so only OSWorld's ``SetupController`` runs the task's ``config`` steps.
+        ``{setup_s, setup_failures}``; raises ``WorkerError`` as :meth:`reset` does."""
+        env = self._env()
+        task = req.get("task_config")
+        if not isinstance(task, dict) or "id" not in task:
+            raise WorkerError(
+                "protocol", "setup: task_config must be an OSWorld task object with an 'id'"
+            )
+        env.is_environment_used = False  # the caller reset the desktop: never revert here
+        self._probe()
+        check_evaluator(task)
+        t0 = time.perf_counter()
+        if self.facts is not None:
+            self.facts.failures = []
+        try:
+            env.reset(task_config=task)
+        except WorkerError:
+            raise
+        except Exception as exc:
+            raise WorkerError("setup", f"task setup failed: {_describe(exc)}") from None
+        env.is_environment_used = False
+        self._watch_metrics()
+        return {
+            "setup_s": time.perf_counter() - t0,
+            "setup_failures": list(self.facts.failures) if self.facts is not None else [],
+        }
+
     def _fast_clean(self, kill: list[str]) -> dict:
         """Kill the task's apps, verify, restore the clean HOME. Raises ``WorkerError`` if not clean."""
         if not self._vm_fast_reset():  # the local desktop server's own /legato/reset fast path
@@ -725,7 +758,7 @@ def _describe(exc: BaseException) -> str:
     return text if len(text) <= 1000 else text[:1000] + "..."
 
 
-OPS = ("plan", "start", "reset", "observe", "step", "evaluate", "close")
+OPS = ("plan", "start", "reset", "setup", "observe", "step", "evaluate", "close")
 
 
 def serve(inp, out, worker: Worker | None = None) -> None:
