@@ -288,7 +288,7 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
         Raises ``DesktopError(kind="evaluator")`` when the evaluation hangs.
         """
         try:
-            if self.grader is not None:
+            if self.grader is not None and task.evaluator:  # none: the own path says so
                 return await self.grader.evaluate(
                     last_action_fail=last_action_fail, timeout=self.config.eval_timeout
                 )

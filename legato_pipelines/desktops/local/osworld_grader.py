@@ -138,6 +138,8 @@ class OSWorldGrader:
             await self.start()
         stage_task_files(task, self.cache_dir, self.work_dir / "cache" / task.task_id)
         task_config = {**task.config, "id": task.task_id}
+        if not task.evaluator:  # DesktopEnv needs one to set up; LocalDesktop grades it not
+            task_config["evaluator"] = {"func": "infeasible"}
         answer = await self.worker.call("setup", timeout, task_config=task_config)
         self.last_setup_s = answer.get("setup_s")
         return list(answer.get("setup_failures") or [])
