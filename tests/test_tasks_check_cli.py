@@ -215,6 +215,10 @@ def test_local_knows_the_apps_this_hosts_desktops_have(tmp_path):
     doc = orjson.loads(proc.stdout)
     assert doc["local_desktops"]["apps"] == sorted(apps) and doc["local_desktops"]["pyautogui"]
     assert doc["local_desktops"]["grader"] == "osworld"  # the venv is installed (CI too)
+    # collect's --desktop-option grader=own: the verdict for the own subset, as its preflight
+    own = legato(str(index), "--osworld", str(OSWORLD), "--backend", "local", "--json",
+                 "--desktop-option", "grader=own")  # fmt: skip
+    assert orjson.loads(own.stdout)["local_desktops"]["grader"] == "own"
     assert [t["local_blockers"] for t in doc["tasks"]] == [[], [], []]
     assert doc["totals"]["by_backend"]["local"] == 3
 

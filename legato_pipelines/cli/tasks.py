@@ -120,10 +120,15 @@ def _totals_table(totals) -> Table:
     return table
 
 
-def _support(backend: Backend | None, cache_dir: Path | None):
-    """What collect's preflight would use (``desktops/support.py``): one backend's, or (no
-    ``--backend``) the local and osworld backends' together."""
-    options = {"cache_dir": cache_dir}
+def _support(backend: Backend | None, cache_dir: Path | None, desktop_option: list[str]):
+    """What collect's preflight would use (``desktops/support.py``) with the same
+    ``--desktop-option`` items: one backend's, or (no ``--backend``) the local and osworld
+    backends' together. Raises ``ValueError`` for a malformed item."""
+    from .collect import parse_desktop_options
+
+    options = parse_desktop_options(desktop_option)
+    if cache_dir is not None:
+        options["cache_dir"] = cache_dir
     if backend is not None:
         return backend_support(backend.value, options)
     local = backend_support("local", options)
@@ -171,6 +176,15 @@ def check_command(
             "one collect's preflight gives, which no provider changes.",
         ),
     ] = None,
+    desktop_option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--desktop-option",
+            help="Backend option KEY=JSON (repeatable), as collect's: grader=own|osworld, "
+            "osworld_python=PATH, cache_dir=DIR, urls=[...] change the verdict as they change "
+            "collect's preflight.",
+        ),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (tasks + problems + totals).")
     ] = False,
@@ -198,8 +212,8 @@ def check_command(
     except TaskListError as exc:
         fail(exc.describe())  # every problem of the list, not only the first 20
     try:
-        support = _support(backend, cache_dir)
-    except ConfigError as exc:
+        support = _support(backend, cache_dir, desktop_option or [])
+    except (ConfigError, ValueError) as exc:
         fail(str(exc))
     # the engine's preflight judges with classify_task's problems too (osworld_format/verdict.py)
     classes = [classify_task(task, backend_support=support) for task in task_set]
