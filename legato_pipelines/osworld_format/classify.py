@@ -5,7 +5,7 @@ Nothing here touches a desktop. :func:`classify_task` reads the task's setup ste
 it needs the internet (and which URLs), whether it changes state outside ``/home/user`` (so a
 fast reset cannot undo it: docs/osworld.md §6), whether its evaluator runs locally, and which
 backends (``local`` / ``osworld`` / ``fake``) can run it. ``legato tasks check`` prints it.
-:func:`~.problems.preflight` lists, per backend, the problems that make tasks unrunnable there
+:func:`~.verdict.preflight` lists, per backend, the problems that make tasks unrunnable there
 (a task with such problems is not in its class's ``backends``, :mod:`.problems`).
 
 The outside-HOME verdict is the union of the explicit task list of docs/osworld.md §6 and command
