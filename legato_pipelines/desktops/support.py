@@ -34,7 +34,7 @@ def backend_support(backend: str, options: dict[str, Any] | None = None) -> Back
     option ``cache_dir``. Raises ``ConfigError`` for a bad ``grader`` or ``cache_dir`` option.
     """
     from .local.apps import DESKTOP_APPS
-    from .osworld.grader import installed_grader, local_grader, osworld_python
+    from .osworld import installed_grader, local_grader, osworld_python
 
     options = dict(options or {})
     fields: dict[str, Any] = {"cache_dir": cache_dir_path(options.get("cache_dir"))}

@@ -412,7 +412,7 @@ async def _with_graders(
     """Attach an OSWorld grader to each desktop when option ``grader`` picks OSWorld's code
     (:func:`~legato_pipelines.desktops.osworld.grader.local_grader`); start them concurrently.
     On a failure every desktop is closed and ``DesktopError`` raised."""
-    from ..osworld.grader import local_grader
+    from ..osworld import local_grader
 
     try:
         _, python = local_grader(options)

@@ -30,8 +30,7 @@ from ...errors import DesktopError
 from ...osworld_format.files import task_files
 from ...osworld_format.sources import cache_dir_path, find_source
 from ...tasks import Evaluation, Task
-from ..osworld.channel import WorkerProcess
-from ..osworld.options import worker_env
+from ..osworld import WorkerProcess, worker_env
 
 VM_TOKEN_ENV = "LEGATO_OSWORLD_VM_TOKEN"
 START_TIMEOUT_S = 120.0
