@@ -69,7 +69,10 @@ async def rewards_of(config: DesktopConfig, tasks, scripts) -> dict[tuple[str, s
 async def test_osworld_rewards_equal_local_rewards(tmp_path):
     tasks, scripts = suite_tasks(), suite_scripts()
     osworld = await rewards_of(osworld_config(tmp_path), tasks, scripts)
-    local = await rewards_of(DesktopConfig(backend="local"), tasks, scripts)
+    # the local backend's own subset (grader=own) must grade as OSWorld's code does
+    local = await rewards_of(
+        DesktopConfig(backend="local", options={"grader": "own"}), tasks, scripts
+    )
     assert osworld == local
     assert {osworld[t, "correct"] for t in TASKS} == {1.0}
     assert all(osworld[t, "wrong"] < 1.0 for t in TASKS)

@@ -387,11 +387,15 @@ def _plan(
 
 def _preflight(task_set: TaskSet, desktop: DesktopConfig) -> None:
     """Refuse tasks that cannot run on the chosen backend (a misspelled metric, a setup step
-    missing a parameter, a download that needs the internet...) before any desktop starts,
-    rather than grading them 0 one by one. Raises ``TaskListError`` listing the problems."""
+    missing a parameter, a download that needs the internet, an app the desktops lack...)
+    before any desktop starts, rather than grading them 0 one by one: the same verdict as
+    ``legato tasks check --backend`` (``desktops/support.py``, ``osworld_format/verdict.py``).
+    Raises ``TaskListError`` listing the problems."""
+    from ..desktops.support import backend_support
     from ..osworld_format import preflight
 
-    problems = preflight(task_set, desktop.backend, cache_dir=desktop.options.get("cache_dir"))
+    support = backend_support(desktop.backend, desktop.options)
+    problems = preflight(task_set, desktop.backend, support=support)
     if problems:
         shown = "\n  ".join(problems[:10])
         more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
