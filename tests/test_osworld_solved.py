@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 from legato_pipelines import DesktopConfig, PolicyConfig, collect, read_records
-from legato_pipelines.errors import TaskListError
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from legato_pipelines.policy.synthetic import qwen_response
 from legato_pipelines.tasks import load_tasks
@@ -97,22 +96,7 @@ def run(tasks, script, desktop: DesktopConfig, out: Path) -> dict[str, dict]:
     return {r["task_id"]: r for r in records}
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        "osworld",
-        pytest.param(
-            "local",
-            marks=pytest.mark.xfail(
-                reason="--backend local grades 8 of the 22 today (compare_docx_files, "
-                "compare_pptx_files, vlc_config, gimp_config_file ... are OSWorld's only): "
-                "passes once the local backend grades with OSWorld's evaluators (grader branch)",
-                raises=TaskListError,  # its preflight refuses the 14 others before any desktop
-                strict=False,
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("backend", ["osworld", "local"])
 def test_every_solved_task_scores_one_and_doing_nothing_scores_zero(tmp_path, backend):
     tasks = load_tasks(SOLVED / "tasks.json", osworld=OSWORLD)
     assert len(tasks) >= 20
