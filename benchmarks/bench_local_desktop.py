@@ -13,6 +13,19 @@ Starts one real desktop server (Xvfb + openbox) and measures, with real apps:
   calc       (--calc) the same for a LibreOffice Calc task (open a CSV), with a fresh profile
              per attempt vs a profile pre-built into the baseline HOME
 Numbers are medians with (min-max). Needs Xvfb, openbox, l3afpad and xterm.
+
+    python benchmarks/bench_local_desktop.py --signals [--n 30] [--calc] [--json out.json]
+
+instead compares the two sources of the ready signal side by side on the same desktop and the
+same tasks, alternating per action (``/legato/wait`` with ``source=poll``, the frame polling,
+then ``source=damage``, the X server's drawing reports): ready_s median and p90 per action,
+and the share of early returns. An early return: the frame grabbed right after the wait
+answered (in this process, on the same display, without the cursor) differs from the frame
+grabbed 0.5 s later by more than the ready signal's caret rule (at most 64 pixels inside a box
+at most 4 px wide and 40 px tall). Actions: typing 20 characters into l3afpad, typing
+``echo N`` + Enter into xterm (the shell prints a line), reset -> ready of the editor and the
+terminal task, with ``--calc`` typing a number + Enter into a LibreOffice Calc cell, with
+``--chrome`` typing 20 characters into a textarea in Chromium (as ``google-chrome``).
 """
 
 from __future__ import annotations
@@ -44,6 +57,9 @@ def summary(values: list[float], scale: float = 1.0) -> dict:
     values = [v * scale for v in values]
     return {
         "median": statistics.median(values),
+        "p90": statistics.quantiles(values, n=10, method="inclusive")[-1]
+        if len(values) > 1
+        else values[0],
         "min": min(values),
         "max": max(values),
         "n": len(values),
@@ -203,6 +219,136 @@ async def bench(width: int, height: int, n: int) -> dict:
     return results
 
 
+CALC_BLANK = task("calc-blank", [{"type": "launch", "parameters": {"command": ["localc"]}}])
+TEXTAREA = "data:text/html,<textarea autofocus rows=20 cols=80></textarea>"
+CHROME_PAGE = task(
+    "chrome-textarea",
+    [{"type": "launch", "parameters": {"command": ["google-chrome", TEXTAREA]}}],
+)
+SIGNALS = ("poll", "damage")
+LATER_S = 0.5  # an early return: the returned frame differs from the frame this much later
+
+
+def settled_later(display: str):
+    """A checker ``check() -> (early, changed_px)``: grabs the frame now and ``LATER_S``
+    later (raw, without the cursor) and compares them with the ready signal's caret rule."""
+    from legato_pipelines.desktops.local.screen import Screen
+    from legato_pipelines.desktops.ready import ReadyPolicy, frame_delta, is_quiet
+
+    screen = Screen(display)
+
+    def check() -> tuple[bool, int]:
+        returned = screen.frame()
+        time.sleep(LATER_S)
+        delta = frame_delta(returned, screen.frame())
+        return not is_quiet(delta, ReadyPolicy()), delta.changed
+
+    return check, screen.close
+
+
+async def bench_signals(width: int, height: int, n: int, calc: bool, chrome: bool) -> dict:
+    """Poll vs damage ready signal, alternating on the same desktop and tasks (module doc)."""
+    (desktop,) = await open_local_desktops(
+        DesktopConfig(backend="local", screen_width=width, screen_height=height), 1
+    )
+    client = desktop.client
+    runs: dict[str, dict[str, dict[str, list]]] = {}
+    check, close_screen = settled_later((await client.health())["display"])
+
+    def record(action, signal, ready_s, early: tuple[bool, int], total_s=None) -> None:
+        row = runs.setdefault(action, {}).setdefault(
+            signal, {"ready_s": [], "early": [], "reset_to_ready_s": []}
+        )
+        row["ready_s"].append(ready_s)
+        row["early"].append(early[1] if early[0] else 0)
+        if total_s is not None:
+            row["reset_to_ready_s"].append(total_s)
+
+    async def typed(action: str, make_action) -> None:
+        for i in range(n):
+            for signal in SIGNALS:
+                await desktop.act(make_action(i))
+                waited = await client.wait("action", source=signal, timeout_s=5.0)
+                assert waited["source"] == signal, waited
+                record(action, signal, waited["ready_s"], await asyncio.to_thread(check))
+
+    try:
+        for t in (EDITOR, TERMINAL):
+            for _ in range(n):
+                for signal in SIGNALS:
+                    t0 = time.perf_counter()
+                    await desktop.reset(t)
+                    waited = await client.wait("reset", source=signal, timeout_s=10.0)
+                    total = time.perf_counter() - t0
+                    early = await asyncio.to_thread(check)
+                    record(f"reset->ready {t.task_id}", signal, waited["ready_s"], early, total)
+        await desktop.reset(EDITOR)
+        await client.wait("reset")
+        await typed(
+            "type 20 chars, l3afpad", lambda i: Action("type", text=f"l{i:02d} bench text.\n")
+        )
+        await desktop.reset(TERMINAL)
+        await client.wait("reset")
+        await typed("type echo + Enter, xterm", lambda i: Action("type", text=f"echo {i}\n"))
+        if calc:
+            await desktop.reset(CALC_BLANK)
+            await client.wait("reset", timeout_s=30.0)
+            await asyncio.sleep(2.0)  # let a cold LibreOffice finish its first paints
+            await typed("type number + Enter, Calc", lambda i: Action("type", text=f"{i}\n"))
+        if chrome:
+            await desktop.reset(CHROME_PAGE)
+            await client.wait("reset", timeout_s=30.0)
+            await asyncio.sleep(2.0)  # let a cold Chromium finish its first paints
+            await typed(
+                "type 20 chars, Chromium textarea",
+                lambda i: Action("type", text=f"c{i:02d} bench text.\n"),
+            )
+    finally:
+        close_screen()
+        await desktop.reset(TERMINAL)
+        await desktop.close()
+    return {
+        "screen": [width, height],
+        "later_s": LATER_S,
+        "actions": {
+            action: {
+                signal: {
+                    "ready_s": summary(r["ready_s"]),
+                    **(
+                        {"reset_to_ready_s": summary(r["reset_to_ready_s"])}
+                        if r["reset_to_ready_s"]
+                        else {}
+                    ),
+                    "early": sum(1 for e in r["early"] if e),
+                    "early_changed_px": [e for e in r["early"] if e],
+                }
+                for signal, r in by_signal.items()
+            }
+            for action, by_signal in runs.items()
+        },
+    }
+
+
+def show_signals(results: dict) -> None:
+    table = Table(
+        title=f"ready signal: poll vs damage, {results['screen'][0]}x{results['screen'][1]}"
+    )
+    for column in ("action", "signal", "ready_s median", "p90", "early returns", "reset+ready"):
+        table.add_column(column)
+    for action, by_signal in results["actions"].items():
+        for signal, r in by_signal.items():
+            s = r["ready_s"]
+            table.add_row(
+                action,
+                signal,
+                f"{s['median']:.3f} s",
+                f"{s['p90']:.3f} s",
+                f"{r['early']}/{s['n']} ({100 * r['early'] / s['n']:.1f}%)",
+                fmt(r["reset_to_ready_s"], "s") if "reset_to_ready_s" in r else "",
+            )
+    Console().print(table)
+
+
 def fmt(s: dict, unit: str) -> str:
     """A :func:`summary` as ``median unit (min-max, n=N)``."""
     return f"{s['median']:.3g} {unit} ({s['min']:.3g}-{s['max']:.3g}, n={s['n']})"
@@ -257,7 +403,22 @@ def main() -> None:
     parser.add_argument(
         "--calc", action="store_true", help="also LibreOffice Calc (needs libreoffice-calc)"
     )
+    parser.add_argument(
+        "--chrome", action="store_true", help="--signals: also Chromium (google-chrome)"
+    )
+    parser.add_argument(
+        "--signals", action="store_true", help="only compare the poll and damage ready signals"
+    )
     args = parser.parse_args()
+    if args.signals:
+        results = asyncio.run(
+            bench_signals(args.width, args.height, args.n, args.calc, args.chrome)
+        )
+        show_signals(results)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2)
+        return
     results = asyncio.run(bench(args.width, args.height, args.n))
     if args.calc:
         results["calc"] = asyncio.run(bench_calc(args.width, args.height, args.n))

@@ -166,7 +166,16 @@ class PolicyRef(_Format):
 
 
 class Timing(_Format):
-    """Seconds per phase of one execution; ``total_s`` includes ``queue_s``."""
+    """Seconds per phase of one execution; ``total_s`` includes ``queue_s``.
+
+    ``reset_critical_s`` (written when measured): seconds the attempt waited for its desktop
+    on the critical path, from the moment its runner asked for one (the end of the runner's
+    previous attempt, or its start) to the hand-out of a desktop reset, set up and ready for
+    it; ``reset_ahead``: that reset began before the runner asked (a desktop prepared ahead,
+    docs/architecture.md §3). ``reset_s`` stays the reset's own seconds, wherever it ran.
+    """
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"reset_critical_s", "reset_ahead"})
 
     queue_s: Seconds = Field(0.0, description="Seconds queued before a desktop took it.")
     reset_s: Seconds = Field(0.0, description="Seconds resetting the desktop, waits included.")
@@ -176,6 +185,12 @@ class Timing(_Format):
     obs_s: Seconds = Field(0.0, description="Seconds taking and preparing screenshots.")
     eval_s: Seconds = Field(0.0, description="Seconds grading.")
     total_s: Seconds = Field(0.0, description="Seconds from enqueue to the end (queue_s included).")
+    reset_critical_s: Seconds | None = Field(
+        None, description="Seconds the attempt waited for a ready desktop after asking."
+    )
+    reset_ahead: bool | None = Field(
+        None, description="The desktop's reset began before the attempt asked for it."
+    )
 
     def phase(self, phase: str) -> float:
         """Seconds of ``phase`` (one of :data:`PHASES`, without ``_s``), 0 when absent."""

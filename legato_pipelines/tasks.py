@@ -112,6 +112,9 @@ def task_set_id(tasks: list[Task] | tuple[Task, ...]) -> str:
 def load_tasks(source: str | Path | list, *, osworld: str | Path | None = None) -> TaskSet:
     """Load and validate a task list (a path to JSON, or an already-parsed list / index dict).
 
+    An OSWorld index (``{domain: [ids]}``) is resolved under ``osworld``; without it, under
+    the index's own directory when its tasks sit there as ``<domain>/<id>.json``.
+
     Raises :class:`TaskListError` for a missing file, bad JSON, or invalid entries; nothing
     is started before the whole list has been checked. Every problem of the list is found
     at once: the error's ``problems`` lists them all (one line each, ``tasks[i] (task_id
@@ -127,14 +130,16 @@ def load_tasks(source: str | Path | list, *, osworld: str | Path | None = None) 
         )
     else:
         data = source
+    index_dir: Path | None = None
     if isinstance(data, dict):
         data = _index_to_entries(data, path)
+        index_dir = Path(path).parent if path is not None else None
     if not isinstance(data, list) or not data:
         raise TaskListError(
             f"tasks: {path or 'the task list'} must be a non-empty JSON list of "
             '{"task_id", "domain"} or {"task_id", "config"} entries, or an OSWorld index {domain: [ids]}'
         )
-    root = Path(osworld) if osworld is not None else None
+    root = Path(osworld) if osworld is not None else _index_root(index_dir, data)
     problems: list[tuple[int, str]] = []  # (entry index, problem)
     bad: set[int] = set()
     try:
@@ -216,6 +221,17 @@ def _index_to_entries(index: dict, path: str | None) -> list[dict]:
             )
         entries.extend({"task_id": task_id, "domain": domain} for task_id in ids)
     return entries
+
+
+def _index_root(index_dir: Path | None, entries: list) -> Path | None:
+    """The directory of an OSWorld index read without ``--osworld`` when its tasks sit next to
+    it as ``<domain>/<id>.json`` (the first entry's file decides), else ``None``."""
+    if index_dir is None or not entries:
+        return None
+    first = entries[0]
+    if (index_dir / str(first.get("domain")) / f"{first.get('task_id')}.json").is_file():
+        return index_dir
+    return None
 
 
 def osworld_task_path(root: Path, domain: str, task_id: str) -> Path:

@@ -26,4 +26,4 @@ if ! env -i PATH=/usr/local/bin:/usr/bin:/bin python -c 'import importlib.util a
     pyautogui pymsgbox pytweening pyscreeze pygetwindow pyrect mouseinfo pyperclip python-xlib six
 fi
 
-python3 -m legato_pipelines osworld install
+python3 -m legato_pipelines osworld install --full

@@ -119,10 +119,11 @@ def test_collect_keywords_map_onto_the_settings(policy_server, tmp_path):
     settings = CollectSettings(group=1, max_steps=2, desktops=1, image_max=4)
     collect(tasks, policy, tmp_path, settings=settings, desktop=DesktopConfig(backend="fake"))
     knobs = orjson.loads((tmp_path / "run.json").read_bytes())["knobs"]
-    # run.json's knobs: the settings in their order, the policy's step_timeout (not set here)
-    expected = settings.model_copy(update={"step_timeout": 30.0})
+    # run.json's knobs: the settings in their order, the policy's step_timeout (not set here),
+    # the spares the batch ran with (unset: none for one desktop)
+    expected = settings.model_copy(update={"step_timeout": 30.0, "spares": 0})
     assert knobs == expected.knobs(backend="fake", desktops=1)
-    assert list(knobs) == [*list(FIELDS)[:-2], "backend", "desktops", "seed"]
+    assert list(knobs) == [*list(FIELDS)[:-3], "backend", "desktops", "spares", "seed"]
     # keywords override settings=; the resume check reads the settings' resume fields
     with pytest.raises(ResumeError, match="image_max"):
         collect(tasks, policy, tmp_path, settings=settings, image_max=5)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from legato_pipelines.desktops.ready import (
+    Activity,
     Delta,
     ReadyPolicy,
     frame_delta,
@@ -65,6 +66,8 @@ class Screen:
         self.now = 0.0
         self.changes = sorted(changes.items())
         self.grabs = 0
+        self.drawn: np.ndarray | None = None  # the frame at the last activity() look
+        self.redraw_until = 0.0  # same-pixel redraws are reported until then (s)
 
     def clock(self) -> float:
         return self.now
@@ -79,6 +82,17 @@ class Screen:
             if at <= self.now + 1e-9:
                 shown = frame
         return shown
+
+    async def activity(self) -> Activity:
+        """Damage reports: the box of what changed since the previous look (exact, like DAMAGE),
+        or a same-pixel redraw while ``now < redraw_until``."""
+        self.grabs -= 1  # peeking is not a grab
+        shown = await self.grab()
+        seen = Delta(0) if self.drawn is None else frame_delta(self.drawn, shown)
+        self.drawn = shown
+        if seen.changed == 0 and self.now < self.redraw_until:
+            seen = Delta(100, (0, 0, 10, 10))
+        return Activity(seen)
 
 
 async def test_ready_after_three_quiet_pairs_on_a_static_screen():
@@ -152,3 +166,35 @@ async def test_wait_is_capped_and_reports_the_cap():
         screen.grab, ReadyPolicy(timeout_s=1.0), clock=screen.clock, sleep=screen.sleep
     )
     assert result.timed_out and result.ready_s == pytest.approx(1.0)
+
+
+async def test_damage_ready_after_the_quiet_window_once_something_drew():
+    screen = Screen({0.0: blank(), 0.1: with_box(0, 0, 30, 30), 0.14: with_box(0, 0, 60, 60)})
+    await screen.activity()  # cleared at the action
+    policy = ReadyPolicy()
+    result = await wait_until_ready(
+        screen.grab, policy, activity=screen.activity, clock=screen.clock, sleep=screen.sleep
+    )
+    # the last drawing is seen at the 0.14 s look, then 3 quiet looks of 20 ms (quiet_s 0.06)
+    assert result.source == "damage" and result.changed
+    assert result.ready_s == pytest.approx(0.2)
+    assert result.frames == 3  # the first frame and one per look that saw drawing
+
+
+async def test_damage_with_nothing_drawn_waits_the_whole_stable_window():
+    screen = Screen({0.0: blank()})
+    await screen.activity()
+    result = await wait_until_ready(
+        screen.grab, ReadyPolicy(), activity=screen.activity, clock=screen.clock, sleep=screen.sleep
+    )
+    assert result.ready_s == pytest.approx(0.16) and not result.changed  # 8 looks >= 0.15 s
+
+
+async def test_damage_redraws_of_the_same_pixels_hold_the_wait_but_are_no_change():
+    screen = Screen({0.0: blank()})
+    await screen.activity()
+    screen.redraw_until = 0.49  # the last redraw is seen at the 0.48 s look
+    result = await wait_until_ready(
+        screen.grab, ReadyPolicy(), activity=screen.activity, clock=screen.clock, sleep=screen.sleep
+    )
+    assert result.ready_s == pytest.approx(0.54) and not result.changed

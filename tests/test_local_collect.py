@@ -1,6 +1,7 @@
 """Issue 6 acceptance through the engine: ``legato collect --backend local`` against the scripted
 policy server on real Xvfb desktops (correct scripts score 1, wrong ones 0, every action has a
-``ready_s``), and a desktop server killed mid-batch is recovered with the attempt ``retried``."""
+``ready_s``; with the spare desktops prepared ahead that 2 local desktops get by default, issue
+18), and a desktop server killed mid-batch is recovered with the attempt ``retried``."""
 
 from __future__ import annotations
 
@@ -70,6 +71,16 @@ def test_collect_local_scores_scripts(tmp_path, script, reward):
     actions = [a for r in records for s in r["steps"] for a in s["actions"]]
     assert actions and all(a["ready_s"] is not None and 0 <= a["ready_s"] < 10 for a in actions)
     assert all(r["reset"]["ready_s"] is not None for r in records)
+    # 2 desktops on the local backend: a spare each by default (issue 18), the same rewards;
+    # the attempts whose desktop was reset while the policy drove another waited for it at
+    # most what was left of that reset, and at least one found it ready
+    assert summary["knobs"]["spares"] == 2 and len({r["desktop"] for r in records}) > 2
+    ahead = [r["timing"] for r in records if r["timing"]["reset_ahead"]]
+    assert ahead and all(t["reset_critical_s"] <= t["reset_s"] + 0.05 for t in ahead)
+    assert min(t["reset_critical_s"] for t in ahead) < 0.2
+    critical = summary["reset_critical"]
+    assert critical["overall"]["n"] == len(TASKS)
+    assert set(critical["by_domain"]) == {"terminal", "text_editor"}
 
 
 async def test_killed_desktop_server_is_recovered_and_attempt_retried(tmp_path):

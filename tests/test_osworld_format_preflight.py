@@ -111,11 +111,15 @@ def test_misspelled_launch_parameter_is_named():
 def test_unsupported_step_types_with_suggestion():
     steps = [{"type": "exectue", "parameters": {"command": "true"}},
              {"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["https://example.org"]}}]  # fmt: skip
-    problems = preflight([task(setup=steps)], "local")
-    assert len(problems) == 2
+    problems = preflight([task(setup=steps)], "local")  # the own subset: no chrome_open_tabs
     assert "config.config[0].type" in problems[0] and "did you mean execute?" in problems[0]
-    assert "chrome_open_tabs" in problems[1] and "osworld backend" in problems[1]
-    assert preflight([task(setup=steps)], "osworld") == []
+    assert "chrome_open_tabs" in problems[1] and "OSWorld venv" in problems[1]
+    # what the host lacks follows: the live website, and chrome (not in the default app set)
+    assert "needs the internet (https://example.org)" in problems[2]
+    assert "app 'chrome'" in problems[3] and len(problems) == 4
+    # osworld: not a SetupController step type either (the check and the preflight agree)
+    (osworld,) = preflight([task(setup=steps)], "osworld")
+    assert "'exectue' is not one of OSWorld's SetupController step types" in osworld
 
 
 def test_internet_download_and_cache(tmp_path):

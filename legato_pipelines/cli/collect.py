@@ -390,6 +390,16 @@ def print_profile(summary: dict) -> None:
             f"used {d['used']}  lost {len(d['lost'])}{' ' + ', '.join(d['lost']) if d['lost'] else ''}"
             f"  recovered {len(d['recovered'])}",
         )
+    critical = summary.get("reset_critical")
+    if critical and critical["overall"]["n"]:
+        apps = critical["by_domain"] if len(critical["by_domain"]) > 1 else {}
+        table.add_row(
+            "reset on critical path s",
+            "  ".join(
+                f"{name} p50 {_fmt(c['p50'])} p90 {_fmt(c['p90'])} (ahead {c['ahead']:.0%})"
+                for name, c in {"all": critical["overall"], **apps}.items()
+            ),
+        )
     table.add_row("prefix cache hit", _fmt(summary["prefix_cache_hit_rate"], pct=True))
     table.add_row(
         "steps with logprobs / ids",

@@ -11,9 +11,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..desktops.local.apps import desktop_python_has_pyautogui, installed_apps
-from ..errors import TaskListError
-from ..osworld_format import BackendSupport, TaskClass, classify_task, summarize
+from ..desktops.support import backend_support
+from ..errors import ConfigError, TaskListError
+from ..osworld_format import TaskClass, classify_task, summarize
 from ..osworld_format.problems import BACKENDS
 from ..tasks import load_tasks
 from .console import console as _out
@@ -120,6 +120,22 @@ def _totals_table(totals) -> Table:
     return table
 
 
+def _support(backend: Backend | None, cache_dir: Path | None, desktop_option: list[str]):
+    """What collect's preflight would use (``desktops/support.py``) with the same
+    ``--desktop-option`` items: one backend's, or (no ``--backend``) the local and osworld
+    backends' together. Raises ``ValueError`` for a malformed item."""
+    from .collect import parse_desktop_options
+
+    options = parse_desktop_options(desktop_option)
+    if cache_dir is not None:
+        options["cache_dir"] = cache_dir
+    if backend is not None:
+        return backend_support(backend.value, options)
+    local = backend_support("local", options)
+    osworld = backend_support("osworld", options).osworld_grader
+    return local.model_copy(update={"osworld_grader": osworld})
+
+
 @tasks_app.command("check")
 def check_command(
     tasks: Annotated[
@@ -160,6 +176,15 @@ def check_command(
             "one collect's preflight gives, which no provider changes.",
         ),
     ] = None,
+    desktop_option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--desktop-option",
+            help="Backend option KEY=JSON (repeatable), as collect's: grader=own|osworld, "
+            "osworld_python=PATH, cache_dir=DIR, urls=[...] change the verdict as they change "
+            "collect's preflight.",
+        ),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (tasks + problems + totals).")
     ] = False,
@@ -186,11 +211,11 @@ def check_command(
         task_set = load_tasks(path, osworld=osworld)
     except TaskListError as exc:
         fail(exc.describe())  # every problem of the list, not only the first 20
-    support = BackendSupport(
-        cache_dir=cache_dir,
-        local_apps=installed_apps(),
-        local_pyautogui=desktop_python_has_pyautogui(),
-    )
+    try:
+        support = _support(backend, cache_dir, desktop_option or [])
+    except (ConfigError, ValueError) as exc:
+        fail(str(exc))
+    # the engine's preflight judges with classify_task's problems too (osworld_format/verdict.py)
     classes = [classify_task(task, backend_support=support) for task in task_set]
     totals = summarize(classes)
     checked: tuple[str, ...] = (backend.value,) if backend else BACKENDS
@@ -225,6 +250,8 @@ def check_command(
             "local_desktops": {
                 "apps": sorted(support.local_apps),
                 "pyautogui": support.local_pyautogui,
+                "grader": support.local_grader.kind,
+                "grader_source": support.local_grader.source,
             },
             "tasks": [c.model_dump() for c in classes],
             "totals": totals.model_dump(),
@@ -252,7 +279,8 @@ def check_command(
         pyautogui = "with" if support.local_pyautogui else "without"
         _out.print(
             f"[dim]local desktops on this host have: {', '.join(sorted(support.local_apps))}; "
-            f"{pyautogui} pyautogui (docs/local-desktop.md §11)[/]",
+            f"{pyautogui} pyautogui (docs/local-desktop.md §11); graded by "
+            f"{escape(support.local_grader.source)}[/]",
             highlight=False,
         )
         if not backend and any(not_runnable.values()):

@@ -253,12 +253,18 @@ class DesktopClient:
         ).json()
         return float(body["act_s"])
 
-    async def wait(self, mode: str = "action", **overrides: float) -> dict[str, Any]:
+    async def wait(
+        self, mode: str = "action", source: str | None = None, **overrides: float
+    ) -> dict[str, Any]:
         """``/legato/wait``: wait server-side until the screen is ready.
 
-        ``mode``: ``action`` | ``launch`` | ``reset`` | ``eval``; ``overrides``: ``stable_s``,
-        ``timeout_s``, ``interval_s`` (seconds). Returns ``{mode, ready_s, frames, changed, timed_out}``.
+        ``mode``: ``action`` | ``launch`` | ``reset`` | ``eval``; ``source``: ``damage`` |
+        ``poll`` (``None``: the server's default); ``overrides``: ``stable_s``, ``quiet_s``,
+        ``timeout_s``, ``interval_s``, ``tick_s`` (seconds). Returns ``{mode, ready_s, frames,
+        changed, timed_out, source}`` (``source``: what the wait watched).
         """
+        if source is not None:
+            overrides = {**overrides, "source": source}
         timeout = DEFAULT_TIMEOUT_S + float(overrides.get("timeout_s") or 10.0)
         return (
             await self._request(

@@ -25,9 +25,10 @@ from .classify import (
 from .evaluate import evaluate_task, evaluate_task_within, evaluator_unsupported
 from .getters import GETTERS
 from .metrics import METRICS
-from .problems import preflight, task_problems
+from .problems import task_problems
 from .setup import SUPPORTED_STEP_TYPES, run_setup
 from .unsupported import UnsupportedStep
+from .verdict import preflight
 
 __all__ = [
     "BackendSupport",

@@ -5,7 +5,7 @@ Nothing here touches a desktop. :func:`classify_task` reads the task's setup ste
 it needs the internet (and which URLs), whether it changes state outside ``/home/user`` (so a
 fast reset cannot undo it: docs/osworld.md §6), whether its evaluator runs locally, and which
 backends (``local`` / ``osworld`` / ``fake``) can run it. ``legato tasks check`` prints it.
-:func:`~.problems.preflight` lists, per backend, the problems that make tasks unrunnable there
+:func:`~.verdict.preflight` lists, per backend, the problems that make tasks unrunnable there
 (a task with such problems is not in its class's ``backends``, :mod:`.problems`).
 
 The outside-HOME verdict is the union of the explicit task list of docs/osworld.md §6 and command
@@ -25,10 +25,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..tasks import Task
-from .evaluate import evaluator_unsupported
+from .evaluate import evaluator_parts, evaluator_unsupported
 from .files import evaluator_getters, task_files
+from .grader_names import OWN_GRADER, GraderNames
 from .problems import BACKENDS, BackendName, evaluator_problems, task_problems
-from .setup import SUPPORTED_STEP_TYPES
 from .sources import find_source, is_internet_url
 
 # OSWorld's SetupController step types (``_<type>_setup`` methods).
@@ -142,7 +142,10 @@ class BackendSupport(BaseModel):
     session (persistent gsettings, gnome-terminal, nautilus). ``local_pyautogui``: the desktops'
     ``python`` has pyautogui, so OSWorld's ``python -c "import pyautogui; ..."`` commands run
     there. ``cache_dir``: a local file cache; download/cloud_file URLs found there (or
-    ``file://``) do not count as needing the internet.
+    ``file://``) do not count as needing the internet. ``local_grader``: the names the local
+    backend's grader knows (OSWorld's own when the venv is installed, else the own subset:
+    ``desktops/osworld/grader.py``); ``osworld_grader``: the installed desktop-env's names for
+    the osworld backend (``None``: not known, names are checked when a task resets).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -150,6 +153,8 @@ class BackendSupport(BaseModel):
     local_apps: frozenset[str] = LOCAL_APPS
     local_pyautogui: bool = False
     cache_dir: Path | None = None
+    local_grader: GraderNames = OWN_GRADER
+    osworld_grader: GraderNames | None = None
 
 
 class TaskClass(BaseModel):
@@ -212,6 +217,12 @@ def _unique(items) -> list:
     return list(dict.fromkeys(i for i in items if i))
 
 
+def _is_loopback(url: Any) -> bool:
+    """True for a URL on this machine (``localhost``, ``127.0.0.1``...): no internet needed."""
+    parts = str(url).split("/")
+    return len(parts) > 2 and any(h in parts[2] for h in LOCAL_HOSTS)
+
+
 def _command_text(command: Any) -> str:
     if isinstance(command, list):
         return " ".join(str(c) for c in command)
@@ -272,14 +283,15 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     all_steps = setup + postconfig
     setup_types = _unique(s.get("type") for s in setup)
     postconfig_types = _unique(s.get("type") for s in postconfig)
+    grader = support.local_grader
     unsupported_steps = _unique(
-        s.get("type") for s in all_steps if s.get("type") not in SUPPORTED_STEP_TYPES
+        s.get("type") for s in all_steps if s.get("type") not in grader.step_types
     )
 
     commands = _steps_commands(all_steps) + _evaluator_commands(evaluator)
 
     # Internet: download / cloud_file files neither file:// nor in the cache (files.task_files).
-    urls: list[str] = [
+    file_urls: list[str] = [
         file.url
         for file in task_files(task)
         if is_internet_url(file.url)
@@ -287,11 +299,12 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
             file.url, dest=file.dest, cache_dir=support.cache_dir, task_id=task.task_id
         )
     ]
+    urls: list[str] = []  # live websites and downloads by command (not served by any cache)
     reasons: list[str] = []
     for step in all_steps:
         params = step.get("parameters") or {}
         if step.get("type") == "chrome_open_tabs":
-            urls.extend(params.get("urls_to_open", []))
+            urls.extend(u for u in params.get("urls_to_open", []) if not _is_loopback(u))
         elif step.get("type") in ("googledrive", "login"):
             reasons.append(f"{step['type']} (Google account)")
     getters = evaluator_getters(evaluator)
@@ -305,15 +318,12 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     }
     for text in commands:
         if text in launched or NETWORK_CLIENT_RE.search(text):
-            urls.extend(
-                u
-                for u in URL_RE.findall(text)
-                if not any(h in u.split("/")[2] for h in LOCAL_HOSTS)
-            )
+            urls.extend(u for u in URL_RE.findall(text) if not _is_loopback(u))
         reasons.extend(reason for reason, pattern in NEEDS_NETWORK_PATTERNS if pattern.search(text))
     if config.get("proxy"):
         reasons.append("proxy")
-    urls, reasons = _unique(urls), _unique(reasons)
+    live = _unique(urls)
+    urls, reasons = _unique(file_urls + urls), _unique(reasons)
     needs_internet = bool(urls or reasons)
 
     # Apps.
@@ -352,7 +362,7 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     funcs = evaluator.get("func")
     funcs = _unique(funcs if isinstance(funcs, list) else [funcs])
     getter_types = _unique(g.get("type") for g in getters)
-    unsupported_eval = evaluator_unsupported(evaluator)
+    unsupported_eval = _unsupported_parts(evaluator, grader)
 
     # Backends.
     local_blockers: list[str] = [f"step type {t}" for t in unsupported_steps]
@@ -365,19 +375,25 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     if not support.local_pyautogui and any("pyautogui" in text for text in commands):
         local_blockers.append("pyautogui commands on the desktop")
     local_blockers += [f"evaluator: {part}" for part in unsupported_eval]
-    problems = {name: task_problems(task, name, cache_dir=support.cache_dir) for name in BACKENDS}
+    graders = {"local": grader, "osworld": support.osworld_grader, "fake": None}
+    problems = {
+        name: task_problems(task, name, cache_dir=support.cache_dir, grader=graders[name])
+        for name in BACKENDS
+    }
+    problems["local"] += _host_problems(
+        live, reasons, missing_apps, "os" in apps and not (set(apps) & support.local_apps),
+        not support.local_pyautogui and any("pyautogui" in text for text in commands),
+    )  # fmt: skip
+    if support.osworld_grader is None:  # else task_problems checked against the venv's list
+        problems["osworld"] += [
+            f"step type {t!r} is not one of OSWorld's SetupController step types "
+            f"({', '.join(sorted(OSWORLD_STEP_TYPES))}; fix: correct the type)"
+            for t in setup_types + postconfig_types
+            if t not in OSWORLD_STEP_TYPES
+        ]
     # structure only (no result, mismatched lists): the local runtime cannot grade it either
     evaluator_broken = evaluator_problems(task, "osworld", support.cache_dir)
-    backends: list[BackendName] = []
-    if not local_blockers and not problems["local"]:
-        backends.append("local")
-    if (
-        all(t in OSWORLD_STEP_TYPES for t in setup_types + postconfig_types)
-        and not problems["osworld"]
-    ):
-        backends.append("osworld")
-    if not problems["fake"]:
-        backends.append("fake")
+    backends: list[BackendName] = [name for name in BACKENDS if not problems[name]]
 
     return TaskClass(
         task_id=task.task_id,
@@ -400,6 +416,57 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
         problems=problems,
         backends=backends,
     )
+
+
+def _unsupported_parts(evaluator: dict, grader: GraderNames) -> list[str]:
+    """The evaluator's metrics/getters (and, for the own subset, compare_table rules) that
+    ``grader`` lacks, e.g. ``["metric compare_pptx_files"]``."""
+    if grader.kind == "own":
+        return evaluator_unsupported(evaluator)
+    if not evaluator or not evaluator.get("func") or evaluator.get("func") == "infeasible":
+        return [] if evaluator and evaluator.get("func") else ["evaluator missing"]
+    try:
+        parts = evaluator_parts(evaluator)
+    except ValueError as exc:
+        return [str(exc)]
+    missing = []
+    for name, result, expected, _ in parts:
+        if name not in grader.metrics:
+            missing.append(f"metric {name}")
+        for getter in (result, expected):
+            if isinstance(getter, dict) and getter.get("type") not in grader.getters:
+                missing.append(f"getter {getter.get('type')}")
+    return _unique(missing)
+
+
+def _host_problems(
+    live: list[str], reasons: list[str], missing_apps: list[str], gnome: bool, pyautogui: bool
+) -> list[str]:
+    """What this host's local desktops lack for a task (the part of the local verdict the task
+    list cannot fix): live websites, apps, OSWorld's GNOME session, pyautogui."""
+    out = []
+    if live or reasons:
+        what = ", ".join([*live[:3], *reasons[:2]]) + (" ..." if len(live) > 3 else "")
+        out.append(
+            f"needs the internet ({what}): local desktops reach no live website (fix: run the "
+            "task on the osworld backend with a network)"
+        )
+    out += [
+        f"app {app!r} is not installed for this host's local desktops (fix: install it, "
+        "docs/local-desktop.md §1, or run the task on the osworld backend)"
+        for app in missing_apps
+    ]
+    if gnome:
+        out.append(
+            "app 'os' needs OSWorld's GNOME session, which local desktops lack (fix: run the "
+            "task on the osworld backend)"
+        )
+    if pyautogui:
+        out.append(
+            "runs pyautogui commands, but the local desktops' python has no pyautogui (fix: "
+            "scripts/osworld_venv.sh, docs/local-desktop.md §11)"
+        )
+    return out
 
 
 def needs_full_reset(task: Task) -> bool:

@@ -1,8 +1,9 @@
 """Preflight: what makes an OSWorld-format task unrunnable on a backend, before any desktop starts.
 
-:func:`preflight` lists the problems per task (``legato collect`` and the Dagster asset call it
-first); :func:`task_problems` is one task's list, which :mod:`.classify` also uses to say which
-backends can run a task. Nothing here touches a desktop or the network.
+:func:`task_problems` is one task's list of what its config gets wrong for a backend, which
+:mod:`.classify` completes with what the host lacks; :func:`.verdict.preflight` (what
+``legato collect`` and ``legato tasks check`` call) lists them per task. Nothing here touches
+a desktop or the network.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from typing import Any, Literal
 
 from ..tasks import Task, fake_config_problem
 from .evaluate import evaluator_parts, evaluator_unsupported
-from .getters import GETTERS
+from .grader_names import OWN_GRADER, GraderNames
 from .metrics import METRICS
-from .setup import SUPPORTED_STEP_TYPES
-from .sources import cache_dir_path, find_source, is_internet_url
+from .sources import find_source, is_internet_url
 
 BackendName = Literal["local", "osworld", "fake"]
 
@@ -75,8 +75,27 @@ def _metric_needs_expected(name: str, options: dict) -> str | None:
     return None if positional[1].name in options else positional[1].name
 
 
+def _grader_for(backend: str, grader: GraderNames | None) -> GraderNames | None:
+    """The names to check against: ``local`` always has a grader (default: the own subset);
+    ``osworld`` only when the installed desktop-env's names are known."""
+    if backend == "local":
+        return grader or OWN_GRADER
+    return grader if backend == "osworld" else None
+
+
+def _fix_hint(grader: GraderNames) -> str:
+    if grader.kind == "own":
+        return "fix: correct the name, install the OSWorld venv (`legato osworld install`) or run the task on the osworld backend"
+    return "fix: correct the name; a name the installed desktop-env lacks cannot be graded by it"
+
+
 def _step_problems(
-    steps: Any, field: str, task: Task, backend: str, cache_dir: Path | None
+    steps: Any,
+    field: str,
+    task: Task,
+    backend: str,
+    cache_dir: Path | None,
+    grader: GraderNames | None = None,
 ) -> list[str]:
     """Problems of setup/postconfig ``steps`` (``field`` names the list, e.g. ``config.config``)."""
     if not isinstance(steps, list):
@@ -91,15 +110,15 @@ def _step_problems(
         if not isinstance(params, dict):
             problems.append(f"field '{where}.parameters' must be an object")
             continue
-        if backend != "local":
-            continue
-        if step_type not in SUPPORTED_STEP_TYPES:
+        names = _grader_for(backend, grader)
+        if names is not None and step_type not in names.step_types:
             problems.append(
-                f"field '{where}.type': step type {step_type!r} is not supported by the local "
-                f"runtime{_did_you_mean(step_type, SUPPORTED_STEP_TYPES)} (supported: "
-                f"{', '.join(sorted(SUPPORTED_STEP_TYPES))}; fix: correct the type or run the "
-                "task on the osworld backend)"
+                f"field '{where}.type': step type {step_type!r} is not supported by "
+                f"{names.source}{_did_you_mean(step_type, names.step_types)} (supported: "
+                f"{', '.join(sorted(names.step_types))}; {_fix_hint(names)})"
             )
+            continue
+        if backend != "local":
             continue
         for name in REQUIRED_STEP_PARAMETERS.get(step_type, ()):
             if params.get(name) in (None, "", []):
@@ -157,8 +176,11 @@ def _source_problem(field: str, url: str, cache_dir: Path | None) -> str:
     )
 
 
-def evaluator_problems(task: Task, backend: str, cache_dir: Path | None) -> list[str]:
-    """Problems of the task's evaluator for ``local`` (everything) or ``osworld`` (structure)."""
+def evaluator_problems(
+    task: Task, backend: str, cache_dir: Path | None, grader: GraderNames | None = None
+) -> list[str]:
+    """Problems of the task's evaluator for ``local`` (everything, names against ``grader``:
+    default the own subset) or ``osworld`` (structure; names too when ``grader`` is given)."""
     evaluator = task.config.get("evaluator")
     if not evaluator:
         return [
@@ -176,8 +198,14 @@ def evaluator_problems(task: Task, backend: str, cache_dir: Path | None) -> list
             "field 'config.evaluator.func' must be a metric name or a list of them (fix: add it)"
         ]
     problems = _step_problems(
-        evaluator.get("postconfig") or [], "config.evaluator.postconfig", task, backend, cache_dir
+        evaluator.get("postconfig") or [],
+        "config.evaluator.postconfig",
+        task,
+        backend,
+        cache_dir,
+        grader,
     )
+    names = _grader_for(backend, grader)
     if func == "infeasible":
         return problems
     try:
@@ -192,15 +220,18 @@ def evaluator_problems(task: Task, backend: str, cache_dir: Path | None) -> list
                 f"field 'config.evaluator.result{at}' is missing: metric {name!r} needs a result "
                 'getter (fix: add e.g. {"type": "vm_file", "path": ..., "dest": ...})'
             )
-        if backend != "local":
+        if names is None:
             continue
-        if name not in METRICS:
+        if name not in names.metrics:
             problems.append(
-                f"field 'config.evaluator.func{at}': metric {name!r} is unknown or not supported "
-                f"locally{_did_you_mean(name, METRICS)} (fix: correct the name or run the task on "
-                "the osworld backend)"
+                f"field 'config.evaluator.func{at}': metric {name!r} is unknown to "
+                f"{names.source}{_did_you_mean(name, names.metrics)} ({_fix_hint(names)})"
             )
-        elif expected is None and (param := _metric_needs_expected(name, options)):
+        elif (
+            names.kind == "own"
+            and expected is None
+            and (param := _metric_needs_expected(name, options))
+        ):
             problems.append(
                 f"field 'config.evaluator.expected{at}' is missing: metric {name!r} needs its "
                 f'{param!r} argument (fix: add an expected getter, e.g. {{"type": "rule", "rules": ...}})'
@@ -213,12 +244,13 @@ def evaluator_problems(task: Task, backend: str, cache_dir: Path | None) -> list
                 problems.append(f"field '{gwhere}' must be a getter object {{\"type\": ...}}")
                 continue
             kind = getter.get("type")
-            if kind not in GETTERS:
+            if kind not in names.getters:
                 problems.append(
-                    f"field '{gwhere}.type': getter {kind!r} is unknown or not supported locally"
-                    f"{_did_you_mean(kind, GETTERS)} (supported: {', '.join(sorted(GETTERS))}; "
-                    "fix: correct the type or run the task on the osworld backend)"
+                    f"field '{gwhere}.type': getter {kind!r} is unknown to {names.source}"
+                    f"{_did_you_mean(kind, names.getters)} ({_fix_hint(names)})"
                 )
+                continue
+            if backend != "local":
                 continue
             problems += [
                 _missing_parameter(gwhere, getter, key, f"a {kind} getter")
@@ -243,7 +275,7 @@ def evaluator_problems(task: Task, backend: str, cache_dir: Path | None) -> list
             f"field 'config.evaluator.options': {part} is not supported locally "
             "(fix: run the task on the osworld backend)"
             for part in evaluator_unsupported(evaluator)
-            if part.startswith("compare_table")
+            if part.startswith("compare_table") and names.kind == "own"
         ]
     return problems
 
@@ -253,9 +285,18 @@ def _fake_problems(task: Task) -> list[str]:
     return [problem] if problem else []
 
 
-def task_problems(task: Task, backend: str, *, cache_dir: Path | None = None) -> list[str]:
-    """What makes ``task`` unrunnable on ``backend`` (see :func:`preflight`), without the
-    ``tasks[i] (task_id ...)`` prefix. Empty: nothing known stops it.
+def task_problems(
+    task: Task,
+    backend: str,
+    *,
+    cache_dir: Path | None = None,
+    grader: GraderNames | None = None,
+) -> list[str]:
+    """What the task list itself gets wrong for ``backend`` (see :func:`preflight`), without
+    the ``tasks[i] (task_id ...)`` prefix; ``grader``: the names the backend's grader knows
+    (``local``: default the own subset; ``osworld``: checked only when given). What the host
+    lacks (apps, the internet) is :mod:`.classify`'s part of the verdict. Empty: nothing in
+    the task's config stops it.
 
     Raises ``ValueError`` for a backend other than ``local``, ``osworld`` or ``fake``.
     """
@@ -266,35 +307,6 @@ def task_problems(task: Task, backend: str, *, cache_dir: Path | None = None) ->
     if backend == "fake":
         return _fake_problems(task)
     problems = _step_problems(
-        task.config.get("config") or [], "config.config", task, backend, cache_dir
+        task.config.get("config") or [], "config.config", task, backend, cache_dir, grader
     )
-    return problems + evaluator_problems(task, backend, cache_dir)
-
-
-def preflight(
-    task_set: Iterable[Task], backend: str, *, cache_dir: Path | str | None = None
-) -> list[str]:
-    """Human-readable problems that make tasks of ``task_set`` unrunnable on ``backend``.
-
-    Call it before any desktop starts; an empty list means nothing known stops the run. Each
-    problem reads ``tasks[<index>] (task_id '<id>'): field '<field>' ... (fix: ...)``.
-
-    ``local``: unknown/unsupported metric and getter names (with a difflib "did you mean"),
-    evaluator parts a metric needs (``result``; ``expected`` when the metric's second argument
-    has no default), parallel ``func``/``result``/``expected``/``options`` lists of different
-    lengths, step types with no local implementation, steps missing a required parameter (a
-    misspelled key is named), getters missing a required key, ``download``/``cloud_file`` URLs
-    neither ``file://`` nor in ``cache_dir`` (they would need the internet), a bad ``conj``,
-    unsupported ``compare_table`` rules. ``osworld``: structure only (no evaluator, a metric
-    without ``result``, mismatched parallel lists), as OSWorld's ``DesktopEnv`` would fail on
-    them. ``fake``: only ``config.fake.success`` not a number in [0, 1].
-
-    ``task_set``: a :class:`~legato_pipelines.tasks.TaskSet` or any iterable of ``Task``.
-    Raises ``ValueError`` for an unknown ``backend``. Never touches a desktop or the network.
-    """
-    out: list[str] = []
-    cache_dir = cache_dir_path(cache_dir)
-    for index, task in enumerate(task_set):
-        prefix = f"tasks[{index}] (task_id {task.task_id!r}): "
-        out.extend(prefix + p for p in task_problems(task, backend, cache_dir=cache_dir))
-    return out
+    return problems + evaluator_problems(task, backend, cache_dir, grader)

@@ -90,11 +90,72 @@ class _Truncated(Exception):
     """rollout_timeout passed."""
 
 
-async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> Record:
-    """Run one execution on ``desktop`` and return its finished record (status set).
+@dataclass
+class Prepared:
+    """A desktop reset and set up for one execution (:func:`prepare`), possibly ahead of the
+    execution's hand-out (docs/architecture.md §3, "desktops prepared ahead").
 
-    A ``DesktopError`` gives status ``retried`` (the caller re-queues) or, when
-    ``env_retries`` is used up, ``error`` kind ``env``; the caller must ``recover()`` the
+    ``started_at`` (Unix seconds) / ``t0`` (``time.perf_counter()``) when the reset began;
+    ``reset_s`` seconds of reset + setup + ready wait; ``reset`` the record's :class:`Reset`
+    when it worked, else ``error`` the :class:`DesktopError` it failed with (the attempt then
+    ends as a desktop failure in phase ``reset``, exactly as a reset at hand-out would).
+    """
+
+    started_at: float
+    t0: float
+    reset_s: float = 0.0
+    reset: Reset | None = None
+    error: DesktopError | None = None
+
+    @property
+    def ready(self) -> bool:
+        """The reset and its setup worked and the screen was reported ready (or waited for)."""
+        return self.error is None and self.reset is not None
+
+
+async def prepare(desktop: Desktop, ex: Execution) -> Prepared:
+    """Reset ``desktop`` to ``ex``'s task (``reset`` + the task's setup + ``wait_after_reset``)
+    and return what happened. Raises nothing but ``asyncio.CancelledError``: a desktop failure
+    (or any other exception, as :func:`unexpected`) is kept in ``Prepared.error``."""
+    prepared = Prepared(started_at=time.time(), t0=time.perf_counter())
+    try:
+        kind = await desktop.reset(ex.group.task, seed=ex.seed)
+        wait = await desktop.wait_after_reset()
+        prepared.reset = Reset(
+            kind=kind, ready_s=wait.ready_s, wait_s=wait.wait_s, timed_out=wait.timed_out
+        )
+        # what OSWorld carries on after (a setup command that exited non-zero, ...): facts
+        setup_failures = list(getattr(desktop, "setup_failures", None) or [])
+        if setup_failures:
+            prepared.reset.setup_failures = [SetupFailure(**f) for f in setup_failures]
+    except DesktopError as exc:
+        prepared.error = exc
+    except Exception as exc:  # noqa: BLE001 - the attempt boundary (module doc)
+        prepared.error = unexpected(exc)
+    prepared.reset_s = time.perf_counter() - prepared.t0
+    return prepared
+
+
+async def run_attempt(
+    ctx: AttemptContext,
+    ex: Execution,
+    desktop: Desktop,
+    prepared: Prepared | None = None,
+    *,
+    reset_critical_s: float | None = None,
+    reset_ahead: bool | None = None,
+) -> Record:
+    """Run one execution on ``desktop`` and return its record (status set).
+
+    ``prepared``: the desktop already reset for ``ex`` (:func:`prepare`, e.g. while another
+    attempt ran); ``None`` resets it here. ``reset_critical_s`` [s] / ``reset_ahead``: how
+    long the attempt waited for its desktop and whether the reset began before it asked
+    (recorded as ``timing.reset_critical_s`` / ``timing.reset_ahead``; ``None``: not
+    measured). ``rollout_timeout`` counts the reset's own seconds, not the time a prepared
+    desktop sat ready.
+
+    A ``DesktopError`` (in the reset too) gives status ``retried`` (the caller re-queues) or,
+    when ``env_retries`` is used up, ``error`` kind ``env``; the caller must ``recover()`` the
     desktop. Any other exception that is not the project's own does the same with error type
     ``unexpected`` (:func:`unexpected`). A ``PolicyError`` gives ``error`` kind ``policy``.
     ``PolicyConfigError`` propagates; cancellation (``asyncio.CancelledError``) propagates.
@@ -103,8 +164,13 @@ async def run_attempt(ctx: AttemptContext, ex: Execution, desktop: Desktop) -> R
     ``record.reset``, however the execution ended.
     """
     record = base_record(ctx, ex, desktop.name)
+    if reset_critical_s is not None:
+        record.timing.reset_critical_s = reset_critical_s
+        record.timing.reset_ahead = reset_ahead
     try:
-        return await _run(ctx, ex, desktop, record)
+        if prepared is None:
+            prepared = await prepare(desktop, ex)
+        return await _run(ctx, ex, desktop, record, prepared)
     finally:
         _add_reset_facts(record, desktop)
 
@@ -121,28 +187,28 @@ def _add_reset_facts(record: Record, desktop: Desktop) -> None:
         ]
 
 
-async def _run(ctx: AttemptContext, ex: Execution, desktop: Desktop, record: Record) -> Record:
+async def _run(
+    ctx: AttemptContext, ex: Execution, desktop: Desktop, record: Record, prepared: Prepared
+) -> Record:
     timing = record.timing
-    start = time.time()
+    start = prepared.started_at
     record.started_at = start
     timing.queue_s = max(0.0, start - ex.enqueued_at)
-    t0 = time.perf_counter()
-    deadline = None if ctx.rollout_timeout is None else t0 + ctx.rollout_timeout
+    t0 = prepared.t0
+    deadline = (
+        None
+        if ctx.rollout_timeout is None
+        else time.perf_counter() + ctx.rollout_timeout - prepared.reset_s
+    )
     group = ex.group
     task = group.task
     phase = "reset"
     outcome = None
+    if prepared.error is not None:
+        return _desktop_failure(ctx, record, ex, prepared.error, phase, start, t0)
     try:
-        kind = await desktop.reset(task, seed=ex.seed)
-        wait = await desktop.wait_after_reset()
-        record.reset = Reset(
-            kind=kind, ready_s=wait.ready_s, wait_s=wait.wait_s, timed_out=wait.timed_out
-        )
-        # what OSWorld carries on after (a setup command that exited non-zero, ...): facts
-        setup_failures = list(getattr(desktop, "setup_failures", None) or [])
-        if setup_failures:
-            record.reset.setup_failures = [SetupFailure(**f) for f in setup_failures]
-        timing.reset_s = time.perf_counter() - t0
+        record.reset = prepared.reset
+        timing.reset_s = prepared.reset_s
         episode = ctx.harness.episode(task.instruction, desktop.screen_size)
         resizes = observes_at_size(desktop)
         steps = record.steps
@@ -338,5 +404,7 @@ def _close(record: Record, start: float, t0: float) -> Record:
     timing.total_s = time.perf_counter() - t0 + timing.queue_s
     record.ended_at = start + (time.perf_counter() - t0)
     for key in type(timing).model_fields:
-        setattr(timing, key, round(getattr(timing, key), 6))
+        value = getattr(timing, key)
+        if isinstance(value, float):
+            setattr(timing, key, round(value, 6))
     return record

@@ -33,10 +33,17 @@ from ..policy.loading import (
 from ..record import ENV, ERROR, FORMAT, RETRIED, SKIPPED, ErrorInfo, PolicyRef, Record, as_records
 from ..store.rundir import RunWriter, read_records
 from ..tasks import TaskSet, load_tasks
-from .attempt import AttemptContext, run_attempt, settled_record, unexpected
+from .attempt import AttemptContext, run_attempt, settled_record
+from .handout import Handout
 from .profile import summarize
 from .scheduler import Group, Scheduler, group_attempts
-from .settings import OVERRIDES_DESKTOP, OVERRIDES_POLICY, RESUME_SETTINGS, CollectSettings
+from .settings import (
+    OVERRIDES_DESKTOP,
+    OVERRIDES_POLICY,
+    RESUME_SETTINGS,
+    CollectSettings,
+    spare_desktops,
+)
 
 RESUME_KNOBS = (*RESUME_SETTINGS, "backend")
 """``run.json`` knobs a resumed run must share with the run it continues: the resume settings
@@ -79,7 +86,9 @@ async def collect_async(
     per attempt; ``max_inflight`` cap on concurrent model requests (None: one per desktop);
     ``step_timeout`` [s] / ``retries`` per model call (override ``policy``'s when set);
     ``rollout_timeout`` [s] wall-clock cap per attempt (then graded, ``truncated``);
-    ``env_retries`` new executions after a desktop failure; ``ready_signal`` / ``fixed_wait``
+    ``env_retries`` new executions after a desktop failure; ``spares`` desktops more than
+    ``desktops``, prepared ahead for the next queued attempts (:mod:`.handout`; unset: see
+    :func:`~.settings.spare_desktops`); ``ready_signal`` / ``fixed_wait``
     [s] / ``fast_reset`` override ``desktop``'s when set; ``image_max`` screenshots kept in the
     prompt; ``harness`` ``qwen3vl`` | ``qwen25vl``; ``history`` ``window`` | ``hysteresis``;
     ``seed`` seeds attempt seeds (the fake backend's rewards). ``osworld``: an OSWorld checkout
@@ -117,9 +126,18 @@ async def collect_async(
             **{name: getattr(desktop, name) for name in OVERRIDES_DESKTOP},
         }
     )
-    knobs = effective.knobs(
-        backend=desktop.backend, desktops=len(desktop_pool) if desktop_pool else desktops
-    )
+    if desktop_pool is None:
+        spares = spare_desktops(
+            settings.spares,
+            desktops=desktops,
+            backend=desktop.backend,
+            attached=bool(desktop.options.get("urls")),
+        )
+    else:  # already-open desktops: the spares among them only when asked for
+        spares = min(settings.spares or 0, len(desktop_pool) - 1)
+        desktops = len(desktop_pool) - spares
+    effective = effective.model_copy(update={"spares": spares})
+    knobs = effective.knobs(backend=desktop.backend, desktops=desktops)
     group, oversample, seed = settings.group, settings.oversample, settings.seed
     harness_obj = Harness(
         variant=settings.harness, history=settings.history, image_max=settings.image_max
@@ -167,7 +185,7 @@ async def collect_async(
             client = await stack.enter_async_context(
                 PolicyClient(
                     policy,
-                    max_inflight=settings.max_inflight or len(desktop_pool or []) or desktops,
+                    max_inflight=settings.max_inflight or desktops,
                 )
             )
             if peek.pending() and plan is not None:
@@ -214,13 +232,15 @@ async def collect_async(
                     env_retries=settings.env_retries,
                 )
                 if sched.pending():
+                    # runners + spares, no more desktops than attempts to run
+                    n_open = min(desktops + spares, sched.pending())
                     pool = (
                         desktop_pool
                         if desktop_pool is not None
-                        else await open_desktops(desktop, min(desktops, sched.pending()))
+                        else await open_desktops(desktop, n_open)
                     )
                     try:
-                        await _run_workers(ctx, sched, pool, emit)
+                        await _run_workers(ctx, sched, pool, emit, runners=min(desktops, n_open))
                     except PolicyConfigError as exc:
                         gone = (
                             await adapter_gone(plan)
@@ -277,17 +297,27 @@ async def _verify_after(plan, writer: RunWriter) -> None:
     writer.update_meta("checkpoint", {**plan.meta(), "after": after})
 
 
-async def _run_workers(ctx: AttemptContext, sched: Scheduler, pool: list[Desktop], emit) -> None:
-    """One worker per desktop until the queue is empty; if every desktop is gone, what is
-    left in the queue ends as an ``env`` error (nothing is silently dropped)."""
+async def _run_workers(
+    ctx: AttemptContext, sched: Scheduler, pool: list[Desktop], emit, runners: int | None = None
+) -> None:
+    """``runners`` attempts at once (default: one per desktop) on the desktops of ``pool``,
+    the others prepared ahead (:mod:`.handout`), until the queue is empty; if every desktop
+    is gone, what is left in the queue ends as an ``env`` error (nothing is silently
+    dropped)."""
+    handout = Handout(sched, pool, lambda ex: emit(settled_record(ctx, ex, SKIPPED)))
+    n = max(1, min(runners or len(pool), len(pool)))
+    started = time.perf_counter()  # every runner asks for its first desktop now
     workers = [
-        asyncio.create_task(_worker(ctx, sched, d, emit), name=f"worker-{d.name}") for d in pool
+        asyncio.create_task(_worker(ctx, sched, handout, emit, started), name=f"runner-{i}")
+        for i in range(n)
     ]
     try:
         results = await asyncio.gather(*workers, return_exceptions=True)
     finally:
         for w in workers:
             w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        await handout.aclose()
     for failure in results:
         if isinstance(failure, BaseException) and not isinstance(failure, DesktopError):
             raise failure
@@ -299,33 +329,30 @@ async def _run_workers(ctx: AttemptContext, sched: Scheduler, pool: list[Desktop
         emit(record)
 
 
-async def _worker(ctx: AttemptContext, sched: Scheduler, desktop: Desktop, emit) -> None:
-    """One desktop's loop: take the next execution, run it, record it, recover on failure."""
-    broken = False
+async def _worker(
+    ctx: AttemptContext, sched: Scheduler, handout: Handout, emit, asked: float
+) -> None:
+    """One runner's loop: take the next prepared desktop, run the attempt on it, record it,
+    give the desktop back (recovered first after a desktop failure). ``asked``: when the
+    runner asked for its first desktop (``time.perf_counter()``)."""
     while True:
-        if broken:
-            try:
-                await desktop.recover()  # a failure here retires this worker
-            except DesktopError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a desktop that cannot recover is gone
-                raise unexpected(exc) from exc
-            broken = False
-        ex = sched.next()
-        if ex is None:
+        got = await handout.take(asked)
+        if got is None:
             return
-        if ex.group.closed:
-            emit(settled_record(ctx, ex, SKIPPED))
-            continue
-        record = await run_attempt(ctx, ex, desktop)
+        handed, prepared, waited, ahead = got
+        ex = handed.ex
+        # cancelled or aborted (PolicyConfigError) here: the batch ends, the desktop with it
+        record = await run_attempt(
+            ctx, ex, handed.desktop, prepared, reset_critical_s=waited, reset_ahead=ahead
+        )
+        asked = time.perf_counter()
         emit(record)
         if record.final:
             for skipped in sched.finish(ex.group):
                 emit(settled_record(ctx, skipped, SKIPPED))
         elif record.status == RETRIED:
             sched.retry(ex, time.time())
-        if record.env_failure:
-            broken = True
+        handout.release(handed.desktop, broken=record.env_failure, ran=True)
 
 
 def _plan(
@@ -360,11 +387,15 @@ def _plan(
 
 def _preflight(task_set: TaskSet, desktop: DesktopConfig) -> None:
     """Refuse tasks that cannot run on the chosen backend (a misspelled metric, a setup step
-    missing a parameter, a download that needs the internet...) before any desktop starts,
-    rather than grading them 0 one by one. Raises ``TaskListError`` listing the problems."""
+    missing a parameter, a download that needs the internet, an app the desktops lack...)
+    before any desktop starts, rather than grading them 0 one by one: the same verdict as
+    ``legato tasks check --backend`` (``desktops/support.py``, ``osworld_format/verdict.py``).
+    Raises ``TaskListError`` listing the problems."""
+    from ..desktops.support import backend_support
     from ..osworld_format import preflight
 
-    problems = preflight(task_set, desktop.backend, cache_dir=desktop.options.get("cache_dir"))
+    support = backend_support(desktop.backend, desktop.options)
+    problems = preflight(task_set, desktop.backend, support=support)
     if problems:
         shown = "\n  ".join(problems[:10])
         more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""

@@ -37,7 +37,8 @@ def summarize(
     requests cut at ``step_timeout`` (in completed steps, and every request of a call that failed
     with ``PolicyTimeout``); ``prefix_cache_hit_rate`` is cached / prompt tokens over
     the calls that reported cached tokens (``None`` when none did); ``logprobs_share`` /
-    ``token_ids_share`` are shares of steps whose response carried them; ``ready_timeouts`` counts
+    ``token_ids_share`` are shares of steps whose response carried them; ``reset_critical``
+    is the reset on the critical path per app and overall (:func:`reset_critical`); ``ready_timeouts`` counts
     the actions whose ready wait hit its cap (:func:`ready_timeouts`); ``not_typed_actions``
     counts ``type`` actions whose text did not all reach the desktop (``not_typed`` on the
     action: characters the desktop could not type); ``eval_errors`` counts
@@ -144,6 +145,7 @@ def summarize(
         "unexpected_windows": _unexpected_windows(records),
         "eval_notes": _eval_notes(records),
         "desktops": desktop_health(records),
+        "reset_critical": reset_critical(records),
         "sampling": meta.get("sampling"),
         "quality": quality(records, steps, knobs, meta.get("sampling") or {}),
     }
@@ -248,6 +250,38 @@ def desktop_health(records: Iterable[Record | Mapping[str, Any]]) -> dict[str, A
         "env_failures": dict(sorted(failures.items())),
         "recovered": sorted(recovered),
         "lost": sorted(n for n, failed in last_failed.items() if failed),
+    }
+
+
+def reset_critical(records: Iterable[Record | Mapping[str, Any]]) -> dict[str, Any]:
+    """The reset on the critical path (``timing.reset_critical_s``: seconds an attempt waited
+    for a reset, set-up, ready desktop after its runner asked; issue 18) over the executions
+    that measured it: ``overall`` and ``by_domain`` (the task's app, e.g. ``libreoffice_calc``),
+    each ``{"n", "p50", "p90", "max", "ahead"}`` with seconds rounded to 4 places and ``ahead``
+    the share of them whose desktop was prepared ahead (``timing.reset_ahead``). Executions
+    from before it was recorded count in none; ``overall`` is all ``None`` when none did."""
+    by_domain: dict[str, list[tuple[float, bool]]] = defaultdict(list)
+    for r in as_records(records):
+        waited = r.timing.reset_critical_s
+        if waited is not None:
+            by_domain[r.domain or "-"].append((float(waited), bool(r.timing.reset_ahead)))
+    every = [pair for pairs in by_domain.values() for pair in pairs]
+    return {
+        "overall": _critical(every),
+        "by_domain": {d: _critical(pairs) for d, pairs in sorted(by_domain.items())},
+    }
+
+
+def _critical(pairs: list[tuple[float, bool]]) -> dict[str, Any]:
+    if not pairs:
+        return {"n": 0, "p50": None, "p90": None, "max": None, "ahead": None}
+    ordered = sorted(s for s, _ in pairs)
+    return {
+        "n": len(pairs),
+        "p50": round(percentile(ordered, 50), 4),
+        "p90": round(percentile(ordered, 90), 4),
+        "max": round(ordered[-1], 4),
+        "ahead": sum(1 for _, ahead in pairs if ahead) / len(pairs),
     }
 
 

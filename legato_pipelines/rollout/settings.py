@@ -124,6 +124,13 @@ class CollectSettings(BaseModel):
         resume=True,
     )
     desktops: int = _setting(4, "Desktops run at once, one worker each.", rule="must be >= 1", ge=1)
+    spares: int | None = _setting(
+        None,
+        "Spare desktops, reset and set up for the next queued attempts while the policy drives "
+        "the others (0: off; unset: one per desktop on the local backend with 2+ desktops).",
+        rule="must be >= 0 or unset",
+        ge=0,
+    )
     seed: int = _setting(
         0, "Seeds attempt seeds (the fake backend's rewards).", rule="must be an integer"
     )
@@ -151,8 +158,27 @@ class CollectSettings(BaseModel):
     def knobs(self, *, backend: str, desktops: int) -> dict[str, Any]:
         """``run.json``'s ``knobs``: every setting (``desktops``: how many ran) plus the
         desktop ``backend``, in the order the format has always had."""
-        knobs = self.model_dump(exclude={"desktops", "seed"})
-        return knobs | {"backend": backend, "desktops": desktops, "seed": self.seed}
+        knobs = self.model_dump(exclude={"desktops", "spares", "seed"})
+        return knobs | {
+            "backend": backend,
+            "desktops": desktops,
+            "spares": self.spares,
+            "seed": self.seed,
+        }
+
+
+def spare_desktops(
+    spares: int | None, *, desktops: int, backend: str, attached: bool = False
+) -> int:
+    """How many spare desktops a batch of ``desktops`` runners opens (issue 18, "reset off the
+    critical path"): ``spares`` when set, else one per runner on the ``local`` backend with
+    two desktops or more started on this host (a spare costs a desktop's memory and its
+    resets' CPU: BENCHMARKS.md), none for a single desktop, for servers ``attached`` by URL
+    (as many as listed), for the ``fake`` backend (nothing to gain) and for ``osworld`` (a
+    spare is a whole VM or DesktopEnv: opt in with ``--spares``)."""
+    if spares is not None:
+        return spares
+    return desktops if backend == "local" and desktops >= 2 and not attached else 0
 
 
 RESUME_SETTINGS: tuple[str, ...] = tuple(

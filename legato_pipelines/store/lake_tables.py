@@ -125,6 +125,8 @@ ROLLOUTS_SCHEMA = pa.schema(
         pa.field("total_s", pa.float64()),
         pa.field("reset_kind", pa.string()),
         pa.field("reset_ready_s", pa.float64()),
+        pa.field("reset_critical_s", pa.float64()),  # waited for a ready desktop (issue 18)
+        pa.field("reset_ahead", pa.bool_()),  # its desktop was prepared ahead
         pa.field("prompt_tokens", pa.int64()),
         pa.field("completion_tokens", pa.int64()),
         pa.field("cached_tokens", pa.int64()),
@@ -216,6 +218,9 @@ PROFILE_SCHEMA = pa.schema(
         pa.field("keyboard_restores", pa.int64()),  # resets that restored the keyboard layout
         pa.field("unexpected_window_attempts", pa.int64()),  # popups closed before acting
         pa.field("not_typed_actions", pa.int64()),  # type actions whose text did not all arrive
+        pa.field("reset_critical_p50_s", pa.float64()),  # reset on the critical path
+        pa.field("reset_critical_p90_s", pa.float64()),
+        pa.field("reset_critical_p50_by_domain", pa.map_(pa.string(), pa.float64())),
         pa.field("prefix_cache_hit_rate", pa.float64()),
         pa.field("logprobs_share", pa.float64()),
         pa.field("token_ids_share", pa.float64()),
@@ -289,6 +294,8 @@ def rollouts_table(records: Iterable[Record | Mapping[str, Any]], lineage: Linea
             "total_s": timing.total_s,
             "reset_kind": reset.kind if reset else None,
             "reset_ready_s": reset.ready_s if reset else None,
+            "reset_critical_s": timing.reset_critical_s,
+            "reset_ahead": timing.reset_ahead,
             "prompt_tokens": _sum_int(m.prompt_tokens for m in models),
             "completion_tokens": _sum_int(m.completion_tokens for m in models),
             "cached_tokens": _sum_int(m.cached_tokens for m in models),
@@ -400,6 +407,7 @@ def profile_table(summary: Mapping[str, Any], lineage: Lineage) -> pa.Table:
     calls = summary.get("model_call_s") or {}
     share = summary.get("time_share") or {}
     quality = summary.get("quality") or {}
+    critical = summary.get("reset_critical") or {}
     sampling = summary.get("sampling") or {}
     row = {
         "model": (summary.get("policy") or {}).get("model"),
@@ -434,6 +442,13 @@ def profile_table(summary: Mapping[str, Any], lineage: Lineage) -> pa.Table:
         "keyboard_restores": (summary.get("keyboard_restores") or {}).get("attempts"),
         "unexpected_window_attempts": (summary.get("unexpected_windows") or {}).get("attempts"),
         "not_typed_actions": summary.get("not_typed_actions"),
+        "reset_critical_p50_s": critical.get("overall", {}).get("p50"),
+        "reset_critical_p90_s": critical.get("overall", {}).get("p90"),
+        "reset_critical_p50_by_domain": [
+            (str(d), float(c["p50"]))
+            for d, c in (critical.get("by_domain") or {}).items()
+            if c.get("p50") is not None
+        ],
         "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate"),
         "logprobs_share": summary.get("logprobs_share"),
         "token_ids_share": summary.get("token_ids_share"),

@@ -15,7 +15,13 @@ started (``legato desktop serve``) that it attaches to by URL. Per attempt::
                        the first action, unexpected windows are closed again)
     wait_after_action  POST /legato/wait mode=action      (or sleep fixed_wait)
     wait_before_eval   POST /legato/wait mode=eval        (or sleep fixed_wait)
-    evaluate(task)     postconfig + getters + metrics     (osworld_format.evaluate_task)
+    evaluate(task)     postconfig + getters + metrics
+
+Setup and evaluation are OSWorld's own code when an OSWorld interpreter is installed (option
+``grader``, default ``auto``): an osworld worker per desktop drives this desktop's server with
+desktop-env's SetupController and ``DesktopEnv.evaluate`` (:mod:`.osworld_grader`); without
+one (or ``grader=own``) the project's own subset runs them (``osworld_format.run_setup`` /
+``evaluate_task``). ``legato tasks check`` and the preflight judge against the same grader.
 
 ``DesktopConfig.options`` of the local backend:
   urls          list of server URLs to attach to instead of starting servers
@@ -34,6 +40,9 @@ started (``legato desktop serve``) that it attaches to by URL. Per attempt::
   cache_dir     read-only file cache for ``download`` steps and ``cloud_file`` getters
                 (``legato osworld cache`` fills it)
   start_timeout seconds a server may take to come up (default 30)
+  grader        ``auto`` (default: OSWorld's own setup and evaluators when its venv is
+                installed, else the own subset), ``osworld`` (required) or ``own``
+  osworld_python the OSWorld interpreter (default: the venv of ``legato osworld install``)
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ from ..base import DesktopConfig, WaitsByMode, check_options
 from ..client import DesktopClient
 from ..popups import PopupGuard
 from ..server_tasks import ServerTasks
+from .osworld_grader import OSWorldGrader
 from .wire import DEFAULT_TOKEN_ENV, READY_LINE
 
 OPTION_NAMES = frozenset(
@@ -72,6 +82,8 @@ OPTION_NAMES = frozenset(
         "prebuild",
         "cache_dir",
         "start_timeout",
+        "grader",
+        "osworld_python",
     }
 )
 SECRET_ENV = ("LEGATO_POLICY_KEY",)  # never handed to a desktop server or its apps
@@ -206,7 +218,9 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
     """One local desktop (implements :class:`~legato_pipelines.desktops.base.Desktop`).
 
     ``client`` talks to the server; ``server`` is the process this object owns, or ``None``
-    when attached to a URL (then ``recover()`` is a full reset plus a health check).
+    when attached to a URL (then ``recover()`` is a full reset plus a health check);
+    ``grader``: the osworld worker that runs the task's setup and evaluation with OSWorld's
+    own code (:mod:`.osworld_grader`), or ``None`` for the own subset.
     """
 
     observe_resizes = True  # the server hands out the model-size PNG (base.py)
@@ -219,9 +233,11 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
         screen_size: tuple[int, int],
         *,
         server: ServerProcess | None = None,
+        grader: OSWorldGrader | None = None,
     ):
         super().__init__(name, client, config, screen_size)
         self.server = server
+        self.grader = grader
         self.last_reset: dict[str, Any] | None = None
         self._force_full = False
         self._guard_reset()
@@ -244,7 +260,15 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
         self._force_full = False
         if self.last_reset.get("keyboard_restored"):  # an earlier attempt switched the layout
             self.reset_facts["keyboard_restored"] = self.last_reset["keyboard_restored"]
-        await self._run_task_setup(task)
+        if self.grader is not None:
+            self.setup_failures = []
+            try:
+                self.setup_failures = await self.grader.setup(task)
+            except DesktopError:
+                self._force_full = True
+                raise
+        else:
+            await self._run_task_setup(task)
         return "fast" if self.last_reset["kind"] == "fast" else "revert"
 
     async def observe(self, size: tuple[int, int] | None = None) -> Screenshot:
@@ -271,6 +295,10 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
         Raises ``DesktopError(kind="evaluator")`` when the evaluation hangs.
         """
         try:
+            if self.grader is not None and task.evaluator:  # none: the own path says so
+                return await self.grader.evaluate(
+                    last_action_fail=last_action_fail, timeout=self.config.eval_timeout
+                )
             return await self._grade(task, last_action_fail)
         except DesktopError:
             self._force_full = True  # a hung evaluation may leave the desktop in any state
@@ -285,6 +313,8 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
             await self.server.stop()
             await self.server.start()
             self.client = DesktopClient(self.server.url, self.server.token)
+            if self.grader is not None:
+                await self.grader.start(self.server.url, self.server.token)
         try:
             await self.client.reset(full=True)
             health = await self.client.health()
@@ -297,6 +327,8 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
             )
 
     async def close(self) -> None:
+        if self.grader is not None:
+            await self.grader.close()
         await self.client.aclose()
         if self.server is not None:
             await self.server.stop()
@@ -380,10 +412,47 @@ async def open_local_desktops(config: DesktopConfig, n: int) -> list[LocalDeskto
             f"{len(failures)} of {n} desktop servers failed to start: {failures[0]}", kind="crash"
         )
     size = (config.screen_width, config.screen_height)
-    return [
+    desktops = [
         LocalDesktop(f"local-{i}", DesktopClient(s.url, s.token), config, size, server=s)
         for i, s in enumerate(servers)
     ]
+    return await _with_graders(desktops, [s.token for s in servers], options)
+
+
+async def _with_graders(
+    desktops: list[LocalDesktop], tokens: list[str], options: dict[str, Any]
+) -> list[LocalDesktop]:
+    """Attach an OSWorld grader to each desktop when option ``grader`` picks OSWorld's code
+    (:func:`~legato_pipelines.desktops.osworld.grader.local_grader`); start them concurrently.
+    On a failure every desktop is closed and ``DesktopError`` raised."""
+    from ..osworld import local_grader
+
+    try:
+        _, python = local_grader(options)
+    except ConfigError:
+        await asyncio.gather(*(d.close() for d in desktops), return_exceptions=True)
+        raise
+    if python is None:
+        return desktops
+    for desktop, token in zip(desktops, tokens, strict=True):
+        desktop.grader = OSWorldGrader(
+            name=desktop.name,
+            python=str(python),
+            url=desktop.client.url,
+            token=token,
+            screen_size=desktop.screen_size,
+            cache_dir=options.get("cache_dir"),
+        )
+    started = await asyncio.gather(*(d.grader.start() for d in desktops), return_exceptions=True)
+    failures = [r for r in started if isinstance(r, BaseException)]
+    if failures:
+        await asyncio.gather(*(d.close() for d in desktops), return_exceptions=True)
+        raise DesktopError(
+            f"{len(failures)} of {len(desktops)} OSWorld graders failed to start: {failures[0]} "
+            "(fix: `legato osworld install`, or desktop option grader=own)",
+            kind="crash",
+        )
+    return desktops
 
 
 async def _attach(
@@ -404,7 +473,8 @@ async def _attach(
     except DesktopError:
         await asyncio.gather(*(c.aclose() for c in clients))
         raise
-    return [
+    desktops = [
         LocalDesktop(f"local-{i}", c, config, (int(h["width"]), int(h["height"])))
         for i, (c, h) in enumerate(zip(clients, healths, strict=True))
     ]
+    return await _with_graders(desktops, [token] * len(desktops), dict(config.options))

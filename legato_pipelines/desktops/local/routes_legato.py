@@ -33,12 +33,13 @@ async def wait(request: Request) -> Response:
     s = desktop_of(request)
     p = await request_params(request)
     mode = param(p, "mode", str, "action")
-    overrides = {k: p.get(k) for k in ("stable_s", "timeout_s", "interval_s")}
+    source = param(p, "source", str, None)
+    overrides = {k: p.get(k) for k in ("stable_s", "quiet_s", "timeout_s", "interval_s", "tick_s")}
     for key, value in overrides.items():
         if value is not None and (not isinstance(value, (int, float)) or value <= 0):
             raise BadRequest(f"field {key!r} must be a positive number of seconds")
     try:
-        result = await s.wait_ready(mode, **overrides)
+        result = await s.wait_ready(mode, source, **overrides)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
     return JSONResponse({"mode": mode, **result.to_json()})

@@ -19,7 +19,8 @@ OSWorld's base routes (request/response shapes of ``desktop_env/server/main.py``
 
 Project routes
   POST /legato/act       an Action as JSON -> XTest input; {act_s}
-  POST /legato/wait      {mode: action|launch|reset|eval, stable_s?, timeout_s?, interval_s?} -> {ready_s, ...}
+  POST /legato/wait      {mode: action|launch|reset|eval, source?: damage|poll, stable_s?, quiet_s?,
+                          timeout_s?, interval_s?, tick_s?} -> {ready_s, source, ...}
   GET|POST /legato/observe   PNG; headers X-Screen-Width, X-Screen-Height
   POST /legato/reset     {full: bool} -> {kind: fast|full, reset_s, ...}
   GET  /legato/health    {ok, display, user, home, host_home, sandbox, session_bus, width, height,
@@ -60,7 +61,7 @@ from .route_params import error_response
 from .routes_legato import LEGATO_ROUTES
 from .routes_osworld import OSWORLD_ROUTES
 from .sandbox import check_support
-from .server_state import DesktopServer, desktop_of
+from .server_state import READY_SOURCES, DesktopServer, desktop_of
 from .session import Session
 from .wire import DEFAULT_TOKEN_ENV, READY_LINE
 
@@ -185,6 +186,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         " Chrome DevTools bridge (9222) and VLC (8080) forwarded from free host ports, so"
         " desktops running Chrome or VLC at once do not collide (the ready line's 'ports')",
     )
+    parser.add_argument(
+        "--ready-source",
+        choices=READY_SOURCES,
+        default="damage",
+        help="source of the ready wait: the X server's drawing reports (DAMAGE; polls frames"
+        " when the server lacks it) or frame polling only (docs/local-desktop.md §6)",
+    )
     parser.add_argument("--log-level", default="warning")
     return parser.parse_args(argv)
 
@@ -224,7 +232,9 @@ def main(argv: list[str] | None = None) -> None:
         network=args.network == "host",
         forward=own_network_forward() if args.network == "own" else None,
     )
-    server = DesktopServer(session, remove_state=own_state or args.remove_state)
+    server = DesktopServer(
+        session, remove_state=own_state or args.remove_state, ready_source=args.ready_source
+    )
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so (else Nagle +
     # delayed ACK add ~40 ms to every response).
     sock = socket.socket(

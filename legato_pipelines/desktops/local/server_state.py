@@ -16,7 +16,7 @@ import numpy as np
 from starlette.requests import Request
 
 from ...actions import Action
-from ..ready import HEAVY_APPS, ReadyResult, policy_for, wait_until_ready
+from ..ready import HEAVY_APPS, Activity, Delta, ReadyResult, policy_for, wait_until_ready
 from . import apps
 from .keymap import KeyboardState, keyboard_state, restore_keyboard
 from .procs import descendants, process_table
@@ -32,6 +32,9 @@ LAUNCH_CHECK_S = 0.2
 #: runs (xterm's shell, LibreOffice's soffice.bin): the usual launch returns this soon.
 LAUNCH_SETTLED_S = 0.05
 EXISTS_TIMEOUT_S = 10.0  # seconds for the ``test -e`` of an ``open`` step
+#: Sources of the ready signal: the X server's drawing reports (falls back to ``poll`` when
+#: the server has no DAMAGE extension), or frame polling (docs/local-desktop.md §6).
+READY_SOURCES = ("damage", "poll")
 
 
 @dataclass
@@ -45,14 +48,23 @@ class LaunchMark:
 class DesktopServer:
     """The state behind the routes: the session, its X thread and the pending launch."""
 
-    def __init__(self, session: Session, *, remove_state: bool = False):
+    def __init__(
+        self, session: Session, *, remove_state: bool = False, ready_source: str = "damage"
+    ):
+        """``ready_source``: the default source of the ready wait, one of
+        :data:`READY_SOURCES` (raises ``ValueError`` otherwise)."""
+        if ready_source not in READY_SOURCES:
+            raise ValueError(f"ready_source must be one of {READY_SOURCES}, got {ready_source!r}")
         self.session = session
         self.remove_state = remove_state
+        self.ready_source = ready_source
         self.x = XThread(session)
         self.reset_lock = asyncio.Lock()
         self.launch_mark: LaunchMark | None = None
         self.before_action: np.ndarray | None = None  # the screen just before the last action
         self.keyboard_baseline: KeyboardState | None = None  # the layout at start (keymap.py)
+        self.heavy = False  # a heavy app (ready.HEAVY_APPS) ran at the last look
+        self._heavy_refresh: asyncio.Task | None = None
         self._reaper: asyncio.Task | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -65,6 +77,9 @@ class DesktopServer:
     async def stop(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
+        if self._heavy_refresh is not None:
+            with contextlib.suppress(Exception):
+                await self._heavy_refresh  # a /proc scan in a thread: let it end
         await self.x.run(self.x.drop_ctx)
         await self.x.run(self.session.close)
         self.x.shutdown()
@@ -225,12 +240,21 @@ class DesktopServer:
         ctx.input.move(width - 2, height - 2)
         ctx.display.sync()
 
-    async def wait_ready(self, mode: str, **overrides) -> ReadyResult:
+    async def wait_ready(self, mode: str, source: str | None = None, **overrides) -> ReadyResult:
+        """Wait until the screen is ready (:func:`~..ready.wait_until_ready`) in ``mode``.
+        ``source``: ``damage`` | ``poll`` (``None``: the server's default); ``damage`` polls
+        when the X server has no DAMAGE extension. ``overrides``: :class:`~..ready.ReadyPolicy`
+        fields. Raises ``ValueError`` for an unknown mode or source."""
+        source = source or self.ready_source
+        if source not in READY_SOURCES:
+            raise ValueError(f"field 'source' must be one of {READY_SOURCES}, got {source!r}")
         mark = self.launch_mark if mode in ("launch", "reset") else None
         reference = (
             mark.frame if mark is not None else self.before_action if mode == "action" else None
         )
-        heavy = mode in ("launch", "reset") and await asyncio.to_thread(self.heavy_app_running)
+        if mode in ("launch", "reset"):
+            self.heavy = await asyncio.to_thread(self.heavy_app_running)
+        heavy = self.heavy  # action/eval: as of the end of the previous wait (see below)
         policy = policy_for(mode, heavy=heavy, launch_pending=mark is not None, **overrides)
 
         async def grab() -> np.ndarray:
@@ -240,12 +264,39 @@ class DesktopServer:
             ids = await self.x.run(lambda: self.x.ctx().windows.client_ids())
             return bool(set(ids) - mark.windows) if mark is not None else False
 
-        result = await wait_until_ready(grab, policy, reference=reference, new_window=new_window)
+        def take() -> Activity:
+            reports = self.x.ctx().damage
+            return reports.take() if reports is not None else Activity(Delta(0))
+
+        async def activity() -> Activity:
+            return await self.x.run(take)
+
+        damage = source == "damage" and await self.x.run(lambda: self.x.ctx().damage is not None)
+        result = await wait_until_ready(
+            grab,
+            policy,
+            reference=reference,
+            new_window=new_window,
+            activity=activity if damage else None,
+        )
         if mark is not None and result.changed:
             self.launch_mark = None
         if mode == "action":
             self.before_action = None
+        self._refresh_heavy()
         return result
+
+    def _refresh_heavy(self) -> None:
+        """Look again, in the background, whether a heavy app runs (a /proc scan: ~8 ms with
+        200 processes, too slow to pay before every action's wait): an app the policy
+        started gets the heavy quiet window from the action after the one that started it."""
+        if self._heavy_refresh is not None and not self._heavy_refresh.done():
+            return
+
+        async def refresh() -> None:
+            self.heavy = await asyncio.to_thread(self.heavy_app_running)
+
+        self._heavy_refresh = asyncio.get_running_loop().create_task(refresh())
 
     async def close_windows(self, ids: list[int], grace_s: float = CLOSE_GRACE_S) -> dict[int, str]:
         """Close the managed windows ``ids``: ask the window manager (``_NET_CLOSE_WINDOW``,
@@ -279,9 +330,13 @@ class DesktopServer:
         return outcome
 
     def perform(self, action: Action) -> None:
-        """Grab the screen (the action wait's reference), then perform ``action`` (X thread)."""
+        """Grab the screen (the action wait's reference) and clear the drawing reports (the
+        wait's first look then reports the action's drawing only), then perform ``action``
+        (X thread)."""
         ctx = self.x.ctx()
         self.before_action = ctx.screen.frame()
+        if ctx.damage is not None:
+            ctx.damage.take()
         ctx.input.perform(action)
 
 

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from Xlib.display import Display
 
+from .damage import Damage, DamageUnavailable
 from .input import Input
 from .screen import Screen
 from .session import Session
@@ -26,24 +27,38 @@ T = TypeVar("T")
 
 @dataclass
 class XContext:
-    """The connections of one display generation: Xlib (windows, input) and mss (screen)."""
+    """The connections of one display generation: Xlib (windows, input), mss (screen) and
+    the drawing reports (``damage``; ``None`` when the X server has no DAMAGE extension)."""
 
     generation: int
     display: Display
     windows: Windows
     input: Input
     screen: Screen
+    damage: Damage | None
 
     @classmethod
     def open(cls, session: Session) -> XContext:
         display = Display(session.display)
         windows = Windows(display)
+        try:
+            reports: Damage | None = Damage(session.display)
+        except DamageUnavailable:
+            reports = None
         return cls(
-            session.generation, display, windows, Input(display, windows), Screen(session.display)
+            session.generation,
+            display,
+            windows,
+            Input(display, windows),
+            Screen(session.display),
+            reports,
         )
 
     def close(self) -> None:
-        for close in (self.screen.close, self.display.close):
+        closers = [self.screen.close, self.display.close]
+        if self.damage is not None:
+            closers.append(self.damage.close)
+        for close in closers:
             try:
                 close()
             except Exception:  # the X server may already be gone

@@ -25,6 +25,7 @@ STOP_GRACE_S = 30.0  # a worker closing a docker VM needs a while
 DEADLINE_KIND = {
     "start": "vm",
     "reset": "setup",
+    "setup": "setup",
     "observe": "vm",
     "step": "vm",
     "evaluate": "evaluator",

@@ -21,6 +21,9 @@ Operations (``result`` shapes):
             baseline HOME) or snapshot revert, then the task's own setup through
             ``DesktopEnv.reset`` (which no longer reverts); {kind: fast|revert, revert_s, clean_s,
             setup_s, setup_failures: [{step, type, exit_status, error}] (setup_facts.py)}
+  setup     {task_config}: only the task's setup (``DesktopEnv.reset`` with nothing to revert),
+            on a desktop the caller has reset (the local backend's OSWorld grader);
+            {setup_s, setup_failures}
   observe   {size?: [w, h], pillow?}: {png: base64}; at the model's size when given (resized
             here, in the worker's process, by the project's ``images.resized_png``, when this
             interpreter's Pillow is the collector's version ``pillow``)
@@ -212,6 +215,62 @@ def check_evaluator(task: dict) -> None:
                 f"{package[:-1]} {name!r} cannot be imported: {exc} "
                 "(fix: legato osworld install --full, or add the package to the OSWorld venv)",
             ) from None
+
+
+def installed_names() -> dict:
+    """The names this interpreter's desktop-env offers, read from its sources (nothing of
+    desktop_env is imported, so this takes well under a second).
+
+    ``{"version", "metrics", "getters", "step_types"}``: ``metrics`` / ``getters`` are what
+    ``desktop_env.evaluators.metrics`` / ``.getters`` export (their ``__init__``'s relative
+    imports and its own definitions; getters without the ``get_`` prefix, as a task's
+    ``"type"`` names them); ``step_types`` the ``SetupController._<type>_setup`` methods
+    (what a task's ``config`` step ``type`` may be). Raises ``WorkerError("protocol")`` when
+    desktop_env is not installed here.
+    """
+    from importlib import metadata
+
+    spec = importlib.util.find_spec("desktop_env")
+    if spec is None or not spec.submodule_search_locations:
+        raise WorkerError("protocol", "desktop_env is not installed in this interpreter")
+    root = list(spec.submodule_search_locations)[0]
+
+    def exported(package: str) -> list[str]:
+        init = os.path.join(root, "evaluators", package, "__init__.py")
+        with open(init, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), init)
+        names = []
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                names += [alias.asname or alias.name for alias in node.names]
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                names.append(node.name)
+        return sorted(set(names))
+
+    setup_py = os.path.join(root, "controllers", "setup.py")
+    with open(setup_py, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), setup_py)
+    steps = sorted(
+        {
+            node.name[1 : -len("_setup")]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef)
+            and node.name.startswith("_")
+            and node.name.endswith("_setup")
+            and len(node.name) > len("__setup")
+        }
+    )
+    getters = [n[len("get_") :] for n in exported("getters") if n.startswith("get_")]
+    try:
+        version = metadata.version("desktop-env")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return {
+        "version": version,
+        "metrics": exported("metrics"),
+        "getters": getters,
+        "step_types": steps,
+    }
 
 
 # -- transport ------------------------------------------------------------------------------------
@@ -527,6 +586,36 @@ class Worker:
             **detail,
         }
 
+    def setup(self, req: dict) -> dict:
+        """The task's own setup on a desktop somebody else has just reset (the local backend's
+        grader: it owns reset, observe and step): ``DesktopEnv.reset`` with nothing to revert,
+        so only OSWorld's ``SetupController`` runs the task's ``config`` steps.
+        ``{setup_s, setup_failures}``; raises ``WorkerError`` as :meth:`reset` does."""
+        env = self._env()
+        task = req.get("task_config")
+        if not isinstance(task, dict) or "id" not in task:
+            raise WorkerError(
+                "protocol", "setup: task_config must be an OSWorld task object with an 'id'"
+            )
+        env.is_environment_used = False  # the caller reset the desktop: never revert here
+        self._probe()
+        check_evaluator(task)
+        t0 = time.perf_counter()
+        if self.facts is not None:
+            self.facts.failures = []
+        try:
+            env.reset(task_config=task)
+        except WorkerError:
+            raise
+        except Exception as exc:
+            raise WorkerError("setup", f"task setup failed: {_describe(exc)}") from None
+        env.is_environment_used = False
+        self._watch_metrics()
+        return {
+            "setup_s": time.perf_counter() - t0,
+            "setup_failures": list(self.facts.failures) if self.facts is not None else [],
+        }
+
     def _fast_clean(self, kill: list[str]) -> dict:
         """Kill the task's apps, verify, restore the clean HOME. Raises ``WorkerError`` if not clean."""
         if not self._vm_fast_reset():  # the local desktop server's own /legato/reset fast path
@@ -669,7 +758,7 @@ def _describe(exc: BaseException) -> str:
     return text if len(text) <= 1000 else text[:1000] + "..."
 
 
-OPS = ("plan", "start", "reset", "observe", "step", "evaluate", "close")
+OPS = ("plan", "start", "reset", "setup", "observe", "step", "evaluate", "close")
 
 
 def serve(inp, out, worker: Worker | None = None) -> None:
@@ -709,7 +798,13 @@ def serve(inp, out, worker: Worker | None = None) -> None:
 
 
 def main() -> None:
-    """Keep the real stdout for the protocol; everything else printed goes to stderr."""
+    """Keep the real stdout for the protocol; everything else printed goes to stderr.
+
+    ``worker.py --names`` prints :func:`installed_names` as one JSON object and exits.
+    """
+    if sys.argv[1:] == ["--names"]:
+        print(json.dumps(installed_names()))
+        return
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr

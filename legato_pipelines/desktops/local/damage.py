@@ -1,0 +1,71 @@
+"""What the X server drew: the DAMAGE extension on the root window, for the ready signal.
+
+A damage object on the root window reports drawing into any window of the screen (Xvfb has
+no compositor, so every window draws into the root's framebuffer; the software cursor is not
+reported). It uses ``DamageReportBoundingBox``: the server sends an event only when the box of
+the damage collected since the last :meth:`Damage.take` grows, so a busy app between two waits
+queues a handful of events, not one per drawing. ``take`` reads them, clears the damage
+(``DamageSubtract``) and answers the box as an :class:`~legato_pipelines.desktops.ready.Activity`;
+``SubstructureNotify`` on the root adds whether a top-level window was mapped.
+
+Measured on Xvfb (docs/local-desktop.md §6): an xterm printing a line damages its text cells
+(6x13 px per glyph); moving the pointer damages nothing; a mapped window damages its area.
+The connection is its own (events never mix with the windows' and input's connection) and is
+used only on the server's X thread, like the others (:mod:`.xthread`).
+"""
+
+from __future__ import annotations
+
+from Xlib import X
+from Xlib.display import Display
+from Xlib.ext import damage
+
+from ..ready import Activity, Delta
+
+
+class Damage:
+    """Drawing reports of one X display; use from one thread (the server's X thread)."""
+
+    def __init__(self, display: str):
+        """Open a connection to ``display`` (e.g. ``":5"``) and subscribe. Raises
+        :class:`DamageUnavailable` when the server has no DAMAGE extension (use polling)."""
+        self._display = Display(display)
+        try:
+            if not self._display.has_extension(damage.extname):
+                raise DamageUnavailable(f"the X server on {display} has no DAMAGE extension")
+            self._display.damage_query_version()
+            root = self._display.screen().root
+            self._damage = root.damage_create(damage.DamageReportBoundingBox)
+            root.change_attributes(event_mask=X.SubstructureNotifyMask)
+            self._notify = self._display.extension_event.DamageNotify
+            self._display.sync()
+        except BaseException:
+            self._display.close()
+            raise
+
+    def take(self) -> Activity:
+        """What was drawn since the previous call (or since the connection opened): the box
+        of the damage (``Delta.changed`` = its area in pixels) and whether a window mapped.
+        Clears the damage, so the next call reports only newer drawing."""
+        box: tuple[int, int, int, int] | None = None
+        mapped = False
+        while self._display.pending_events():
+            event = self._display.next_event()
+            if event.type == self._notify:
+                a = event.area  # with BoundingBox, the latest event holds the whole box
+                box = (a.x, a.y, a.x + a.width, a.y + a.height)
+            elif event.type == X.MapNotify:
+                mapped = True
+        if box is None:
+            return Activity(Delta(0), mapped)
+        self._display.damage_subtract(self._damage)
+        self._display.flush()
+        area = (box[2] - box[0]) * (box[3] - box[1])
+        return Activity(Delta(max(area, 1), box), mapped)
+
+    def close(self) -> None:
+        self._display.close()
+
+
+class DamageUnavailable(RuntimeError):
+    """The X server cannot report drawing (no DAMAGE extension): the ready wait polls frames."""

@@ -1,0 +1,172 @@
+"""OSWorld's own setup and evaluators for a local desktop: the osworld worker, attached.
+
+When an OSWorld interpreter is installed (``legato osworld install``, scripts/osworld_venv.sh;
+desktop option ``grader``, :mod:`..osworld.grader`), each local desktop gets one osworld worker
+(``desktops/osworld/worker.py``, the same process and JSON protocol as the osworld backend)
+whose ``DesktopEnv`` drives that desktop's server through provider ``local`` (by URL and
+token). The local backend keeps owning reset, observe, act and the ready waits; the worker
+runs only the task's setup (OSWorld's ``SetupController``: ``chrome_open_tabs`` over CDP,
+``download`` from the cache, ``open``, ``execute``...) and ``DesktopEnv.evaluate`` (every
+metric and getter of desktop-env, FAIL as the last action for infeasible tasks). The worker
+lives as long as the desktop, so its start-up (importing desktop_env) is paid once.
+
+Files: DesktopEnv reads a task's files from ``<cache>/<task_id>/`` under OSWorld's names and
+writes what its getters fetch there too. Each desktop has its own such directory; before a
+task's setup it is emptied and every file the task references that the read-only file cache
+(option ``cache_dir``) or a ``file://`` URL holds is copied in (copied, not linked: a getter
+writing a file of the same name must never change the cache). DesktopEnv never downloads then,
+unless the preflight let an uncached URL through (it does not).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ...errors import DesktopError
+from ...osworld_format.files import task_files
+from ...osworld_format.sources import cache_dir_path, find_source
+from ...tasks import Evaluation, Task
+from ..osworld import WorkerProcess, worker_env
+
+VM_TOKEN_ENV = "LEGATO_OSWORLD_VM_TOKEN"
+START_TIMEOUT_S = 120.0
+SETUP_TIMEOUT_S = 300.0
+CLOSE_TIMEOUT_S = 30.0
+
+
+def stage_task_files(task: Task, cache_dir: Path | None, task_dir: Path) -> list[str]:
+    """Empty ``task_dir`` and copy into it, under the names DesktopEnv looks for, every file
+    ``task`` references that is local (``file://``) or in ``cache_dir``: a ``download`` file as
+    ``<uuid5(NAMESPACE_URL, url)>_<basename(path)>`` (SetupController), a ``cloud_file`` as its
+    ``dest`` (``get_cloud_file``). Returns the names written. Files nowhere local are skipped
+    (the preflight refuses such tasks on ``local``)."""
+    import uuid
+
+    shutil.rmtree(task_dir, ignore_errors=True)
+    task_dir.mkdir(parents=True)
+    written = []
+    for file in task_files(task):
+        source = find_source(file.url, dest=file.dest, cache_dir=cache_dir, task_id=task.task_id)
+        if source is None or not file.dest:
+            continue
+        if file.kind == "download":
+            name = f"{uuid.uuid5(uuid.NAMESPACE_URL, file.url)}_{os.path.basename(file.dest)}"
+        else:
+            name = file.dest
+        target = task_dir / name
+        if target.exists() or not target.resolve().is_relative_to(task_dir.resolve()):
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        written.append(name)
+    return written
+
+
+class OSWorldGrader:
+    """One osworld worker attached to the local desktop server at ``url`` (``token``).
+
+    ``python``: the OSWorld interpreter; ``screen_size``: (width, height) pixels; ``cache_dir``:
+    the read-only file cache (option ``cache_dir``) or ``None``; ``name``: the desktop's name
+    (log file ``<work>/<name>.log``). Every method raises ``DesktopError`` when the worker
+    fails or misses its deadline (kinds as the osworld backend's: ``setup``, ``evaluator``,
+    ``vm``, ``transport``).
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        python: str,
+        url: str,
+        token: str,
+        screen_size: tuple[int, int],
+        cache_dir: Any = None,
+    ):
+        self.name, self.python, self.url, self.token = name, python, url, token
+        self.screen_size = screen_size
+        self.cache_dir = cache_dir_path(cache_dir)
+        self.work_dir = Path(tempfile.mkdtemp(prefix=f"legato-{name}-osworld-"))
+        self.worker: WorkerProcess | None = None
+        self.last_start: dict[str, Any] | None = None
+        #: seconds of the last setup / evaluation inside the worker (DesktopEnv's own work)
+        self.last_setup_s: float | None = None
+        self.last_eval_s: float | None = None
+
+    def __repr__(self) -> str:
+        return f"OSWorldGrader({self.name!r}, {self.url!r})"
+
+    def alive(self) -> bool:
+        return self.worker is not None and self.worker.alive()
+
+    async def start(self, url: str | None = None, token: str | None = None) -> None:
+        """Start the worker and its ``DesktopEnv`` on the desktop (a new ``url``/``token``
+        after the server was restarted). Nothing on the desktop is reset."""
+        await self.stop()
+        self.url, self.token = url or self.url, token or self.token
+        self.worker = WorkerProcess(
+            self.python,
+            env=worker_env({VM_TOKEN_ENV: self.token}),
+            cwd=str(self.work_dir),
+            name=f"{self.name}-osworld",
+            log_path=str(self.work_dir / "worker.log"),
+        )
+        await self.worker.start()
+        request = {
+            "provider": "local",
+            "vm_url": self.url,
+            "vm_token_env": VM_TOKEN_ENV,
+            "screen": list(self.screen_size),
+            "cache_dir": str(self.work_dir / "cache"),
+            "fast_mode": "server",
+        }
+        try:
+            self.last_start = await self.worker.call("start", START_TIMEOUT_S, **request)
+        except DesktopError:
+            await self.stop()
+            raise
+
+    async def setup(self, task: Task, timeout: float = SETUP_TIMEOUT_S) -> list[dict[str, Any]]:
+        """The task's setup by OSWorld's SetupController; the steps it carried on after
+        (``setup_facts.py``: ``[{step, type, exit_status, error}]``). Starts the worker first
+        when it is not running (it died, or a deadline stopped it)."""
+        if not self.alive():
+            await self.start()
+        stage_task_files(task, self.cache_dir, self.work_dir / "cache" / task.task_id)
+        task_config = {**task.config, "id": task.task_id}
+        if not task.evaluator:  # DesktopEnv needs one to set up; LocalDesktop grades it not
+            task_config["evaluator"] = {"func": "infeasible"}
+        answer = await self.worker.call("setup", timeout, task_config=task_config)
+        self.last_setup_s = answer.get("setup_s")
+        return list(answer.get("setup_failures") or [])
+
+    async def evaluate(self, *, last_action_fail: bool, timeout: float) -> Evaluation:
+        """``DesktopEnv.evaluate()`` for the task of the last :meth:`setup`: an evaluator
+        exception is a reward 0 with its reason; ``notes`` are facts about the files compared."""
+        if not self.alive():
+            raise DesktopError(f"{self.name}: the OSWorld grader is not running", kind="evaluator")
+        result = await self.worker.call("evaluate", timeout, last_action_fail=last_action_fail)
+        self.last_eval_s = result.get("eval_s")
+        return Evaluation(
+            float(result["reward"]), result.get("error"), tuple(result.get("notes") or ())
+        )
+
+    async def stop(self) -> None:
+        """Stop the worker (its DesktopEnv's ``close`` leaves the desktop alone: provider local)."""
+        worker, self.worker = self.worker, None
+        if worker is None:
+            return
+        if worker.alive():
+            try:
+                await worker.call("close", CLOSE_TIMEOUT_S)
+            except DesktopError:
+                pass
+        await worker.stop(grace=5.0)
+
+    async def close(self) -> None:
+        """Stop the worker and remove its work directory."""
+        await self.stop()
+        shutil.rmtree(self.work_dir, ignore_errors=True)

@@ -1,0 +1,52 @@
+"""What a backend offers on this host, for the one task verdict (``osworld_format.verdict``).
+
+``legato tasks check --backend X`` and the engine's preflight both call
+:func:`backend_support` and then :func:`~legato_pipelines.osworld_format.verdict.preflight`,
+so a task the check refuses never starts and one it accepts never fails for a reason either
+could have known: apps the local desktops lack, pyautogui on them, the internet vs. the file
+cache, and names (setup step types, metrics, getters) against the grader the run will use:
+OSWorld's own (the installed desktop-env's lists) or the project's own subset.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ..osworld_format.classify import BackendSupport
+from ..osworld_format.sources import cache_dir_path
+
+
+@functools.lru_cache(maxsize=1)
+def _host_local() -> tuple[frozenset[str], bool]:
+    from .local.apps import desktop_python_has_pyautogui, installed_apps
+
+    return installed_apps(), desktop_python_has_pyautogui()
+
+
+def backend_support(backend: str, options: dict[str, Any] | None = None) -> BackendSupport:
+    """:class:`BackendSupport` of ``backend`` with desktop ``options`` on this host.
+
+    ``local``: this host's apps and pyautogui (probed once per process; desktops attached by
+    ``urls`` run elsewhere, so no app is held against a task there), the grader of option
+    ``grader`` (``desktops/osworld/grader.py``: OSWorld's names when its venv is installed);
+    ``osworld``: the installed desktop-env's names when its interpreter exists; every backend:
+    option ``cache_dir``. Raises ``ConfigError`` for a bad ``grader`` or ``cache_dir`` option.
+    """
+    from .local.apps import DESKTOP_APPS
+    from .osworld import installed_grader, local_grader, osworld_python
+
+    options = dict(options or {})
+    fields: dict[str, Any] = {"cache_dir": cache_dir_path(options.get("cache_dir"))}
+    if backend == "local":
+        if options.get("urls"):
+            every = {app.provides for app in DESKTOP_APPS} | {"os", "libreoffice"}
+            fields["local_apps"], fields["local_pyautogui"] = frozenset(every), True
+        else:
+            fields["local_apps"], fields["local_pyautogui"] = _host_local()
+        fields["local_grader"] = local_grader(options)[0]
+    elif backend == "osworld":
+        python = osworld_python(options)
+        if python is not None:
+            fields["osworld_grader"] = installed_grader(str(python))
+    return BackendSupport(**fields)

@@ -1,0 +1,199 @@
+"""Desktops prepared ahead: the reset off the critical path (docs/architecture.md §3, issue 18).
+
+A batch runs ``runners`` attempts at once on a pool of desktops. Every desktop that is free
+is reset and set up at once for the next queued execution (:func:`~.attempt.prepare`), in the
+background; a runner whose attempt ended takes the oldest prepared desktop (queue order, so
+the scheduler's group-major order and its front-of-queue retries hold) and waits only for
+what is left of that desktop's preparation. With ``spares`` desktops more than runners
+(double buffering: ``runners`` in use, ``spares`` being prepared), the next attempt's reset
+runs while the policy drives the current one; with no spares a desktop is prepared only when
+its runner asks, which is today's reset-at-hand-out.
+
+Rules the hand-out keeps:
+
+- a desktop is handed out only once its preparation ended; one whose reset or setup failed
+  goes out as that execution's desktop failure (phase ``reset``, as a reset at hand-out
+  would record it: retried per ``env_retries``) and never reaches the policy; then the
+  desktop is recovered (``Desktop.recover``) in the background before it is prepared again;
+  a desktop that cannot recover is retired (the others go on);
+- an execution whose group closed while its desktop was being prepared is recorded
+  ``skipped`` at once; its desktop is released when its reset ends (a reset is never cut in
+  the middle: a half-reset desktop would need a full restart) and prepared for the next;
+- when the batch is cancelled (Ctrl-C, an error), :meth:`Handout.aclose` cancels and awaits
+  every preparation and recovery: none is leaked, no desktop stays held.
+
+Used from one event loop (no locks); imports nothing of Dagster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..desktops.base import Desktop
+from ..errors import DesktopError
+from .attempt import Prepared, prepare, unexpected
+from .scheduler import Execution, Scheduler
+
+log = logging.getLogger("legato_pipelines.collect")
+
+
+@dataclass(eq=False)
+class Handed:
+    """One execution with the desktop being prepared for it: ``task`` is the preparation (an
+    ``asyncio.Task`` giving :class:`~.attempt.Prepared`), ``began`` its start
+    (``time.perf_counter()``)."""
+
+    ex: Execution
+    desktop: Desktop
+    task: asyncio.Task
+    began: float  # time.perf_counter() when the preparation began
+
+
+class Handout:
+    """The pool of desktops of one batch and the desktops prepared ahead for its runners.
+
+    ``desktops``: the open desktops (``len(desktops) - runners`` of them are spares);
+    ``on_skipped``: called with each execution whose group closed before its hand-out (the
+    engine records it ``skipped``). Raises nothing itself; :meth:`take` returns ``None`` when
+    there is no work left or no desktop left to do it.
+    """
+
+    def __init__(
+        self,
+        sched: Scheduler,
+        desktops: list[Desktop],
+        on_skipped: Callable[[Execution], None],
+    ):
+        self.sched = sched
+        self.on_skipped = on_skipped
+        self.free: deque[Desktop] = deque(desktops)
+        self.prepared: deque[Handed] = deque()
+        self.recovering: dict[int, asyncio.Task] = {}  # id(desktop) -> its recovery
+        self.draining: set[asyncio.Task] = set()  # resets of skipped executions, still running
+        self.busy = 0  # desktops handed out to runners
+        self.waiting: deque[object] = deque()  # runners asking, in the order they asked
+        self.retired: list[Desktop] = []
+        self._changed = asyncio.Event()
+
+    def _fill(self) -> None:
+        """Prepare every free desktop for the next queued execution."""
+        while self.free:
+            ex = self.sched.next()
+            if ex is None:
+                return
+            if ex.group.closed:
+                self.on_skipped(ex)
+                continue
+            desktop = self.free.popleft()
+            task = asyncio.create_task(prepare(desktop, ex), name=f"prepare-{desktop.name}")
+            task.add_done_callback(lambda _t: self._changed.set())
+            self.prepared.append(Handed(ex, desktop, task, time.perf_counter()))
+
+    async def take(self, asked: float) -> tuple[Handed, Prepared, float, bool] | None:
+        """The next execution with its desktop and :class:`Prepared`, once the preparation
+        ended, plus the reset on the critical path: seconds from ``asked`` (the runner's
+        ``time.perf_counter()`` when its previous attempt ended, or when the batch started) to
+        the hand-out, and whether the reset began before ``asked`` (prepared ahead). The first
+        preparation to end goes out first (queue order among those that ended): a slow
+        LibreOffice start does not hold back a terminal that is ready; runners are served in
+        the order they asked. ``None`` when the queue is empty and nothing is prepared, or
+        when no desktop is left. The desktop is the caller's until :meth:`release`
+        (``ran=True``)."""
+        turn = object()
+        self.waiting.append(turn)
+        try:
+            while True:
+                self._fill()
+                self.drop_closed()
+                if self.waiting[0] is turn:
+                    handed = next((h for h in self.prepared if h.task.done()), None)
+                    if handed is not None:
+                        self.prepared.remove(handed)
+                        self.busy += 1
+                        waited = time.perf_counter() - asked
+                        return handed, handed.task.result(), waited, handed.began < asked
+                if not self.prepared and (
+                    not self.sched.pending() or not (self.busy or self.recovering or self.draining)
+                ):
+                    return None
+                # a preparation ends (its done callback), a desktop comes back (release,
+                # recover) or the runner ahead in line was served
+                self._changed.clear()
+                await self._changed.wait()
+        finally:
+            self.waiting.remove(turn)
+            self._changed.set()
+
+    def drop_closed(self) -> None:
+        """Settle every prepared execution whose group has closed (``skipped``); a desktop
+        whose reset still runs is released when it ends."""
+        dropped = [h for h in self.prepared if h.ex.group.closed]
+        if not dropped:
+            return
+        self.prepared = deque(h for h in self.prepared if not h.ex.group.closed)
+        for handed in dropped:
+            self.on_skipped(handed.ex)
+            if handed.task.done():
+                self._give_back(handed.desktop, broken=not handed.task.result().ready)
+            else:
+                self.draining.add(handed.task)
+                handed.task.add_done_callback(lambda t, h=handed: self._drained(t, h))
+
+    def _drained(self, task: asyncio.Task, handed: Handed) -> None:
+        self.draining.discard(task)
+        if not task.cancelled():
+            self.release(handed.desktop, broken=not task.result().ready)
+
+    def release(self, desktop: Desktop, *, broken: bool = False, ran: bool = False) -> None:
+        """Give ``desktop`` back (``ran``: it was handed out by :meth:`take`); a ``broken``
+        one is recovered in the background first. The free desktops are prepared at once."""
+        if ran:
+            self.busy -= 1
+        self._give_back(desktop, broken=broken)
+        self.drop_closed()
+        self._fill()
+        self._changed.set()
+
+    def _give_back(self, desktop: Desktop, *, broken: bool) -> None:
+        if broken:
+            task = asyncio.create_task(self._recover(desktop), name=f"recover-{desktop.name}")
+            self.recovering[id(desktop)] = task
+        else:
+            self.free.append(desktop)
+
+    async def _recover(self, desktop: Desktop) -> None:
+        try:
+            await desktop.recover()
+        except Exception as exc:  # noqa: BLE001 - a desktop that cannot recover is retired
+            error = exc if isinstance(exc, DesktopError) else unexpected(exc)
+            log.warning("desktop %s retired: it could not recover (%s)", desktop.name, error)
+            self.retired.append(desktop)
+        else:
+            self.free.append(desktop)
+        finally:
+            self.recovering.pop(id(desktop), None)
+            self._changed.set()
+        self._fill()
+
+    async def aclose(self) -> None:
+        """Cancel and await every preparation and recovery still running (the batch ended or
+        was cancelled); the executions prepared but never handed out go back to the queue's
+        front, as not taken (the engine settles what is left in the queue)."""
+        tasks = [h.task for h in self.prepared] + list(self.recovering.values())
+        tasks += list(self.draining)
+        for handed in reversed(self.prepared):
+            if not handed.ex.group.closed:
+                handed.ex.taken = False
+                self.sched.queue.appendleft(handed.ex)
+        self.prepared.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task

@@ -1,0 +1,297 @@
+"""Desktops prepared ahead (rollout/handout.py, issue 18): fake desktops with real latencies
+and injected faults, a real scripted policy server on loopback, real run directories.
+
+The hand-out rules: a desktop reaches the policy only once its reset, setup and ready wait
+ended, never after a failed setup (that attempt is a desktop failure in phase ``reset``, as
+before); an attempt whose group closed, or a batch cancelled, while its desktop is being
+prepared releases the desktop and leaves no preparation running."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+import pytest
+
+from legato_pipelines import DesktopConfig, PolicyConfig, collect, load_tasks, read_records
+from legato_pipelines.desktops.fake import FakeDesktop
+from legato_pipelines.policy.scripted import Latency
+from legato_pipelines.rollout.engine import collect_async
+from legato_pipelines.rollout.settings import spare_desktops
+from tests.engine_support import fake_tasks
+from tests.test_engine_collect import assert_accounted
+
+
+def policy(server) -> PolicyConfig:
+    return PolicyConfig(base_url=server.url, model=server.model, version="step-1")
+
+
+class Watched(FakeDesktop):
+    """A fake desktop that notes, at every call the policy's side makes, whether its reset
+    and ready wait had ended and worked (``violations``), and how its resets ended."""
+
+    def __init__(self, config: DesktopConfig, index: int, log: dict):
+        super().__init__(config, index)
+        self.log = log
+        self.state = "idle"  # idle | resetting | failed | ready
+        self.delays: list[float] = []
+
+    async def reset(self, task, *, seed=0):
+        self.state = "resetting"
+        try:
+            if self.delays:  # this desktop's reset seconds, one per reset
+                await asyncio.sleep(self.delays.pop(0))
+            kind = await super().reset(task, seed=seed)
+        except asyncio.CancelledError:
+            self.log["cancelled_resets"].append(time.time())
+            self.state = "idle"
+            raise
+        except BaseException:
+            self.state = "failed"
+            raise
+        return kind
+
+    async def wait_after_reset(self):
+        wait = await super().wait_after_reset()
+        self.state = "ready"
+        return wait
+
+    async def observe(self, size=None):
+        if self.state != "ready":
+            self.log["violations"].append((self.name, self.state))
+        return await super().observe(size)
+
+    async def act(self, action):
+        if self.state != "ready":
+            self.log["violations"].append((self.name, self.state))
+        return await super().act(action)
+
+
+def watched_pool(n: int, **options) -> tuple[list[Watched], dict]:
+    log = {"violations": [], "cancelled_resets": []}
+    config = DesktopConfig(backend="fake", options=options)
+    return [Watched(config, i, log) for i in range(n)], log
+
+
+def test_spares_take_the_reset_off_the_critical_path_with_the_same_rewards(policy_server, tmp_path):
+    """2 runners + 2 spares against 2 runners alone, same tasks and seeds: the same rewards;
+    with spares the next desktop is reset while the policy works (reset 0.4 s, each model call
+    0.15 s, 3 steps), so attempts after the first wait far less than a reset for it."""
+    policy_server.latency = Latency(0.15)
+    tasks = load_tasks(fake_tasks(4))
+    runs = {}
+    for spares in (0, 2):
+        out = tmp_path / f"spares-{spares}"
+        summary = collect(
+            tasks,
+            policy(policy_server),
+            out,
+            desktops=2,
+            spares=spares,
+            desktop=DesktopConfig(backend="fake", options={"latency": {"reset": 0.4}}),
+            group=2,
+            max_steps=3,
+        )
+        records = read_records(out)
+        assert_accounted(records, summary)
+        assert summary["knobs"]["spares"] == spares
+        runs[spares] = (summary, records)
+    (off, off_records), (on, on_records) = runs[0], runs[2]
+    rewards = {
+        spares: sorted((r["task_id"], r["attempt"], r["reward"]) for r in recs)
+        for spares, (_, recs) in runs.items()
+    }
+    assert rewards[0] == rewards[2]
+    assert {r["desktop"] for r in off_records} == {"fake-0", "fake-1"}
+    assert {r["desktop"] for r in on_records} == {"fake-0", "fake-1", "fake-2", "fake-3"}
+    # without spares every attempt waits a whole reset (0.4 s), never prepared ahead
+    for r in off_records:
+        assert r["timing"]["reset_ahead"] is False
+        assert r["timing"]["reset_critical_s"] >= 0.39
+    # with them: the first two attempts per runner... all 4 desktops reset at once at the
+    # start; later attempts find their desktop ready
+    ahead = [r for r in on_records if r["timing"]["reset_ahead"]]
+    assert len(ahead) >= 4
+    assert all(r["timing"]["reset_critical_s"] < 0.2 for r in ahead)
+    assert all(r["timing"]["reset_s"] >= 0.39 for r in on_records)  # the reset's own time
+    critical_off, critical_on = (s["reset_critical"]["overall"] for s in (off, on))  # the profile
+    assert critical_off["n"] == critical_on["n"] == 8
+    assert critical_off["ahead"] == 0.0 and critical_on["p50"] < 0.2 <= critical_off["p50"]
+    assert set(on["reset_critical"]["by_domain"]) == {"-"}  # inline tasks have no domain
+
+
+def test_a_desktop_is_handed_out_only_ready_and_never_after_a_failed_setup(policy_server, tmp_path):
+    """Resets that fail 30% of the time on 2 runners + 2 spares: the policy's side never
+    touches a desktop that is resetting or whose reset failed; each failure is that attempt's
+    desktop failure in phase ``reset`` (retried, recovered), exactly as without spares."""
+    policy_server.latency = Latency(0.02)
+    pool, log = watched_pool(
+        4,
+        latency={"reset": {"dist": "uniform", "low": 0.05, "high": 0.3}},
+        faults={"reset_failure": 0.3},
+        seed=5,
+    )
+    summary = collect(
+        load_tasks(fake_tasks(6)),
+        policy(policy_server),
+        tmp_path,
+        desktop_pool=pool,
+        spares=2,
+        group=2,
+        env_retries=3,
+        max_steps=3,
+    )
+    records = read_records(tmp_path)
+    assert_accounted(records, summary)
+    assert log["violations"] == []
+    failed = [r for r in records if r["error"] and r["error"]["phase"] == "reset"]
+    assert failed, "the seed gives reset failures"
+    for r in failed:
+        assert r["status"] in ("retried", "error") and r["n_steps"] == 0
+        assert r["error"]["type"] == "reset" and r["reset"] is None
+    # a failed reset's desktop is recovered before it is prepared again
+    assert sum(d.recoveries for d in pool) == len(failed)
+    assert summary["knobs"]["desktops"] == 2 and summary["knobs"]["spares"] == 2
+
+
+def test_group_closed_while_its_desktop_is_prepared_releases_the_desktop(policy_server, tmp_path):
+    """Group 1 of 3 attempts per task, 1 runner + 2 spares. Task 0's first attempt (fast reset)
+    closes its group while the spares still reset for its other two attempts (1 s): those are
+    ``skipped`` at once, and their desktops, released when their resets end, are prepared for
+    task 1, whose attempt runs on one of them long before fake-0's own slow reset (3 s) ends.
+    Nothing is left running after the batch."""
+    policy_server.latency = Latency(0.3)
+    delays = {"fake-0": [0.05, 3.0, 3.0, 3.0], "fake-1": [1.0], "fake-2": [1.0]}
+
+    async def run():
+        pool, log = watched_pool(3)
+        for d in pool:
+            d.delays = delays[d.name]
+        summary = await collect_async(
+            load_tasks(fake_tasks(2)),
+            policy(policy_server),
+            tmp_path,
+            desktop_pool=pool,
+            spares=2,
+            group=1,
+            oversample=2.0,
+            max_steps=1,
+        )
+        leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        return summary, log, leftover
+
+    summary, log, leftover = asyncio.run(run())
+    records = read_records(tmp_path)
+    assert_accounted(records, summary)
+    assert leftover == []  # no preparation, recovery or runner outlives the batch
+    assert log["violations"] == []
+    # no reset was cut while the batch ran: only fake-0's last one, once it was over
+    assert all(t > max(r["ended_at"] for r in records) for t in log["cancelled_resets"])
+    first = [r for r in records if r["task_id"] == "fake-000"]
+    assert Counter(r["status"] for r in first) == {"ok": 1, "skipped": 2}
+    ok = next(r for r in first if r["status"] == "ok")
+    assert ok["desktop"] == "fake-0"
+    for r in first:
+        if r["status"] == "skipped":  # at once, not after the spares' 1 s resets
+            assert r["ended_at"] - ok["ended_at"] < 0.5 and r["desktop"] is None
+    second = next(r for r in records if r["task_id"] == "fake-001" and r["status"] == "ok")
+    assert second["desktop"] in ("fake-1", "fake-2")  # a released spare, prepared again
+    assert second["ended_at"] - ok["ended_at"] < 2.0  # fake-0's 3 s reset did not hold it
+
+
+def test_a_cancelled_batch_cancels_its_preparations(policy_server, tmp_path):
+    """Ctrl-C (the batch's task cancelled) while spares are resetting: every preparation is
+    cancelled and awaited; no task of the batch is left; finished records are kept."""
+
+    async def run():
+        pool, log = watched_pool(3, latency={"reset": 3.0})
+        batch = asyncio.create_task(
+            collect_async(
+                load_tasks(fake_tasks(3)),
+                policy(policy_server),
+                tmp_path,
+                desktop_pool=pool,
+                spares=2,
+                group=1,
+                max_steps=1,
+            )
+        )
+        await asyncio.sleep(1.0)  # all three desktops are resetting now
+        batch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await batch
+        leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        return log, leftover
+
+    log, leftover = asyncio.run(run())
+    assert leftover == []
+    assert len(log["cancelled_resets"]) == 3  # the runner's and both spares'
+    assert read_records(tmp_path) == []
+
+
+def test_desktop_failures_and_retries_keep_working_with_spares(policy_server, tmp_path):
+    """Crashes during actions (10%) on 2 runners + 2 spares: every logical attempt still ends
+    in exactly one final record, crashed desktops recover in the background."""
+    summary = collect(
+        load_tasks(fake_tasks(8)),
+        policy(policy_server),
+        tmp_path,
+        desktops=2,
+        spares=2,
+        desktop=DesktopConfig(backend="fake", options={"faults": {"crash": 0.1}, "seed": 2}),
+        group=2,
+        env_retries=5,
+        max_steps=4,
+    )
+    records = read_records(tmp_path)
+    assert_accounted(records, summary)
+    assert summary["env_failures"] > 0 and summary["counts"]["error"] == 0
+
+
+def test_spares_default_on_for_local_desktops_only():
+    assert spare_desktops(None, desktops=2, backend="local") == 2
+    assert spare_desktops(None, desktops=1, backend="local") == 0  # off for a single desktop
+    assert spare_desktops(None, desktops=4, backend="fake") == 0
+    assert spare_desktops(None, desktops=4, backend="osworld") == 0
+    assert spare_desktops(None, desktops=2, backend="local", attached=True) == 0  # by URL
+    assert spare_desktops(3, desktops=1, backend="osworld") == 3
+
+
+def test_a_batch_cut_mid_way_with_spares_resumes_without_losing_or_doubling(
+    policy_server, tmp_path
+):
+    """A batch with spares cancelled after its third record (desktops being prepared ahead
+    for queued attempts that have no record yet), then resumed: the records written are kept
+    as they were, every logical attempt ends in exactly one final record."""
+    policy_server.latency = Latency(0.05)
+    batch = dict(
+        tasks=load_tasks(fake_tasks(5)),
+        policy=policy(policy_server),
+        out=tmp_path,
+        desktops=2,
+        spares=2,
+        desktop=DesktopConfig(backend="fake", options={"latency": {"reset": 0.2}}),
+        group=2,
+        max_steps=2,
+    )
+
+    async def cut():
+        enough, seen = asyncio.Event(), []
+        running = asyncio.create_task(
+            collect_async(
+                **batch,
+                on_record=lambda r: seen.append(r) if len(seen) < 2 else enough.set(),
+            )
+        )
+        await enough.wait()
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+
+    asyncio.run(cut())
+    kept = (tmp_path / "rollouts.jsonl").read_bytes()
+    assert 3 <= len(kept.splitlines()) < 10
+    summary = collect(**batch)
+    assert (tmp_path / "rollouts.jsonl").read_bytes().startswith(kept)
+    assert_accounted(read_records(tmp_path), summary)
