@@ -314,6 +314,7 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
             await self.server.start()
             self.client = DesktopClient(self.server.url, self.server.token)
             if self.grader is not None:
+                self.grader.ports = self.server.ports  # --network own: new host ports
                 await self.grader.start(self.server.url, self.server.token)
         try:
             await self.client.reset(full=True)
@@ -443,6 +444,8 @@ async def _with_graders(
             screen_size=desktop.screen_size,
             cache_dir=options.get("cache_dir"),
         )
+        if desktop.server is not None:
+            desktop.grader.ports = desktop.server.ports
     started = await asyncio.gather(*(d.grader.start() for d in desktops), return_exceptions=True)
     failures = [r for r in started if isinstance(r, BaseException)]
     if failures:

@@ -88,6 +88,9 @@ class OSWorldGrader:
     ):
         self.name, self.python, self.url, self.token = name, python, url, token
         self.screen_size = screen_size
+        #: the server's host ports of the desktop's CDP bridge and VLC (``{"chromium", "vlc"}``,
+        #: its ready line's ``ports``): DesktopEnv's chromium_port / vlc_port; empty: 9222/8080
+        self.ports: dict[str, int] = {}
         self.cache_dir = cache_dir_path(cache_dir)
         self.work_dir = Path(tempfile.mkdtemp(prefix=f"legato-{name}-osworld-"))
         self.worker: WorkerProcess | None = None
@@ -122,6 +125,7 @@ class OSWorldGrader:
             "screen": list(self.screen_size),
             "cache_dir": str(self.work_dir / "cache"),
             "fast_mode": "server",
+            "ports": self.ports,
         }
         try:
             self.last_start = await self.worker.call("start", START_TIMEOUT_S, **request)
