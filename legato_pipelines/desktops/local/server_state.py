@@ -54,10 +54,12 @@ class LaunchMark:
 class LaunchedApp:
     """An app launched since the reset (``/setup/launch``, ``/setup/open_file``, Ctrl+Alt+T):
     the program (:func:`~.apps.program_of`) and the host pids of its process tree seen so far
-    (kept when a process is reparented, e.g. a daemonizing launcher's child)."""
+    (kept when a process is reparented, e.g. a daemonizing launcher's child). ``settled``:
+    it had a main window, or a wait for one ran out; it is not waited for again."""
 
     program: str
     pids: set[int] = field(default_factory=set)
+    settled: bool = False
 
 
 class DesktopServer:
@@ -189,22 +191,30 @@ class DesktopServer:
         owners = window_pids(display, self.x.ctx().windows.client_ids())
         return {pid for wid, pid in owners.items() if is_main_window(display, wid)}
 
-    async def apps_without_window(self) -> list[str]:
-        """The programs launched since the reset (those of :data:`~.apps.WINDOWED_PROGRAMS`)
-        that still run and own no main window yet (``[]`` when the X server cannot tell)."""
+    async def apps_without_window(self) -> list[LaunchedApp]:
+        """The apps launched since the reset (programs of :data:`~.apps.WINDOWED_PROGRAMS`)
+        not settled yet that still run and own no main window (``[]`` when the X server
+        cannot tell). Those with a main window are settled."""
+        if not any(
+            not app.settled and app.program in apps.WINDOWED_PROGRAMS
+            for app in list(self.launched.values())
+        ):
+            return []
         table = await asyncio.to_thread(process_table)
         self.launched_pids(table)
         waiting = [
             app
             for app in list(self.launched.values())
-            if app.program in apps.WINDOWED_PROGRAMS and app.pids
+            if not app.settled and app.program in apps.WINDOWED_PROGRAMS and app.pids
         ]
         if not waiting:
             return []
         owners = await self.x.run(self.main_window_pids)
         if owners is None:
             return []
-        return [app.program for app in waiting if not app.pids & owners]
+        for app in waiting:
+            app.settled = bool(app.pids & owners)
+        return [app for app in waiting if not app.settled]
 
     async def died_at_once(self, proc: subprocess.Popen, before: set[int]) -> int | None:
         """The exit status of a just-launched app that ended at once, either failing
@@ -336,20 +346,27 @@ class DesktopServer:
         ``action``. After a launch or reset, once the screen is ready, the wait goes on
         while an app launched since the reset runs without a main window
         (:meth:`apps_without_window`: GIMP's splash comes seconds before its main window),
-        then waits for the screen again; all within the mode's cap (``timeout_s``)."""
+        then waits for the screen again; all within the mode's cap (``timeout_s``); an app is
+        waited for once (:class:`LaunchedApp` ``settled``). Mode ``apps`` is those two parts
+        alone, for a client that waited for the screen its own way (the osworld backend over
+        a local desktop server, after a reset and after each action): it answers at once,
+        ``ready_s`` 0, when no terminal was opened and no launched app lacks its window."""
         source = source or self.ready_source
         if source not in READY_SOURCES:
             raise ValueError(f"field 'source' must be one of {READY_SOURCES}, got {source!r}")
-        action = mode == "action"
-        if action and (await self.check_hotkey() or self.hotkey_launched):
-            mode = "launch"
-        if action:
+        action, apps_only = mode == "action", mode == "apps"
+        if action or apps_only:
+            hotkey = await self.check_hotkey() or self.hotkey_launched
             self.hotkey_launched = False
-        mark = self.launch_mark if mode in ("launch", "reset") else None
+            if hotkey:
+                mode, apps_only = "launch", False
+        if apps_only:
+            mode = "launch"
+        mark = self.launch_mark if mode in ("launch", "reset") and not apps_only else None
         reference = (
             mark.frame if mark is not None else self.before_action if mode == "action" else None
         )
-        if mode in ("launch", "reset"):
+        if mode in ("launch", "reset") and not apps_only:  # apps: no /proc scan per action
             self.heavy = await asyncio.to_thread(self.heavy_app_running)
         heavy = self.heavy  # action/eval: as of the end of the previous wait (see below)
         policy = policy_for(mode, heavy=heavy, launch_pending=mark is not None, **overrides)
@@ -369,13 +386,16 @@ class DesktopServer:
             return await self.x.run(take)
 
         damage = source == "damage" and await self.x.run(lambda: self.x.ctx().damage is not None)
-        result = await wait_until_ready(
-            grab,
-            policy,
-            reference=reference,
-            new_window=new_window,
-            activity=activity if damage else None,
-        )
+        if apps_only:
+            result = ReadyResult(0.0, 0, False, False, "damage" if damage else "poll")
+        else:
+            result = await wait_until_ready(
+                grab,
+                policy,
+                reference=reference,
+                new_window=new_window,
+                activity=activity if damage else None,
+            )
         if mark is not None and result.changed:
             self.launch_mark = None
         if mode in ("launch", "reset") and not result.timed_out:
@@ -394,8 +414,10 @@ class DesktopServer:
         t0 = time.monotonic() - first.ready_s
         if not await self.apps_without_window():
             return first
-        while await self.apps_without_window():
+        while missing := await self.apps_without_window():
             if time.monotonic() - t0 >= policy.timeout_s:
+                for app in missing:
+                    app.settled = True  # not waited for again
                 return ReadyResult(
                     policy.timeout_s, first.frames, first.changed, True, first.source
                 )
