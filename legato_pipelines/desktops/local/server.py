@@ -26,6 +26,11 @@ Project routes
   GET  /legato/health    {ok, display, user, home, host_home, sandbox, session_bus, width, height,
                           pid, generation}
   GET  /legato/processes {server_pid, task: [{pid, comm, state}], infra: [...]}
+  GET  /legato/windows   {windows: [{id, title, instance, class, pid, launched}]}
+  POST /legato/windows/close {ids: [...]} -> {closed: {id: closed|killed|open|gone}}
+
+Ctrl+Alt+T pressed on the display (XTest included) opens a terminal inside the sandbox, as
+GNOME does on OSWorld's VM (``hotkeys.py``).
 
 Every request needs the desktop's token (``Authorization: Bearer <token>`` or
 ``X-Legato-Token``); it is read from an environment variable (``--token-env``), never argv.
