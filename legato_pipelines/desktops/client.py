@@ -301,7 +301,7 @@ class DesktopClient:
 
     async def windows(self) -> list[dict[str, Any]] | None:
         """``GET /legato/windows``: the managed top-level windows, oldest first, each
-        ``{id, title, instance, class}``; ``None`` from a server without the route (an older
+        ``{id, title, instance, class, pid, launched}``; ``None`` from a server without the route (an older
         ``legato desktop serve``)."""
         response = await self._request("GET", "/legato/windows", kind="observe", allow=(404,))
         return None if response.status_code == 404 else list(response.json()["windows"])

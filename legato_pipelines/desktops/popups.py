@@ -17,6 +17,11 @@ A window that survives being closed and its X client killed raises
 ``DesktopError(kind="unexpected_window")``: retried on a restarted desktop, never scored as the
 policy's failure.
 
+A window the backend marks ``"launched"`` belongs to an app the task's setup launched (the
+local desktop server knows each window's process and what it launched since the reset): it
+is the app, never a popup, even when it maps after the ready wait (GIMP's main window, seconds
+after its splash).
+
 Backends give the two primitives: :meth:`PopupGuard._list_windows` and
 :meth:`PopupGuard._close_windows`. :class:`WmctrlWindows` implements them over OSWorld's base
 API (``wmctrl``/``xkill`` run through ``/execute``; OSWorld's VM server uses wmctrl itself).
@@ -50,8 +55,9 @@ class PopupGuard:
     reset_facts: dict[str, Any]
 
     async def _list_windows(self) -> list[dict[str, Any]] | None:
-        """The managed top-level windows, each ``{"id", "title", "class"}``; ``None`` when
-        the desktop cannot list them (the guard is off then)."""
+        """The managed top-level windows, each ``{"id", "title", "class"}`` and optionally
+        ``"launched"`` (True: an app the setup launched owns it, it is not a popup); ``None``
+        when the desktop cannot list them (the guard is off then)."""
         raise NotImplementedError
 
     async def _close_windows(self, ids: list[Any]) -> dict[Any, str]:
@@ -93,7 +99,8 @@ class PopupGuard:
     async def _check_windows(self, when: str) -> None:
         self._window_checks = [] if when == "first_action" else ["first_action"]
         windows = await self._list_windows()
-        new = [w for w in windows or () if w["id"] not in (self._window_baseline or set())]
+        baseline = self._window_baseline or set()
+        new = [w for w in windows or () if w["id"] not in baseline and not w.get("launched")]
         if not new:
             return
         outcome = await self._close_windows([w["id"] for w in new])

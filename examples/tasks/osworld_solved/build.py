@@ -5,29 +5,20 @@ Run ``python examples/tasks/osworld_solved/build.py`` after editing; the JSON fi
 Real OSWorld tasks (their configs in ``tests/data/osworld``, resolved with ``--osworld
 tests/data/osworld``) that a scripted policy solves on local desktops with policy actions only:
 keystrokes, typing, menus, a few clicks at fixed pixels of a 1280x720 screen, commands typed
-into a terminal. Nothing in the setup solves a task. ``scripts/solve.json`` is in the scripted
+into a terminal. Every entry references OSWorld's config unchanged: setup and evaluator are
+OSWorld's, and nothing in the setup solves a task. ``scripts/solve.json`` is in the scripted
 policy server's format ``{"tasks": {"<instruction>": ["<Qwen computer-use response>", ...]}}``;
 the files the tasks download and compare against are built by ``files.py`` (openpyxl,
 python-docx, python-pptx).
 
-Two additions to OSWorld's configs, each one setup step at the end, nothing that does the
-task's work:
-
-- ``os`` tasks: their VM is a GNOME session where the agent opens a terminal with Ctrl+Alt+T;
-  a local desktop has no GNOME shell and no such key, so the setup opens gnome-terminal
-  (``TERMINAL``).
-- GIMP and VLC tasks: the setup launches the app and goes on; the step waits until its main
-  window is up (``APP_WINDOW``). Without it a slow start is cut short: the desktops' popup
-  guard takes a window that appears after the reset's ready wait for a popup and, when it
-  does not close at once, kills its X client (GIMP's "GIMP Startup" splash: GIMP itself).
-
-Those entries carry the OSWorld config inline; the rest of its setup and its evaluator are
-OSWorld's.
+The ``os`` tasks set up no terminal: on OSWorld's VM (a GNOME session) the agent opens one
+with Ctrl+Alt+T, and so do these scripts, as their first action (local desktops open
+gnome-terminal on that key like GNOME: docs/local-desktop.md). The GIMP and VLC tasks' setups
+launch the app; the desktops' reset wait waits for its main window.
 """
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
 from pathlib import Path
@@ -43,18 +34,6 @@ _local = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_local)
 done, key, type_ = _local.done, _local.key, _local.type_
 qwen_response = _local.qwen_response
-
-#: What a GNOME session's Ctrl+Alt+T gives the agent on OSWorld's VM: a terminal, focused.
-TERMINAL = [
-    {"type": "launch", "parameters": {"command": ["gnome-terminal"]}},
-    {
-        "type": "execute",
-        "parameters": {"command": "wmctrl -l", "shell": True, "until": {"stdout": "Terminal"}},
-    },
-]
-
-#: The main window's title of an app the setup launches, waited for (bounded) at its end.
-APP_WINDOW = {"gimp": "GNU Image Manipulation Program", "vlc": "VLC media player"}
 
 SCREEN = (1280, 720)  # collect's default --screen; the clicks below are at these pixels
 
@@ -77,8 +56,8 @@ TIP_OK = [
     key("escape", what="Close the Tip of the Day dialog."),
 ]
 
-#: GIMP's window is up when the setup ends (APP_WINDOW), but it keeps loading for a moment
-#: on loaded cores before it takes keys.
+#: GIMP's main window is up when the reset's wait ends, but it keeps loading for a moment on
+#: loaded cores before it takes keys.
 WAIT = qwen_response("Wait for GIMP to finish starting.", {"action": "wait", "time": 3})
 
 VLC_PREFS = key("ctrl", "p", what="Open VLC's Simple Preferences (Tools > Preferences).")
@@ -95,6 +74,15 @@ def shell(*commands: str) -> list[str]:
     return [type_(f"{command}\n") for command in commands] + [done()]
 
 
+#: How the agent gets a terminal on OSWorld's GNOME VM (the ``os`` tasks open none).
+OPEN_TERMINAL = key("ctrl", "alt", "t", what="Open a terminal with Ctrl+Alt+T.")
+
+
+def terminal(*commands: str) -> list[str]:
+    """Open a terminal (:data:`OPEN_TERMINAL`), then :func:`shell`."""
+    return [OPEN_TERMINAL, *shell(*commands)]
+
+
 #: (domain, task id, app, the script's responses)
 SOLVED: list[tuple[str, str, str, list[str]]] = [
     # --- os: gsettings and files, typed into gnome-terminal ---
@@ -102,19 +90,19 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "os",
         "a4d98375-215b-4a4d-aee9-3d4370fccc41",
         "terminal",
-        shell("gsettings set org.gnome.desktop.screensaver lock-enabled true"),
+        terminal("gsettings set org.gnome.desktop.screensaver lock-enabled true"),
     ),
     (
         "os",
         "bedcedc4-4d72-425e-ad62-21960b11fe0d",
         "terminal",
-        shell("gsettings set org.gnome.desktop.session idle-delay 0"),
+        terminal("gsettings set org.gnome.desktop.session idle-delay 0"),
     ),
     (
         "os",
         "ec4e3f68-9ea4-4c18-a5c9-69f89d1178b3",
         "terminal",
-        shell(
+        terminal(
             "gsettings set org.gnome.shell favorite-apps \"['thunderbird.desktop', 'google-chrome.desktop']\""
         ),
     ),
@@ -122,19 +110,19 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "os",
         "f9be0997-4b7c-45c5-b05c-4612b44a6118",
         "terminal",
-        shell("gsettings set org.gnome.desktop.notifications show-banners false"),
+        terminal("gsettings set org.gnome.desktop.notifications show-banners false"),
     ),
     (
         "os",
         "3ce045a0-877b-42aa-8d2c-b4a863336ab8",
         "terminal",
-        shell("gsettings set org.gnome.desktop.interface text-scaling-factor 1.25"),
+        terminal("gsettings set org.gnome.desktop.interface text-scaling-factor 1.25"),
     ),
     (
         "os",
         "e0df059f-28a6-4169-924f-b9623e7184cc",
         "terminal",
-        shell("mv ~/Desktop/todo_list_Jan_1 ~/Desktop/todo_list_Jan_2"),
+        terminal("mv ~/Desktop/todo_list_Jan_1 ~/Desktop/todo_list_Jan_2"),
     ),
     # --- LibreOffice Writer: the document is open; keyboard and menus ---
     (
@@ -336,26 +324,8 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
 
 
 def entry(domain: str, task_id: str) -> dict:
-    """A task list entry: a reference to OSWorld's config, or the config inline with the setup
-    steps above appended (:data:`TERMINAL` for ``os``, a wait for :data:`APP_WINDOW`)."""
-    if domain == "os":
-        extra = TERMINAL
-    elif domain in APP_WINDOW:
-        extra = [
-            {
-                "type": "execute",
-                "parameters": {
-                    "command": "wmctrl -l",
-                    "shell": True,
-                    "until": {"stdout": APP_WINDOW[domain]},
-                },
-            }
-        ]
-    else:
-        return {"task_id": task_id, "domain": domain}
-    config = copy.deepcopy(json.loads((OSWORLD / domain / f"{task_id}.json").read_text()))
-    config["config"] = [*config.get("config", []), *extra]
-    return {"task_id": task_id, "domain": domain, "config": config}
+    """A task list entry: a reference to OSWorld's config, resolved with ``--osworld``."""
+    return {"task_id": task_id, "domain": domain}
 
 
 def instruction(domain: str, task_id: str) -> str:

@@ -216,6 +216,38 @@ DESKTOP_APPS: tuple[DesktopApp, ...] = (
 )
 
 
+#: Programs whose launch opens a main window: the reset's ready wait waits for it
+#: (:meth:`~.server_state.DesktopServer.wait_ready`). Other launches (a script, a server) are
+#: not waited for.
+WINDOWED_PROGRAMS = frozenset(app.command[0] for app in DESKTOP_APPS) | {
+    "soffice",
+    "chromium",
+    "gimp-2.10",
+}
+
+
+def program_of(argv: list[str] | str) -> str:
+    """The program a launch runs: the basename of its first word (``""`` when it has none or
+    a shell string does not parse)."""
+    try:
+        words = shlex.split(argv) if isinstance(argv, str) else argv
+    except ValueError:
+        return ""
+    return os.path.basename(words[0]) if words else ""
+
+
+def terminal_command() -> list[str] | None:
+    """What Ctrl+Alt+T opens (:mod:`.hotkeys`): gnome-terminal, GNOME's terminal on OSWorld's
+    VM, else xterm; ``None`` when neither is installed."""
+    for app in DESKTOP_APPS:
+        if app.provides == "terminal" and app.command[0] == "gnome-terminal" and app.installed():
+            return list(app.command)
+    for app in DESKTOP_APPS:
+        if app.provides == "terminal" and app.installed():
+            return list(app.command)
+    return None
+
+
 def installed_apps() -> frozenset[str]:
     """The app names (as :attr:`DesktopApp.provides`) local desktops on this host have.
 

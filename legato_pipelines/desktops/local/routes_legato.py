@@ -11,6 +11,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from .app_windows import window_pids
 from .procs import process_table
 from .route_params import BadRequest, error_response, param, parse_action, request_params
 from .screen import model_png
@@ -145,13 +146,31 @@ async def processes(request: Request) -> Response:
 
 async def windows(request: Request) -> Response:
     """The managed top-level windows, oldest first: ``{"windows": [{id, title, instance,
-    class}]}``."""
+    class, pid, launched}]}``. ``pid``: the host pid of the window's X client (``None`` when
+    the X server cannot tell, :mod:`.app_windows`); ``launched``: that process belongs to an
+    app launched since the reset (``/setup/launch``, ``/setup/open_file``, Ctrl+Alt+T), so
+    the popup guard takes the window for the app's, never for a popup."""
     s = desktop_of(request)
-    found = await s.x.run(lambda: s.x.ctx().windows.clients())
+    table = await asyncio.to_thread(process_table)
+    launched = s.launched_pids(table)
+
+    def collect():
+        ctx = s.x.ctx()
+        found = ctx.windows.clients()
+        return found, window_pids(ctx.display, [w.id for w in found])
+
+    found, pids = await s.x.run(collect)
     return JSONResponse(
         {
             "windows": [
-                {"id": w.id, "title": w.title, "instance": w.wm_class[0], "class": w.wm_class[1]}
+                {
+                    "id": w.id,
+                    "title": w.title,
+                    "instance": w.wm_class[0],
+                    "class": w.wm_class[1],
+                    "pid": pids.get(w.id),
+                    "launched": pids.get(w.id) in launched,
+                }
                 for w in found
             ]
         }

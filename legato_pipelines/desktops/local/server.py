@@ -19,13 +19,18 @@ OSWorld's base routes (request/response shapes of ``desktop_env/server/main.py``
 
 Project routes
   POST /legato/act       an Action as JSON -> XTest input; {act_s}
-  POST /legato/wait      {mode: action|launch|reset|eval, source?: damage|poll, stable_s?, quiet_s?,
+  POST /legato/wait      {mode: action|launch|reset|eval|apps, source?: damage|poll, stable_s?, quiet_s?,
                           timeout_s?, interval_s?, tick_s?} -> {ready_s, source, ...}
   GET|POST /legato/observe   PNG; headers X-Screen-Width, X-Screen-Height
   POST /legato/reset     {full: bool} -> {kind: fast|full, reset_s, ...}
   GET  /legato/health    {ok, display, user, home, host_home, sandbox, session_bus, width, height,
                           pid, generation}
   GET  /legato/processes {server_pid, task: [{pid, comm, state}], infra: [...]}
+  GET  /legato/windows   {windows: [{id, title, instance, class, pid, launched}]}
+  POST /legato/windows/close {ids: [...]} -> {closed: {id: closed|killed|open|gone}}
+
+Ctrl+Alt+T pressed on the display (XTest included) opens a terminal inside the sandbox, as
+GNOME does on OSWorld's VM (``hotkeys.py``).
 
 Every request needs the desktop's token (``Authorization: Bearer <token>`` or
 ``X-Legato-Token``); it is read from an environment variable (``--token-env``), never argv.

@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from starlette.requests import Request
@@ -18,6 +18,7 @@ from starlette.requests import Request
 from ...actions import Action
 from ..ready import HEAVY_APPS, Activity, Delta, ReadyResult, policy_for, wait_until_ready
 from . import apps
+from .app_windows import is_main_window, owners_known, window_pids
 from .keymap import KeyboardState, keyboard_state, restore_keyboard
 from .procs import descendants, process_table
 from .session import Session
@@ -32,6 +33,10 @@ LAUNCH_CHECK_S = 0.2
 #: runs (xterm's shell, LibreOffice's soffice.bin): the usual launch returns this soon.
 LAUNCH_SETTLED_S = 0.05
 EXISTS_TIMEOUT_S = 10.0  # seconds for the ``test -e`` of an ``open`` step
+#: Seconds between looks at the Ctrl+Alt+T grab (:mod:`.hotkeys`) outside action waits
+#: (a key pressed by a command the task runs, e.g. pyautogui through ``/execute``).
+HOTKEY_POLL_S = 0.1
+APP_WINDOW_POLL_S = 0.1  # seconds between looks for a launched app's main window
 #: Sources of the ready signal: the X server's drawing reports (falls back to ``poll`` when
 #: the server has no DAMAGE extension), or frame polling (docs/local-desktop.md §6).
 READY_SOURCES = ("damage", "poll")
@@ -43,6 +48,18 @@ class LaunchMark:
 
     frame: np.ndarray
     windows: frozenset[int]
+
+
+@dataclass
+class LaunchedApp:
+    """An app launched since the reset (``/setup/launch``, ``/setup/open_file``, Ctrl+Alt+T):
+    the program (:func:`~.apps.program_of`) and the host pids of its process tree seen so far
+    (kept when a process is reparented, e.g. a daemonizing launcher's child). ``settled``:
+    it had a main window, or a wait for one ran out; it is not waited for again."""
+
+    program: str
+    pids: set[int] = field(default_factory=set)
+    settled: bool = False
 
 
 class DesktopServer:
@@ -66,6 +83,10 @@ class DesktopServer:
         self.heavy = False  # a heavy app (ready.HEAVY_APPS) ran at the last look
         self._heavy_refresh: asyncio.Task | None = None
         self._reaper: asyncio.Task | None = None
+        self._hotkey_watch: asyncio.Task | None = None
+        #: apps launched since the reset, by the host pid of their launch
+        self.launched: dict[int, LaunchedApp] = {}
+        self.hotkey_launched = False  # Ctrl+Alt+T opened a terminal since the last action wait
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -73,10 +94,14 @@ class DesktopServer:
         await self.x.run(self.session.start)
         self.keyboard_baseline = await self.x.run(lambda: keyboard_state(self.x.ctx().display))
         self._reaper = asyncio.create_task(self._reap_forever())
+        self._hotkey_watch = asyncio.create_task(self._watch_hotkey_forever())
 
     async def stop(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
+        for task in (self._reaper, self._hotkey_watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         if self._heavy_refresh is not None:
             with contextlib.suppress(Exception):
                 await self._heavy_refresh  # a /proc scan in a thread: let it end
@@ -91,6 +116,25 @@ class DesktopServer:
             await asyncio.sleep(REAP_INTERVAL_S)
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.session.procs.reap)
+
+    async def _watch_hotkey_forever(self) -> None:
+        while True:
+            await asyncio.sleep(HOTKEY_POLL_S)
+            with contextlib.suppress(Exception):  # e.g. the display restarting
+                await self.check_hotkey()
+
+    async def check_hotkey(self) -> int:
+        """Open a terminal for each Ctrl+Alt+T pressed since the last look (:mod:`.hotkeys`),
+        as GNOME does on OSWorld's VM, started like ``/setup/launch`` starts apps (the desktop
+        user, the task's environment and session bus, the sandbox). Returns how many opened."""
+        presses = await self.x.run(lambda: h.take() if (h := self.x.ctx().hotkey) else 0)
+        argv = apps.terminal_command() if presses else None
+        if argv is None:
+            return 0
+        for _ in range(presses):
+            await self.x.run(self._spawn_app, argv, False)
+        self.hotkey_launched = True
+        return presses
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -116,12 +160,61 @@ class DesktopServer:
         self.launch_mark = LaunchMark(ctx.screen.frame(), frozenset(ctx.windows.client_ids()))
 
     def _spawn_app(self, argv, shell: bool) -> subprocess.Popen:
+        program = apps.program_of(argv)
         argv, shell = apps.with_session_bus(argv, shell, desktop_bus=self.session.bus is not None)
         self._mark_launch()
         with open(self.session.state / "apps.log", "ab", opener=_private) as log:
-            return self.session.procs.spawn(
+            proc = self.session.procs.spawn(
                 argv, self.session.run_as(), shell=shell, stdout=log, stderr=log
             )
+        self.launched[proc.pid] = LaunchedApp(program, {proc.pid})
+        return proc
+
+    def launched_pids(self, table: dict) -> set[int]:
+        """Host pids of the live processes of the apps launched since the reset
+        (:class:`LaunchedApp`): the launches and their descendants, including those seen
+        before and since reparented. Updates the record (a ``/proc`` table in, no X call)."""
+        pids: set[int] = set()
+        for root, app in list(self.launched.items()):
+            for pid in list(app.pids):
+                app.pids |= descendants(pid, table)
+            app.pids = {p for p in app.pids | {root} if p in table and table[p].state != "Z"}
+            pids |= app.pids
+        return pids
+
+    def main_window_pids(self) -> set[int] | None:
+        """Host pids owning a main window (:func:`~.app_windows.is_main_window`; X thread);
+        ``None`` when the X server cannot tell windows' processes (no X-Resource extension)."""
+        display = self.x.ctx().display
+        if not owners_known(display):
+            return None
+        owners = window_pids(display, self.x.ctx().windows.client_ids())
+        return {pid for wid, pid in owners.items() if is_main_window(display, wid)}
+
+    async def apps_without_window(self) -> list[LaunchedApp]:
+        """The apps launched since the reset (programs of :data:`~.apps.WINDOWED_PROGRAMS`)
+        not settled yet that still run and own no main window (``[]`` when the X server
+        cannot tell). Those with a main window are settled."""
+        if not any(
+            not app.settled and app.program in apps.WINDOWED_PROGRAMS
+            for app in list(self.launched.values())
+        ):
+            return []
+        table = await asyncio.to_thread(process_table)
+        self.launched_pids(table)
+        waiting = [
+            app
+            for app in list(self.launched.values())
+            if not app.settled and app.program in apps.WINDOWED_PROGRAMS and app.pids
+        ]
+        if not waiting:
+            return []
+        owners = await self.x.run(self.main_window_pids)
+        if owners is None:
+            return []
+        for app in waiting:
+            app.settled = bool(app.pids & owners)
+        return [app for app in waiting if not app.settled]
 
     async def died_at_once(self, proc: subprocess.Popen, before: set[int]) -> int | None:
         """The exit status of a just-launched app that ended at once, either failing
@@ -204,6 +297,8 @@ class DesktopServer:
             if kind == "full":
                 detail |= await self.x.run(self._full_reset_sync)
             self.launch_mark = self.before_action = None
+            self.launched = {}
+            self.hotkey_launched = False
             return {"kind": kind, "reset_s": time.perf_counter() - t0, **detail}
 
     def _fast_reset_sync(self) -> dict:
@@ -244,15 +339,34 @@ class DesktopServer:
         """Wait until the screen is ready (:func:`~..ready.wait_until_ready`) in ``mode``.
         ``source``: ``damage`` | ``poll`` (``None``: the server's default); ``damage`` polls
         when the X server has no DAMAGE extension. ``overrides``: :class:`~..ready.ReadyPolicy`
-        fields. Raises ``ValueError`` for an unknown mode or source."""
+        fields. Raises ``ValueError`` for an unknown mode or source.
+
+        An action that pressed Ctrl+Alt+T (:meth:`check_hotkey`) is waited for as a launch
+        (the terminal's window, within the launch cap), the answer's ``mode`` stays
+        ``action``. After a launch or reset, once the screen is ready, the wait goes on
+        while an app launched since the reset runs without a main window
+        (:meth:`apps_without_window`: GIMP's splash comes seconds before its main window),
+        then waits for the screen again; all within the mode's cap (``timeout_s``); an app is
+        waited for once (:class:`LaunchedApp` ``settled``). Mode ``apps`` is those two parts
+        alone, for a client that waited for the screen its own way (the osworld backend over
+        a local desktop server, after a reset and after each action): it answers at once,
+        ``ready_s`` 0, when no terminal was opened and no launched app lacks its window."""
         source = source or self.ready_source
         if source not in READY_SOURCES:
             raise ValueError(f"field 'source' must be one of {READY_SOURCES}, got {source!r}")
-        mark = self.launch_mark if mode in ("launch", "reset") else None
+        action, apps_only = mode == "action", mode == "apps"
+        if action or apps_only:
+            hotkey = await self.check_hotkey() or self.hotkey_launched
+            self.hotkey_launched = False
+            if hotkey:
+                mode, apps_only = "launch", False
+        if apps_only:
+            mode = "launch"
+        mark = self.launch_mark if mode in ("launch", "reset") and not apps_only else None
         reference = (
             mark.frame if mark is not None else self.before_action if mode == "action" else None
         )
-        if mode in ("launch", "reset"):
+        if mode in ("launch", "reset") and not apps_only:  # apps: no /proc scan per action
             self.heavy = await asyncio.to_thread(self.heavy_app_running)
         heavy = self.heavy  # action/eval: as of the end of the previous wait (see below)
         policy = policy_for(mode, heavy=heavy, launch_pending=mark is not None, **overrides)
@@ -272,19 +386,53 @@ class DesktopServer:
             return await self.x.run(take)
 
         damage = source == "damage" and await self.x.run(lambda: self.x.ctx().damage is not None)
-        result = await wait_until_ready(
-            grab,
-            policy,
-            reference=reference,
-            new_window=new_window,
-            activity=activity if damage else None,
-        )
+        if apps_only:
+            result = ReadyResult(0.0, 0, False, False, "damage" if damage else "poll")
+        else:
+            result = await wait_until_ready(
+                grab,
+                policy,
+                reference=reference,
+                new_window=new_window,
+                activity=activity if damage else None,
+            )
         if mark is not None and result.changed:
             self.launch_mark = None
-        if mode == "action":
+        if mode in ("launch", "reset") and not result.timed_out:
+            result = await self._wait_app_windows(
+                result, policy, grab, activity if damage else None
+            )
+        if action:
             self.before_action = None
         self._refresh_heavy()
         return result
+
+    async def _wait_app_windows(self, first: ReadyResult, policy, grab, activity) -> ReadyResult:
+        """After a ready launch/reset wait ``first``: wait while :meth:`apps_without_window`
+        names an app, then for a quiet screen again; the whole within ``policy.timeout_s``
+        seconds from the start of ``first``. The combined result."""
+        t0 = time.monotonic() - first.ready_s
+        if not await self.apps_without_window():
+            return first
+        while missing := await self.apps_without_window():
+            if time.monotonic() - t0 >= policy.timeout_s:
+                for app in missing:
+                    app.settled = True  # not waited for again
+                return ReadyResult(
+                    policy.timeout_s, first.frames, first.changed, True, first.source
+                )
+            await asyncio.sleep(APP_WINDOW_POLL_S)
+        left = max(policy.timeout_s - (time.monotonic() - t0), policy.tick_s)
+        again = await wait_until_ready(
+            grab, replace(policy, require_change=False, timeout_s=left), activity=activity
+        )
+        return ReadyResult(
+            time.monotonic() - t0,
+            first.frames + again.frames,
+            True,
+            again.timed_out,
+            first.source,
+        )
 
     def _refresh_heavy(self) -> None:
         """Look again, in the background, whether a heavy app runs (a /proc scan: ~8 ms with

@@ -9,6 +9,7 @@ display generation changes (after a full restart).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,18 +18,21 @@ from typing import TypeVar
 from Xlib.display import Display
 
 from .damage import Damage, DamageUnavailable
+from .hotkeys import HotkeyUnavailable, TerminalHotkey
 from .input import Input
 from .screen import Screen
 from .session import Session
 from .windows import Windows
 
 T = TypeVar("T")
+log = logging.getLogger("legato_pipelines.desktops.local")
 
 
 @dataclass
 class XContext:
-    """The connections of one display generation: Xlib (windows, input), mss (screen) and
-    the drawing reports (``damage``; ``None`` when the X server has no DAMAGE extension)."""
+    """The connections of one display generation: Xlib (windows, input), mss (screen),
+    the drawing reports (``damage``; ``None`` when the X server has no DAMAGE extension) and
+    the Ctrl+Alt+T grab (``hotkey``; ``None`` when it cannot be grabbed: :mod:`.hotkeys`)."""
 
     generation: int
     display: Display
@@ -36,6 +40,7 @@ class XContext:
     input: Input
     screen: Screen
     damage: Damage | None
+    hotkey: TerminalHotkey | None
 
     @classmethod
     def open(cls, session: Session) -> XContext:
@@ -45,6 +50,11 @@ class XContext:
             reports: Damage | None = Damage(session.display)
         except DamageUnavailable:
             reports = None
+        try:
+            hotkey: TerminalHotkey | None = TerminalHotkey(session.display)
+        except HotkeyUnavailable as exc:
+            log.warning("%s: Ctrl+Alt+T opens no terminal", exc)
+            hotkey = None
         return cls(
             session.generation,
             display,
@@ -52,12 +62,15 @@ class XContext:
             Input(display, windows),
             Screen(session.display),
             reports,
+            hotkey,
         )
 
     def close(self) -> None:
         closers = [self.screen.close, self.display.close]
         if self.damage is not None:
             closers.append(self.damage.close)
+        if self.hotkey is not None:
+            closers.append(self.hotkey.close)
         for close in closers:
             try:
                 close()

@@ -10,7 +10,9 @@ Per attempt::
     reset(task)        worker reset: fast (kill the domain's apps, verify, clean HOME) or a
                        snapshot revert, then the task's setup via DesktopEnv.reset
     wait_after_reset   poll the VM server's GET /screenshot until stable (frame diff), capped;
-                       then the windows the setup produced (``wmctrl -lx`` over /execute)
+                       provider local: then the server's wait for the launched apps' main
+                       windows; then the windows the setup produced (``wmctrl -lx`` over
+                       /execute; provider local: the server's GET /legato/windows)
     observe            worker observe (DesktopEnv.render, resized to the model's size there);
                        the first one once windows nobody asked for are closed (again before
                        the first action: ``..popups``)
@@ -169,7 +171,7 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
         self._http = httpx.AsyncClient(
             base_url=self.server_url, headers=headers, timeout=httpx.Timeout(10.0)
         )
-        if self.ready_mode == "server":
+        if self.vm_server is not None:  # its /legato/ routes: ready waits, windows
             if self._ready_client is not None:
                 await self._ready_client.aclose()
             self._ready_client = DesktopClient(self.vm_server.url, self.vm_server.token)
@@ -312,9 +314,15 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
         return response.json()
 
     async def _list_windows(self) -> list[dict[str, Any]] | None:
+        """Provider local: the desktop server's windows, which say which belong to the apps
+        the setup launched (never popups); else ``wmctrl`` on the VM."""
+        if self._ready_client is not None:
+            return await self._ready_client.windows()
         return await self._windows.list()
 
     async def _close_windows(self, ids: list[Any]) -> dict[Any, str]:
+        if self._ready_client is not None:
+            return await self._ready_client.close_windows(ids)
         return await self._windows.close(ids)
 
     async def _fetch_png(self) -> bytes:
@@ -333,12 +341,19 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
     async def _ready(self, mode: str, cap_s: float) -> tuple[float, bool]:
         """Stable screen (``reset``: after the task's setup; when the setup launched or opened
         something, the screen must first differ from the clean desktop, as the local server's
-        launch wait does; heavy domains get the 0.5 s stable window)."""
+        launch wait does; heavy domains get the 0.5 s stable window). Provider local, after a
+        reset or an action: then the server's ``apps`` wait (a terminal Ctrl+Alt+T opened, an
+        app the setup launched maps its main window: GIMP's comes seconds after its splash)."""
         if self.ready_mode == "server":
             result = await self._ready_client.wait(mode, timeout_s=cap_s)
             return float(result["ready_s"]), bool(result.get("timed_out"))
         result = await self._ready_signal.wait(mode, timeout_s=cap_s)
-        return result.ready_s, result.timed_out
+        if mode not in ("reset", "action") or result.timed_out or self._ready_client is None:
+            return result.ready_s, result.timed_out
+        # provider local: a terminal Ctrl+Alt+T opened, the apps the setup launched: until
+        # their windows are up (at once when there is none)
+        more = await self._ready_client.wait("apps", timeout_s=max(cap_s - result.ready_s, 0.1))
+        return result.ready_s + float(more["ready_s"]), bool(more.get("timed_out"))
 
 
 def _pillow_version() -> str:
