@@ -10,9 +10,9 @@ again with a script that does nothing (``terminate`` at once): each must score 0
 evaluators grade the script's work, not the setup.
 
 ``osworld``: OSWorld's DesktopEnv, SetupController and evaluators in the venv, driving local
-desktop servers (``--osworld-provider local``). ``local``: the project's own runtime; it
-grades 8 of the 22 today (the others' metrics and getters are OSWorld's only), so it is
-expected to fail until ``--backend local`` grades with OSWorld's evaluators.
+desktop servers (``--osworld-provider local``). ``local``: the local backend's own
+reset, input and ready waits, with OSWorld's SetupController and evaluators run by its
+osworld worker (the full OSWorld venv of ``scripts/setup.sh``).
 """
 
 from __future__ import annotations

@@ -45,17 +45,6 @@ def click(x: int, y: int, what: str) -> str:
     return qwen_response(what, {"action": "left_click", "coordinate": grid})
 
 
-#: LibreOffice's first start on a fresh HOME shows "Tip of the Day" over the document, and
-#: keystrokes do not reach it until it is clicked. Where it sits depends on how far the
-#: window's layout got (maximized, or still at its first size on a loaded machine), so the click
-#: is at a blank spot of the dialog in both places, then Escape closes it. Without the dialog,
-#: the click lands in the document and Escape leaves whatever it entered; the scripts move the
-#: cursor by keyboard afterwards.
-TIP_OK = [
-    click(600, 300, "Click the Tip of the Day dialog to focus it."),
-    key("escape", what="Close the Tip of the Day dialog."),
-]
-
 #: GIMP's main window is up when the reset's wait ends, but it keeps loading for a moment on
 #: loaded cores before it takes keys.
 WAIT = qwen_response("Wait for GIMP to finish starting.", {"action": "wait", "time": 3})
@@ -130,7 +119,6 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "3ef2b351-8a84-4ff2-8724-d86eae9b842e",
         "writer",
         [
-            *TIP_OK,
             key("ctrl", "home", what="Go to the heading."),
             key("ctrl", "e", what="Centre it."),
             *SAVE_KEEP,
@@ -142,7 +130,6 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "ecc2413d-8a48-416e-a3a2-d30106ca36cb",
         "writer",
         [
-            *TIP_OK,
             key("ctrl", "end", what="Go to the end of the document."),
             key("ctrl", "enter", what="Insert a page break."),
             *SAVE_KEEP,
@@ -154,7 +141,6 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "0e763496-b6bb-4508-a427-fad0b6c3e195",
         "writer",
         [
-            *TIP_OK,
             key("ctrl", "a", what="Select all text."),
             click(300, 79, "Click the font name box."),
             key("ctrl", "a", what="Select its text."),
@@ -168,7 +154,6 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "d53ff5ee-3b1a-431e-b2be-30ed2673079b",
         "writer",
         [
-            *TIP_OK,
             key("ctrl", "a", what="Select all text."),
             key("alt", "o", what="Open the Format menu."),
             key("x", what="Text"),
@@ -182,7 +167,6 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "e528b65e-1107-4b8c-8988-490e4fece599",
         "writer",
         [
-            *TIP_OK,
             key("ctrl", "a", what="Select all text."),
             key("alt", "o", what="Open the Format menu."),
             key("x", what="Text"),
@@ -196,7 +180,6 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "0b17a146-2934-46c7-8727-73ff6b6483e8",
         "writer",
         [
-            *TIP_OK,
             key("ctrl", "home", what="Go to the start of the heading, H2O."),
             key("right", what="Past the H."),
             key("shift", "right", what="Select the 2."),
@@ -211,7 +194,6 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "7efeb4b1-3d19-4762-b163-63328d66303b",
         "calc",
         [
-            *TIP_OK,
             key("ctrl", "home", what="Go to A1, the Seq No. header."),
             key("down", what="First data row."),
             type_("".join(f"No. {i}\n" for i in range(1, 8)), "Fill Seq No."),
@@ -261,7 +243,6 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "51b11269-2ca8-4b2a-9163-f21758420e78",
         "calc",
         [
-            *TIP_OK,
             key("ctrl", "home"),
             key("right", what="Go to B1, the Amount header."),
             key("alt", "d", what="Open the Data menu."),
@@ -275,7 +256,6 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "4188d3a4-077d-46b7-9c86-23e1a036f6c1",
         "calc",
         [
-            *TIP_OK,
             key("ctrl", "home"),
             key("down"),
             key("right"),
@@ -299,7 +279,6 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "a097acff-6266-4291-9fbd-137af7ecd439",
         "impress",
         [
-            *TIP_OK,
             key("ctrl", "shift", "s", what="Save As."),
             key("ctrl", "a", what="Select the file name."),
             type_("/home/user/Desktop/pre.pptx\n", "Name the copy."),
@@ -312,7 +291,6 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "ce88f674-ab7a-43da-9201-468d38539e4a",
         "impress",
         [
-            *TIP_OK,
             click(1137, 170, "Open the sidebar's Orientation list."),
             click(1088, 203, "Choose Portrait."),
             click(920, 650, "Click the empty workspace beside the slide, back to the document."),
