@@ -3,6 +3,7 @@ same machine, with the correct scripts of the scripted policy server.
 
     python benchmarks/bench_local_batch.py --desktops 2                     # issue 6
     python benchmarks/bench_local_batch.py --desktops 2 --compare spares   # issue 18
+    python benchmarks/bench_local_batch.py --desktops 2 --compare before --before /tmp/old
 
 ``--compare osworld`` (default; issue 6): the defaults against the OSWorld-style settings
 (``--no-ready-signal --fixed-wait 5 --no-fast-reset``); goal: wall-time ratio <= 0.4 at the
@@ -45,6 +46,9 @@ COMPARE = {
     },
     # the first mode's wall over the second's is the figure (goal: <= 0.6)
     "spares": {"spares_on": ["--spares", "{spares}"], "spares_off": ["--spares", "0"]},
+    # this tree's defaults against another checkout's (``--before DIR``: e.g. a `git archive`
+    # of the commit before issue 18), each with its own defaults
+    "before": {"now": [], "before": []},
 }
 
 
@@ -83,12 +87,13 @@ def pss_mb(pids: list[int]) -> float:
     return total_kb / 1024
 
 
-def run_mode(cmd: list[str]) -> tuple[dict, float, dict]:
-    """Run one collection; return its summary, wall seconds and resource figures."""
+def run_mode(cmd: list[str], cwd: Path | None = None) -> tuple[dict, float, dict]:
+    """Run one collection (in ``cwd``: ``python -m`` imports the package found there first);
+    return its summary, wall seconds and resource figures."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     samples: list[float] = []
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
     stop = threading.Event()
 
     def sample() -> None:
@@ -130,7 +135,12 @@ def main() -> None:
     ap.add_argument("--tasks", type=Path, default=SUITE / "tasks.json")
     ap.add_argument("--script", type=Path, default=SUITE / "scripts" / "correct.json")
     ap.add_argument("--osworld", type=Path, help="directory of OSWorld task configs")
+    ap.add_argument("--before", type=Path, help="--compare before: the other checkout")
     args = ap.parse_args()
+    if args.compare == "before" and not (
+        args.before and (args.before / "legato_pipelines").is_dir()
+    ):
+        ap.error("--compare before needs --before DIR, a checkout holding legato_pipelines/")
     modes = {
         name: [flag.format(spares=args.spares or args.desktops) for flag in flags]
         for name, flags in COMPARE[args.compare].items()
@@ -166,21 +176,23 @@ def main() -> None:
                     *(["--osworld", str(args.osworld)] if args.osworld else []),
                     *modes[mode],
                 ]
-                s, wall, cost = run_mode(cmd)
+                # ``python -m`` in the other checkout imports its package (and its desktop
+                # servers run from it)
+                s, wall, cost = run_mode(cmd, args.before.resolve() if mode == "before" else None)
                 row = {
                     "wall_s": round(wall, 1),
                     "success_rate": s["success_rate"],
                     "counts": {k: v for k, v in s["counts"].items() if v},
                     "time_share": {k: round(v, 3) for k, v in s["time_share"].items()},
                 }
-                if args.compare == "spares":
+                if "reset_critical" in s:
                     critical = s["reset_critical"]
                     row["reset_critical"] = {
                         name: {k: c[k] for k in ("n", "p50", "p90", "ahead")}
                         for name, c in {"all": critical["overall"], **critical["by_domain"]}.items()
                     }
                     row["knobs"] = {k: s["knobs"][k] for k in ("desktops", "spares")}
-                    row.update(cost)
+                row.update(cost)
                 results[mode].append(row)
                 print(json.dumps({"bench": "local_batch", "mode": mode, **row}), flush=True)
     first, second = (statistics.median(r["wall_s"] for r in results[m]) for m in modes)
