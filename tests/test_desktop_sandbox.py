@@ -206,7 +206,8 @@ async def test_setup_command_exiting_127_is_in_the_record_and_the_profile(tmp_pa
         "instruction": "Terminate.",
         "config": [
             {"type": "execute", "parameters": {"command": "no-such-cmd-xyz", "shell": True}},
-            {"type": "launch", "parameters": {"command": ["no-such-app-xyz"]}},
+            # a program the host lacks is refused by the preflight; one that exits 127 is not
+            {"type": "launch", "parameters": {"command": ["sh", "-c", "no-such-app-xyz"]}},
         ],
         "evaluator": {
             "func": "exact_match",

@@ -57,7 +57,10 @@ async def test_cache_dir_option_as_a_string_grades_a_cache_file_task(tmp_path, s
         evaluation = await desktop.evaluate(task)
         assert (evaluation.reward, evaluation.error) == (1.0, None)
         # a different cached answer scores 0 without an error: the file really was compared
+        # (the task's files are taken from the cache at its setup, as OSWorld's host does)
         (cache / task.task_id / "expected.txt").write_text("forty three\n")
+        await desktop.reset(task)
+        await desktop.wait_after_reset()
         evaluation = await desktop.evaluate(task)
         assert (evaluation.reward, evaluation.error) == (0.0, None)
     finally:

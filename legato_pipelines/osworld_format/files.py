@@ -113,3 +113,13 @@ def task_files(task: Task) -> list[TaskFile]:
         if isinstance(getter, dict) and getter.get("type") == "cloud_file":
             out += _cloud_files(getter, field)
     return out
+
+
+def cache_file_paths(task: Task) -> list[str]:
+    """The ``path`` of every ``cache_file`` getter of ``task``'s evaluator (OSWorld's
+    ``get_cache_file``: a file relative to the task's cache directory), in config order."""
+    return [
+        str(getter["path"])
+        for _, getter in _evaluator_getters_at(task.evaluator)
+        if isinstance(getter, dict) and getter.get("type") == "cache_file" and getter.get("path")
+    ]

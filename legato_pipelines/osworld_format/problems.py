@@ -172,7 +172,7 @@ def _source_problem(field: str, url: str, cache_dir: Path | None) -> str:
     where = f"not in the file cache {cache_dir}" if cache_dir else "no file cache given"
     return (
         f"field '{field}': {url} needs the internet ({where}; local desktops never download; "
-        "fix: fetch it into a file cache with `legato osworld cache TASKS` and pass that cache (--cache-dir), or run the task on the osworld backend)"
+        "fix: fetch it into a file cache with `legato osworld cache TASKS` and pass that cache (`legato collect --desktop-option cache_dir=DIR`, `legato tasks check --cache-dir DIR`), or run the task on the osworld backend)"
     )
 
 

@@ -116,7 +116,7 @@ def resolve_source(
     )
     raise UnsupportedStep(
         f"{step_type}: {url} needs the internet (not a file:// URL{where}); "
-        "fix: fetch it into a file cache with `legato osworld cache TASKS` and pass that cache (--cache-dir), or run the task on the osworld backend",
+        "fix: fetch it into a file cache with `legato osworld cache TASKS` and pass that cache (`legato collect --desktop-option cache_dir=DIR`, `legato tasks check --cache-dir DIR`), or run the task on the osworld backend",
         step_type=step_type,
         urls=[url],
     )

@@ -49,7 +49,12 @@ def click(x: int, y: int, what: str) -> str:
 #: loaded cores before it takes keys.
 WAIT = qwen_response("Wait for GIMP to finish starting.", {"action": "wait", "time": 3})
 
-VLC_PREFS = key("ctrl", "p", what="Open VLC's Simple Preferences (Tools > Preferences).")
+#: VLC's preferences dialog draws its pages lazily; on loaded cores the first click can land
+#: before the page is there, so the scripts wait a second before clicking in it.
+VLC_PREFS = [
+    key("ctrl", "p", what="Open VLC's Simple Preferences (Tools > Preferences)."),
+    qwen_response("Wait for the preferences dialog.", {"action": "wait", "time": 1}),
+]
 VLC_SAVE = click(904, 698, "Save the preferences.")
 
 SAVE_KEEP = [
@@ -212,14 +217,14 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "vlc",
         "a5bbbcd5-b398-4c91-83d4-55e1e31bbb81",
         "vlc",
-        [VLC_PREFS, click(418, 313, "Tick Start in minimal view mode."), VLC_SAVE, done()],
+        [*VLC_PREFS, click(418, 313, "Tick Start in minimal view mode."), VLC_SAVE, done()],
     ),
     (
         "vlc",
         "f3977615-2b45-4ac5-8bba-80c17dbe2a37",
         "vlc",
         [
-            VLC_PREFS,
+            *VLC_PREFS,
             click(280, 537, "Untick Use only one instance when started from file manager."),
             VLC_SAVE,
             done(),
@@ -230,7 +235,7 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "8ba5ae7a-5ae5-4eab-9fcc-5dd4fe3abf89",
         "vlc",
         [
-            VLC_PREFS,
+            *VLC_PREFS,
             click(686, 65, "Open the Input / Codecs page."),
             click(717, 522, "Click the Record directory or filename field."),
             type_("/home/user/Desktop", "Type the Desktop folder."),

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import DesktopError
-from ...osworld_format.files import task_files
+from ...osworld_format.files import cache_file_paths, task_files
 from ...osworld_format.sources import cache_dir_path, find_source
 from ...tasks import Evaluation, Task
 from ..osworld import WorkerProcess, worker_env
@@ -42,7 +42,8 @@ def stage_task_files(task: Task, cache_dir: Path | None, task_dir: Path) -> list
     """Empty ``task_dir`` and copy into it, under the names DesktopEnv looks for, every file
     ``task`` references that is local (``file://``) or in ``cache_dir``: a ``download`` file as
     ``<uuid5(NAMESPACE_URL, url)>_<basename(path)>`` (SetupController), a ``cloud_file`` as its
-    ``dest`` (``get_cloud_file``). Returns the names written. Files nowhere local are skipped
+    ``dest`` (``get_cloud_file``), a ``cache_file`` getter's ``path`` from ``cache_dir/<task_id>/``
+    or ``cache_dir/`` (``get_cache_file``). Returns the names written. Files nowhere local are skipped
     (the preflight refuses such tasks on ``local``)."""
     import uuid
 
@@ -59,6 +60,17 @@ def stage_task_files(task: Task, cache_dir: Path | None, task_dir: Path) -> list
             name = file.dest
         target = task_dir / name
         if target.exists() or not target.resolve().is_relative_to(task_dir.resolve()):
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        written.append(name)
+    for name in cache_file_paths(task):  # get_cache_file: <cache dir>/<path>, as OSWorld's host
+        roots = [cache_dir / task.task_id, cache_dir] if cache_dir is not None else []
+        source = next((r / name for r in roots if (r / name).is_file()), None)
+        target = task_dir / name
+        if source is None or target.exists():
+            continue
+        if not target.resolve().is_relative_to(task_dir.resolve()):
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)

@@ -16,7 +16,15 @@ import numpy as np
 from starlette.requests import Request
 
 from ...actions import Action
-from ..ready import HEAVY_APPS, Activity, Delta, ReadyResult, policy_for, wait_until_ready
+from ..ready import (
+    HEAVY_APPS,
+    MODES,
+    Activity,
+    Delta,
+    ReadyResult,
+    policy_for,
+    wait_until_ready,
+)
 from . import apps
 from .app_windows import is_main_window, owners_known, window_pids
 from .keymap import KeyboardState, keyboard_state, restore_keyboard
@@ -351,6 +359,10 @@ class DesktopServer:
         alone, for a client that waited for the screen its own way (the osworld backend over
         a local desktop server, after a reset and after each action): it answers at once,
         ``ready_s`` 0, when no terminal was opened and no launched app lacks its window."""
+        if mode != "apps" and mode not in MODES:
+            raise ValueError(
+                f"field 'mode' must be one of {sorted([*MODES, 'apps'])}, got {mode!r}"
+            )
         source = source or self.ready_source
         if source not in READY_SOURCES:
             raise ValueError(f"field 'source' must be one of {READY_SOURCES}, got {source!r}")
