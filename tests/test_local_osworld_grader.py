@@ -199,3 +199,31 @@ def test_local_grades_with_osworlds_code_as_the_osworld_backend_does(workload, t
     assert {t: r["reward"] for t, r in osworld.items()} == expected
     assert all(r.get("eval_error") is None for r in osworld.values())
     shutil.rmtree(tmp_path / "work", ignore_errors=True)
+
+
+async def test_a_run_records_its_grader_and_resumes_only_with_it(tmp_path):
+    """run.json's knobs name the grader the rewards came from; a resume under the other one is
+    refused before any desktop starts (its records would mix two graders' rewards)."""
+    from legato_pipelines import DesktopConfig, PolicyConfig
+    from legato_pipelines.errors import ResumeError
+    from legato_pipelines.rollout.engine import collect_async
+
+    tasks = load_tasks(REPO_ROOT / "examples" / "tasks" / "local" / "tasks.json")
+    one = type(tasks)(tasks=tasks.tasks[:1], task_set="one")
+    out = tmp_path / "run"
+
+    def desktop(grader: str) -> DesktopConfig:
+        options = {"grader": grader, "osworld_python": osworld_python()}
+        return DesktopConfig(backend="local", screen_width=640, screen_height=480, options=options)
+
+    with ScriptedPolicyServer(flavor="vllm") as server:
+        policy = PolicyConfig(base_url=server.url, model=server.model)
+        await collect_async(
+            one, policy, out, desktops=1, desktop=desktop("own"), max_steps=1, group=1
+        )
+        assert orjson.loads((out / "run.json").read_bytes())["knobs"]["grader"] == "own"
+        with pytest.raises(ResumeError, match="grader 'own', not 'osworld'.*grader=own"):
+            await collect_async(
+                one, policy, out, desktops=1, desktop=desktop("osworld"), max_steps=1, group=1
+            )
+    assert len(read_records(out)) == 1

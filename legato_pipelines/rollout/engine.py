@@ -45,9 +45,10 @@ from .settings import (
     spare_desktops,
 )
 
-RESUME_KNOBS = (*RESUME_SETTINGS, "backend")
-"""``run.json`` knobs a resumed run must share with the run it continues: the resume settings
-and the desktop backend."""
+RESUME_KNOBS = (*RESUME_SETTINGS, "backend", "grader")
+"""``run.json`` knobs a resumed run must share with the run it continues: the resume settings,
+the desktop backend and the grader (``osworld``: desktop-env's own setup and evaluators,
+``own``: the package's subset; a run's rewards come from one of them)."""
 
 log = logging.getLogger("legato_pipelines.collect")
 
@@ -164,7 +165,9 @@ async def collect_async(
     if plan is not None:
         meta["checkpoint"] = plan.meta()
 
-    _preflight(task_set, desktop)
+    grader = _preflight(task_set, desktop)
+    if grader is not None:
+        meta["knobs"]["grader"] = grader
     writer = RunWriter(out, resume_knobs=RESUME_KNOBS)
     writer.check(meta)  # resuming into another run fails here, before anything starts
     per_group = group_attempts(group, oversample)
@@ -385,12 +388,13 @@ def _plan(
             continue
 
 
-def _preflight(task_set: TaskSet, desktop: DesktopConfig) -> None:
+def _preflight(task_set: TaskSet, desktop: DesktopConfig) -> str | None:
     """Refuse tasks that cannot run on the chosen backend (a misspelled metric, a setup step
     missing a parameter, a download that needs the internet, an app the desktops lack...)
     before any desktop starts, rather than grading them 0 one by one: the same verdict as
     ``legato tasks check --backend`` (``desktops/support.py``, ``osworld_format/verdict.py``).
-    Raises ``TaskListError`` listing the problems."""
+    Returns the grader the run's rewards come from (``osworld`` | ``own``; ``None`` for the
+    fake backend, which never grades). Raises ``TaskListError`` listing the problems."""
     from ..desktops.support import backend_support
     from ..osworld_format import preflight
 
@@ -403,6 +407,9 @@ def _preflight(task_set: TaskSet, desktop: DesktopConfig) -> None:
             f"{len(problems)} problem(s) with the task list for backend {desktop.backend!r} "
             f"(`legato tasks check` shows them all):\n  {shown}{more}"
         )
+    if desktop.backend == "local":
+        return support.local_grader.kind
+    return "osworld" if desktop.backend == "osworld" else None
 
 
 def _settings(settings: CollectSettings | Mapping[str, Any] | None, knobs: dict) -> CollectSettings:

@@ -63,6 +63,8 @@ SAMPLING_FLAGS = {
     "logprobs_mode": "--logprobs-mode",
 }
 """``legato collect`` flag of each ``run.json`` ``sampling`` setting (the resume check's fix)."""
+RESUME_FLAGS = {"grader": "--desktop-option grader="}
+"""The fix named for a resume knob that is not ``--<knob>`` (default: the knob's own flag)."""
 
 
 class RunWriter:
@@ -122,7 +124,7 @@ class RunWriter:
             ),
         ]
         checks += [
-            (k, old_knobs.get(k), knobs.get(k), f"--{k.replace('_', '-')}")
+            (k, old_knobs.get(k), knobs.get(k), RESUME_FLAGS.get(k, f"--{k.replace('_', '-')}"))
             for k in self.resume_knobs
         ]
         # sampling settings are part of the run's identity (a run.json from before they were
@@ -141,7 +143,7 @@ class RunWriter:
             if a is not None and a != b:
                 raise ResumeError(
                     f"out: {self.root} holds a run of {label} {a!r}, not {b!r}; a run resumes only with the "
-                    f"same policy version, model, task list and collection settings (fix: {flag} {a!r}, or another --out)"
+                    f"same policy version, model, task list and collection settings (fix: {flag + str(a) if flag.endswith('=') else f'{flag} {a!r}'}, or another --out)"
                 )
 
     def _check_checkpoint(self, old: dict[str, Any], meta: dict[str, Any]) -> None:
