@@ -233,8 +233,9 @@ async def test_full_reset_restarts_the_display(client):
 
 @needs_apps
 async def test_window_routes_and_open_file(client):
-    with pytest.raises(DesktopError):
-        await client.activate_window("no such window")
+    # as OSWorld's server on Linux (wmctrl's status unread): no window to activate is no error
+    await client.activate_window("no such window")
+    await client.close_window("no such window")
     await client.upload("~/Documents/report.txt", b"quarterly report")
     await client.open_file("~/Documents/report.txt")
     assert "report.txt" in await client.accessibility()

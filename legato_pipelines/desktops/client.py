@@ -169,7 +169,9 @@ class DesktopClient:
     async def activate_window(
         self, window_name: str, strict: bool = False, by_class: bool = False
     ) -> None:
-        """Raises ``DesktopError`` (kind ``setup``) when no window matches (server answers 404)."""
+        """No window matching is not an error: OSWorld's server on Linux answers 200 whatever
+        ``wmctrl`` found, and so does the local one. Raises ``DesktopError`` (kind ``setup``)
+        when the server refuses the request (e.g. no ``window_name``)."""
         await self._request(
             "POST",
             "/setup/activate_window",
@@ -180,7 +182,9 @@ class DesktopClient:
     async def close_window(
         self, window_name: str, strict: bool = False, by_class: bool = False
     ) -> None:
-        """Raises ``DesktopError`` (kind ``setup``) when no window matches (server answers 404)."""
+        """No window matching is not an error: OSWorld's server on Linux answers 200 whatever
+        ``wmctrl`` found, and so does the local one. Raises ``DesktopError`` (kind ``setup``)
+        when the server refuses the request (e.g. no ``window_name``)."""
         await self._request(
             "POST",
             "/setup/close_window",
