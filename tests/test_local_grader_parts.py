@@ -42,16 +42,23 @@ def test_desktop_envs_names_come_from_the_venv_and_are_cached(tmp_path, monkeypa
     installed_grader.cache_clear()
 
 
-def test_grader_choice(tmp_path):
+def test_grader_choice(tmp_path, monkeypatch):
     assert local_grader({"grader": "own"}) == (OWN_GRADER, None)
     names, python = local_grader({"osworld_python": osworld_python()})
     assert names.kind == "osworld" and str(python) == osworld_python()
     missing = str(tmp_path / "nowhere" / "python")
-    assert local_grader({"osworld_python": missing}) == (OWN_GRADER, None)  # auto: fallback
-    with pytest.raises(ConfigError, match="grader=osworld needs the OSWorld venv"):
-        local_grader({"grader": "osworld", "osworld_python": missing})
+    # a named interpreter that is not there is an error, never a quiet fall back to the own
+    # subset (auto) or a vague "no venv" (osworld)
+    for grader in ("auto", "osworld"):
+        with pytest.raises(ConfigError, match=r"osworld_python=.* does not exist"):
+            local_grader({"grader": grader, "osworld_python": missing})
     with pytest.raises(ConfigError, match="desktop option grader='best'"):
         local_grader({"grader": "best"})
+    # a host without the venv: auto grades with the own subset, osworld says what to install
+    monkeypatch.setenv("LEGATO_OSWORLD_VENV", str(tmp_path / "no-venv"))
+    assert local_grader({}) == (OWN_GRADER, None)
+    with pytest.raises(ConfigError, match="grader=osworld needs the OSWorld venv"):
+        local_grader({"grader": "osworld"})
 
 
 def test_task_files_are_copied_under_desktop_envs_names(tmp_path):
