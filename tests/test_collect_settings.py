@@ -108,7 +108,7 @@ def test_resume_settings_are_marked_on_the_model():
         "harness",
         "history",
     }
-    assert set(RESUME_KNOBS) == set(RESUME_SETTINGS) | {"backend"}
+    assert set(RESUME_KNOBS) == set(RESUME_SETTINGS) | {"backend", "grader"}
 
 
 def test_collect_keywords_map_onto_the_settings(policy_server, tmp_path):
