@@ -268,7 +268,8 @@ async def evaluate_task_within(
     servers attached by URL). Raises ``DesktopError(kind="evaluator")`` naming ``desktop``
     when the evaluation hangs; ``kwargs`` go to :func:`evaluate_task`."""
     try:
-        return await asyncio.wait_for(evaluate_task(task, controller, **kwargs), timeout)
+        async with asyncio.timeout(timeout):  # not wait_for: it can swallow a cancel (3.11)
+            return await evaluate_task(task, controller, **kwargs)
     except TimeoutError:
         raise DesktopError(
             f"{desktop}: evaluating task {task.task_id!r} took over {timeout:g} s", kind="evaluator"

@@ -252,9 +252,10 @@ async def _run(
                 response = await call
             else:
                 try:
-                    response = await asyncio.wait_for(
-                        call, max(0.0, deadline - time.perf_counter())
-                    )
+                    # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
+                    # cancel that races the call's end, and the cancelled batch runs on
+                    async with asyncio.timeout(max(0.0, deadline - time.perf_counter())):
+                        response = await call
                 except TimeoutError:
                     timing.policy_s += time.perf_counter() - t
                     raise _Truncated from None
@@ -329,9 +330,8 @@ async def _run(
     t = time.perf_counter()
     try:
         await desktop.wait_before_eval()
-        evaluation = await asyncio.wait_for(
-            desktop.evaluate(task, last_action_fail=outcome == "fail"), ctx.eval_timeout
-        )
+        async with asyncio.timeout(ctx.eval_timeout):
+            evaluation = await desktop.evaluate(task, last_action_fail=outcome == "fail")
     except TimeoutError:
         timing.eval_s = time.perf_counter() - t
         exc = DesktopError(

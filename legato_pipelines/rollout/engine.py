@@ -339,6 +339,8 @@ async def _worker(
     give the desktop back (recovered first after a desktop failure). ``asked``: when the
     runner asked for its first desktop (``time.perf_counter()``)."""
     while True:
+        if asyncio.current_task().cancelling():  # a cancel something below swallowed
+            raise asyncio.CancelledError
         got = await handout.take(asked)
         if got is None:
             return
