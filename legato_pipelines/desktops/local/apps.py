@@ -31,6 +31,7 @@ DBUS_APPS = frozenset(
         "code",
         "gimp",
         "vlc",
+        "totem",
         "evince",
         "eog",
         "google-chrome",
@@ -206,6 +207,13 @@ DESKTOP_APPS: tuple[DesktopApp, ...] = (
     DesktopApp("vlc", ("vlc",), ("vlc",), "vlc", "VLC media player"),
     DesktopApp("thunderbird", ("thunderbird",), ("thunderbird",), "thunderbird", "Thunderbird"),
     DesktopApp("nautilus", ("nautilus",), ("nautilus",), "nautilus", "Home"),
+    # GNOME's Document Viewer, the PDF viewer of OSWorld's Ubuntu VM (related_apps "pdf"); with
+    # no file it opens its "Recent Documents" window
+    DesktopApp("pdf_viewer", ("evince",), ("evince",), "evince", "Recent Documents"),
+    # GNOME's Videos: not a task app, but the default video player of OSWorld's VM
+    # (:mod:`.mime_defaults`), which a vlc task asks to change
+    DesktopApp("totem", ("totem",), ("totem",), "totem", "Videos"),
+    DesktopApp("picard", ("picard",), ("picard",), "picard", "MusicBrainz Picard"),
     DesktopApp(
         "chrome",
         ("google-chrome", f"--remote-debugging-port={chrome.CDP_PORT}"),
