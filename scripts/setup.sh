@@ -14,6 +14,9 @@ APT_PACKAGES=(
   # OSWorld's other apps, from Debian (desktops/local/apps.py DESKTOP_APPS): ~195 MB of archives,
   # Thunderbird 80 MB of them
   libreoffice-writer libreoffice-impress gimp vlc thunderbird nautilus gnome-terminal
+  # GNOME's Document Viewer (the VM's PDF viewer), Videos (the VM's default video player,
+  # desktops/local/mime_defaults.py) and MusicBrainz Picard: 68 packages, 20 MB of archives
+  evince totem picard
   # their session D-Bus with dconf, so gsettings persists (desktops/local/dbus_session.py), and
   # the GNOME schemas and helpers OSWorld's os tasks read (gnome-shell's and the settings
   # daemon's schemas only, not the programs; bc in evaluator commands): ~2 MB

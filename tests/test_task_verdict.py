@@ -38,18 +38,16 @@ COVERAGE = {
     "libreoffice_calc": (47, 47, 0),
     "libreoffice_impress": (47, 47, 2),
     "libreoffice_writer": (23, 23, 0),
-    "multi_apps": (101, 54, 6),
+    "multi_apps": (101, 61, 6),
     "os": (24, 23, 15),
     "thunderbird": (15, 14, 0),
-    "vlc": (17, 15, 9),
+    "vlc": (17, 16, 9),
     "vs_code": (23, 0, 0),
 }
 #: why the others are not runnable with the cache (a task may have several reasons)
 BLOCKERS = {
     "needs the internet": 70,
     "app vs_code": 35,
-    "app pdf_viewer": 8,
-    "app picard": 1,
     "evaluator: getter chrome_appearance_mode_ui": 1,
     "evaluator: metric check_play_and_exit": 1,
     "evaluator: metric check_structure_sim_with_threshold": 1,

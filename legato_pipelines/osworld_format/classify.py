@@ -109,7 +109,7 @@ APP_ALIASES = {
     "libreoffice_writer": "libreoffice_writer", "writer": "libreoffice_writer", "vscode": "vs_code",
     "vs_code": "vs_code", "code": "vs_code", "thunderbird": "thunderbird", "vlc": "vlc",
     "ubuntu_media_player": "vlc", "gimp": "gimp", "image": "gimp", "terminal": "terminal",
-    "xterm": "terminal", "gnome-terminal": "terminal", "pdf": "pdf_viewer", "nautilus": "nautilus",
+    "xterm": "terminal", "gnome-terminal": "terminal", "pdf": "pdf_viewer", "evince": "pdf_viewer", "nautilus": "nautilus",
     "text_editor": "text_editor", "l3afpad": "text_editor", "leafpad": "text_editor",
     "mousepad": "text_editor", "gedit": "text_editor", "libreoffice": "libreoffice",
 }  # fmt: skip

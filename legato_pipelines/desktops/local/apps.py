@@ -7,7 +7,8 @@ dbus-daemon and dconf are installed) starts apps on that bus. Without one, apps 
 a session bus (mousepad, nautilus, LibreOffice, ...) are wrapped in ``dbus-run-session --`` so
 the bus is their child and dies with them instead of leaking (docs/local-desktop.md §9).
 ``/setup/open_file`` picks an app by extension (there is no desktop environment to ask),
-falling back to ``xdg-open`` when installed.
+falling back to ``xdg-open`` when installed, which in a sandbox opens the default app of
+OSWorld's VM (:mod:`.mime_defaults`: a PDF in evince).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ DBUS_APPS = frozenset(
         "code",
         "gimp",
         "vlc",
+        "totem",
         "evince",
         "eog",
         "google-chrome",
@@ -206,6 +208,13 @@ DESKTOP_APPS: tuple[DesktopApp, ...] = (
     DesktopApp("vlc", ("vlc",), ("vlc",), "vlc", "VLC media player"),
     DesktopApp("thunderbird", ("thunderbird",), ("thunderbird",), "thunderbird", "Thunderbird"),
     DesktopApp("nautilus", ("nautilus",), ("nautilus",), "nautilus", "Home"),
+    # GNOME's Document Viewer, the PDF viewer of OSWorld's Ubuntu VM (related_apps "pdf"); with
+    # no file it opens its "Recent Documents" window
+    DesktopApp("pdf_viewer", ("evince",), ("evince",), "evince", "Recent Documents"),
+    # GNOME's Videos: not a task app, but the default video player of OSWorld's VM
+    # (:mod:`.mime_defaults`), which task 937087b6 asks to change to VLC
+    DesktopApp("totem", ("totem",), ("totem",), "totem", "Videos"),
+    DesktopApp("picard", ("picard",), ("picard",), "picard", "MusicBrainz Picard"),
     DesktopApp(
         "chrome",
         ("google-chrome", f"--remote-debugging-port={chrome.CDP_PORT}"),

@@ -9,7 +9,8 @@ gets, in the seed layer under its ``/usr`` overlay (docs/sandbox.md §2):
 - ``/usr/bin/google-chrome`` and ``/usr/bin/google-chrome-stable``: a wrapper that runs
   Chromium with the profile in ``~/.config/google-chrome``, no first-run window, no default-
   browser check, passwords in the profile (no keyring), no background downloads (component
-  updates, variations), and ``--remote-debugging-port=1337`` unless the caller passes its own;
+  updates, variations), no Local Network Access checks (:data:`DISABLED_FEATURES`), and
+  ``--remote-debugging-port=1337`` unless the caller passes its own;
 - ``/usr/lib/chromium/chrome``: Chromium's binary bind-mounted under that name (the mount point
   is an empty file of the seed layer), which the wrapper executes, so the browser's processes
   are named ``chrome`` and ``pkill chrome`` stops it as in OSWorld's VM. Chromium names its
@@ -36,6 +37,13 @@ CDP_BRIDGE_PORT = 9222
 #: Where Chromium's binary is bind-mounted inside a sandbox: its name becomes the process name.
 CHROME_BINARY = "usr/lib/chromium/chrome"
 
+#: Chromium features the wrapper turns off, so a profile holds what the Google Chrome of
+#: OSWorld's VM (older than Local Network Access) writes: with ``LocalNetworkAccessChecks`` on,
+#: Chromium writes ``profile.default_content_setting_values.has_migrated_local_network_access``
+#: into every profile at its first start, and OSWorld's getter ``data_delete_automacally``
+#: answers "true" (data deleted on exit: task 99146c54 done) as soon as that dictionary exists.
+DISABLED_FEATURES = "LocalNetworkAccessChecks"
+
 WRAPPER = f"""#!/bin/sh
 # google-chrome on a legato local desktop: Debian's Chromium with OSWorld's profile folder and
 # DevTools port (legato_pipelines/desktops/local/chrome.py). Flags given later win.
@@ -44,6 +52,7 @@ exec /{CHROME_BINARY} \\
   --user-data-dir="$HOME/.config/google-chrome" \\
   --no-first-run --no-default-browser-check --password-store=basic \\
   --disable-background-networking --disable-component-update --disable-breakpad \\
+  --disable-features={DISABLED_FEATURES} \\
   --remote-debugging-port={CDP_PORT} "$@"
 """
 

@@ -427,9 +427,10 @@ class Sandbox:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             os.chmod(path, mode)
-        from . import chrome  # here: the module's top imports stay stdlib-only
+        from . import chrome, mime_defaults  # here: the module's top imports stay stdlib-only
 
         chrome.write_seed(self.dir / "seed")  # google-chrome as Chromium (chrome.py)
+        mime_defaults.write_seed(self.dir / "seed")  # Ubuntu's default apps (mime_defaults.py)
 
     def start(self, x_socket: str | None) -> float:
         """Start a clean sandbox (and a spare in the background); returns the seconds it took
