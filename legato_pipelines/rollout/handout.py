@@ -22,6 +22,11 @@ Rules the hand-out keeps:
 - when the batch is cancelled (Ctrl-C, an error), :meth:`Handout.aclose` cancels and awaits
   every preparation and recovery: none is leaked, no desktop stays held.
 
+Spares may join late (:meth:`Handout.join`): a batch's runners start on the first desktops
+up while the spares still start (a desktop's start-up is ~1.5 s of CPU: four at once on two
+cores held the first attempt back by seconds); a spare that comes up is prepared like any
+free desktop, one that fails to start is left out with a warning.
+
 Used from one event loop (no locks); imports nothing of Dagster.
 """
 
@@ -32,7 +37,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ..desktops.base import Desktop
@@ -79,6 +84,8 @@ class Handout:
         self.busy = 0  # desktops handed out to runners
         self.waiting: deque[object] = deque()  # runners asking, in the order they asked
         self.retired: list[Desktop] = []
+        self.joining = 0  # desktops still starting (join)
+        self.joined: list[Desktop] = []  # desktops that joined late: the caller closes them
         self._changed = asyncio.Event()
 
     def _fill(self) -> None:
@@ -119,7 +126,8 @@ class Handout:
                         waited = time.perf_counter() - asked
                         return handed, handed.task.result(), waited, handed.began < asked
                 if not self.prepared and (
-                    not self.sched.pending() or not (self.busy or self.recovering or self.draining)
+                    not self.sched.pending()
+                    or not (self.busy or self.recovering or self.draining or self.joining)
                 ):
                     return None
                 # a preparation ends (its done callback), a desktop comes back (release,
@@ -129,6 +137,26 @@ class Handout:
         finally:
             self.waiting.remove(turn)
             self._changed.set()
+
+    async def join(self, opening: Awaitable[list[Desktop]], n: int) -> None:
+        """Add the ``n`` desktops ``opening`` gives once it ends (spares started after the
+        batch began); each is prepared for the next queued execution at once, as any free
+        desktop. A failed opening is logged and the batch goes on with the desktops it has;
+        a cancelled one is the opener's to clean up. The added desktops are in
+        :attr:`joined` (the caller closes them)."""
+        self.joining += n
+        try:
+            desktops = await opening
+        except Exception as exc:  # noqa: BLE001 - spares are an optimisation, not a must
+            log.warning("%d spare desktop(s) did not start, going on without them: %s", n, exc)
+            return
+        finally:
+            self.joining -= n
+            self._changed.set()
+        self.joined.extend(desktops)
+        self.free.extend(desktops)
+        self._fill()
+        self._changed.set()
 
     def drop_closed(self) -> None:
         """Settle every prepared execution whose group has closed (``skipped``); a desktop
