@@ -420,3 +420,58 @@ def test_a_batch_that_ends_before_its_spares_are_up_cancels_their_start(
     assert len(opener.cancelled) == 1  # one spare (3 attempts: 2 runners + 1), cut
     assert [names for _, names in opener.opened] == [["fake-0", "fake-1"]]
     assert_accounted(read_records(tmp_path), summary)
+
+
+class AppStarts(FakeDesktop):
+    """A fake desktop whose reset takes as long as its task's app starts: 1.2 s for a task
+    whose ``related_apps`` name LibreOffice Calc (a cold start), 0.1 s for the others."""
+
+    async def reset(self, task, *, seed=0):
+        heavy = "libreoffice_calc" in task.config.get("related_apps", [])
+        await asyncio.sleep(1.2 if heavy else 0.1)
+        return await super().reset(task, seed=seed)
+
+
+def test_a_spare_starts_a_heavy_app_early_and_light_attempts_keep_their_order(
+    policy_server, tmp_path
+):
+    """24 light tasks, then two Calc tasks (the local suite's shape), 2 runners + 2 spares:
+    the spares prepare the Calc attempts early (one at a time), so neither waits for its
+    1.2 s app start on the critical path nor ends the batch; the light attempts start in
+    queue order. Without spares the queue order holds and each Calc start is waited for."""
+    policy_server.latency = Latency(0.1)
+    entries = fake_tasks(24, success=1.0) + [
+        {**t, "config": {**t["config"], "related_apps": ["libreoffice_calc"]}}
+        for t in fake_tasks(2, success=1.0, prefix="calc")
+    ]
+    runs = {}
+    for spares in (2, 0):
+        config = DesktopConfig(backend="fake")
+        pool = [AppStarts(config, i) for i in range(2 + spares)]
+        out = tmp_path / f"spares-{spares}"
+        summary = collect(
+            load_tasks(entries),
+            policy(policy_server),
+            out,
+            desktop_pool=pool,
+            spares=spares,
+            group=1,
+            max_steps=2,
+        )
+        records = read_records(out)
+        assert_accounted(records, summary)
+        runs[spares] = sorted(records, key=lambda r: r["started_at"])
+    on, off = runs[2], runs[0]
+    calc_on = [r for r in on if r["task_id"].startswith("calc")]
+    assert all(
+        r["timing"]["reset_critical_s"] < 0.2 and r["timing"]["reset_ahead"] for r in calc_on
+    )
+    assert max(r["ended_at"] for r in calc_on) < max(r["ended_at"] for r in on) - 0.2
+    # the two Calc preparations did not overlap: one heavy start at a time
+    first, second = sorted(calc_on, key=lambda r: r["started_at"])
+    assert second["started_at"] >= first["started_at"] + first["timing"]["reset_s"] - 0.05
+    light = [r["task_id"] for r in on if not r["task_id"].startswith("calc")]
+    assert light == sorted(light)
+    assert [r["task_id"] for r in off] == [e["task_id"] for e in entries]  # queue order
+    calc_off = [r for r in off if r["task_id"].startswith("calc")]
+    assert all(r["timing"]["reset_critical_s"] >= 1.1 for r in calc_off)

@@ -329,8 +329,8 @@ async def _run_workers(
     dropped). ``later``: ``(open, n)``, ``n`` more desktops that ``open()`` starts now, while
     the runners go; they join the pool when up and are appended to ``pool`` (the caller
     closes it); a batch that ends first cancels their opening (which stops what it started)."""
-    handout = Handout(sched, pool, lambda ex: emit(settled_record(ctx, ex, SKIPPED)))
     n = max(1, min(runners or len(pool), len(pool)))
+    handout = Handout(sched, pool, lambda ex: emit(settled_record(ctx, ex, SKIPPED)), runners=n)
     started = time.perf_counter()  # every runner asks for its first desktop now
     joining = (
         asyncio.create_task(handout.join(later[0](), later[1]), name="spares-join")

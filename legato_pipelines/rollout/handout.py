@@ -9,6 +9,17 @@ what is left of that desktop's preparation. With ``spares`` desktops more than r
 runs while the policy drives the current one; with no spares a desktop is prepared only when
 its runner asks, which is today's reset-at-hand-out.
 
+Which execution a free desktop is prepared for: the queue's front when a runner will wait for
+that preparation (fewer preparations under way than runners without a desktop); a desktop
+prepared *ahead* (a spare) takes the first queued execution of a heavy app instead
+(:func:`heavy_task`: LibreOffice, Chrome, GIMP, Thunderbird, VS Code, VLC: a cold start of
+2-4 s, longer than a light attempt) while no other heavy preparation is under way. So a heavy
+app's start begins early enough to end before a runner needs it (with one spare per runner
+a LibreOffice start began only one light attempt ahead and sat on the critical path), heavy
+attempts are spread over the batch instead of ending it (a lone Calc attempt at the end left
+the other runner idle) and the light attempts keep the queue's order; one at a time, so that
+the runners always find a light desktop prepared next to it.
+
 Rules the hand-out keeps:
 
 - a desktop is handed out only once its preparation ended; one whose reset or setup failed
@@ -42,10 +53,37 @@ from dataclasses import dataclass
 
 from ..desktops.base import Desktop
 from ..errors import DesktopError
+from ..tasks import Task
 from .attempt import Prepared, prepare, unexpected
 from .scheduler import Execution, Scheduler
 
 log = logging.getLogger("legato_pipelines.collect")
+
+
+#: Apps (names of :func:`~legato_pipelines.osworld_format.classify.classify_task`) whose cold
+#: start takes seconds: LibreOffice 2.2-4.4 s on the 2-core machine (BENCHMARKS.md), Chrome,
+#: GIMP, Thunderbird, VS Code and VLC 1.8-4.6 s; a terminal or text editor ~0.4 s.
+HEAVY_APPS = frozenset(
+    {
+        "libreoffice",
+        "libreoffice_calc",
+        "libreoffice_writer",
+        "libreoffice_impress",
+        "chrome",
+        "gimp",
+        "thunderbird",
+        "vs_code",
+        "vlc",
+    }
+)
+
+
+def heavy_task(task: Task) -> bool:
+    """Whether ``task`` involves an app of :data:`HEAVY_APPS` (its ``related_apps``, the apps
+    its launch/open steps start: static analysis, nothing runs; ~2 ms)."""
+    from ..osworld_format.classify import classify_task
+
+    return bool(set(classify_task(task).apps) & HEAVY_APPS)
 
 
 @dataclass(eq=False)
@@ -74,8 +112,11 @@ class Handout:
         sched: Scheduler,
         desktops: list[Desktop],
         on_skipped: Callable[[Execution], None],
+        runners: int | None = None,
     ):
         self.sched = sched
+        self.runners = runners or len(desktops)  # attempts at once
+        self._heavy: dict[int, bool] = {}  # id(group) -> heavy_task(its task)
         self.on_skipped = on_skipped
         self.free: deque[Desktop] = deque(desktops)
         self.prepared: deque[Handed] = deque()
@@ -89,9 +130,10 @@ class Handout:
         self._changed = asyncio.Event()
 
     def _fill(self) -> None:
-        """Prepare every free desktop for the next queued execution."""
+        """Prepare every free desktop for the next queued execution (a spare: for the first
+        heavy one, while no heavy preparation is under way; module docstring)."""
         while self.free:
-            ex = self.sched.next()
+            ex = self._next()
             if ex is None:
                 return
             if ex.group.closed:
@@ -101,6 +143,21 @@ class Handout:
             task = asyncio.create_task(prepare(desktop, ex), name=f"prepare-{desktop.name}")
             task.add_done_callback(lambda _t: self._changed.set())
             self.prepared.append(Handed(ex, desktop, task, time.perf_counter()))
+
+    def _next(self) -> Execution | None:
+        """The execution the next free desktop is prepared for."""
+        ahead = self.runners - self.busy <= len(self.prepared)  # no runner waits for it
+        if ahead and not any(self._is_heavy(h.ex) for h in self.prepared if not h.task.done()):
+            ex = self.sched.next_where(lambda e: not e.group.closed and self._is_heavy(e))
+            if ex is not None:
+                return ex
+        return self.sched.next()
+
+    def _is_heavy(self, ex: Execution) -> bool:
+        heavy = self._heavy.get(id(ex.group))
+        if heavy is None:
+            heavy = self._heavy[id(ex.group)] = heavy_task(ex.group.task)
+        return heavy
 
     async def take(self, asked: float) -> tuple[Handed, Prepared, float, bool] | None:
         """The next execution with its desktop and :class:`Prepared`, once the preparation
