@@ -310,10 +310,8 @@ class SlowSpares:
         self.opened: list[tuple[float, list[str]]] = []
         self.cancelled: list[float] = []
         self.closed: list[str] = []
-        self.background: list[bool] = []  # per opening
 
-    async def __call__(self, config, n, first=0, background=False):
-        self.background.append(background)
+    async def __call__(self, config, n, first=0):
         if first:
             try:
                 await asyncio.sleep(self.delay)
@@ -322,7 +320,7 @@ class SlowSpares:
                 raise
             if self.fail is not None:
                 raise self.fail
-        desktops = await open_desktops(config, n, first, background=background)
+        desktops = await open_desktops(config, n, first)
         for d in desktops:
             d.close = lambda d=d: self._closed(d)
         self.opened.append((time.time(), [d.name for d in desktops]))
@@ -354,7 +352,6 @@ def test_runners_start_before_their_spares_are_up_and_the_spares_join(
     records = read_records(tmp_path)
     assert_accounted(records, summary)
     assert [names for _, names in opener.opened] == [["fake-0", "fake-1"], ["fake-2", "fake-3"]]
-    assert opener.background == [False, True]  # the spares start at a low priority
     spares_up = opener.opened[1][0]
     first = min(records, key=lambda r: r["started_at"])
     assert spares_up - first["started_at"] > 0.8  # the batch did not wait for the spares

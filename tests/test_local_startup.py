@@ -12,7 +12,7 @@ import pytest
 from legato_pipelines.desktops import open_desktops
 from legato_pipelines.desktops.base import DesktopConfig
 from legato_pipelines.desktops.local import open_local_desktops
-from legato_pipelines.desktops.local.procs import BACKGROUND_NICE, descendants, process_table
+from legato_pipelines.desktops.local.procs import descendants, process_table
 from legato_pipelines.errors import ConfigError
 from legato_pipelines.tasks import Task
 from tests.desktop_local_support import needs_xvfb
@@ -114,37 +114,3 @@ async def test_only_desktops_started_here_open_late():
     attached = DesktopConfig(backend="local", options={"urls": ["http://127.0.0.1:9"]})
     with pytest.raises(ConfigError, match="opened late"):
         await open_desktops(attached, 1, first=2)
-
-
-def nice_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[16])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="setting a niceness back to 0 needs root")
-async def test_a_background_desktop_starts_at_low_priority_and_runs_at_normal():
-    """A desktop started in the background (a late spare) runs its start-up at niceness 10,
-    and once up its server and every process below it (Xvfb, openbox, the sandbox, the bus)
-    run at 0: a desktop that attempts run on never keeps the low priority."""
-    before = servers_below_us()
-    config = DesktopConfig(backend="local", options={"grader": "own"})
-    opening = asyncio.create_task(open_local_desktops(config, 1, background=True))
-    seen = set()
-    while not opening.done():
-        for pid in servers_below_us() - before:
-            seen.add(nice_of(pid))
-        await asyncio.sleep(0.02)
-    [desktop] = opening.result()
-    try:
-        assert BACKGROUND_NICE in seen
-        pid = desktop.server.pid
-        below = descendants(pid, process_table())
-        assert len(below) >= 2  # Xvfb and openbox at least
-        assert {nice_of(p) for p in {pid} | below} - {None} == {0}
-        health = await desktop.client.health()
-        assert health["ok"]
-    finally:
-        await desktop.close()

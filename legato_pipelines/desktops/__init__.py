@@ -8,18 +8,14 @@ from .base import Backend, Desktop, DesktopConfig, Evaluation, Wait, Waits
 __all__ = ["Backend", "Desktop", "DesktopConfig", "Evaluation", "Wait", "Waits", "open_desktops"]
 
 
-async def open_desktops(
-    config: DesktopConfig, n: int, first: int = 0, *, background: bool = False
-) -> list[Desktop]:
+async def open_desktops(config: DesktopConfig, n: int, first: int = 0) -> list[Desktop]:
     """Start (or attach to) ``n`` desktops of ``config.backend``; raise ``ConfigError`` for a
     backend that is not available here, ``DesktopError`` when desktops fail to start.
 
     ``first``: the number in the first desktop's name (``local-<first>``, ``fake-<first>``),
     for desktops opened after others of the same batch (spares that join late); only the
     ``fake`` and ``local`` backends starting their own desktops take it (``ConfigError``
-    otherwise). A cancelled opening of ``local`` desktops stops what it started.
-    ``background``: they start while attempts run (``local``: at a low CPU priority until up,
-    :func:`~.local.backend.open_local_desktops`)."""
+    otherwise). A cancelled opening of ``local`` desktops stops what it started."""
     if first and (config.backend not in ("fake", "local") or config.options.get("urls")):
         raise ConfigError(
             f"desktops: only fake and local desktops started here can be opened late (first={first})"
@@ -38,7 +34,7 @@ async def open_desktops(
             raise ConfigError(f"backend 'local' is not available: {exc}") from None
         if config.options.get("urls"):  # servers on other hosts, health-checked (remote.py)
             return list(await open_remote_pool(config, n))
-        return list(await open_local_desktops(config, n, first, background=background))
+        return list(await open_local_desktops(config, n, first))
     if config.backend == "osworld":
         try:
             from .osworld.backend import open_osworld_desktops

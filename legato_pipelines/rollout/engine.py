@@ -246,12 +246,7 @@ async def collect_async(
                         late = n_open - runners if opens_late(desktop) else 0
                         pool = await open_desktops(desktop, n_open - late)
                     later = (
-                        (
-                            lambda: open_desktops(
-                                desktop, late, first=n_open - late, background=True
-                            ),
-                            late,
-                        )
+                        (lambda: open_desktops(desktop, late, first=n_open - late), late)
                         if late
                         else None
                     )

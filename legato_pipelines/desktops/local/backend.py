@@ -67,7 +67,6 @@ from ..client import DesktopClient
 from ..popups import PopupGuard
 from ..server_tasks import ServerTasks
 from .osworld_grader import OSWorldGrader
-from .procs import BACKGROUND_NICE, set_nice
 from .wire import DEFAULT_TOKEN_ENV, READY_LINE
 
 OPTION_NAMES = frozenset(
@@ -112,11 +111,8 @@ class ServerProcess:
         token: str | None = None,
         sandbox: bool = True,
         network: str = "host",
-        background: bool = False,
     ):
         self.width, self.height, self.host, self.port = width, height, host, port
-        #: start at niceness BACKGROUND_NICE (root only: it is set back to 0 once up)
-        self.background = background and os.geteuid() == 0
         self.sandbox, self.network = sandbox, network
         self.user, self.template, self.start_timeout = user, template, start_timeout
         self.prebuild = tuple(prebuild)
@@ -190,8 +186,6 @@ class ServerProcess:
         self._proc = await asyncio.create_subprocess_exec(
             *argv, env=env, stdout=asyncio.subprocess.PIPE, start_new_session=True
         )
-        if self.background:  # before it spawns Xvfb & co (its Python start takes ~0.1 s)
-            set_nice(self._proc.pid, BACKGROUND_NICE)
         try:
             line = await asyncio.wait_for(self._proc.stdout.readline(), self.start_timeout)
         except TimeoutError:
@@ -206,8 +200,6 @@ class ServerProcess:
                 f"desktop server exited with {code} before it was ready (see its stderr above)",
                 kind="crash",
             )
-        if self.background:  # up: the desktop runs attempts at the normal priority
-            set_nice(self._proc.pid, 0, tree=True)
         ready = json.loads(line[len(READY_LINE) :])
         self.url = ready["url"]
         # host ports of the desktop's CDP bridge and VLC ({"chromium", "vlc"}, as DesktopEnv
@@ -396,9 +388,7 @@ def sandbox_options(options: dict[str, Any]) -> tuple[bool, str]:
     return sandbox, network
 
 
-async def open_local_desktops(
-    config: DesktopConfig, n: int, first: int = 0, *, background: bool = False
-) -> list[LocalDesktop]:
+async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> list[LocalDesktop]:
     """Start ``n`` desktop servers concurrently (or attach to ``options["urls"]``), named
     ``local-<first>`` on.
 
@@ -409,11 +399,6 @@ async def open_local_desktops(
     Raises ``ConfigError`` for unknown options, too few URLs or a missing token variable, and
     ``DesktopError(kind="crash")`` when a server or a grader does not come up (the others are
     stopped).
-
-    ``background``: the desktops start while attempts run on the same machine (spares that
-    join late): run as root, their servers and osworld workers start at niceness
-    :data:`~.procs.BACKGROUND_NICE` and are set back to 0, with everything below them, once
-    up, so their start-up takes CPU the attempts leave.
     """
     check_options(config, OPTION_NAMES, "local")
     options = dict(config.options)
@@ -439,14 +424,12 @@ async def open_local_desktops(
             start_timeout=float(options.get("start_timeout", 30.0)),
             sandbox=sandbox,
             network=network,
-            background=background,
         )
         token = server.choose_token()
         servers.append(server)
-        grader = None if python is None else _grader(f"local-{i}", python, "", token, size, options)
-        if grader is not None:
-            grader.background = server.background
-        graders.append(grader)
+        graders.append(
+            None if python is None else _grader(f"local-{i}", python, "", token, size, options)
+        )
 
     async def stop_all() -> None:
         await asyncio.gather(

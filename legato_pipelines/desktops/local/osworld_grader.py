@@ -31,7 +31,6 @@ from ...osworld_format.files import cache_file_paths, task_files
 from ...osworld_format.sources import cache_dir_path, find_source
 from ...tasks import Evaluation, Task
 from ..osworld import WorkerProcess, worker_env
-from .procs import BACKGROUND_NICE, set_nice
 
 VM_TOKEN_ENV = "LEGATO_OSWORLD_VM_TOKEN"
 START_TIMEOUT_S = 120.0
@@ -111,9 +110,6 @@ class OSWorldGrader:
         self.last_preload: dict[str, Any] | None = None
         self._spawned_with: str | None = None  # the token the running worker was given
         self._attached = False  # the running worker's DesktopEnv was started
-        #: spawn at niceness BACKGROUND_NICE, back to 0 once started (root only; set by
-        #: open_local_desktops for desktops started in the background)
-        self.background = False
         #: seconds of the last setup / evaluation inside the worker (DesktopEnv's own work)
         self.last_setup_s: float | None = None
         self.last_eval_s: float | None = None
@@ -139,8 +135,6 @@ class OSWorldGrader:
         )
         self._spawned_with = self.token
         await self.worker.start()
-        if self.background:  # its import yields the CPU to running attempts; 0 once started
-            set_nice(self.worker.pid, BACKGROUND_NICE)
         try:
             self.last_preload = await self.worker.call("preload", START_TIMEOUT_S)
         except DesktopError:
@@ -171,9 +165,6 @@ class OSWorldGrader:
         except DesktopError:
             await self.stop()
             raise
-        if self.background:
-            set_nice(self.worker.pid, 0, tree=True)
-            self.background = False  # a restarted worker starts at the normal priority
 
     async def setup(self, task: Task, timeout: float = SETUP_TIMEOUT_S) -> list[dict[str, Any]]:
         """The task's setup by OSWorld's SetupController; the steps it carried on after

@@ -278,20 +278,3 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-#: Niceness of a desktop started in the background (a spare starting while attempts run on
-#: the same cores): its start-up yields the CPU to the attempts; set back to 0 once it is up.
-BACKGROUND_NICE = 10
-
-
-def set_nice(pid: int, nice: int, *, tree: bool = False) -> None:
-    """Set the niceness of process ``pid`` (and, with ``tree``, of every process below it) to
-    ``nice``. Lowering it needs root (CAP_SYS_NICE); a process that exited meanwhile is
-    skipped. Raises ``PermissionError`` when not allowed."""
-    pids = {pid} | (descendants(pid, process_table()) if tree else set())
-    for p in sorted(pids):
-        try:
-            os.setpriority(os.PRIO_PROCESS, p, nice)
-        except ProcessLookupError:
-            continue
