@@ -16,9 +16,9 @@ prepared *ahead* (a spare) takes the first queued execution of a heavy app inste
 2-4 s, longer than a light attempt) while no other heavy preparation is under way. So a heavy
 app's start begins early enough to end before a runner needs it (with one spare per runner
 a LibreOffice start began only one light attempt ahead and sat on the critical path), heavy
-attempts are spread over the batch instead of ending it (a lone Calc attempt at the end left
-the other runner idle) and the light attempts keep the queue's order; one at a time, so that
-the runners always find a light desktop prepared next to it.
+attempts move earlier in the batch (they need not all come at its end; one at a time, the
+last of several can still end it) and the light attempts keep the queue's order; one at a
+time, so that the runners always find a light desktop prepared next to it.
 
 Rules the hand-out keeps:
 
