@@ -87,12 +87,44 @@ def pss_mb(pids: list[int]) -> float:
     return total_kb / 1024
 
 
+def timeline(run_dir: Path, launched: float, exited: float, runners: int) -> dict:
+    """Where one batch's wall time went, from its records (Unix seconds ``launched`` /
+    ``exited``: the ``legato collect`` process's start and end; ``runners``: attempts at once).
+
+    ``startup_s``: launch to the batch's start (imports, policy check, run directory, the
+    desktops the batch waits for; the start is the earliest ``started_at``, when the first
+    preparation began); ``runner_s``: per app, the runners' seconds summed over its attempts:
+    ``reset_critical`` (waiting for a ready desktop) and the attempt's own phases (``policy``,
+    ``act``, ``wait``, ``obs``, ``eval``); ``idle_s``: the rest of ``runners x`` (last record's
+    end - batch start): bookkeeping between phases and runners idle at the end (``imbalance_s``:
+    the last record's end minus the one before); ``exit_s``: the last record to the process's
+    end (summary, closing desktops)."""
+    records = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    start = min(r["started_at"] for r in records)
+    phases = ("reset_critical", "policy", "act", "wait", "obs", "eval")
+    per_app: dict[str, dict[str, float]] = {}
+    for r in records:
+        app = per_app.setdefault(r.get("domain") or "-", dict.fromkeys(("n", *phases), 0.0))
+        app["n"] += 1
+        for phase in phases:
+            app[phase] += r["timing"].get(f"{phase}_s", 0.0)
+    ends = sorted(r["ended_at"] for r in records)
+    used = sum(sum(p[k] for k in phases) for p in per_app.values())
+    return {
+        "startup_s": round(start - launched, 2),
+        "runner_s": {app: {k: round(v, 2) for k, v in p.items()} for app, p in per_app.items()},
+        "idle_s": round(runners * (ends[-1] - start) - used, 2),
+        "imbalance_s": round(ends[-1] - ends[-2], 2) if len(ends) > 1 else 0.0,
+        "exit_s": round(exited - ends[-1], 2),
+    }
+
+
 def run_mode(cmd: list[str], cwd: Path | None = None) -> tuple[dict, float, dict]:
     """Run one collection (in ``cwd``: ``python -m`` imports the package found there first);
     return its summary, wall seconds and resource figures."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     samples: list[float] = []
-    t0 = time.perf_counter()
+    t0, launched = time.perf_counter(), time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
     stop = threading.Event()
 
@@ -103,7 +135,7 @@ def run_mode(cmd: list[str], cwd: Path | None = None) -> tuple[dict, float, dict
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     out, err = proc.communicate()
-    wall = time.perf_counter() - t0
+    wall, exited = time.perf_counter() - t0, time.time()
     stop.set()
     sampler.join()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -118,6 +150,12 @@ def run_mode(cmd: list[str], cwd: Path | None = None) -> tuple[dict, float, dict
             "desktops_pss_peak_mb": round(max(used), 1) if used else None,
             "desktops_pss_mean_mb": round(statistics.fmean(used), 1) if used else None,
             "cpu_s": round(cpu, 1),
+            "timeline": timeline(
+                Path(cmd[cmd.index("--out") + 1]),
+                launched,
+                exited,
+                int(cmd[cmd.index("--desktops") + 1]),
+            ),
         },
     )
 

@@ -17,7 +17,9 @@ Public API::
 into the model server before any desktop starts (``legato_pipelines.policy.loading``).
 """
 
-from .desktops.base import DesktopConfig
+from importlib import import_module
+from typing import TYPE_CHECKING
+
 from .errors import (
     ConfigError,
     DesktopError,
@@ -30,15 +32,50 @@ from .errors import (
     ResumeError,
     TaskListError,
 )
-from .policy.config import PolicyConfig
-from .policy.loading import LoadSpec
-from .record import Record
-from .rollout.engine import collect, collect_async
-from .rollout.profile import profile
-from .rollout.settings import CollectSettings
-from .store.export import export_steps, group_advantages
-from .store.rundir import load_request, read_records
-from .tasks import Task, TaskSet, load_tasks
+
+#: The public names that live in submodules, imported on first use (PEP 562): a process that
+#: needs one part (a desktop server, an osworld worker's helpers) does not import the engine,
+#: httpx, pyarrow's users and the task models (~0.5 s of CPU per desktop server start).
+_LAZY = {
+    "DesktopConfig": ".desktops.base",
+    "PolicyConfig": ".policy.config",
+    "LoadSpec": ".policy.loading",
+    "Record": ".record",
+    "collect": ".rollout.engine",
+    "collect_async": ".rollout.engine",
+    "profile": ".rollout.profile",
+    "CollectSettings": ".rollout.settings",
+    "export_steps": ".store.export",
+    "group_advantages": ".store.export",
+    "load_request": ".store.rundir",
+    "read_records": ".store.rundir",
+    "Task": ".tasks",
+    "TaskSet": ".tasks",
+    "load_tasks": ".tasks",
+}
+
+if TYPE_CHECKING:
+    from .desktops.base import DesktopConfig
+    from .policy.config import PolicyConfig
+    from .policy.loading import LoadSpec
+    from .record import Record
+    from .rollout.engine import collect, collect_async
+    from .rollout.profile import profile
+    from .rollout.settings import CollectSettings
+    from .store.export import export_steps, group_advantages
+    from .store.rundir import load_request, read_records
+    from .tasks import Task, TaskSet, load_tasks
+
+
+def __getattr__(name: str):
+    """A public name of :data:`_LAZY`, imported from its module on first use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "collect",

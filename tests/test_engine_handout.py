@@ -15,8 +15,11 @@ from collections import Counter
 import pytest
 
 from legato_pipelines import DesktopConfig, PolicyConfig, collect, load_tasks, read_records
+from legato_pipelines.desktops import open_desktops
 from legato_pipelines.desktops.fake import FakeDesktop
+from legato_pipelines.errors import DesktopError
 from legato_pipelines.policy.scripted import Latency
+from legato_pipelines.rollout import engine
 from legato_pipelines.rollout.engine import collect_async
 from legato_pipelines.rollout.settings import spare_desktops
 from tests.engine_support import fake_tasks
@@ -295,3 +298,180 @@ def test_a_batch_cut_mid_way_with_spares_resumes_without_losing_or_doubling(
     summary = collect(**batch)
     assert (tmp_path / "rollouts.jsonl").read_bytes().startswith(kept)
     assert_accounted(read_records(tmp_path), summary)
+
+
+class SlowSpares:
+    """``open_desktops`` of the engine, with the late opening (``first > 0``: the spares)
+    taking ``delay`` seconds first, or failing with ``fail``; notes what was opened, cancelled
+    and closed. The desktops are the real fake backend's."""
+
+    def __init__(self, delay: float = 0.0, fail: BaseException | None = None):
+        self.delay, self.fail = delay, fail
+        self.opened: list[tuple[float, list[str]]] = []
+        self.cancelled: list[float] = []
+        self.closed: list[str] = []
+
+    async def __call__(self, config, n, first=0):
+        if first:
+            try:
+                await asyncio.sleep(self.delay)
+            except asyncio.CancelledError:
+                self.cancelled.append(time.time())
+                raise
+            if self.fail is not None:
+                raise self.fail
+        desktops = await open_desktops(config, n, first)
+        for d in desktops:
+            d.close = lambda d=d: self._closed(d)
+        self.opened.append((time.time(), [d.name for d in desktops]))
+        return desktops
+
+    async def _closed(self, desktop) -> None:
+        self.closed.append(desktop.name)
+
+
+def test_runners_start_before_their_spares_are_up_and_the_spares_join(
+    policy_server, tmp_path, monkeypatch
+):
+    """2 runners + 2 spares whose start takes 1 s: the first attempts start on the runners'
+    desktops at once, the spares join when up and run attempts of the same batch; every
+    desktop is closed at the end."""
+    policy_server.latency = Latency(0.1)
+    opener = SlowSpares(delay=1.0)
+    monkeypatch.setattr(engine, "open_desktops", opener)
+    summary = collect(
+        load_tasks(fake_tasks(8)),
+        policy(policy_server),
+        tmp_path,
+        desktops=2,
+        spares=2,
+        desktop=DesktopConfig(backend="fake", options={"latency": {"reset": 0.2}}),
+        group=2,
+        max_steps=3,
+    )
+    records = read_records(tmp_path)
+    assert_accounted(records, summary)
+    assert [names for _, names in opener.opened] == [["fake-0", "fake-1"], ["fake-2", "fake-3"]]
+    spares_up = opener.opened[1][0]
+    first = min(records, key=lambda r: r["started_at"])
+    assert spares_up - first["started_at"] > 0.8  # the batch did not wait for the spares
+    assert {r["desktop"] for r in records} == {"fake-0", "fake-1", "fake-2", "fake-3"}
+    assert all(
+        r["started_at"] >= spares_up for r in records if r["desktop"] in ("fake-2", "fake-3")
+    )
+    assert sorted(opener.closed) == ["fake-0", "fake-1", "fake-2", "fake-3"]
+    assert summary["knobs"]["spares"] == 2 and summary["success_rate"] is not None
+
+
+def test_spares_that_fail_to_start_leave_the_batch_to_its_runners(
+    policy_server, tmp_path, monkeypatch, caplog
+):
+    """The spares' start fails: a warning, and the batch runs every attempt on the runners'
+    desktops (a spare is an optimisation, its failure no batch failure)."""
+    policy_server.latency = Latency(0.02)
+    opener = SlowSpares(delay=0.2, fail=DesktopError("2 of 2 desktop servers failed", kind="crash"))
+    monkeypatch.setattr(engine, "open_desktops", opener)
+    with caplog.at_level("WARNING", logger="legato_pipelines.collect"):
+        summary = collect(
+            load_tasks(fake_tasks(4)),
+            policy(policy_server),
+            tmp_path,
+            desktops=2,
+            spares=2,
+            desktop=DesktopConfig(backend="fake", options={"latency": {"reset": 0.1}}),
+            group=2,
+            max_steps=2,
+        )
+    records = read_records(tmp_path)
+    assert_accounted(records, summary)
+    assert Counter(r["status"] for r in records) == {"ok": 8}
+    assert {r["desktop"] for r in records} == {"fake-0", "fake-1"}
+    assert "spare desktop(s) did not start" in caplog.text
+    assert sorted(opener.closed) == ["fake-0", "fake-1"]
+
+
+def test_a_batch_that_ends_before_its_spares_are_up_cancels_their_start(
+    policy_server, tmp_path, monkeypatch
+):
+    """Three one-step attempts on 2 runners end long before the spare's 5 s start: its start
+    is cancelled (the opener stops what it started) and nothing of the batch outlives it."""
+    policy_server.latency = Latency(0.0)
+    opener = SlowSpares(delay=5.0)
+    monkeypatch.setattr(engine, "open_desktops", opener)
+
+    async def run():
+        t0 = time.time()
+        summary = await collect_async(
+            load_tasks(fake_tasks(3)),
+            policy(policy_server),
+            tmp_path,
+            desktops=2,
+            spares=2,
+            desktop=DesktopConfig(backend="fake"),
+            group=1,
+            max_steps=1,
+        )
+        leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        return summary, leftover, time.time() - t0
+
+    summary, leftover, wall = asyncio.run(run())
+    assert leftover == []
+    assert wall < 4.0
+    assert len(opener.cancelled) == 1  # one spare (3 attempts: 2 runners + 1), cut
+    assert [names for _, names in opener.opened] == [["fake-0", "fake-1"]]
+    assert_accounted(read_records(tmp_path), summary)
+
+
+class AppStarts(FakeDesktop):
+    """A fake desktop whose reset takes as long as its task's app starts: 1.2 s for a task
+    whose ``related_apps`` name LibreOffice Calc (a cold start), 0.1 s for the others."""
+
+    async def reset(self, task, *, seed=0):
+        heavy = "libreoffice_calc" in task.config.get("related_apps", [])
+        await asyncio.sleep(1.2 if heavy else 0.1)
+        return await super().reset(task, seed=seed)
+
+
+def test_a_spare_starts_a_heavy_app_early_and_light_attempts_keep_their_order(
+    policy_server, tmp_path
+):
+    """24 light tasks, then two Calc tasks (the local suite's shape), 2 runners + 2 spares:
+    the spares prepare the Calc attempts early (one at a time), so neither waits for its
+    1.2 s app start on the critical path nor ends the batch; the light attempts start in
+    queue order. Without spares the queue order holds and each Calc start is waited for."""
+    policy_server.latency = Latency(0.1)
+    entries = fake_tasks(24, success=1.0) + [
+        {**t, "config": {**t["config"], "related_apps": ["libreoffice_calc"]}}
+        for t in fake_tasks(2, success=1.0, prefix="calc")
+    ]
+    runs = {}
+    for spares in (2, 0):
+        config = DesktopConfig(backend="fake")
+        pool = [AppStarts(config, i) for i in range(2 + spares)]
+        out = tmp_path / f"spares-{spares}"
+        summary = collect(
+            load_tasks(entries),
+            policy(policy_server),
+            out,
+            desktop_pool=pool,
+            spares=spares,
+            group=1,
+            max_steps=2,
+        )
+        records = read_records(out)
+        assert_accounted(records, summary)
+        runs[spares] = sorted(records, key=lambda r: r["started_at"])
+    on, off = runs[2], runs[0]
+    calc_on = [r for r in on if r["task_id"].startswith("calc")]
+    assert all(
+        r["timing"]["reset_critical_s"] < 0.2 and r["timing"]["reset_ahead"] for r in calc_on
+    )
+    assert max(r["ended_at"] for r in calc_on) < max(r["ended_at"] for r in on) - 0.2
+    # the two Calc preparations did not overlap: one heavy start at a time
+    first, second = sorted(calc_on, key=lambda r: r["started_at"])
+    assert second["started_at"] >= first["started_at"] + first["timing"]["reset_s"] - 0.05
+    light = [r["task_id"] for r in on if not r["task_id"].startswith("calc")]
+    assert light == sorted(light)
+    assert [r["task_id"] for r in off] == [e["task_id"] for e in entries]  # queue order
+    calc_off = [r for r in off if r["task_id"].startswith("calc")]
+    assert all(r["timing"]["reset_critical_s"] >= 1.1 for r in calc_off)

@@ -175,3 +175,34 @@ def test_legato_collect_imports_no_numpy_pyarrow_or_duckdb():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_desktop_server_imports_no_client_side():
+    """A desktop server (one per desktop, started by every batch) imports neither httpx, the
+    engine, the backend's client side nor the policy client (~0.3 s of CPU per start on the
+    2-core machine; issue 18): the package and ``desktops.local`` hand their names on lazily."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; import legato_pipelines.desktops.local.server; "
+        "print(sorted(m for m in ('httpx', 'legato_pipelines.rollout.engine', "
+        "'legato_pipelines.desktops.local.backend', 'legato_pipelines.policy.client', "
+        "'legato_pipelines.desktops.client') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT.parent, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_lazy_public_names_are_the_modules_own():
+    import legato_pipelines
+    import legato_pipelines.desktops.local as local
+    from legato_pipelines.desktops.local.backend import open_local_desktops
+    from legato_pipelines.rollout.engine import collect
+
+    assert legato_pipelines.collect is collect and local.open_local_desktops is open_local_desktops
+    assert all(getattr(legato_pipelines, name) is not None for name in legato_pipelines.__all__)
+    assert all(getattr(local, name) is not None for name in local.__all__)

@@ -8,15 +8,24 @@ from .base import Backend, Desktop, DesktopConfig, Evaluation, Wait, Waits
 __all__ = ["Backend", "Desktop", "DesktopConfig", "Evaluation", "Wait", "Waits", "open_desktops"]
 
 
-async def open_desktops(config: DesktopConfig, n: int) -> list[Desktop]:
+async def open_desktops(config: DesktopConfig, n: int, first: int = 0) -> list[Desktop]:
     """Start (or attach to) ``n`` desktops of ``config.backend``; raise ``ConfigError`` for a
-    backend that is not available here, ``DesktopError`` when desktops fail to start."""
+    backend that is not available here, ``DesktopError`` when desktops fail to start.
+
+    ``first``: the number in the first desktop's name (``local-<first>``, ``fake-<first>``),
+    for desktops opened after others of the same batch (spares that join late); only the
+    ``fake`` and ``local`` backends starting their own desktops take it (``ConfigError``
+    otherwise). A cancelled opening of ``local`` desktops stops what it started."""
+    if first and (config.backend not in ("fake", "local") or config.options.get("urls")):
+        raise ConfigError(
+            f"desktops: only fake and local desktops started here can be opened late (first={first})"
+        )
     if n < 1:
         raise ConfigError(f"desktops: need at least 1 desktop, got {n} (fix: --desktops N)")
     if config.backend == "fake":
         from .fake import FakeDesktop
 
-        return [FakeDesktop(config, i) for i in range(n)]
+        return [FakeDesktop(config, i) for i in range(first, first + n)]
     if config.backend == "local":
         try:
             from .local.backend import open_local_desktops
@@ -25,7 +34,7 @@ async def open_desktops(config: DesktopConfig, n: int) -> list[Desktop]:
             raise ConfigError(f"backend 'local' is not available: {exc}") from None
         if config.options.get("urls"):  # servers on other hosts, health-checked (remote.py)
             return list(await open_remote_pool(config, n))
-        return list(await open_local_desktops(config, n))
+        return list(await open_local_desktops(config, n, first))
     if config.backend == "osworld":
         try:
             from .osworld.backend import open_osworld_desktops

@@ -14,7 +14,7 @@ import gc
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -237,13 +237,21 @@ async def collect_async(
                 if sched.pending():
                     # runners + spares, no more desktops than attempts to run
                     n_open = min(desktops + spares, sched.pending())
-                    pool = (
-                        desktop_pool
-                        if desktop_pool is not None
-                        else await open_desktops(desktop, n_open)
+                    runners = min(desktops, n_open)
+                    late = 0
+                    if desktop_pool is not None:
+                        pool = desktop_pool
+                    else:
+                        # the spares start while the runners' first attempts run
+                        late = n_open - runners if opens_late(desktop) else 0
+                        pool = await open_desktops(desktop, n_open - late)
+                    later = (
+                        (lambda: open_desktops(desktop, late, first=n_open - late), late)
+                        if late
+                        else None
                     )
                     try:
-                        await _run_workers(ctx, sched, pool, emit, runners=min(desktops, n_open))
+                        await _run_workers(ctx, sched, pool, emit, runners=runners, later=later)
                     except PolicyConfigError as exc:
                         gone = (
                             await adapter_gone(plan)
@@ -300,16 +308,35 @@ async def _verify_after(plan, writer: RunWriter) -> None:
     writer.update_meta("checkpoint", {**plan.meta(), "after": after})
 
 
+def opens_late(desktop: DesktopConfig) -> bool:
+    """Whether a batch on ``desktop`` starts its spares after its runners' desktops, while the
+    first attempts run (:meth:`.Handout.join`): for desktops started here by the ``local``
+    and ``fake`` backends (not attached by URL, not OSWorld VMs)."""
+    return desktop.backend in ("local", "fake") and not desktop.options.get("urls")
+
+
 async def _run_workers(
-    ctx: AttemptContext, sched: Scheduler, pool: list[Desktop], emit, runners: int | None = None
+    ctx: AttemptContext,
+    sched: Scheduler,
+    pool: list[Desktop],
+    emit,
+    runners: int | None = None,
+    later: tuple[Callable[[], Awaitable[list[Desktop]]], int] | None = None,
 ) -> None:
     """``runners`` attempts at once (default: one per desktop) on the desktops of ``pool``,
     the others prepared ahead (:mod:`.handout`), until the queue is empty; if every desktop
     is gone, what is left in the queue ends as an ``env`` error (nothing is silently
-    dropped)."""
-    handout = Handout(sched, pool, lambda ex: emit(settled_record(ctx, ex, SKIPPED)))
+    dropped). ``later``: ``(open, n)``, ``n`` more desktops that ``open()`` starts now, while
+    the runners go; they join the pool when up and are appended to ``pool`` (the caller
+    closes it); a batch that ends first cancels their opening (which stops what it started)."""
     n = max(1, min(runners or len(pool), len(pool)))
+    handout = Handout(sched, pool, lambda ex: emit(settled_record(ctx, ex, SKIPPED)), runners=n)
     started = time.perf_counter()  # every runner asks for its first desktop now
+    joining = (
+        asyncio.create_task(handout.join(later[0](), later[1]), name="spares-join")
+        if later
+        else None
+    )
     workers = [
         asyncio.create_task(_worker(ctx, sched, handout, emit, started), name=f"runner-{i}")
         for i in range(n)
@@ -320,7 +347,12 @@ async def _run_workers(
         for w in workers:
             w.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
+        if joining is not None:
+            joining.cancel()
+            with contextlib.suppress(BaseException):
+                await joining
         await handout.aclose()
+        pool.extend(handout.joined)
     for failure in results:
         if isinstance(failure, BaseException) and not isinstance(failure, DesktopError):
             raise failure

@@ -9,6 +9,17 @@ what is left of that desktop's preparation. With ``spares`` desktops more than r
 runs while the policy drives the current one; with no spares a desktop is prepared only when
 its runner asks, which is today's reset-at-hand-out.
 
+Which execution a free desktop is prepared for: the queue's front when a runner will wait for
+that preparation (fewer preparations under way than runners without a desktop); a desktop
+prepared *ahead* (a spare) takes the first queued execution of a heavy app instead
+(:func:`heavy_task`: LibreOffice, Chrome, GIMP, Thunderbird, VS Code, VLC: a cold start of
+2-4 s, longer than a light attempt) while no other heavy preparation is under way. So a heavy
+app's start begins early enough to end before a runner needs it (with one spare per runner
+a LibreOffice start began only one light attempt ahead and sat on the critical path), heavy
+attempts move earlier in the batch (they need not all come at its end; one at a time, the
+last of several can still end it) and the light attempts keep the queue's order; one at a
+time, so that the runners always find a light desktop prepared next to it.
+
 Rules the hand-out keeps:
 
 - a desktop is handed out only once its preparation ended; one whose reset or setup failed
@@ -22,6 +33,11 @@ Rules the hand-out keeps:
 - when the batch is cancelled (Ctrl-C, an error), :meth:`Handout.aclose` cancels and awaits
   every preparation and recovery: none is leaked, no desktop stays held.
 
+Spares may join late (:meth:`Handout.join`): a batch's runners start on the first desktops
+up while the spares still start (a desktop's start-up is ~1.5 s of CPU: four at once on two
+cores held the first attempt back by seconds); a spare that comes up is prepared like any
+free desktop, one that fails to start is left out with a warning.
+
 Used from one event loop (no locks); imports nothing of Dagster.
 """
 
@@ -32,15 +48,42 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ..desktops.base import Desktop
 from ..errors import DesktopError
+from ..tasks import Task
 from .attempt import Prepared, prepare, unexpected
 from .scheduler import Execution, Scheduler
 
 log = logging.getLogger("legato_pipelines.collect")
+
+
+#: Apps (names of :func:`~legato_pipelines.osworld_format.classify.classify_task`) whose cold
+#: start takes seconds: LibreOffice 2.2-4.4 s on the 2-core machine (BENCHMARKS.md), Chrome,
+#: GIMP, Thunderbird, VS Code and VLC 1.8-4.6 s; a terminal or text editor ~0.4 s.
+HEAVY_APPS = frozenset(
+    {
+        "libreoffice",
+        "libreoffice_calc",
+        "libreoffice_writer",
+        "libreoffice_impress",
+        "chrome",
+        "gimp",
+        "thunderbird",
+        "vs_code",
+        "vlc",
+    }
+)
+
+
+def heavy_task(task: Task) -> bool:
+    """Whether ``task`` involves an app of :data:`HEAVY_APPS` (its ``related_apps``, the apps
+    its launch/open steps start: static analysis, nothing runs; ~2 ms)."""
+    from ..osworld_format.classify import classify_task
+
+    return bool(set(classify_task(task).apps) & HEAVY_APPS)
 
 
 @dataclass(eq=False)
@@ -69,8 +112,11 @@ class Handout:
         sched: Scheduler,
         desktops: list[Desktop],
         on_skipped: Callable[[Execution], None],
+        runners: int | None = None,
     ):
         self.sched = sched
+        self.runners = runners or len(desktops)  # attempts at once
+        self._heavy: dict[int, bool] = {}  # id(group) -> heavy_task(its task)
         self.on_skipped = on_skipped
         self.free: deque[Desktop] = deque(desktops)
         self.prepared: deque[Handed] = deque()
@@ -79,12 +125,15 @@ class Handout:
         self.busy = 0  # desktops handed out to runners
         self.waiting: deque[object] = deque()  # runners asking, in the order they asked
         self.retired: list[Desktop] = []
+        self.joining = 0  # desktops still starting (join)
+        self.joined: list[Desktop] = []  # desktops that joined late: the caller closes them
         self._changed = asyncio.Event()
 
     def _fill(self) -> None:
-        """Prepare every free desktop for the next queued execution."""
+        """Prepare every free desktop for the next queued execution (a spare: for the first
+        heavy one, while no heavy preparation is under way; module docstring)."""
         while self.free:
-            ex = self.sched.next()
+            ex = self._next()
             if ex is None:
                 return
             if ex.group.closed:
@@ -94,6 +143,21 @@ class Handout:
             task = asyncio.create_task(prepare(desktop, ex), name=f"prepare-{desktop.name}")
             task.add_done_callback(lambda _t: self._changed.set())
             self.prepared.append(Handed(ex, desktop, task, time.perf_counter()))
+
+    def _next(self) -> Execution | None:
+        """The execution the next free desktop is prepared for."""
+        ahead = self.runners - self.busy <= len(self.prepared)  # no runner waits for it
+        if ahead and not any(self._is_heavy(h.ex) for h in self.prepared if not h.task.done()):
+            ex = self.sched.next_where(lambda e: not e.group.closed and self._is_heavy(e))
+            if ex is not None:
+                return ex
+        return self.sched.next()
+
+    def _is_heavy(self, ex: Execution) -> bool:
+        heavy = self._heavy.get(id(ex.group))
+        if heavy is None:
+            heavy = self._heavy[id(ex.group)] = heavy_task(ex.group.task)
+        return heavy
 
     async def take(self, asked: float) -> tuple[Handed, Prepared, float, bool] | None:
         """The next execution with its desktop and :class:`Prepared`, once the preparation
@@ -119,7 +183,8 @@ class Handout:
                         waited = time.perf_counter() - asked
                         return handed, handed.task.result(), waited, handed.began < asked
                 if not self.prepared and (
-                    not self.sched.pending() or not (self.busy or self.recovering or self.draining)
+                    not self.sched.pending()
+                    or not (self.busy or self.recovering or self.draining or self.joining)
                 ):
                     return None
                 # a preparation ends (its done callback), a desktop comes back (release,
@@ -129,6 +194,26 @@ class Handout:
         finally:
             self.waiting.remove(turn)
             self._changed.set()
+
+    async def join(self, opening: Awaitable[list[Desktop]], n: int) -> None:
+        """Add the ``n`` desktops ``opening`` gives once it ends (spares started after the
+        batch began); each is prepared for the next queued execution at once, as any free
+        desktop. A failed opening is logged and the batch goes on with the desktops it has;
+        a cancelled one is the opener's to clean up. The added desktops are in
+        :attr:`joined` (the caller closes them)."""
+        self.joining += n
+        try:
+            desktops = await opening
+        except Exception as exc:  # noqa: BLE001 - spares are an optimisation, not a must
+            log.warning("%d spare desktop(s) did not start, going on without them: %s", n, exc)
+            return
+        finally:
+            self.joining -= n
+            self._changed.set()
+        self.joined.extend(desktops)
+        self.free.extend(desktops)
+        self._fill()
+        self._changed.set()
 
     def drop_closed(self) -> None:
         """Settle every prepared execution whose group has closed (``skipped``); a desktop

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..tasks import Task
@@ -79,6 +80,16 @@ class Scheduler:
         while self.queue:
             ex = self.queue.popleft()
             if not ex.taken:
+                ex.taken = True
+                return ex
+        return None
+
+    def next_where(self, wanted: Callable[[Execution], bool]) -> Execution | None:
+        """The first queued execution for which ``wanted`` is true, taken out of its place
+        (the others keep their order), or ``None`` when there is none."""
+        for ex in self.queue:
+            if not ex.taken and wanted(ex):
+                self.queue.remove(ex)
                 ex.taken = True
                 return ex
         return None

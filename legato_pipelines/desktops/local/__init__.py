@@ -9,9 +9,36 @@ desktop server as its "VM", the remote pool attaches to servers by URL. Importin
 package needs no X libraries; the server (``.server``) does.
 """
 
-from ..client import DesktopClient, action_json
-from .backend import LocalDesktop, ServerProcess, open_local_desktops, sandbox_options
+from importlib import import_module
+from typing import TYPE_CHECKING
+
 from .wire import DEFAULT_TOKEN_ENV
+
+#: Names imported on first use (PEP 562): the desktop server (``.server``, a package module)
+#: needs none of the client side (httpx, the backend, the osworld worker's channel).
+_LAZY = {
+    "DesktopClient": "..client",
+    "action_json": "..client",
+    "LocalDesktop": ".backend",
+    "ServerProcess": ".backend",
+    "open_local_desktops": ".backend",
+    "sandbox_options": ".backend",
+}
+
+if TYPE_CHECKING:
+    from ..client import DesktopClient, action_json
+    from .backend import LocalDesktop, ServerProcess, open_local_desktops, sandbox_options
+
+
+def __getattr__(name: str):
+    """A name of :data:`_LAZY`, imported from its module on first use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEFAULT_TOKEN_ENV",

@@ -120,6 +120,7 @@ class ServerProcess:
         self.ports: dict[str, int] = {}
         self._fixed_token = token
         self.token: str = token or ""
+        self._token_chosen = False
         self.state_dir: Path | None = None
         self._proc: asyncio.subprocess.Process | None = None
 
@@ -133,11 +134,23 @@ class ServerProcess:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.returncode is None
 
-    async def start(self) -> str:
-        """Start the server; return its URL once it accepts connections."""
+    def choose_token(self) -> str:
+        """Pick the token of the next :meth:`start` now (the fixed one, else a new random one)
+        and return it: an osworld worker that will drive this server is given it while the
+        server still starts."""
         import secrets
 
         self.token = self._fixed_token or secrets.token_urlsafe(32)
+        self._token_chosen = True
+        return self.token
+
+    async def start(self) -> str:
+        """Start the server; return its URL once it accepts connections. The token is the one
+        :meth:`choose_token` picked for this start, else a new one (a restart never reuses
+        the token of a former start unless it is fixed)."""
+        if not self._token_chosen:
+            self.choose_token()
+        self._token_chosen = False
         self.state_dir = Path(tempfile.mkdtemp(prefix="legato-desktop-"))
         env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
         env[DEFAULT_TOKEN_ENV] = self.token
@@ -375,11 +388,17 @@ def sandbox_options(options: dict[str, Any]) -> tuple[bool, str]:
     return sandbox, network
 
 
-async def open_local_desktops(config: DesktopConfig, n: int) -> list[LocalDesktop]:
-    """Start ``n`` desktop servers concurrently (or attach to ``options["urls"]``).
+async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> list[LocalDesktop]:
+    """Start ``n`` desktop servers concurrently (or attach to ``options["urls"]``), named
+    ``local-<first>`` on.
+
+    When OSWorld's grader is used, each desktop's osworld worker is spawned and imports
+    desktop_env (:meth:`.OSWorldGrader.spawn`) while its server starts, and is attached to it
+    once the server is up: start-up is the longer of the two, not their sum.
 
     Raises ``ConfigError`` for unknown options, too few URLs or a missing token variable, and
-    ``DesktopError(kind="crash")`` when a server does not come up (the others are stopped).
+    ``DesktopError(kind="crash")`` when a server or a grader does not come up (the others are
+    stopped).
     """
     check_options(config, OPTION_NAMES, "local")
     options = dict(config.options)
@@ -389,9 +408,12 @@ async def open_local_desktops(config: DesktopConfig, n: int) -> list[LocalDeskto
     urls = options.get("urls")
     if urls:
         return await _attach(config, list(urls), n, options.get("token_env", DEFAULT_TOKEN_ENV))
+    python = _grader_python(options)
     base_port = options.get("base_port")
-    servers = [
-        ServerProcess(
+    size = (config.screen_width, config.screen_height)
+    servers, graders = [], []
+    for i in range(first, first + n):
+        server = ServerProcess(
             width=config.screen_width,
             height=config.screen_height,
             host=options.get("host", "127.0.0.1"),
@@ -403,46 +425,118 @@ async def open_local_desktops(config: DesktopConfig, n: int) -> list[LocalDeskto
             sandbox=sandbox,
             network=network,
         )
-        for i in range(n)
-    ]
-    started = await asyncio.gather(*(s.start() for s in servers), return_exceptions=True)
+        token = server.choose_token()
+        servers.append(server)
+        graders.append(
+            None if python is None else _grader(f"local-{i}", python, "", token, size, options)
+        )
+
+    async def stop_all() -> None:
+        await asyncio.gather(
+            *(g.close() for g in graders if g is not None),
+            *(s.stop() for s in servers),
+            return_exceptions=True,
+        )
+
+    try:
+        started = await asyncio.gather(
+            *(_start(s, g) for s, g in zip(servers, graders, strict=True)),
+            return_exceptions=True,
+        )
+    except BaseException:  # cancelled (a batch that ended before its late spares were up)
+        await stop_all()
+        raise
     failures = [r for r in started if isinstance(r, BaseException)]
     if failures:
-        await asyncio.gather(*(s.stop() for s in servers))
+        await stop_all()
+        broken = [f for f in failures if not isinstance(f, _GraderFailed)]
+        if broken:
+            raise DesktopError(
+                f"{len(broken)} of {n} desktop servers failed to start: {broken[0]}",
+                kind="crash",
+            )
         raise DesktopError(
-            f"{len(failures)} of {n} desktop servers failed to start: {failures[0]}", kind="crash"
+            f"{len(failures)} of {n} OSWorld graders failed to start: {failures[0].error} "
+            "(fix: `legato osworld install`, or desktop option grader=own)",
+            kind="crash",
         )
-    size = (config.screen_width, config.screen_height)
-    desktops = [
-        LocalDesktop(f"local-{i}", DesktopClient(s.url, s.token), config, size, server=s)
-        for i, s in enumerate(servers)
+    return [
+        LocalDesktop(f"local-{i}", DesktopClient(s.url, s.token), config, size, server=s, grader=g)
+        for i, s, g in zip(range(first, first + n), servers, graders, strict=True)
     ]
-    return await _with_graders(desktops, [s.token for s in servers], options)
+
+
+class _GraderFailed(Exception):
+    """A desktop's osworld worker did not come up (``error``: its ``DesktopError``)."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
+
+
+async def _start(server: ServerProcess, grader: OSWorldGrader | None) -> None:
+    """Start ``server`` and, at the same time, spawn ``grader``'s worker (the desktop_env
+    import); attach the grader once the server is up. Raises the server's ``DesktopError``,
+    or :class:`_GraderFailed` when only the grader failed."""
+    if grader is None:
+        await server.start()
+        return
+    up, spawned = await asyncio.gather(server.start(), grader.spawn(), return_exceptions=True)
+    if isinstance(up, BaseException):  # the server's failure first: it names the cause
+        raise up
+    if isinstance(spawned, BaseException):
+        raise _GraderFailed(spawned)
+    grader.ports = server.ports  # --network own: the forwarded host ports
+    try:
+        await grader.start(server.url, server.token)
+    except DesktopError as exc:
+        raise _GraderFailed(exc) from None
+
+
+def _grader_python(options: dict[str, Any]):
+    """The OSWorld interpreter the graders run under, ``None`` for the own subset (option
+    ``grader``; :func:`~legato_pipelines.desktops.osworld.grader.local_grader`). Raises
+    ``ConfigError`` when option ``grader``/``osworld_python`` names what is not there."""
+    from ..osworld import local_grader
+
+    return local_grader(options)[1]
+
+
+def _grader(
+    name: str,
+    python,
+    url: str,
+    token: str,
+    size: tuple[int, int],
+    options: dict[str, Any],
+) -> OSWorldGrader:
+    """The osworld worker of desktop ``name`` (not started)."""
+    return OSWorldGrader(
+        name=name,
+        python=str(python),
+        url=url,
+        token=token,
+        screen_size=size,
+        cache_dir=options.get("cache_dir"),
+    )
 
 
 async def _with_graders(
     desktops: list[LocalDesktop], tokens: list[str], options: dict[str, Any]
 ) -> list[LocalDesktop]:
-    """Attach an OSWorld grader to each desktop when option ``grader`` picks OSWorld's code
-    (:func:`~legato_pipelines.desktops.osworld.grader.local_grader`); start them concurrently.
-    On a failure every desktop is closed and ``DesktopError`` raised."""
-    from ..osworld import local_grader
-
+    """Attach an OSWorld grader to each of the already-running ``desktops`` (attached by URL)
+    when option ``grader`` picks OSWorld's code; start them concurrently. On a failure every
+    desktop is closed and ``DesktopError`` raised."""
     try:
-        _, python = local_grader(options)
+        python = _grader_python(options)
     except ConfigError:
         await asyncio.gather(*(d.close() for d in desktops), return_exceptions=True)
         raise
     if python is None:
         return desktops
     for desktop, token in zip(desktops, tokens, strict=True):
-        desktop.grader = OSWorldGrader(
-            name=desktop.name,
-            python=str(python),
-            url=desktop.client.url,
-            token=token,
-            screen_size=desktop.screen_size,
-            cache_dir=options.get("cache_dir"),
+        desktop.grader = _grader(
+            desktop.name, python, desktop.client.url, token, desktop.screen_size, options
         )
         if desktop.server is not None:
             desktop.grader.ports = desktop.server.ports

@@ -107,6 +107,9 @@ class OSWorldGrader:
         self.work_dir = Path(tempfile.mkdtemp(prefix=f"legato-{name}-osworld-"))
         self.worker: WorkerProcess | None = None
         self.last_start: dict[str, Any] | None = None
+        self.last_preload: dict[str, Any] | None = None
+        self._spawned_with: str | None = None  # the token the running worker was given
+        self._attached = False  # the running worker's DesktopEnv was started
         #: seconds of the last setup / evaluation inside the worker (DesktopEnv's own work)
         self.last_setup_s: float | None = None
         self.last_eval_s: float | None = None
@@ -117,11 +120,12 @@ class OSWorldGrader:
     def alive(self) -> bool:
         return self.worker is not None and self.worker.alive()
 
-    async def start(self, url: str | None = None, token: str | None = None) -> None:
-        """Start the worker and its ``DesktopEnv`` on the desktop (a new ``url``/``token``
-        after the server was restarted). Nothing on the desktop is reset."""
+    async def spawn(self) -> None:
+        """Start the worker process and import desktop_env in it (op ``preload``): the ~1.4 s
+        import needs no desktop, so it can run while the desktop server starts. The worker
+        gets ``token`` in its environment now; :meth:`start` with the same token attaches it.
+        Raises ``DesktopError`` when the worker fails or misses :data:`START_TIMEOUT_S`."""
         await self.stop()
-        self.url, self.token = url or self.url, token or self.token
         self.worker = WorkerProcess(
             self.python,
             env=worker_env({VM_TOKEN_ENV: self.token}),
@@ -129,7 +133,23 @@ class OSWorldGrader:
             name=f"{self.name}-osworld",
             log_path=str(self.work_dir / "worker.log"),
         )
+        self._spawned_with = self.token
         await self.worker.start()
+        try:
+            self.last_preload = await self.worker.call("preload", START_TIMEOUT_S)
+        except DesktopError:
+            await self.stop()
+            raise
+
+    async def start(self, url: str | None = None, token: str | None = None) -> None:
+        """Start the worker's ``DesktopEnv`` on the desktop (a new ``url``/``token`` after the
+        server was restarted). A worker from :meth:`spawn` that is alive, not attached yet and
+        holds this token is used; any other is replaced by a new one. Nothing on the desktop
+        is reset."""
+        self.url, self.token = url or self.url, token or self.token
+        fresh = self.alive() and not self._attached and self._spawned_with == self.token
+        if not fresh:
+            await self.spawn()
         request = {
             "provider": "local",
             "vm_url": self.url,
@@ -139,6 +159,7 @@ class OSWorldGrader:
             "fast_mode": "server",
             "ports": self.ports,
         }
+        self._attached = True
         try:
             self.last_start = await self.worker.call("start", START_TIMEOUT_S, **request)
         except DesktopError:
@@ -173,6 +194,7 @@ class OSWorldGrader:
     async def stop(self) -> None:
         """Stop the worker (its DesktopEnv's ``close`` leaves the desktop alone: provider local)."""
         worker, self.worker = self.worker, None
+        self._attached, self._spawned_with = False, None
         if worker is None:
             return
         if worker.alive():

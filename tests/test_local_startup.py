@@ -1,0 +1,116 @@
+"""Start-up of local desktops (issue 18): each desktop's osworld worker imports desktop_env
+while its server starts, and a start that is cancelled (a batch that ended before its late
+spares were up) stops every server it began. Real servers, real Xvfb, the real OSWorld venv."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from legato_pipelines.desktops import open_desktops
+from legato_pipelines.desktops.base import DesktopConfig
+from legato_pipelines.desktops.local import open_local_desktops
+from legato_pipelines.desktops.local.procs import descendants, process_table
+from legato_pipelines.errors import ConfigError
+from legato_pipelines.tasks import Task
+from tests.desktop_local_support import needs_xvfb
+from tests.osworld_backend_support import needs_desktop_apps, needs_vm_python, osworld_python
+
+pytestmark = [needs_xvfb, pytest.mark.desktop]
+
+
+def servers_below_us() -> set[int]:
+    """Desktop server processes under this test process."""
+    table = process_table()
+    found = set()
+    for pid in descendants(os.getpid(), table):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"legato_pipelines.desktops.local.server" in f.read():
+                    found.add(pid)
+        except OSError:
+            continue
+    return found
+
+
+MKDIR = Task(
+    task_id="mkdir",
+    domain=None,
+    source="inline",
+    config={
+        "instruction": "nothing",
+        "config": [{"type": "execute", "parameters": {"command": "mkdir ~/made", "shell": True}}],
+        "evaluator": {
+            "func": "check_include_exclude",
+            "result": {
+                "type": "vm_command_line",
+                "command": "test -d ~/made && echo yes || echo no",
+                "shell": True,
+            },
+            "expected": {"type": "rule", "rules": {"include": ["yes"], "exclude": ["no"]}},
+        },
+    },
+)
+
+
+@pytest.mark.slow
+@needs_desktop_apps
+@needs_vm_python
+async def test_the_grader_imports_desktop_env_while_its_server_starts():
+    """Two desktops with OSWorld's grader, named from ``first``: each worker imported
+    desktop_env before it was attached (``preload``), so its ``start`` imported nothing; the
+    grader sets up and grades a task; after the server is killed and recovered (a new token)
+    a new worker drives it."""
+    config = DesktopConfig(
+        backend="local", options={"grader": "osworld", "osworld_python": osworld_python()}
+    )
+    desktops = await open_local_desktops(config, 2, first=2)
+    try:
+        assert [d.name for d in desktops] == ["local-2", "local-3"]
+        for d in desktops:
+            assert d.grader is not None
+            assert d.grader.last_preload["import_s"] > 0.2  # the real import, ahead
+            assert d.grader.last_start["import_s"] < 0.05  # nothing left to import
+            assert d.grader.last_start["server"] == d.client.url
+        d = desktops[0]
+        await d.reset(MKDIR)
+        assert d.setup_failures == []
+        assert (await d.evaluate(MKDIR)).reward == 1.0
+        worker_pid, token = d.grader.worker.pid, d.server.token
+        d.server.kill()
+        await d.recover()
+        assert d.server.token != token and d.grader.worker.pid != worker_pid
+        await d.reset(MKDIR)
+        assert (await d.evaluate(MKDIR)).reward == 1.0
+    finally:
+        await asyncio.gather(*(d.close() for d in desktops))
+    assert servers_below_us() == set()
+
+
+async def test_a_cancelled_start_stops_every_server_it_began():
+    """Cancelled while its servers start: none is left running, none of their state dirs."""
+    before = servers_below_us()
+    config = DesktopConfig(backend="local", options={"grader": "own"})
+    opening = asyncio.create_task(open_desktops(config, 2, first=1))
+    for _ in range(200):  # both servers spawned
+        await asyncio.sleep(0.01)
+        if len(servers_below_us() - before) == 2:
+            break
+    assert len(servers_below_us() - before) == 2
+    # past their spawn (a cancel inside create_subprocess_exec kills the child by itself)
+    await asyncio.sleep(0.4)
+    assert not opening.done()
+    opening.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await opening
+    assert servers_below_us() - before == set()
+
+
+async def test_only_desktops_started_here_open_late():
+    with pytest.raises(ConfigError, match="opened late"):
+        await open_desktops(DesktopConfig(backend="osworld"), 1, first=2)
+    attached = DesktopConfig(backend="local", options={"urls": ["http://127.0.0.1:9"]})
+    with pytest.raises(ConfigError, match="opened late"):
+        await open_desktops(attached, 1, first=2)
