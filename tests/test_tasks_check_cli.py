@@ -73,6 +73,26 @@ def test_table_output_has_totals():
     assert "totals" in proc.stdout and "runnable on local" in proc.stdout
 
 
+def test_totals_report_only_the_checked_backend():
+    """With --backend X the other backends were not judged (no support of theirs was looked
+    up), so neither the table nor the JSON counts tasks runnable on them."""
+    table = legato(str(LOCAL_SUITE), "--backend", "osworld")
+    assert table.returncode == 0, table.stderr
+    assert "runnable on osworld" in table.stdout
+    for other in ("runnable on local", "runnable on fake", "evaluator supported locally"):
+        assert other not in table.stdout
+    assert "local desktops on this host" not in table.stdout
+    doc = orjson.loads(legato(str(LOCAL_SUITE), "--backend", "fake", "--json").stdout)
+    assert doc["backends_checked"] == ["fake"] and doc["local_desktops"] is None
+    assert doc["totals"]["by_backend"] == {"fake": len(doc["tasks"])}
+    assert "top_local_blockers" not in doc["totals"]
+    assert {tuple(t["backends"]) for t in doc["tasks"]} == {("fake",)}
+    assert {tuple(t["problems"]) for t in doc["tasks"]} <= {(), ("fake",)}
+    local = orjson.loads(legato(str(LOCAL_SUITE), "--backend", "local", "--json").stdout)
+    assert list(local["totals"]["by_backend"]) == ["local"]
+    assert local["local_desktops"]["apps"] and "top_local_blockers" in local["totals"]
+
+
 def test_bad_task_list_names_the_field(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_bytes(

@@ -475,11 +475,18 @@ def needs_full_reset(task: Task) -> bool:
     return classify_task(task).changes_outside_home
 
 
-def summarize(classes: list[TaskClass], *, top: int = 10) -> TaskTotals:
-    """Totals over classified tasks; ``top`` limits the most common unsupported parts/blockers."""
-    by_backend = {
-        name: sum(name in c.backends for c in classes) for name in ("local", "osworld", "fake")
-    }
+def summarize(
+    classes: list[TaskClass],
+    *,
+    backends: tuple[str, ...] = ("local", "osworld", "fake"),
+    top: int = 10,
+) -> TaskTotals:
+    """Totals over classified tasks; ``top`` limits the most common unsupported parts/blockers.
+
+    ``by_backend`` counts only ``backends`` (the ones checked): a task's verdict on a backend
+    is only meaningful when it was classified with that backend's support.
+    """
+    by_backend = {name: sum(name in c.backends for c in classes) for name in backends}
     unsupported = Counter(part for c in classes for part in c.unsupported_evaluator_parts)
     blockers = Counter(re.sub(r"^evaluator: ", "", b) for c in classes for b in c.local_blockers)
     return TaskTotals(
