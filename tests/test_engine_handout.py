@@ -16,9 +16,10 @@ import pytest
 
 from legato_pipelines import DesktopConfig, PolicyConfig, collect, load_tasks, read_records
 from legato_pipelines.desktops.fake import FakeDesktop
+from legato_pipelines.errors import ConfigError
 from legato_pipelines.policy.scripted import Latency
 from legato_pipelines.rollout.engine import collect_async
-from legato_pipelines.rollout.settings import spare_desktops
+from legato_pipelines.rollout.settings import attached_servers, spare_desktops
 from tests.engine_support import fake_tasks
 from tests.test_engine_collect import assert_accounted
 
@@ -254,8 +255,37 @@ def test_spares_default_on_for_local_desktops_only():
     assert spare_desktops(None, desktops=1, backend="local") == 0  # off for a single desktop
     assert spare_desktops(None, desktops=4, backend="fake") == 0
     assert spare_desktops(None, desktops=4, backend="osworld") == 0
-    assert spare_desktops(None, desktops=2, backend="local", attached=True) == 0  # by URL
+    assert spare_desktops(None, desktops=2, backend="local", attached=2) == 0  # by URL
     assert spare_desktops(3, desktops=1, backend="osworld") == 3
+
+
+def test_desktops_by_url_need_one_server_per_runner_and_spare(policy_server, tmp_path):
+    """Two servers by URL, --desktops 2 --spares 1: three are needed. The batch says so, in
+    the user's terms (runners + spares), before anything runs or is written; option ``local``
+    (desktops started here besides the URLs) counts too."""
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    assert spare_desktops(1, desktops=2, backend="local", attached=3) == 1
+    assert spare_desktops(0, desktops=2, backend="local", attached=2) == 0
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError) as caught:
+        collect(
+            load_tasks(fake_tasks(2)),
+            policy(policy_server),
+            out,
+            desktops=2,
+            spares=1,
+            desktop=DesktopConfig(backend="local", options={"urls": urls}),
+        )
+    message = str(caught.value)
+    assert "lists 2 server(s), but 2 desktop(s) (--desktops) + 1 spare(s) (--spares) need 3" in (
+        message
+    )
+    assert "fix: list 3 URLs, or lower --desktops/--spares" in message
+    assert not out.exists()
+    with pytest.raises(ConfigError, match="need 3"):
+        spare_desktops(1, desktops=2, backend="local", attached=2)
+    assert attached_servers({"urls": urls, "local": 1}) == 3
+    assert attached_servers({"local": 1}) == 0  # no urls: every desktop is started here
 
 
 def test_a_batch_cut_mid_way_with_spares_resumes_without_losing_or_doubling(

@@ -42,6 +42,7 @@ from .settings import (
     OVERRIDES_POLICY,
     RESUME_SETTINGS,
     CollectSettings,
+    attached_servers,
     spare_desktops,
 )
 
@@ -132,7 +133,7 @@ async def collect_async(
             settings.spares,
             desktops=desktops,
             backend=desktop.backend,
-            attached=bool(desktop.options.get("urls")),
+            attached=attached_servers(desktop.options),
         )
     else:  # already-open desktops: the spares among them only when asked for
         spares = min(settings.spares or 0, len(desktop_pool) - 1)

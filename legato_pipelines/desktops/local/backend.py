@@ -463,7 +463,8 @@ async def _attach(
 ) -> list[LocalDesktop]:
     if len(urls) < n:
         raise ConfigError(
-            f"desktop option 'urls' lists {len(urls)} servers but {n} desktops were asked for"
+            f"desktop option 'urls' lists {len(urls)} servers but {n} desktops are to be opened "
+            "(one server per runner and per spare)"
         )
     token = os.environ.get(token_env, "")
     if not token:
