@@ -122,6 +122,40 @@ def test_spares_take_the_reset_off_the_critical_path_with_the_same_rewards(polic
     assert set(on["reset_critical"]["by_domain"]) == {"-"}  # inline tasks have no domain
 
 
+def test_without_spares_no_attempt_claims_a_desktop_prepared_ahead(policy_server, tmp_path):
+    """--spares 0 on 2 runners whose desktops reset at different speeds: a runner may get the
+    desktop another runner freed (its reset began before this runner asked), but it still
+    waited for the rest of that reset, so ``reset_ahead`` (ready before the runner asked)
+    stays false: only a spare's work counts as prepared ahead."""
+    policy_server.latency = Latency(0.15)
+    delays = {"fake-0": [1.0, 0.1], "fake-1": [0.1, 2.0]}
+
+    async def run():
+        pool, log = watched_pool(2)
+        for d in pool:
+            d.delays = list(delays[d.name])
+        summary = await collect_async(
+            load_tasks(fake_tasks(2)),
+            policy(policy_server),
+            tmp_path,
+            desktop_pool=pool,
+            spares=0,
+            group=2,
+            max_steps=3,
+        )
+        return summary, log
+
+    summary, log = asyncio.run(run())
+    records = read_records(tmp_path)
+    assert_accounted(records, summary)
+    assert summary["knobs"]["spares"] == 0 and log["violations"] == []
+    timings = [r["timing"] for r in records]
+    # the runner that asked after fake-1's 2 s reset began got it: part of it was off its path
+    assert any(t["reset_critical_s"] < t["reset_s"] - 0.5 for t in timings), timings
+    assert all(t["reset_ahead"] is False for t in timings), timings
+    assert summary["reset_critical"]["overall"]["ahead"] == 0.0
+
+
 def test_a_desktop_is_handed_out_only_ready_and_never_after_a_failed_setup(policy_server, tmp_path):
     """Resets that fail 30% of the time on 2 runners + 2 spares: the policy's side never
     touches a desktop that is resetting or whose reset failed; each failure is that attempt's
