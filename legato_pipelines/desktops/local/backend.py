@@ -111,9 +111,11 @@ class ServerProcess:
         token: str | None = None,
         sandbox: bool = True,
         network: str = "host",
+        ready_source: str = "damage",
     ):
         self.width, self.height, self.host, self.port = width, height, host, port
         self.sandbox, self.network = sandbox, network
+        self.ready_source = ready_source  # the server's --ready-source: damage | poll
         self.user, self.template, self.start_timeout = user, template, start_timeout
         self.prebuild = tuple(prebuild)
         self.url: str | None = None
@@ -166,6 +168,7 @@ class ServerProcess:
         if self.user:
             argv += ["--user", self.user]
         argv += ["--sandbox" if self.sandbox else "--no-sandbox", "--network", self.network]
+        argv += ["--ready-source", self.ready_source]
         if self.template:
             argv += ["--template", str(self.template)]
         for app in self.prebuild:
