@@ -180,7 +180,9 @@ def check_command(
         Path | None,
         typer.Option(
             "--cache-dir",
-            help="Local file cache: URLs found there do not count as needing the internet.",
+            help="Local file cache: URLs found there do not count as needing the internet "
+            "(default: legato osworld cache's directory, $XDG_CACHE_HOME/legato/osworld-files, as "
+            "collect's; --desktop-option cache_dir= for none).",
         ),
     ] = None,
     backend: Annotated[

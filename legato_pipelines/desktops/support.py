@@ -14,7 +14,7 @@ import functools
 from typing import Any
 
 from ..osworld_format.classify import BackendSupport
-from ..osworld_format.sources import cache_dir_path
+from ..osworld_format.sources import file_cache_dir
 
 
 @functools.lru_cache(maxsize=1)
@@ -31,13 +31,14 @@ def backend_support(backend: str, options: dict[str, Any] | None = None) -> Back
     ``urls`` run elsewhere, so no app is held against a task there), the grader of option
     ``grader`` (``desktops/osworld/grader.py``: OSWorld's names when its venv is installed);
     ``osworld``: the installed desktop-env's names when its interpreter exists; every backend:
-    option ``cache_dir``. Raises ``ConfigError`` for a bad ``grader`` or ``cache_dir`` option.
+    the file cache of option ``cache_dir``, by default ``legato osworld cache``'s directory
+    (``osworld_format.sources.file_cache_dir``). Raises ``ConfigError`` for a bad ``grader`` or ``cache_dir`` option.
     """
     from .local.apps import DESKTOP_APPS
     from .osworld import installed_grader, local_grader, osworld_python
 
     options = dict(options or {})
-    fields: dict[str, Any] = {"cache_dir": cache_dir_path(options.get("cache_dir"))}
+    fields: dict[str, Any] = {"cache_dir": file_cache_dir(options)}
     if backend == "local":
         if options.get("urls"):
             every = {app.provides for app in DESKTOP_APPS} | {"os", "libreoffice"}

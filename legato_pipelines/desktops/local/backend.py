@@ -38,7 +38,8 @@ one (or ``grader=own``) the project's own subset runs them (``osworld_format.run
   template      directory copied into each baseline HOME (pre-built app profiles)
   prebuild      apps whose profile each server builds into its baseline HOME: ["libreoffice"]
   cache_dir     read-only file cache for ``download`` steps and ``cloud_file`` getters
-                (``legato osworld cache`` fills it)
+                (default: ``legato osworld cache``'s ``~/.cache/legato/osworld-files``;
+                ``""``: none)
   start_timeout seconds a server may take to come up (default 30)
   grader        ``auto`` (default: OSWorld's own setup and evaluators when its venv is
                 installed, else the own subset), ``osworld`` (required) or ``own``
@@ -61,6 +62,7 @@ from ...actions import Action
 from ...errors import ConfigError, DesktopError
 from ...images import Screenshot
 from ...osworld_format import needs_full_reset
+from ...osworld_format.sources import file_cache_dir
 from ...tasks import Evaluation, Task
 from ..base import DesktopConfig, WaitsByMode, check_options
 from ..client import DesktopClient
@@ -445,7 +447,7 @@ async def _with_graders(
             url=desktop.client.url,
             token=token,
             screen_size=desktop.screen_size,
-            cache_dir=options.get("cache_dir"),
+            cache_dir=file_cache_dir(options),
         )
         if desktop.server is not None:
             desktop.grader.ports = desktop.server.ports
