@@ -49,7 +49,7 @@ def venv_pillow(python: str) -> str:
 
 async def started_worker(python: str, tmp_path, **env) -> channel.WorkerProcess:
     worker = channel.WorkerProcess(
-        python, env=osworld_options.worker_env(env), cwd=str(tmp_path), name="t"
+        python, env=osworld_options.worker_env(env, provider=None), cwd=str(tmp_path), name="t"
     )
     await worker.start()
     return worker
@@ -216,10 +216,46 @@ def test_worker_env_is_a_pass_list(monkeypatch):
     monkeypatch.setenv("LEGATO_POLICY_KEY", "sk-secret")
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/docker.sock")
     monkeypatch.setenv("PYTHONPATH", "/somewhere")
-    env = osworld_options.worker_env({"X": "1"})
+    env = osworld_options.worker_env({"X": "1"}, provider="docker")
     assert "LEGATO_POLICY_KEY" not in env and "PYTHONPATH" not in env
     assert env["DOCKER_HOST"] == "unix:///run/docker.sock"
     assert env["PYTHON_DOTENV_DISABLED"] == "1" and env["X"] == "1"
+
+
+def test_a_worker_gets_exactly_its_cloud_providers_credentials(monkeypatch):
+    """An aws worker needs AWS's credentials (DesktopEnv starts and stops EC2 VMs with them),
+    an azure worker Azure's; neither gets the other's, the hub token or Google's, and a
+    worker of provider local (the local backend's grader) or one that starts no VM gets none."""
+    creds = {
+        "AWS_ACCESS_KEY_ID": "AKIA-test",
+        "AWS_SECRET_ACCESS_KEY": "aws-secret",
+        "AWS_SESSION_TOKEN": "aws-session",
+        "AWS_REGION": "us-east-1",
+        "AZURE_CLIENT_SECRET": "azure-secret",
+        "AZURE_SUBSCRIPTION_ID": "azure-sub",
+        "GOOGLE_APPLICATION_CREDENTIALS": "/secrets/gcp.json",
+        "HF_TOKEN": "hf-token",
+        "LEGATO_POLICY_KEY": "sk-secret",
+    }
+    for name, value in creds.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HF_ENDPOINT", "https://hf-mirror.example")
+
+    def secrets(env: dict) -> set[str]:
+        return {name for name in creds if name in env}
+
+    aws = osworld_options.worker_env(provider="aws")
+    assert secrets(aws) == {n for n in creds if n.startswith("AWS_")}
+    assert aws["AWS_SESSION_TOKEN"] == "aws-session"
+    assert secrets(osworld_options.worker_env(provider="azure")) == {
+        "AZURE_CLIENT_SECRET",
+        "AZURE_SUBSCRIPTION_ID",
+    }
+    for provider in ("local", "docker", "vmware", None):
+        env = osworld_options.worker_env({"LEGATO_VM_TOKEN": "t"}, provider=provider)
+        assert secrets(env) == set(), provider
+        assert env["HF_ENDPOINT"] == "https://hf-mirror.example"  # a mirror is no secret
+        assert env["LEGATO_VM_TOKEN"] == "t"  # what the caller hands over on purpose
 
 
 def test_options_are_validated(tmp_path):

@@ -65,6 +65,7 @@ from ...osworld_format import needs_full_reset
 from ...osworld_format.sources import file_cache_dir
 from ...tasks import Evaluation, Task
 from ..base import DesktopConfig, WaitsByMode, check_options
+from ..child_env import desktop_server_env
 from ..client import DesktopClient
 from ..popups import PopupGuard
 from ..server_tasks import ServerTasks
@@ -88,7 +89,6 @@ OPTION_NAMES = frozenset(
         "osworld_python",
     }
 )
-SECRET_ENV = ("LEGATO_POLICY_KEY",)  # never handed to a desktop server or its apps
 
 
 class ServerProcess:
@@ -143,7 +143,7 @@ class ServerProcess:
 
         self.token = self._fixed_token or secrets.token_urlsafe(32)
         self.state_dir = Path(tempfile.mkdtemp(prefix="legato-desktop-"))
-        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        env = desktop_server_env()  # no policy key, no cloud or other credential
         env[DEFAULT_TOKEN_ENV] = self.token
         # A parent-death signal: if this process dies (even by SIGKILL), the server gets SIGTERM
         # and shuts its desktop down instead of leaking it.

@@ -152,7 +152,7 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
             headers["Authorization"] = f"Bearer {self.vm_server.token}"
         self.worker = WorkerProcess(
             self.python,
-            env=worker_env(extra),
+            env=worker_env(extra, provider=request["provider"]),
             cwd=self.work_dir,
             name=self.name,
             log_path=os.path.join(self.work_dir, f"{self.name}.log"),

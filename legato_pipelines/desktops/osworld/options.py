@@ -10,6 +10,7 @@ from typing import Any
 
 from ...errors import ConfigError
 from ..base import DesktopConfig, check_options
+from ..child_env import provider_env
 from .install import default_venv, venv_python
 
 PROVIDERS = ("docker", "local", "vmware", "virtualbox", "aws", "azure", "aliyun", "volcengine")
@@ -38,20 +39,20 @@ OPTION_NAMES = frozenset(
         "log_level",
     }
 )
-#: Environment variables a worker inherits (providers' credentials and endpoints); nothing
-#: else, so neither the policy key nor a stray configuration reaches DesktopEnv.
-PASS_ENV_PREFIXES = (
-    "DOCKER_",
-    "HF_",
-    "AWS_",
-    "AZURE_",
-    "ALIYUN_",
-    "ALIBABA",
-    "VOLCENGINE_",
-    "KVM",
+#: Environment variables every worker inherits (besides its provider's, ``child_env.py``):
+#: nothing else, so neither the policy key, another cloud's credentials nor a stray
+#: configuration reaches DesktopEnv. ``HF_ENDPOINT``: a hub mirror for its downloads.
+PASS_ENV = (
+    "HOME",
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "TMPDIR",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "HF_ENDPOINT",
 )
-PASS_ENV = ("HOME", "PATH", "LANG", "LC_ALL", "TMPDIR", "http_proxy", "https_proxy", "no_proxy")
-SECRET_ENV = ("LEGATO_POLICY_KEY",)
 #: The HOME baseline of a local desktop in ``fast_mode`` ``vm`` (expanded by the desktop's shell).
 LOCAL_VM_BASELINE = "$TMPDIR/legato-home-baseline"
 
@@ -62,16 +63,16 @@ def default_cache_root() -> Path:
     return Path(cache) / "legato" / "osworld-cache"
 
 
-def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The clean environment of a worker: a pass-list of the parent's plus ``extra``.
+def worker_env(extra: dict[str, str] | None = None, *, provider: str | None) -> dict[str, str]:
+    """The clean environment of a worker: the parent's :data:`PASS_ENV`, the variables of its
+    DesktopEnv ``provider`` (``child_env.provider_env``: ``AWS_*`` for ``aws``, ``AZURE_*``
+    for ``azure``, ...; nothing for ``local`` or ``None``, a worker that starts no VM), plus
+    ``extra``. No other credential and never the policy key.
 
     ``PYTHON_DOTENV_DISABLED=1`` stops desktop_env's import-time ``load_dotenv()`` (docs/osworld.md §8).
     """
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if (k in PASS_ENV or k.startswith(PASS_ENV_PREFIXES)) and k not in SECRET_ENV
-    }
+    env = {k: v for k, v in os.environ.items() if k in PASS_ENV}
+    env.update(provider_env(provider))
     env["PYTHON_DOTENV_DISABLED"] = "1"
     env.update(extra or {})
     return env
