@@ -146,18 +146,21 @@ def _task_doc(c: TaskClass, checked: tuple[str, ...]) -> dict:
     return doc
 
 
-def _support(backend: Backend | None, cache_dir: Path | None, desktop_option: list[str]):
+def _support(
+    backend: Backend | None, cache_dir: Path | None, desktop_option: list[str], desktops: int
+):
     """What collect's preflight would use (``desktops/support.py``) with the same
-    ``--desktop-option`` items: one backend's, or (no ``--backend``) the local and osworld
-    backends' together. Raises ``ValueError`` for a malformed item."""
+    ``--desktop-option`` items and ``desktops`` open at once: one backend's, or (no
+    ``--backend``) the local and osworld backends' together. Raises ``ValueError`` for a
+    malformed item, ``ConfigError`` for a bad option value."""
     from .collect import parse_desktop_options
 
     options = parse_desktop_options(desktop_option)
     if cache_dir is not None:
         options["cache_dir"] = cache_dir
     if backend is not None:
-        return backend_support(backend.value, options)
-    local = backend_support("local", options)
+        return backend_support(backend.value, options, desktops=desktops)
+    local = backend_support("local", options, desktops=desktops)
     osworld = backend_support("osworld", options).osworld_grader
     return local.model_copy(update={"osworld_grader": osworld})
 
@@ -209,10 +212,20 @@ def check_command(
         typer.Option(
             "--desktop-option",
             help="Backend option KEY=JSON (repeatable), as collect's: grader=own|osworld, "
-            "osworld_python=PATH, cache_dir=DIR, urls=[...] change the verdict as they change "
-            "collect's preflight.",
+            "osworld_python=PATH, cache_dir=DIR, network=host|none|own, urls=[...] change the "
+            "verdict as they change collect's preflight.",
         ),
     ] = None,
+    desktops: Annotated[
+        int,
+        typer.Option(
+            "--desktops",
+            min=1,
+            help="Local desktops collect opens at once (its --desktops plus --spares): on "
+            "network=host (the default) they share Chrome's and VLC's ports, so with 2+ the "
+            "tasks whose setup or grader reaches those ports cannot run.",
+        ),
+    ] = 1,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (tasks + problems + totals).")
     ] = False,
@@ -240,7 +253,7 @@ def check_command(
     except TaskListError as exc:
         fail(exc.describe())  # every problem of the list, not only the first 20
     try:
-        support = _support(backend, cache_dir, desktop_option or [])
+        support = _support(backend, cache_dir, desktop_option or [], desktops)
     except (ConfigError, ValueError) as exc:
         fail(str(exc))
     # the engine's preflight judges with classify_task's problems too (osworld_format/verdict.py)
@@ -281,6 +294,8 @@ def check_command(
                 "pyautogui": support.local_pyautogui,
                 "grader": support.local_grader.kind,
                 "grader_source": support.local_grader.source,
+                "network": support.local_network,
+                "desktops": support.local_desktops,
             }
             if "local" in checked
             else None,
@@ -313,6 +328,15 @@ def check_command(
                 f"[dim]local desktops on this host have: {', '.join(sorted(support.local_apps))};"
                 f" {pyautogui} pyautogui (docs/local-desktop.md §11); graded by "
                 f"{escape(support.local_grader.source)}[/]",
+                highlight=False,
+            )
+        ports = [c for c in classes if c.desktop_ports]
+        if "local" in checked and support.local_network == "host" and ports:
+            _out.print(
+                f"[dim]{len(ports)} task(s) hold Chrome's port 9222 or VLC's 8080, which on "
+                "network=host (the default) all local desktops share: run 2+ desktops with "
+                "--desktop-option network=own (per-desktop ports) or one at a time; those whose "
+                "setup or grader reaches the port are refused with 2+ (--desktops N)[/]",
                 highlight=False,
             )
         if not backend and any(not_runnable.values()):

@@ -62,6 +62,7 @@ from ...actions import Action
 from ...errors import ConfigError, DesktopError
 from ...images import Screenshot
 from ...osworld_format import needs_full_reset
+from ...osworld_format.ports import NETWORKS as PORT_NETWORKS
 from ...osworld_format.sources import file_cache_dir
 from ...tasks import Evaluation, Task
 from ..base import DesktopConfig, WaitsByMode, check_options
@@ -361,8 +362,9 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
             return False
 
 
-#: Sandboxed desktops' networks (``legato desktop serve --network``, desktop option ``network``).
-NETWORKS = ("host", "none", "own")
+#: Sandboxed desktops' networks (``legato desktop serve --network``, desktop option
+#: ``network``): what each does to OSWorld's ports, ``osworld_format/ports.py``.
+NETWORKS = PORT_NETWORKS
 
 
 def sandbox_options(options: dict[str, Any]) -> tuple[bool, str]:
