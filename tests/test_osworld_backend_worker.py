@@ -258,6 +258,38 @@ def test_a_worker_gets_exactly_its_cloud_providers_credentials(monkeypatch):
         assert env["LEGATO_VM_TOKEN"] == "t"  # what the caller hands over on purpose
 
 
+async def test_each_desktop_spares_included_holds_a_cache_folder_of_its_own(python, tmp_path):
+    """A batch opens runners + spares desktops, desktop-0 .. desktop-<n-1>, each with its own
+    DesktopEnv cache folder; another batch on this host with the same cache_dir is refused
+    before any worker starts, rather than sharing desktop-<i> (where DesktopEnv and the
+    getters write a task's files), and may go once the first one closed its desktops."""
+    from legato_pipelines.desktops.osworld.backend import open_osworld_desktops
+
+    root = tmp_path / "c"
+    config = DesktopConfig(
+        backend="osworld",
+        options={"osworld_python": python, "cache_dir": str(root), "work_dir": str(tmp_path)},
+    )
+    runners, spares = 2, 2
+    folders = [r["cache_dir"] for r in osworld_options.plan_desktops(config, runners + spares)]
+    assert folders == [str(root / f"desktop-{i}") for i in range(4)]
+    held = osworld_options.claim_cache_dir(folders[3])  # another batch's desktop 3 (a spare)
+    try:
+        with pytest.raises(ConfigError) as caught:
+            await open_osworld_desktops(config, runners + spares)
+        message = str(caught.value)
+        assert f"{folders[3]} is in use by another batch on this host (pid {os.getpid()})" in (
+            message
+        )
+        assert "fix: give each batch running at once its own --desktop-option cache_dir" in message
+        # the folders it had claimed before it met desktop-3 are free again
+        for folder in folders[:3]:
+            osworld_options.claim_cache_dir(folder).close()
+    finally:
+        held.close()
+    osworld_options.claim_cache_dir(folders[3]).close()  # free once its holder let go
+
+
 def test_options_are_validated(tmp_path):
     def plan(**options):
         return osworld_options.plan_desktops(DesktopConfig(backend="osworld", options=options), 1)

@@ -4,9 +4,10 @@ request, its interpreter and its clean environment (see :mod:`.backend` for the 
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ...errors import ConfigError
 from ..base import DesktopConfig, check_options
@@ -61,6 +62,34 @@ def default_cache_root() -> Path:
     """``$XDG_CACHE_HOME/legato/osworld-cache`` (``~/.cache/...``): DesktopEnv cache dirs."""
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "legato" / "osworld-cache"
+
+
+def claim_cache_dir(cache_dir: str | Path) -> IO[str]:
+    """Hold desktop folder ``cache_dir`` (``<root>/desktop-<i>``, DesktopEnv's cache of one
+    desktop) for this process: an exclusive ``flock`` on ``<root>/desktop-<i>.lock``, kept
+    until the returned file is closed (or the process ends). Two batches on one host with the
+    same ``cache_dir`` option would otherwise give their desktop ``i`` the same folder, where
+    DesktopEnv downloads and getters write a task's files. Raises ``ConfigError`` naming the
+    folder, the holder's pid and the fix when another process holds it."""
+    folder = Path(cache_dir)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(folder.with_name(folder.name + ".lock"), "a+")  # noqa: SIM115 - kept open
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise ConfigError(
+            f"desktop option cache_dir: {folder} is in use by another batch on this host (pid "
+            f"{holder}); each desktop needs a folder of its own (fix: give each batch running "
+            "at once its own --desktop-option cache_dir=DIR)"
+        ) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
 
 
 def worker_env(extra: dict[str, str] | None = None, *, provider: str | None) -> dict[str, str]:
