@@ -171,8 +171,10 @@ class Timing(_Format):
     ``reset_critical_s`` (written when measured): seconds the attempt waited for its desktop
     on the critical path, from the moment its runner asked for one (the end of the runner's
     previous attempt, or its start) to the hand-out of a desktop reset, set up and ready for
-    it; ``reset_ahead``: that reset began before the runner asked (a desktop prepared ahead,
-    docs/architecture.md §3). ``reset_s`` stays the reset's own seconds, wherever it ran.
+    it; ``reset_ahead``: the desktop was prepared ahead, its reset, setup and ready wait all
+    ended before the runner asked (a spare's work, docs/architecture.md §3); false when the
+    runner waited for any part of the reset (always with no spares). ``reset_s`` stays the
+    reset's own seconds, wherever it ran.
     """
 
     OPTIONAL: ClassVar[frozenset[str]] = frozenset({"reset_critical_s", "reset_ahead"})
@@ -189,7 +191,8 @@ class Timing(_Format):
         None, description="Seconds the attempt waited for a ready desktop after asking."
     )
     reset_ahead: bool | None = Field(
-        None, description="The desktop's reset began before the attempt asked for it."
+        None,
+        description="The desktop was ready (reset, set up) before the attempt's runner asked.",
     )
 
     def phase(self, phase: str) -> float:

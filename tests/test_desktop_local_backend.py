@@ -162,3 +162,40 @@ async def test_the_server_never_sees_the_policy_key(monkeypatch):
         assert os.environ["LEGATO_POLICY_KEY"] == "sk-should-not-leak"
     finally:
         await d.close()
+
+
+#: Cloud and hub credentials a collector host may hold (fake values, never real).
+CLOUD_CREDENTIALS = {
+    "AWS_SECRET_ACCESS_KEY": "aws-secret-should-not-leak",
+    "AWS_SESSION_TOKEN": "aws-session-should-not-leak",
+    "AZURE_CLIENT_SECRET": "azure-secret-should-not-leak",
+    "GOOGLE_APPLICATION_CREDENTIALS": "/secrets/gcp-should-not-leak.json",
+    "HF_TOKEN": "hf-token-should-not-leak",
+}
+
+
+async def test_the_server_its_apps_and_its_grader_never_see_cloud_credentials(monkeypatch):
+    """A local desktop needs no cloud: neither its server, the commands run on it (the policy's
+    too), nor its grader worker (OSWorld's code, provider local) inherit AWS, Azure, Google or
+    hub credentials, whatever this process holds."""
+    from legato_pipelines.desktops.osworld import osworld_python
+
+    for name, value in CLOUD_CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    (d,) = await open_local_desktops(CONFIG, 1)
+    try:
+        processes = {"server": d.server.pid}
+        if osworld_python({}) is not None:  # the venv is installed: the grader is OSWorld's
+            assert d.grader is not None and d.grader.worker is not None
+            processes["grader worker"] = d.grader.worker.pid
+        for what, pid in processes.items():
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
+            for name, value in CLOUD_CREDENTIALS.items():
+                assert value.encode() not in environ, (what, name)
+        out = await d.client.execute("env", shell=True)
+        for value in CLOUD_CREDENTIALS.values():
+            assert value not in out["output"]
+        assert os.environ["AWS_SESSION_TOKEN"] == CLOUD_CREDENTIALS["AWS_SESSION_TOKEN"]
+    finally:
+        await d.close()

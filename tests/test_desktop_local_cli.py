@@ -109,6 +109,36 @@ def test_serve_with_the_token_from_the_environment_and_stop_on_sigterm():
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def test_ready_source_is_the_servers_default_source_of_the_ready_wait():
+    """--ready-source poll: a wait that names no source polls frames (the default watches the
+    X server's drawing reports); a bad value is refused naming the flag and the choices."""
+    port = free_port_pair()
+    token = "test-token-" + os.urandom(8).hex()
+    proc = start_cli(port, dict(os.environ, **{DEFAULT_TOKEN_ENV: token}), "--ready-source", "poll")
+    try:
+        wait_for_servers(proc, port, token)
+        for p in (port, port + 1):
+            r = httpx.post(
+                f"http://127.0.0.1:{p}/legato/wait",
+                json={"mode": "eval"},
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=30,
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["source"] == "poll"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=30)
+    bad = subprocess.run(
+        [sys.executable, "-m", "legato_pipelines", "desktop", "serve", "--ready-source", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode != 0
+    assert "--ready-source must be one of damage, poll, got 'x'" in bad.stdout + bad.stderr
+
+
 def test_generated_token_goes_to_a_private_file_and_servers_die_with_the_cli(tmp_path):
     port = free_port_pair()
     token_file = tmp_path / "desktop.token"

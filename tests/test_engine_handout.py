@@ -17,11 +17,11 @@ import pytest
 from legato_pipelines import DesktopConfig, PolicyConfig, collect, load_tasks, read_records
 from legato_pipelines.desktops import open_desktops
 from legato_pipelines.desktops.fake import FakeDesktop
-from legato_pipelines.errors import DesktopError
+from legato_pipelines.errors import ConfigError, DesktopError
 from legato_pipelines.policy.scripted import Latency
 from legato_pipelines.rollout import engine
 from legato_pipelines.rollout.engine import collect_async
-from legato_pipelines.rollout.settings import spare_desktops
+from legato_pipelines.rollout.settings import attached_servers, spare_desktops
 from tests.engine_support import fake_tasks
 from tests.test_engine_collect import assert_accounted
 
@@ -122,6 +122,40 @@ def test_spares_take_the_reset_off_the_critical_path_with_the_same_rewards(polic
     assert critical_off["n"] == critical_on["n"] == 8
     assert critical_off["ahead"] == 0.0 and critical_on["p50"] < 0.2 <= critical_off["p50"]
     assert set(on["reset_critical"]["by_domain"]) == {"-"}  # inline tasks have no domain
+
+
+def test_without_spares_no_attempt_claims_a_desktop_prepared_ahead(policy_server, tmp_path):
+    """--spares 0 on 2 runners whose desktops reset at different speeds: a runner may get the
+    desktop another runner freed (its reset began before this runner asked), but it still
+    waited for the rest of that reset, so ``reset_ahead`` (ready before the runner asked)
+    stays false: only a spare's work counts as prepared ahead."""
+    policy_server.latency = Latency(0.15)
+    delays = {"fake-0": [1.0, 0.1], "fake-1": [0.1, 2.0]}
+
+    async def run():
+        pool, log = watched_pool(2)
+        for d in pool:
+            d.delays = list(delays[d.name])
+        summary = await collect_async(
+            load_tasks(fake_tasks(2)),
+            policy(policy_server),
+            tmp_path,
+            desktop_pool=pool,
+            spares=0,
+            group=2,
+            max_steps=3,
+        )
+        return summary, log
+
+    summary, log = asyncio.run(run())
+    records = read_records(tmp_path)
+    assert_accounted(records, summary)
+    assert summary["knobs"]["spares"] == 0 and log["violations"] == []
+    timings = [r["timing"] for r in records]
+    # the runner that asked after fake-1's 2 s reset began got it: part of it was off its path
+    assert any(t["reset_critical_s"] < t["reset_s"] - 0.5 for t in timings), timings
+    assert all(t["reset_ahead"] is False for t in timings), timings
+    assert summary["reset_critical"]["overall"]["ahead"] == 0.0
 
 
 def test_a_desktop_is_handed_out_only_ready_and_never_after_a_failed_setup(policy_server, tmp_path):
@@ -257,8 +291,37 @@ def test_spares_default_on_for_local_desktops_only():
     assert spare_desktops(None, desktops=1, backend="local") == 0  # off for a single desktop
     assert spare_desktops(None, desktops=4, backend="fake") == 0
     assert spare_desktops(None, desktops=4, backend="osworld") == 0
-    assert spare_desktops(None, desktops=2, backend="local", attached=True) == 0  # by URL
+    assert spare_desktops(None, desktops=2, backend="local", attached=2) == 0  # by URL
     assert spare_desktops(3, desktops=1, backend="osworld") == 3
+
+
+def test_desktops_by_url_need_one_server_per_runner_and_spare(policy_server, tmp_path):
+    """Two servers by URL, --desktops 2 --spares 1: three are needed. The batch says so, in
+    the user's terms (runners + spares), before anything runs or is written; option ``local``
+    (desktops started here besides the URLs) counts too."""
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    assert spare_desktops(1, desktops=2, backend="local", attached=3) == 1
+    assert spare_desktops(0, desktops=2, backend="local", attached=2) == 0
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError) as caught:
+        collect(
+            load_tasks(fake_tasks(2)),
+            policy(policy_server),
+            out,
+            desktops=2,
+            spares=1,
+            desktop=DesktopConfig(backend="local", options={"urls": urls}),
+        )
+    message = str(caught.value)
+    assert "lists 2 server(s), but 2 desktop(s) (--desktops) + 1 spare(s) (--spares) need 3" in (
+        message
+    )
+    assert "fix: list 3 URLs, or lower --desktops/--spares" in message
+    assert not out.exists()
+    with pytest.raises(ConfigError, match="need 3"):
+        spare_desktops(1, desktops=2, backend="local", attached=2)
+    assert attached_servers({"urls": urls, "local": 1}) == 3
+    assert attached_servers({"local": 1}) == 0  # no urls: every desktop is started here
 
 
 def test_a_batch_cut_mid_way_with_spares_resumes_without_losing_or_doubling(

@@ -49,7 +49,7 @@ def venv_pillow(python: str) -> str:
 
 async def started_worker(python: str, tmp_path, **env) -> channel.WorkerProcess:
     worker = channel.WorkerProcess(
-        python, env=osworld_options.worker_env(env), cwd=str(tmp_path), name="t"
+        python, env=osworld_options.worker_env(env, provider=None), cwd=str(tmp_path), name="t"
     )
     await worker.start()
     return worker
@@ -216,10 +216,78 @@ def test_worker_env_is_a_pass_list(monkeypatch):
     monkeypatch.setenv("LEGATO_POLICY_KEY", "sk-secret")
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/docker.sock")
     monkeypatch.setenv("PYTHONPATH", "/somewhere")
-    env = osworld_options.worker_env({"X": "1"})
+    env = osworld_options.worker_env({"X": "1"}, provider="docker")
     assert "LEGATO_POLICY_KEY" not in env and "PYTHONPATH" not in env
     assert env["DOCKER_HOST"] == "unix:///run/docker.sock"
     assert env["PYTHON_DOTENV_DISABLED"] == "1" and env["X"] == "1"
+
+
+def test_a_worker_gets_exactly_its_cloud_providers_credentials(monkeypatch):
+    """An aws worker needs AWS's credentials (DesktopEnv starts and stops EC2 VMs with them),
+    an azure worker Azure's; neither gets the other's, the hub token or Google's, and a
+    worker of provider local (the local backend's grader) or one that starts no VM gets none."""
+    creds = {
+        "AWS_ACCESS_KEY_ID": "AKIA-test",
+        "AWS_SECRET_ACCESS_KEY": "aws-secret",
+        "AWS_SESSION_TOKEN": "aws-session",
+        "AWS_REGION": "us-east-1",
+        "AZURE_CLIENT_SECRET": "azure-secret",
+        "AZURE_SUBSCRIPTION_ID": "azure-sub",
+        "GOOGLE_APPLICATION_CREDENTIALS": "/secrets/gcp.json",
+        "HF_TOKEN": "hf-token",
+        "LEGATO_POLICY_KEY": "sk-secret",
+    }
+    for name, value in creds.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HF_ENDPOINT", "https://hf-mirror.example")
+
+    def secrets(env: dict) -> set[str]:
+        return {name for name in creds if name in env}
+
+    aws = osworld_options.worker_env(provider="aws")
+    assert secrets(aws) == {n for n in creds if n.startswith("AWS_")}
+    assert aws["AWS_SESSION_TOKEN"] == "aws-session"
+    assert secrets(osworld_options.worker_env(provider="azure")) == {
+        "AZURE_CLIENT_SECRET",
+        "AZURE_SUBSCRIPTION_ID",
+    }
+    for provider in ("local", "docker", "vmware", None):
+        env = osworld_options.worker_env({"LEGATO_VM_TOKEN": "t"}, provider=provider)
+        assert secrets(env) == set(), provider
+        assert env["HF_ENDPOINT"] == "https://hf-mirror.example"  # a mirror is no secret
+        assert env["LEGATO_VM_TOKEN"] == "t"  # what the caller hands over on purpose
+
+
+async def test_each_desktop_spares_included_holds_a_cache_folder_of_its_own(python, tmp_path):
+    """A batch opens runners + spares desktops, desktop-0 .. desktop-<n-1>, each with its own
+    DesktopEnv cache folder; another batch on this host with the same cache_dir is refused
+    before any worker starts, rather than sharing desktop-<i> (where DesktopEnv and the
+    getters write a task's files), and may go once the first one closed its desktops."""
+    from legato_pipelines.desktops.osworld.backend import open_osworld_desktops
+
+    root = tmp_path / "c"
+    config = DesktopConfig(
+        backend="osworld",
+        options={"osworld_python": python, "cache_dir": str(root), "work_dir": str(tmp_path)},
+    )
+    runners, spares = 2, 2
+    folders = [r["cache_dir"] for r in osworld_options.plan_desktops(config, runners + spares)]
+    assert folders == [str(root / f"desktop-{i}") for i in range(4)]
+    held = osworld_options.claim_cache_dir(folders[3])  # another batch's desktop 3 (a spare)
+    try:
+        with pytest.raises(ConfigError) as caught:
+            await open_osworld_desktops(config, runners + spares)
+        message = str(caught.value)
+        assert f"{folders[3]} is in use by another batch on this host (pid {os.getpid()})" in (
+            message
+        )
+        assert "fix: give each batch running at once its own --desktop-option cache_dir" in message
+        # the folders it had claimed before it met desktop-3 are free again
+        for folder in folders[:3]:
+            osworld_options.claim_cache_dir(folder).close()
+    finally:
+        held.close()
+    osworld_options.claim_cache_dir(folders[3]).close()  # free once its holder let go
 
 
 def test_options_are_validated(tmp_path):

@@ -207,6 +207,42 @@ def test_fetches_every_file_where_the_local_backend_finds_it(task_set, hub, tmp_
     assert result.exit_code == 0, result.output
 
 
+def test_collect_and_check_read_the_default_cache_the_cache_command_fills(
+    task_set, hub, tmp_path, monkeypatch
+):
+    """`legato osworld cache` without --cache-dir fills $XDG_CACHE_HOME/legato/osworld-files;
+    `legato tasks check` and collect's preflight then find the files there with no cache
+    option given (one default, ``sources.default_cache_dir``); ``cache_dir=`` means none."""
+    from legato_pipelines.desktops.base import DesktopConfig
+    from legato_pipelines.desktops.osworld.install import default_venv
+    from legato_pipelines.desktops.support import backend_support
+    from legato_pipelines.errors import TaskListError
+    from legato_pipelines.osworld_format.sources import default_cache_dir
+    from legato_pipelines.rollout.engine import _preflight
+
+    monkeypatch.setenv("LEGATO_OSWORLD_VENV", str(default_venv()))  # the venv stays where it is
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    default = tmp_path / "xdg" / "legato" / "osworld-files"
+    assert default_cache_dir() == default and backend_support("local", {}).cache_dir == default
+    local = DesktopConfig(backend="local")
+    with pytest.raises(TaskListError, match="needs the internet|not in the file cache"):
+        _preflight(task_set, local)  # collect's preflight: nothing fetched yet
+    tasks = tmp_path / "tasks.json"
+    tasks.write_text(json.dumps(ENTRIES))
+    check = ["tasks", "check", str(tasks), "--osworld", str(OSWORLD), "--backend", "local"]
+    assert CliRunner().invoke(app, check).exit_code == 1
+
+    filled = CliRunner().invoke(app, ["osworld", "cache", str(tasks), "--osworld", str(OSWORLD)])
+    assert filled.exit_code == 0, filled.output
+    assert_all_resolve(task_set, hub, default)
+    _preflight(task_set, local)  # raises nothing: the files are found in the default cache
+    result = CliRunner().invoke(app, check)
+    assert result.exit_code == 0, result.output
+    none = CliRunner().invoke(app, [*check, "--desktop-option", "cache_dir="])
+    assert none.exit_code == 1 and "no file cache (cache_dir '')" in none.output
+
+
 def test_second_run_makes_no_get_and_verify_only_heads(task_set, hub, tmp_path):
     s = settings(tmp_path, endpoint=hub.endpoint)
     run(task_set, s)

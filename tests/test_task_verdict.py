@@ -108,7 +108,7 @@ def test_tasks_check_and_the_engine_preflight_refuse_the_same_tasks(
 
 def _coverage(task_set, cache: Path):
     with_cache = backend_support("local", {"cache_dir": str(cache)})
-    without = backend_support("local", {})
+    without = backend_support("local", {"cache_dir": ""})  # no file cache at all
     rows: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     blockers: Counter[str] = Counter()
     for task in task_set:

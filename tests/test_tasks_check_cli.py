@@ -73,6 +73,26 @@ def test_table_output_has_totals():
     assert "totals" in proc.stdout and "runnable on local" in proc.stdout
 
 
+def test_totals_report_only_the_checked_backend():
+    """With --backend X the other backends were not judged (no support of theirs was looked
+    up), so neither the table nor the JSON counts tasks runnable on them."""
+    table = legato(str(LOCAL_SUITE), "--backend", "osworld")
+    assert table.returncode == 0, table.stderr
+    assert "runnable on osworld" in table.stdout
+    for other in ("runnable on local", "runnable on fake", "evaluator supported locally"):
+        assert other not in table.stdout
+    assert "local desktops on this host" not in table.stdout
+    doc = orjson.loads(legato(str(LOCAL_SUITE), "--backend", "fake", "--json").stdout)
+    assert doc["backends_checked"] == ["fake"] and doc["local_desktops"] is None
+    assert doc["totals"]["by_backend"] == {"fake": len(doc["tasks"])}
+    assert "top_local_blockers" not in doc["totals"]
+    assert {tuple(t["backends"]) for t in doc["tasks"]} == {("fake",)}
+    assert {tuple(t["problems"]) for t in doc["tasks"]} <= {(), ("fake",)}
+    local = orjson.loads(legato(str(LOCAL_SUITE), "--backend", "local", "--json").stdout)
+    assert list(local["totals"]["by_backend"]) == ["local"]
+    assert local["local_desktops"]["apps"] and "top_local_blockers" in local["totals"]
+
+
 def test_bad_task_list_names_the_field(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_bytes(
@@ -241,3 +261,92 @@ def test_osworld_provider_local_accepts_the_os_task_collect_runs(tmp_path):
     assert "osworld" in doc["tasks"][0]["backends"]
     bad = legato(str(path), "--backend", "osworld", "--osworld-provider", "nope")
     assert bad.returncode != 0 and "--osworld-provider" in bad.stdout + bad.stderr
+
+
+#: Chrome started as OSWorld's chrome tasks do, tabs opened over its DevTools port by the
+#: setup, graded over that port (getter open_tabs_info): its grader reaches port 9222.
+TABS = {
+    "task_id": "tabs",
+    "domain": "chrome",
+    "config": {
+        "instruction": "Look at the open tab.",
+        "config": [
+            {"type": "launch", "parameters": {"command": ["google-chrome", "--remote-debugging-port=1337"]}},
+            {"type": "launch", "parameters": {"command": ["socat", "tcp-listen:9222,fork", "tcp:localhost:1337"]}},
+            {"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["http://127.0.0.1:1/"]}},
+        ],
+        "related_apps": ["chrome"],
+        "evaluator": {
+            "func": "is_expected_tabs",
+            "result": {"type": "open_tabs_info"},
+            "expected": {"type": "rule", "rules": {"type": "url", "urls": ["http://127.0.0.1:1/"]}},
+        },
+    },
+}  # fmt: skip
+
+
+def test_the_local_network_option_is_checked_and_changes_the_verdict(tmp_path):
+    """Desktop option network: a bad value is an error naming the option and its values; the
+    verdict for a task whose setup and grader reach Chrome's DevTools port follows it, as
+    collect's preflight does: none cuts the port off, host (the default) shares it among all
+    desktops (refused with 2+ at once), own gives each desktop its own."""
+    from legato_pipelines.desktops.local.apps import installed_apps
+    from legato_pipelines.desktops.osworld import osworld_python
+
+    if "chrome" not in installed_apps() or osworld_python({}) is None:
+        pytest.skip("needs chromium for the local desktops and the OSWorld venv (setup.sh)")
+    path = write(tmp_path, "tabs.json", [TABS])
+    check = [str(path), "--backend", "local", "--json"]
+
+    bogus = legato(*check, "--desktop-option", "network=bogus")
+    assert bogus.returncode == 2
+    assert "desktop option 'network' must be one of host, none, own, got 'bogus'" in (
+        bogus.stdout + bogus.stderr
+    )
+
+    def verdict(*args: str) -> tuple[int, dict]:
+        proc = legato(*check, *args)
+        assert proc.returncode in (0, 1), proc.stderr
+        return proc.returncode, orjson.loads(proc.stdout)
+
+    code, doc = verdict()  # host network, one desktop: the port is this desktop's
+    assert code == 0 and doc["local_desktops"]["network"] == "host", doc["problems"]
+    (task,) = doc["tasks"]
+    assert task["desktop_ports"] == [9222]
+    assert task["port_parts"] == ["setup step chrome_open_tabs", "getter open_tabs_info"]
+    code, doc = verdict("--desktops", "2")
+    assert code == 1
+    (problem,) = doc["problems"]["local"]
+    assert "network=host (the default) all 2 desktops share" in problem
+    assert "fix: --desktop-option network=own" in problem
+    code, doc = verdict("--desktop-option", "network=none")
+    assert code == 1 and "network=none cuts off" in doc["problems"]["local"][0]
+    code, doc = verdict("--desktop-option", "network=own", "--desktops", "4")
+    assert code == 0 and doc["local_desktops"] == doc["local_desktops"] | {"network": "own"}
+    # attached by URL: the servers chose their network, nothing is held against the task
+    code, doc = verdict("--desktop-option", 'urls=["http://127.0.0.1:1"]', "--desktops", "2")
+    assert code == 0 and doc["local_desktops"]["network"] is None
+
+
+def test_collect_refuses_a_bad_network_and_a_shared_port_before_anything_runs(
+    policy_server, tmp_path
+):
+    """collect's preflight: the same verdict as `tasks check --desktops N` (runners + spares),
+    before the policy or any desktop is touched and nothing written."""
+    from legato_pipelines import DesktopConfig, PolicyConfig, collect, load_tasks
+    from legato_pipelines.desktops.local.apps import installed_apps
+    from legato_pipelines.desktops.osworld import osworld_python
+    from legato_pipelines.errors import ConfigError, TaskListError
+
+    if "chrome" not in installed_apps() or osworld_python({}) is None:
+        pytest.skip("needs chromium for the local desktops and the OSWorld venv (setup.sh)")
+    tasks = load_tasks(write(tmp_path, "tabs.json", [TABS]))
+    policy = PolicyConfig(base_url=policy_server.url, model=policy_server.model, version="v1")
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match="must be one of host, none, own, got 'bogus'"):
+        collect(
+            tasks, policy, out, desktop=DesktopConfig(backend="local", options={"network": "bogus"})
+        )
+    with pytest.raises(TaskListError, match="all 2 desktops share"):
+        collect(tasks, policy, out, desktops=1, spares=1, desktop=DesktopConfig(backend="local"))
+    assert not out.exists()

@@ -22,7 +22,7 @@ import typer
 from rich.table import Table
 
 from ..desktops.local.backend import NETWORKS, ServerProcess
-from ..desktops.local.wire import DEFAULT_TOKEN_ENV
+from ..desktops.local.wire import DEFAULT_TOKEN_ENV, READY_SOURCES
 from ..errors import LegatoError
 from .console import console, fail
 from .console import err as _err
@@ -88,6 +88,14 @@ def serve(
             " from free host ports: needs pasta, apt-get install passt)."
         ),
     ] = "host",
+    ready_source: Annotated[
+        str,
+        typer.Option(
+            help="Source of the ready wait when a request names none: damage (the X server's"
+            " drawing reports; frame polling where the X server lacks DAMAGE) or poll (frame"
+            " polling only, docs/local-desktop.md §6)."
+        ),
+    ] = "damage",
     user: Annotated[
         str,
         typer.Option(help="Unsandboxed desktops run as root: the host user (created if missing)."),
@@ -106,6 +114,8 @@ def serve(
         fail(f"--network must be one of {', '.join(NETWORKS)}, got {network!r}")
     if network != "host" and not sandbox:
         fail(f"--network {network} needs the sandbox (drop --no-sandbox)")
+    if ready_source not in READY_SOURCES:
+        fail(f"--ready-source must be one of {', '.join(READY_SOURCES)}, got {ready_source!r}")
     token, written = _token(token_file)
     if not _is_loopback(host):
         _err.print(
@@ -125,6 +135,7 @@ def serve(
                 written,
                 sandbox,
                 network,
+                ready_source,
             )
         )
     except LegatoError as exc:  # e.g. a server that could not start (port taken, no Xvfb)
@@ -143,6 +154,7 @@ async def _serve(
     written: Path | None,
     sandbox: bool = True,
     network: str = "host",
+    ready_source: str = "damage",
 ) -> None:
     servers = [
         ServerProcess(
@@ -155,6 +167,7 @@ async def _serve(
             token=token,
             sandbox=sandbox,
             network=network,
+            ready_source=ready_source,
         )
         for i in range(count)
     ]

@@ -10,7 +10,8 @@ import typer
 from rich.markup import escape
 
 from ..errors import TaskListError
-from ..osworld_format.fetch import DEFAULT_JOBS, ENDPOINT_ENV, default_cache_dir
+from ..osworld_format.fetch import DEFAULT_JOBS, ENDPOINT_ENV
+from ..osworld_format.sources import default_cache_dir
 from ..tasks import TaskSet, load_tasks
 from .console import console, err, fail
 from .root import app
@@ -92,8 +93,9 @@ def cache_command(
         typer.Option(
             "--cache-dir",
             help=f"The file cache to fill (default {default_cache_dir()}, i.e. "
-            "$XDG_CACHE_HOME/legato/osworld-files): pass it to the local backend as "
-            "--desktop-option cache_dir=DIR and to legato tasks check --cache-dir.",
+            "$XDG_CACHE_HOME/legato/osworld-files, which the local backend, legato collect and "
+            "legato tasks check read when given no cache; another DIR: pass it to them as "
+            "--desktop-option cache_dir=DIR / --cache-dir DIR).",
             show_default=False,
         ),
     ] = None,

@@ -29,6 +29,13 @@ app.add_typer(tasks_app, name="tasks")
 
 OSWORLD_INDEX = "test_all.json"
 PROBLEMS_SHOWN = 20  # per backend in the table view when no --backend is given (--json: all)
+#: a task's fields (and the totals') about the local backend only: reported when it is checked
+LOCAL_TASK_FIELDS = {"evaluator_supported_locally", "unsupported_evaluator_parts", "local_blockers"}
+LOCAL_TOTALS = {
+    "evaluator_supported_locally",
+    "top_unsupported_evaluator_parts",
+    "top_local_blockers",
+}
 
 
 class Backend(StrEnum):
@@ -72,39 +79,48 @@ def _yes(value: bool) -> str:
 
 
 def _table(classes: list[TaskClass], checked: tuple[str, ...]) -> Table:
+    """One row per task; the backend columns ("run on", "problems") cover ``checked`` only, and
+    the local columns ("eval", "local blockers") appear when ``local`` is checked."""
+    local = "local" in checked
     table = Table(title="tasks", header_style="bold")
     table.add_column("task", overflow="fold")
     table.add_column("domain", overflow="fold")
-    for name in ("run on", "reset", "net", "eval"):
+    for name in ("run on", "reset", "net") + (("eval",) if local else ()):
         table.add_column(name, no_wrap=True)
     table.add_column("apps", overflow="fold")
     table.add_column("problems", no_wrap=True)
-    table.add_column("local blockers", overflow="fold", ratio=1)
+    if local:
+        table.add_column("local blockers", overflow="fold", ratio=1)
     for c in classes:
         counts = [
             f"{b[0].upper()}{len(c.problems.get(b, []))}" for b in checked if c.problems.get(b)
         ]
-        table.add_row(
+        row = [
             c.task_id if len(c.task_id) <= 24 else c.task_id[:8],
             c.domain or "-",
-            " ".join(
-                b[0].upper() if b in c.backends else "-" for b in ("local", "osworld", "fake")
-            ),
+            " ".join(b[0].upper() if b in c.backends else "-" for b in checked),
             "fast" if c.fast_reset_eligible else "[yellow]revert[/]",
             f"[yellow]yes[/] {len(c.internet_urls)}" if c.needs_internet else "no",
-            _yes(c.evaluator_supported_locally),
-            escape(",".join(c.apps) or "-"),
-            f"[red]{' '.join(counts)}[/]" if counts else "-",
-            escape("; ".join(c.local_blockers[:3]) + (" ..." if len(c.local_blockers) > 3 else "")),
-        )
+        ]
+        if local:
+            row.append(_yes(c.evaluator_supported_locally))
+        row += [escape(",".join(c.apps) or "-"), f"[red]{' '.join(counts)}[/]" if counts else "-"]
+        if local:
+            more = " ..." if len(c.local_blockers) > 3 else ""
+            row.append(escape("; ".join(c.local_blockers[:3]) + more))
+        table.add_row(*row)
+    letters = ", ".join(f"{b[0].upper()} {b}" for b in checked)
     table.caption = (
-        "run on: L local, O osworld, F fake; net: needs the internet (URLs); eval: evaluator "
-        "runs locally; problems: how many make the task unrunnable per backend (listed below)"
+        f"run on: {letters}; net: needs the internet (URLs); "
+        + ("eval: evaluator runs locally; " if local else "")
+        + "problems: how many make the task unrunnable per backend (listed below)"
     )
     return table
 
 
-def _totals_table(totals) -> Table:
+def _totals_table(totals, checked: tuple[str, ...]) -> Table:
+    """The totals; ``runnable on`` rows for the ``checked`` backends only (``totals.by_backend``
+    holds no other), the local evaluator rows when ``local`` is checked."""
     table = Table(title="totals", header_style="bold", show_header=False)
     table.add_column("what")
     table.add_column("count", justify="right")
@@ -114,24 +130,37 @@ def _totals_table(totals) -> Table:
     table.add_row("fast reset eligible", str(totals.fast_reset_eligible))
     table.add_row("full reset (revert)", str(totals.full_reset))
     table.add_row("need the internet", str(totals.needs_internet))
-    table.add_row("evaluator supported locally", str(totals.evaluator_supported_locally))
-    for part, n in totals.top_local_blockers.items():
-        table.add_row(f"[dim]local blocker: {part}[/]", str(n))
+    if "local" in checked:
+        table.add_row("evaluator supported locally", str(totals.evaluator_supported_locally))
+        for part, n in totals.top_local_blockers.items():
+            table.add_row(f"[dim]local blocker: {part}[/]", str(n))
     return table
 
 
-def _support(backend: Backend | None, cache_dir: Path | None, desktop_option: list[str]):
+def _task_doc(c: TaskClass, checked: tuple[str, ...]) -> dict:
+    """A task's ``--json`` entry: its verdict (``backends``, ``problems``) on the ``checked``
+    backends only, and the local-only fields when ``local`` is checked."""
+    doc = c.model_dump(exclude=None if "local" in checked else LOCAL_TASK_FIELDS)
+    doc["backends"] = [b for b in c.backends if b in checked]
+    doc["problems"] = {b: p for b, p in c.problems.items() if b in checked}
+    return doc
+
+
+def _support(
+    backend: Backend | None, cache_dir: Path | None, desktop_option: list[str], desktops: int
+):
     """What collect's preflight would use (``desktops/support.py``) with the same
-    ``--desktop-option`` items: one backend's, or (no ``--backend``) the local and osworld
-    backends' together. Raises ``ValueError`` for a malformed item."""
+    ``--desktop-option`` items and ``desktops`` open at once: one backend's, or (no
+    ``--backend``) the local and osworld backends' together. Raises ``ValueError`` for a
+    malformed item, ``ConfigError`` for a bad option value."""
     from .collect import parse_desktop_options
 
     options = parse_desktop_options(desktop_option)
     if cache_dir is not None:
         options["cache_dir"] = cache_dir
     if backend is not None:
-        return backend_support(backend.value, options)
-    local = backend_support("local", options)
+        return backend_support(backend.value, options, desktops=desktops)
+    local = backend_support("local", options, desktops=desktops)
     osworld = backend_support("osworld", options).osworld_grader
     return local.model_copy(update={"osworld_grader": osworld})
 
@@ -154,7 +183,9 @@ def check_command(
         Path | None,
         typer.Option(
             "--cache-dir",
-            help="Local file cache: URLs found there do not count as needing the internet.",
+            help="Local file cache: URLs found there do not count as needing the internet "
+            "(default: legato osworld cache's directory, $XDG_CACHE_HOME/legato/osworld-files, as "
+            "collect's; --desktop-option cache_dir= for none).",
         ),
     ] = None,
     backend: Annotated[
@@ -181,10 +212,20 @@ def check_command(
         typer.Option(
             "--desktop-option",
             help="Backend option KEY=JSON (repeatable), as collect's: grader=own|osworld, "
-            "osworld_python=PATH, cache_dir=DIR, urls=[...] change the verdict as they change "
-            "collect's preflight.",
+            "osworld_python=PATH, cache_dir=DIR, network=host|none|own, urls=[...] change the "
+            "verdict as they change collect's preflight.",
         ),
     ] = None,
+    desktops: Annotated[
+        int,
+        typer.Option(
+            "--desktops",
+            min=1,
+            help="Local desktops collect opens at once (its --desktops plus --spares): on "
+            "network=host (the default) they share Chrome's and VLC's ports, so with 2+ the "
+            "tasks whose setup or grader reaches those ports cannot run.",
+        ),
+    ] = 1,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (tasks + problems + totals).")
     ] = False,
@@ -212,13 +253,14 @@ def check_command(
     except TaskListError as exc:
         fail(exc.describe())  # every problem of the list, not only the first 20
     try:
-        support = _support(backend, cache_dir, desktop_option or [])
+        support = _support(backend, cache_dir, desktop_option or [], desktops)
     except (ConfigError, ValueError) as exc:
         fail(str(exc))
     # the engine's preflight judges with classify_task's problems too (osworld_format/verdict.py)
     classes = [classify_task(task, backend_support=support) for task in task_set]
-    totals = summarize(classes)
     checked: tuple[str, ...] = (backend.value,) if backend else BACKENDS
+    # only the checked backends were judged with their own support: report no other
+    totals = summarize(classes, backends=checked)
     problems = {
         name: [
             f"tasks[{index}] (task_id {c.task_id!r}): {problem}"
@@ -252,9 +294,13 @@ def check_command(
                 "pyautogui": support.local_pyautogui,
                 "grader": support.local_grader.kind,
                 "grader_source": support.local_grader.source,
-            },
-            "tasks": [c.model_dump() for c in classes],
-            "totals": totals.model_dump(),
+                "network": support.local_network,
+                "desktops": support.local_desktops,
+            }
+            if "local" in checked
+            else None,
+            "tasks": [_task_doc(c, checked) for c in classes],
+            "totals": totals.model_dump(exclude=None if "local" in checked else LOCAL_TOTALS),
         }
         typer.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
     else:
@@ -271,18 +317,28 @@ def check_command(
                     _out.print(
                         f"  [dim]... {len(lines) - limit} more (--backend {name} or --json lists all)[/]"
                     )
-        _out.print(_totals_table(totals))
+        _out.print(_totals_table(totals, checked))
         _out.print(
             f"[dim]{escape(str(path))}: {len(task_set)} tasks, task set {task_set.task_set}[/]",
             highlight=False,
         )
-        pyautogui = "with" if support.local_pyautogui else "without"
-        _out.print(
-            f"[dim]local desktops on this host have: {', '.join(sorted(support.local_apps))}; "
-            f"{pyautogui} pyautogui (docs/local-desktop.md §11); graded by "
-            f"{escape(support.local_grader.source)}[/]",
-            highlight=False,
-        )
+        if "local" in checked:
+            pyautogui = "with" if support.local_pyautogui else "without"
+            _out.print(
+                f"[dim]local desktops on this host have: {', '.join(sorted(support.local_apps))};"
+                f" {pyautogui} pyautogui (docs/local-desktop.md §11); graded by "
+                f"{escape(support.local_grader.source)}[/]",
+                highlight=False,
+            )
+        ports = [c for c in classes if c.desktop_ports]
+        if "local" in checked and support.local_network == "host" and ports:
+            _out.print(
+                f"[dim]{len(ports)} task(s) hold Chrome's port 9222 or VLC's 8080, which on "
+                "network=host (the default) all local desktops share: run 2+ desktops with "
+                "--desktop-option network=own (per-desktop ports) or one at a time; those whose "
+                "setup or grader reaches the port are refused with 2+ (--desktops N)[/]",
+                highlight=False,
+            )
         if not backend and any(not_runnable.values()):
             counts = ", ".join(f"{name} {len(ids)}" for name, ids in not_runnable.items() if ids)
             _out.print(

@@ -132,8 +132,9 @@ async def open_remote_pool(config: DesktopConfig, n: int) -> list[Desktop]:
         raise ConfigError(f"desktop option 'local' must be >= 0, got {local}")
     if n > len(urls) + local:
         raise ConfigError(
-            f"desktop option 'urls' lists {len(urls)} servers but {n} desktops were asked for"
-            + (f" ({local} started here)" if local else "")
+            f"desktop option 'urls' lists {len(urls)} servers"
+            + (f" (and {local} started here)" if local else "")
+            + f" but {n} desktops are to be opened (one server per runner and per spare)"
         )
     token = os.environ.get(token_env, "")
     probes = await asyncio.gather(*(_probe(u, token, config, reconnect_s) for u in urls))

@@ -13,6 +13,7 @@ import tempfile
 from typing import Any
 
 from ..osworld_format import evaluate_task_within, run_setup
+from ..osworld_format.sources import file_cache_dir
 from ..tasks import Evaluation, Task
 from .base import DesktopConfig
 from .client import DesktopClient
@@ -48,7 +49,7 @@ class ServerTasks:
         self.setup_failures = await run_setup(
             task,
             self.client,
-            cache_dir=self.config.options.get("cache_dir"),
+            cache_dir=file_cache_dir(self.config.options),
             work_dir=self._work_dir,
             screen_size=self.screen_size,
             execute_timeout=self.config.waits.execute_timeout_s,
@@ -63,7 +64,7 @@ class ServerTasks:
             timeout=self.config.eval_timeout,
             desktop=self.name,
             last_action_fail=last_action_fail,
-            cache_dir=self.config.options.get("cache_dir"),
+            cache_dir=file_cache_dir(self.config.options),
             work_dir=self._work_dir,
             screen_size=self.screen_size,
         )

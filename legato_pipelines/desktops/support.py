@@ -14,7 +14,7 @@ import functools
 from typing import Any
 
 from ..osworld_format.classify import BackendSupport
-from ..osworld_format.sources import cache_dir_path
+from ..osworld_format.sources import file_cache_dir
 
 
 @functools.lru_cache(maxsize=1)
@@ -24,21 +24,35 @@ def _host_local() -> tuple[frozenset[str], bool]:
     return installed_apps(), desktop_python_has_pyautogui()
 
 
-def backend_support(backend: str, options: dict[str, Any] | None = None) -> BackendSupport:
-    """:class:`BackendSupport` of ``backend`` with desktop ``options`` on this host.
+def backend_support(
+    backend: str, options: dict[str, Any] | None = None, *, desktops: int = 1
+) -> BackendSupport:
+    """:class:`BackendSupport` of ``backend`` with desktop ``options`` on this host, for
+    ``desktops`` desktops open at once (collect's runners + spares).
 
     ``local``: this host's apps and pyautogui (probed once per process; desktops attached by
     ``urls`` run elsewhere, so no app is held against a task there), the grader of option
-    ``grader`` (``desktops/osworld/grader.py``: OSWorld's names when its venv is installed);
-    ``osworld``: the installed desktop-env's names when its interpreter exists; every backend:
-    option ``cache_dir``. Raises ``ConfigError`` for a bad ``grader`` or ``cache_dir`` option.
+    ``grader`` (``desktops/osworld/grader.py``: OSWorld's names when its venv is installed),
+    option ``network`` (``host`` by default; not known for ``urls``, whose servers chose
+    theirs) which with ``desktops`` decides the tasks reaching Chrome's or VLC's port
+    (``osworld_format/ports.py``); ``osworld``: the installed desktop-env's names when its
+    interpreter exists; every backend: the file cache of option ``cache_dir``, by default
+    ``legato osworld cache``'s directory (``osworld_format.sources.file_cache_dir``).
+    Raises ``ConfigError`` for a bad ``grader``, ``cache_dir``, ``sandbox`` or ``network``
+    option, naming the option and its allowed values.
     """
     from .local.apps import DESKTOP_APPS
+    from .local.backend import sandbox_options
     from .osworld import installed_grader, local_grader, osworld_python
 
     options = dict(options or {})
-    fields: dict[str, Any] = {"cache_dir": cache_dir_path(options.get("cache_dir"))}
+    fields: dict[str, Any] = {"cache_dir": file_cache_dir(options)}
+    network = "host"
+    if backend in ("local", "osworld") and {"sandbox", "network"} & options.keys():
+        _, network = sandbox_options(options)  # osworld: its provider local's servers
     if backend == "local":
+        fields["local_network"] = None if options.get("urls") else network
+        fields["local_desktops"] = max(1, desktops)
         if options.get("urls"):
             every = {app.provides for app in DESKTOP_APPS} | {"os", "libreoffice"}
             fields["local_apps"], fields["local_pyautogui"] = frozenset(every), True

@@ -20,7 +20,7 @@ import re
 import shlex
 from collections import Counter
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,6 +28,7 @@ from ..tasks import Task
 from .evaluate import evaluator_parts, evaluator_unsupported
 from .files import evaluator_getters, task_files
 from .grader_names import OWN_GRADER, GraderNames
+from .ports import grader_port_parts, held_ports, network_problems
 from .problems import BACKENDS, BackendName, evaluator_problems, task_problems
 from .sources import find_source, is_internet_url
 
@@ -146,6 +147,10 @@ class BackendSupport(BaseModel):
     backend's grader knows (OSWorld's own when the venv is installed, else the own subset:
     ``desktops/osworld/grader.py``); ``osworld_grader``: the installed desktop-env's names for
     the osworld backend (``None``: not known, names are checked when a task resets).
+    ``local_network``: the local desktops' desktop option ``network`` (``host``, ``none``,
+    ``own``; ``None``: not known, desktops attached by URL) and ``local_desktops`` how many
+    run at once (collect's runners + spares): together they decide whether a task whose
+    setup or grader reaches Chrome's or VLC's port can run (:mod:`.ports`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -155,6 +160,8 @@ class BackendSupport(BaseModel):
     cache_dir: Path | None = None
     local_grader: GraderNames = OWN_GRADER
     osworld_grader: GraderNames | None = None
+    local_network: Literal["host", "none", "own"] | None = "host"
+    local_desktops: int = Field(1, ge=1)
 
 
 class TaskClass(BaseModel):
@@ -191,6 +198,14 @@ class TaskClass(BaseModel):
     )
     local_blockers: list[str] = Field(
         description="why the local backend cannot run it (empty: it can)"
+    )
+    desktop_ports: list[int] = Field(
+        default_factory=list,
+        description="OSWorld ports its apps hold on the desktop's network (9222 Chrome, 8080 VLC)",
+    )
+    port_parts: list[str] = Field(
+        default_factory=list,
+        description="setup steps/getters reaching those ports from outside the desktop",
     )
     problems: dict[str, list[str]] = Field(
         default_factory=dict,
@@ -375,6 +390,10 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     if not support.local_pyautogui and any("pyautogui" in text for text in commands):
         local_blockers.append("pyautogui commands on the desktop")
     local_blockers += [f"evaluator: {part}" for part in unsupported_eval]
+    port_parts = grader_port_parts(task)
+    network = network_problems(port_parts, support.local_network, support.local_desktops)
+    if network:
+        local_blockers.append(f"ports on network={support.local_network}")
     graders = {"local": grader, "osworld": support.osworld_grader, "fake": None}
     problems = {
         name: task_problems(task, name, cache_dir=support.cache_dir, grader=graders[name])
@@ -383,7 +402,7 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     problems["local"] += _host_problems(
         live, reasons, missing_apps, "os" in apps and not (set(apps) & support.local_apps),
         not support.local_pyautogui and any("pyautogui" in text for text in commands),
-    )  # fmt: skip
+    ) + network  # fmt: skip
     if support.osworld_grader is None:  # else task_problems checked against the venv's list
         problems["osworld"] += [
             f"step type {t!r} is not one of OSWorld's SetupController step types "
@@ -413,6 +432,8 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
         evaluator_supported_locally=not unsupported_eval and not evaluator_broken,
         unsupported_evaluator_parts=unsupported_eval,
         local_blockers=local_blockers,
+        desktop_ports=held_ports(apps),
+        port_parts=[name for name, _ in port_parts],
         problems=problems,
         backends=backends,
     )
@@ -475,11 +496,18 @@ def needs_full_reset(task: Task) -> bool:
     return classify_task(task).changes_outside_home
 
 
-def summarize(classes: list[TaskClass], *, top: int = 10) -> TaskTotals:
-    """Totals over classified tasks; ``top`` limits the most common unsupported parts/blockers."""
-    by_backend = {
-        name: sum(name in c.backends for c in classes) for name in ("local", "osworld", "fake")
-    }
+def summarize(
+    classes: list[TaskClass],
+    *,
+    backends: tuple[str, ...] = ("local", "osworld", "fake"),
+    top: int = 10,
+) -> TaskTotals:
+    """Totals over classified tasks; ``top`` limits the most common unsupported parts/blockers.
+
+    ``by_backend`` counts only ``backends`` (the ones checked): a task's verdict on a backend
+    is only meaningful when it was classified with that backend's support.
+    """
+    by_backend = {name: sum(name in c.backends for c in classes) for name in backends}
     unsupported = Counter(part for c in classes for part in c.unsupported_evaluator_parts)
     blockers = Counter(re.sub(r"^evaluator: ", "", b) for c in classes for b in c.local_blockers)
     return TaskTotals(

@@ -53,16 +53,6 @@ T = TypeVar("T")
 _CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)", re.IGNORECASE)
 
 
-def default_cache_dir() -> Path:
-    """The default file cache: ``$XDG_CACHE_HOME/legato/osworld-files`` (else ``~/.cache/...``).
-
-    The local backend has no default ``cache_dir`` option; pass this directory to it
-    (``legato collect --desktop-option cache_dir=DIR``, ``legato tasks check --cache-dir DIR``).
-    """
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "legato" / "osworld-files"
-
-
 def fetch_url(url: str, endpoint: str | None) -> str:
     """The URL to request for ``url``: on ``huggingface.co`` and with ``endpoint`` (a mirror
     such as ``https://hf-mirror.com``, optionally with a path prefix) the same path and query on

@@ -169,10 +169,10 @@ def _download_problems(fwhere: str, file: dict, task: Task, cache_dir: Path | No
 def _source_problem(field: str, url: str, cache_dir: Path | None) -> str:
     if not is_internet_url(url):
         return f"field '{field}': {url} does not exist (fix: create the file or correct the URL)"
-    where = f"not in the file cache {cache_dir}" if cache_dir else "no file cache given"
+    where = f"not in the file cache {cache_dir}" if cache_dir else "no file cache (cache_dir '')"
     return (
         f"field '{field}': {url} needs the internet ({where}; local desktops never download; "
-        "fix: fetch it into a file cache with `legato osworld cache TASKS` and pass that cache (`legato collect --desktop-option cache_dir=DIR`, `legato tasks check --cache-dir DIR`), or run the task on the osworld backend)"
+        "fix: fetch it with `legato osworld cache TASKS`, into its default directory, which collect and tasks check read when given no cache, or into DIR passed as `--desktop-option cache_dir=DIR` / `legato tasks check --cache-dir DIR`; or run the task on the osworld backend)"
     )
 
 

@@ -18,12 +18,33 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 from ..errors import ConfigError
 from .unsupported import UnsupportedStep
+
+
+def default_cache_dir() -> Path:
+    """The default file cache: ``$XDG_CACHE_HOME/legato/osworld-files`` (else
+    ``~/.cache/legato/osworld-files``). ``legato osworld cache`` fills it when given no
+    ``--cache-dir``, and the local backend, ``legato tasks check`` and ``legato collect`` read
+    it when given no ``cache_dir`` (:func:`file_cache_dir`): the one place it is defined."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "legato" / "osworld-files"
+
+
+def file_cache_dir(options: Mapping[str, Any]) -> Path | None:
+    """The read-only file cache of desktop ``options``: option ``cache_dir`` when given
+    (:func:`cache_dir_path`; ``""`` or ``null``: no file cache at all), else
+    :func:`default_cache_dir`, where ``legato osworld cache`` puts the files by default. A
+    directory that does not exist simply holds no file. Raises ``ConfigError`` as
+    :func:`cache_dir_path`."""
+    if "cache_dir" not in options:
+        return default_cache_dir()
+    return cache_dir_path(options["cache_dir"])
 
 
 def cache_dir_path(value: Any) -> Path | None:
@@ -116,7 +137,7 @@ def resolve_source(
     )
     raise UnsupportedStep(
         f"{step_type}: {url} needs the internet (not a file:// URL{where}); "
-        "fix: fetch it into a file cache with `legato osworld cache TASKS` and pass that cache (`legato collect --desktop-option cache_dir=DIR`, `legato tasks check --cache-dir DIR`), or run the task on the osworld backend",
+        "fix: fetch it with `legato osworld cache TASKS`, into its default directory, which collect and tasks check read when given no cache, or into DIR passed as `--desktop-option cache_dir=DIR` / `legato tasks check --cache-dir DIR`; or run the task on the osworld backend",
         step_type=step_type,
         urls=[url],
     )

@@ -149,7 +149,7 @@ async def run_attempt(
 
     ``prepared``: the desktop already reset for ``ex`` (:func:`prepare`, e.g. while another
     attempt ran); ``None`` resets it here. ``reset_critical_s`` [s] / ``reset_ahead``: how
-    long the attempt waited for its desktop and whether the reset began before it asked
+    long the attempt waited for its desktop and whether it was ready before its runner asked
     (recorded as ``timing.reset_critical_s`` / ``timing.reset_ahead``; ``None``: not
     measured). ``rollout_timeout`` counts the reset's own seconds, not the time a prepared
     desktop sat ready.

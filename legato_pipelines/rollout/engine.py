@@ -42,6 +42,7 @@ from .settings import (
     OVERRIDES_POLICY,
     RESUME_SETTINGS,
     CollectSettings,
+    attached_servers,
     spare_desktops,
 )
 
@@ -132,7 +133,7 @@ async def collect_async(
             settings.spares,
             desktops=desktops,
             backend=desktop.backend,
-            attached=bool(desktop.options.get("urls")),
+            attached=attached_servers(desktop.options),
         )
     else:  # already-open desktops: the spares among them only when asked for
         spares = min(settings.spares or 0, len(desktop_pool) - 1)
@@ -165,7 +166,7 @@ async def collect_async(
     if plan is not None:
         meta["checkpoint"] = plan.meta()
 
-    grader = _preflight(task_set, desktop)
+    grader = _preflight(task_set, desktop, desktops=desktops + spares)
     if grader is not None:
         meta["knobs"]["grader"] = grader
     writer = RunWriter(out, resume_knobs=RESUME_KNOBS)
@@ -422,17 +423,19 @@ def _plan(
             continue
 
 
-def _preflight(task_set: TaskSet, desktop: DesktopConfig) -> str | None:
+def _preflight(task_set: TaskSet, desktop: DesktopConfig, desktops: int = 1) -> str | None:
     """Refuse tasks that cannot run on the chosen backend (a misspelled metric, a setup step
     missing a parameter, a download that needs the internet, an app the desktops lack...)
     before any desktop starts, rather than grading them 0 one by one: the same verdict as
-    ``legato tasks check --backend`` (``desktops/support.py``, ``osworld_format/verdict.py``).
+    ``legato tasks check --backend`` (``desktops/support.py``, ``osworld_format/verdict.py``),
+    for ``desktops`` desktops open at once (runners + spares: on the local backend's host
+    network they share Chrome's and VLC's ports).
     Returns the grader the run's rewards come from (``osworld`` | ``own``; ``None`` for the
     fake backend, which never grades). Raises ``TaskListError`` listing the problems."""
     from ..desktops.support import backend_support
     from ..osworld_format import preflight
 
-    support = backend_support(desktop.backend, desktop.options)
+    support = backend_support(desktop.backend, desktop.options, desktops=desktops)
     problems = preflight(task_set, desktop.backend, support=support)
     if problems:
         shown = "\n  ".join(problems[:10])

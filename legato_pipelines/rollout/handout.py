@@ -6,8 +6,11 @@ background; a runner whose attempt ended takes the oldest prepared desktop (queu
 the scheduler's group-major order and its front-of-queue retries hold) and waits only for
 what is left of that desktop's preparation. With ``spares`` desktops more than runners
 (double buffering: ``runners`` in use, ``spares`` being prepared), the next attempt's reset
-runs while the policy drives the current one; with no spares a desktop is prepared only when
-its runner asks, which is today's reset-at-hand-out.
+runs while the policy drives the current one; with no spares a desktop is prepared when it is
+freed, that is when its runner asks for the next one: the reset at hand-out. An attempt's
+desktop counts as prepared ahead (``timing.reset_ahead``) only when it was ready before the
+attempt's runner asked; with no spares a runner can get a desktop another runner freed
+shortly before, and waits for the rest of its reset: not ahead.
 
 Which execution a free desktop is prepared for: the queue's front when a runner will wait for
 that preparation (fewer preparations under way than runners without a desktop); a desktop
@@ -89,13 +92,21 @@ def heavy_task(task: Task) -> bool:
 @dataclass(eq=False)
 class Handed:
     """One execution with the desktop being prepared for it: ``task`` is the preparation (an
-    ``asyncio.Task`` giving :class:`~.attempt.Prepared`), ``began`` its start
-    (``time.perf_counter()``)."""
+    ``asyncio.Task`` giving :class:`~.attempt.Prepared`), ``began`` / ``ended`` its start and
+    end (``time.perf_counter()``; ``ended`` is ``None`` while it runs)."""
 
     ex: Execution
     desktop: Desktop
-    task: asyncio.Task
     began: float  # time.perf_counter() when the preparation began
+    task: asyncio.Task | None = None
+    ended: float | None = None  # time.perf_counter() when the preparation ended
+
+    def ready_before(self, asked: float) -> bool:
+        """Whether the desktop was prepared ahead for a runner that asked at ``asked``: its
+        reset, setup and ready wait had all ended by then (``timing.reset_ahead``). A
+        preparation still running when the runner asked (another runner's freed desktop,
+        with no spares) is not: the runner waited for the rest of it."""
+        return self.ended is not None and self.ended <= asked
 
 
 class Handout:
@@ -139,10 +150,20 @@ class Handout:
             if ex.group.closed:
                 self.on_skipped(ex)
                 continue
-            desktop = self.free.popleft()
-            task = asyncio.create_task(prepare(desktop, ex), name=f"prepare-{desktop.name}")
-            task.add_done_callback(lambda _t: self._changed.set())
-            self.prepared.append(Handed(ex, desktop, task, time.perf_counter()))
+            handed = Handed(ex, self.free.popleft(), time.perf_counter())
+            handed.task = asyncio.create_task(
+                self._prepare(handed), name=f"prepare-{handed.desktop.name}"
+            )
+            handed.task.add_done_callback(lambda _t: self._changed.set())
+            self.prepared.append(handed)
+
+    @staticmethod
+    async def _prepare(handed: Handed):
+        """:func:`~.attempt.prepare`, noting when it ended in ``handed.ended``."""
+        try:
+            return await prepare(handed.desktop, handed.ex)
+        finally:
+            handed.ended = time.perf_counter()
 
     def _next(self) -> Execution | None:
         """The execution the next free desktop is prepared for."""
@@ -163,7 +184,8 @@ class Handout:
         """The next execution with its desktop and :class:`Prepared`, once the preparation
         ended, plus the reset on the critical path: seconds from ``asked`` (the runner's
         ``time.perf_counter()`` when its previous attempt ended, or when the batch started) to
-        the hand-out, and whether the reset began before ``asked`` (prepared ahead). The first
+        the hand-out, and whether the desktop was ready before ``asked`` (prepared ahead:
+        :meth:`Handed.ready_before`). The first
         preparation to end goes out first (queue order among those that ended): a slow
         LibreOffice start does not hold back a terminal that is ready; runners are served in
         the order they asked. ``None`` when the queue is empty and nothing is prepared, or
@@ -181,7 +203,7 @@ class Handout:
                         self.prepared.remove(handed)
                         self.busy += 1
                         waited = time.perf_counter() - asked
-                        return handed, handed.task.result(), waited, handed.began < asked
+                        return handed, handed.task.result(), waited, handed.ready_before(asked)
                 if not self.prepared and (
                     not self.sched.pending()
                     or not (self.busy or self.recovering or self.draining or self.joining)

@@ -167,18 +167,35 @@ class CollectSettings(BaseModel):
         }
 
 
-def spare_desktops(
-    spares: int | None, *, desktops: int, backend: str, attached: bool = False
-) -> int:
+def attached_servers(options: Mapping[str, Any]) -> int:
+    """How many desktops a batch can open with the local backend's option ``urls``: the servers
+    listed plus option ``local`` (desktops started here besides them, ``desktops/remote.py``);
+    0 when ``urls`` is not set (every desktop is started here, as many as asked)."""
+    urls = options.get("urls") or ()
+    return len(urls) + int(options.get("local") or 0) if urls else 0
+
+
+def spare_desktops(spares: int | None, *, desktops: int, backend: str, attached: int = 0) -> int:
     """How many spare desktops a batch of ``desktops`` runners opens (issue 18, "reset off the
     critical path"): ``spares`` when set, else one per runner on the ``local`` backend with
     two desktops or more started on this host (a spare costs a desktop's memory and its
-    resets' CPU: BENCHMARKS.md), none for a single desktop, for servers ``attached`` by URL
-    (as many as listed), for the ``fake`` backend (nothing to gain) and for ``osworld`` (a
-    spare is a whole VM or DesktopEnv: opt in with ``--spares``)."""
-    if spares is not None:
-        return spares
-    return desktops if backend == "local" and desktops >= 2 and not attached else 0
+    resets' CPU: BENCHMARKS.md), none for a single desktop, for servers attached by URL, for
+    the ``fake`` backend (nothing to gain) and for ``osworld`` (a spare is a whole VM or
+    DesktopEnv: opt in with ``--spares``).
+
+    ``attached``: how many servers the desktop option ``urls`` lists (0: desktops are started
+    here). Every runner and every spare takes one of them, so ``desktops + spares`` servers
+    are needed: fewer raises ``ConfigError`` naming both counts and the fix, before anything
+    starts (extra URLs are left unused)."""
+    if spares is None:
+        spares = desktops if backend == "local" and desktops >= 2 and not attached else 0
+    if attached and desktops + spares > attached:
+        raise ConfigError(
+            f"desktop option 'urls' lists {attached} server(s), but {desktops} desktop(s) "
+            f"(--desktops) + {spares} spare(s) (--spares) need {desktops + spares}, one server "
+            f"each (fix: list {desktops + spares} URLs, or lower --desktops/--spares)"
+        )
+    return spares
 
 
 RESUME_SETTINGS: tuple[str, ...] = tuple(

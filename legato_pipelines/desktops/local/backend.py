@@ -38,7 +38,8 @@ one (or ``grader=own``) the project's own subset runs them (``osworld_format.run
   template      directory copied into each baseline HOME (pre-built app profiles)
   prebuild      apps whose profile each server builds into its baseline HOME: ["libreoffice"]
   cache_dir     read-only file cache for ``download`` steps and ``cloud_file`` getters
-                (``legato osworld cache`` fills it)
+                (default: ``legato osworld cache``'s ``~/.cache/legato/osworld-files``;
+                ``""``: none)
   start_timeout seconds a server may take to come up (default 30)
   grader        ``auto`` (default: OSWorld's own setup and evaluators when its venv is
                 installed, else the own subset), ``osworld`` (required) or ``own``
@@ -61,8 +62,11 @@ from ...actions import Action
 from ...errors import ConfigError, DesktopError
 from ...images import Screenshot
 from ...osworld_format import needs_full_reset
+from ...osworld_format.ports import NETWORKS as PORT_NETWORKS
+from ...osworld_format.sources import file_cache_dir
 from ...tasks import Evaluation, Task
 from ..base import DesktopConfig, WaitsByMode, check_options
+from ..child_env import desktop_server_env
 from ..client import DesktopClient
 from ..popups import PopupGuard
 from ..server_tasks import ServerTasks
@@ -86,7 +90,6 @@ OPTION_NAMES = frozenset(
         "osworld_python",
     }
 )
-SECRET_ENV = ("LEGATO_POLICY_KEY",)  # never handed to a desktop server or its apps
 
 
 class ServerProcess:
@@ -111,9 +114,11 @@ class ServerProcess:
         token: str | None = None,
         sandbox: bool = True,
         network: str = "host",
+        ready_source: str = "damage",
     ):
         self.width, self.height, self.host, self.port = width, height, host, port
         self.sandbox, self.network = sandbox, network
+        self.ready_source = ready_source  # the server's --ready-source: damage | poll
         self.user, self.template, self.start_timeout = user, template, start_timeout
         self.prebuild = tuple(prebuild)
         self.url: str | None = None
@@ -152,7 +157,7 @@ class ServerProcess:
             self.choose_token()
         self._token_chosen = False
         self.state_dir = Path(tempfile.mkdtemp(prefix="legato-desktop-"))
-        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        env = desktop_server_env()  # no policy key, no cloud or other credential
         env[DEFAULT_TOKEN_ENV] = self.token
         # A parent-death signal: if this process dies (even by SIGKILL), the server gets SIGTERM
         # and shuts its desktop down instead of leaking it.
@@ -179,6 +184,7 @@ class ServerProcess:
         if self.user:
             argv += ["--user", self.user]
         argv += ["--sandbox" if self.sandbox else "--no-sandbox", "--network", self.network]
+        argv += ["--ready-source", self.ready_source]
         if self.template:
             argv += ["--template", str(self.template)]
         for app in self.prebuild:
@@ -369,8 +375,9 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
             return False
 
 
-#: Sandboxed desktops' networks (``legato desktop serve --network``, desktop option ``network``).
-NETWORKS = ("host", "none", "own")
+#: Sandboxed desktops' networks (``legato desktop serve --network``, desktop option
+#: ``network``): what each does to OSWorld's ports, ``osworld_format/ports.py``.
+NETWORKS = PORT_NETWORKS
 
 
 def sandbox_options(options: dict[str, Any]) -> tuple[bool, str]:
@@ -517,7 +524,7 @@ def _grader(
         url=url,
         token=token,
         screen_size=size,
-        cache_dir=options.get("cache_dir"),
+        cache_dir=file_cache_dir(options),
     )
 
 
@@ -557,7 +564,8 @@ async def _attach(
 ) -> list[LocalDesktop]:
     if len(urls) < n:
         raise ConfigError(
-            f"desktop option 'urls' lists {len(urls)} servers but {n} desktops were asked for"
+            f"desktop option 'urls' lists {len(urls)} servers but {n} desktops are to be opened "
+            "(one server per runner and per spare)"
         )
     token = os.environ.get(token_env, "")
     if not token:

@@ -128,7 +128,7 @@ class OSWorldGrader:
         await self.stop()
         self.worker = WorkerProcess(
             self.python,
-            env=worker_env({VM_TOKEN_ENV: self.token}),
+            env=worker_env({VM_TOKEN_ENV: self.token}, provider="local"),  # no credential
             cwd=str(self.work_dir),
             name=f"{self.name}-osworld",
             log_path=str(self.work_dir / "worker.log"),

@@ -66,9 +66,9 @@ from .route_params import error_response
 from .routes_legato import LEGATO_ROUTES
 from .routes_osworld import OSWORLD_ROUTES
 from .sandbox import check_support
-from .server_state import READY_SOURCES, DesktopServer, desktop_of
+from .server_state import DesktopServer, desktop_of
 from .session import Session
-from .wire import DEFAULT_TOKEN_ENV, READY_LINE
+from .wire import DEFAULT_TOKEN_ENV, READY_LINE, READY_SOURCES
 
 log = logging.getLogger("legato.desktop")
 

@@ -30,6 +30,7 @@ from .app_windows import is_main_window, owners_known, window_pids
 from .keymap import KeyboardState, keyboard_state, restore_keyboard
 from .procs import descendants, process_table
 from .session import Session
+from .wire import READY_SOURCES  # damage (poll where the X server has no DAMAGE) | poll
 from .xthread import XThread
 
 REAP_INTERVAL_S = 1.0
@@ -45,9 +46,6 @@ EXISTS_TIMEOUT_S = 10.0  # seconds for the ``test -e`` of an ``open`` step
 #: (a key pressed by a command the task runs, e.g. pyautogui through ``/execute``).
 HOTKEY_POLL_S = 0.1
 APP_WINDOW_POLL_S = 0.1  # seconds between looks for a launched app's main window
-#: Sources of the ready signal: the X server's drawing reports (falls back to ``poll`` when
-#: the server has no DAMAGE extension), or frame polling (docs/local-desktop.md §6).
-READY_SOURCES = ("damage", "poll")
 
 
 @dataclass

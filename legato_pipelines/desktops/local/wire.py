@@ -4,3 +4,6 @@
 DEFAULT_TOKEN_ENV = "LEGATO_DESKTOP_TOKEN"
 #: First stdout line of a server once it is up: ``LEGATO_DESKTOP_READY {"url", "display", "pid", "home"}``.
 READY_LINE = "LEGATO_DESKTOP_READY"
+#: Sources of the ready wait (``POST /legato/wait`` field ``source``, the server's and
+#: ``legato desktop serve``'s ``--ready-source``): the X server's DAMAGE reports, or frames polled.
+READY_SOURCES = ("damage", "poll")

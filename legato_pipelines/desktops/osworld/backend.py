@@ -30,7 +30,9 @@ HOME, docs/osworld.md §6), and the first reset after a failure.
   provider        ``docker`` (default) | ``local`` | vmware | virtualbox | aws | azure | aliyun | volcengine
   path_to_vm, region, snapshot_name, os_type, client_password, headless, enable_proxy
                   passed to DesktopEnv as they are
-  cache_dir       root of the per-desktop DesktopEnv cache dirs (default ~/.cache/legato/osworld-cache)
+  cache_dir       root of the per-desktop DesktopEnv cache dirs (default ~/.cache/legato/osworld-cache):
+                  ``desktop-<i>`` for each desktop a batch opens (runners and spares), held by
+                  the batch (``desktop-<i>.lock``); a second batch with the same root is refused
   work_dir        the workers' working directory (docker keeps ``docker_vm_data/`` there) and
                   their logs (``osworld-<i>.log``: DesktopEnv's logging and prints)
   ready           ``screenshot`` (default: poll the VM server's /screenshot) | ``server``
@@ -59,7 +61,7 @@ import asyncio
 import base64
 import os
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -75,7 +77,13 @@ from ..local import ServerProcess, sandbox_options
 from ..popups import PopupGuard, WmctrlWindows
 from ..ready import ScreenshotReady
 from .channel import WorkerProcess
-from .options import default_cache_root, plan_desktops, resolve_python, worker_env
+from .options import (
+    claim_cache_dir,
+    default_cache_root,
+    plan_desktops,
+    resolve_python,
+    worker_env,
+)
 
 VM_TOKEN_ENV = "LEGATO_OSWORLD_VM_TOKEN"
 #: Deadline per request that is not configurable on its own (seconds).
@@ -127,6 +135,8 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
         self.call_timeout = float(opts.get("call_timeout", 120.0))
         self.reset_timeout = float(opts.get("reset_timeout", 300.0))
         self._windows = WmctrlWindows(self._vm_execute)
+        #: the lock on this desktop's DesktopEnv cache folder (``options.claim_cache_dir``)
+        self.cache_lock: IO[str] | None = None
         self._guard_reset()
 
     def __repr__(self) -> str:
@@ -152,7 +162,7 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
             headers["Authorization"] = f"Bearer {self.vm_server.token}"
         self.worker = WorkerProcess(
             self.python,
-            env=worker_env(extra),
+            env=worker_env(extra, provider=request["provider"]),
             cwd=self.work_dir,
             name=self.name,
             log_path=os.path.join(self.work_dir, f"{self.name}.log"),
@@ -281,6 +291,9 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
             self._ready_client = None
         if self.vm_server is not None:
             await self.vm_server.stop()
+        if self.cache_lock is not None:
+            self.cache_lock.close()
+            self.cache_lock = None
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -370,12 +383,20 @@ async def open_osworld_desktops(config: DesktopConfig, n: int) -> list[OSWorldDe
     Raises ``ConfigError`` for bad options or a missing interpreter, ``DesktopError`` when a
     desktop fails to start (the others are closed).
     """
-    requests = plan_desktops(config, n)
+    requests = plan_desktops(config, n)  # desktop-0 .. desktop-<n-1>: runners and spares
     python = resolve_python(config)
     opts = config.options
     work_root = Path(opts.get("work_dir") or default_cache_root() / "work").expanduser().resolve()
+    locks = []
+    try:  # every folder is this batch's alone, or nothing starts
+        for request in requests:
+            locks.append(claim_cache_dir(request["cache_dir"]))
+    except ConfigError:
+        for lock in locks:
+            lock.close()
+        raise
     desktops = []
-    for i, request in enumerate(requests):
+    for i, (request, lock) in enumerate(zip(requests, locks, strict=True)):
         server = None
         if request["provider"] == "local":
             sandbox, network = sandbox_options(opts)
@@ -397,6 +418,7 @@ async def open_osworld_desktops(config: DesktopConfig, n: int) -> list[OSWorldDe
                 vm_server=server,
             )
         )
+        desktops[-1].cache_lock = lock  # released when the desktop closes
     results = await asyncio.gather(*(d.start() for d in desktops), return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]
     if failures:

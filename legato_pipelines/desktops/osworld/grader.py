@@ -88,7 +88,7 @@ def installed_grader(python: str) -> GraderNames:
     try:
         done = subprocess.run(
             [str(path), "-I", str(WORKER_SCRIPT), "--names"],
-            env=worker_env(),
+            env=worker_env(provider=None),  # only lists names: no provider, no credential
             capture_output=True,
             timeout=NAMES_TIMEOUT_S,
             cwd="/",

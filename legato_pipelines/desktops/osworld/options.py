@@ -4,12 +4,14 @@ request, its interpreter and its clean environment (see :mod:`.backend` for the 
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ...errors import ConfigError
 from ..base import DesktopConfig, check_options
+from ..child_env import provider_env
 from .install import default_venv, venv_python
 
 PROVIDERS = ("docker", "local", "vmware", "virtualbox", "aws", "azure", "aliyun", "volcengine")
@@ -38,20 +40,20 @@ OPTION_NAMES = frozenset(
         "log_level",
     }
 )
-#: Environment variables a worker inherits (providers' credentials and endpoints); nothing
-#: else, so neither the policy key nor a stray configuration reaches DesktopEnv.
-PASS_ENV_PREFIXES = (
-    "DOCKER_",
-    "HF_",
-    "AWS_",
-    "AZURE_",
-    "ALIYUN_",
-    "ALIBABA",
-    "VOLCENGINE_",
-    "KVM",
+#: Environment variables every worker inherits (besides its provider's, ``child_env.py``):
+#: nothing else, so neither the policy key, another cloud's credentials nor a stray
+#: configuration reaches DesktopEnv. ``HF_ENDPOINT``: a hub mirror for its downloads.
+PASS_ENV = (
+    "HOME",
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "TMPDIR",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "HF_ENDPOINT",
 )
-PASS_ENV = ("HOME", "PATH", "LANG", "LC_ALL", "TMPDIR", "http_proxy", "https_proxy", "no_proxy")
-SECRET_ENV = ("LEGATO_POLICY_KEY",)
 #: The HOME baseline of a local desktop in ``fast_mode`` ``vm`` (expanded by the desktop's shell).
 LOCAL_VM_BASELINE = "$TMPDIR/legato-home-baseline"
 
@@ -62,16 +64,44 @@ def default_cache_root() -> Path:
     return Path(cache) / "legato" / "osworld-cache"
 
 
-def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The clean environment of a worker: a pass-list of the parent's plus ``extra``.
+def claim_cache_dir(cache_dir: str | Path) -> IO[str]:
+    """Hold desktop folder ``cache_dir`` (``<root>/desktop-<i>``, DesktopEnv's cache of one
+    desktop) for this process: an exclusive ``flock`` on ``<root>/desktop-<i>.lock``, kept
+    until the returned file is closed (or the process ends). Two batches on one host with the
+    same ``cache_dir`` option would otherwise give their desktop ``i`` the same folder, where
+    DesktopEnv downloads and getters write a task's files. Raises ``ConfigError`` naming the
+    folder, the holder's pid and the fix when another process holds it."""
+    folder = Path(cache_dir)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(folder.with_name(folder.name + ".lock"), "a+")  # noqa: SIM115 - kept open
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise ConfigError(
+            f"desktop option cache_dir: {folder} is in use by another batch on this host (pid "
+            f"{holder}); each desktop needs a folder of its own (fix: give each batch running "
+            "at once its own --desktop-option cache_dir=DIR)"
+        ) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
+def worker_env(extra: dict[str, str] | None = None, *, provider: str | None) -> dict[str, str]:
+    """The clean environment of a worker: the parent's :data:`PASS_ENV`, the variables of its
+    DesktopEnv ``provider`` (``child_env.provider_env``: ``AWS_*`` for ``aws``, ``AZURE_*``
+    for ``azure``, ...; nothing for ``local`` or ``None``, a worker that starts no VM), plus
+    ``extra``. No other credential and never the policy key.
 
     ``PYTHON_DOTENV_DISABLED=1`` stops desktop_env's import-time ``load_dotenv()`` (docs/osworld.md §8).
     """
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if (k in PASS_ENV or k.startswith(PASS_ENV_PREFIXES)) and k not in SECRET_ENV
-    }
+    env = {k: v for k, v in os.environ.items() if k in PASS_ENV}
+    env.update(provider_env(provider))
     env["PYTHON_DOTENV_DISABLED"] = "1"
     env.update(extra or {})
     return env
