@@ -155,3 +155,15 @@ def test_heuristics_on_inline_tasks():
         [{"type": "upload", "parameters": {"files": [{"path": "~/a", "content": "x"}]}}]
     )
     assert classify_task(custom).backends == ["local", "fake"]  # OSWorld has no "upload" step type
+
+
+def test_a_misspelled_setup_parameter_is_a_counted_local_blocker():
+    """A step the verdict refuses for its parameters ('comand') is a local blocker too, so
+    ``tasks check``'s totals have a row for it (they listed none: newcomer)."""
+    typo = inline([{"type": "execute", "parameters": {"comand": "ls", "shell": True}}])
+    c = classify_task(typo)
+    assert "local" not in c.backends
+    assert "setup step parameters" in c.local_blockers
+    assert summarize([c]).top_local_blockers == {"setup step parameters": 1}
+    fine = classify_task(inline([{"type": "execute", "parameters": {"command": "ls"}}]))
+    assert "setup step parameters" not in fine.local_blockers

@@ -289,6 +289,12 @@ def _evaluator_commands(evaluator: dict) -> list[str]:
     return [_command_text(g["command"]) for g in evaluator_getters(evaluator) if "command" in g]
 
 
+# a problem naming a setup or postconfig step's parameters (verdict.py's field paths)
+_STEP_PARAMETER = re.compile(
+    r"field '(?:config\.)?(?:config|evaluator\.postconfig)\[\d+\]\.parameters"
+)
+
+
 def classify_task(task: Task, *, backend_support: BackendSupport | None = None) -> TaskClass:
     """Classify one task (static: no desktop, no network). See :class:`TaskClass` for the fields."""
     support = backend_support or BackendSupport()
@@ -399,6 +405,8 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
         name: task_problems(task, name, cache_dir=support.cache_dir, grader=graders[name])
         for name in BACKENDS
     }
+    if any(_STEP_PARAMETER.search(p) for p in problems["local"]):  # e.g. 'comand'
+        local_blockers.append("setup step parameters")
     problems["local"] += _host_problems(
         live, reasons, missing_apps, "os" in apps and not (set(apps) & support.local_apps),
         not support.local_pyautogui and any("pyautogui" in text for text in commands),
