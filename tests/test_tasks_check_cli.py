@@ -105,6 +105,7 @@ def test_bad_task_list_names_the_field(tmp_path):
     assert "config.config[0].type" in proc.stderr and proc.stdout == ""
     missing = legato(str(tmp_path / "nope.json"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+    assert "--tasks" not in missing.stderr  # tasks check takes the path as its argument
 
 
 def write(tmp_path: Path, name: str, value) -> Path:
