@@ -662,6 +662,20 @@ def test_resume_refuses_other_collection_settings(policy_server, tmp_path):
         )
 
 
+def test_resume_refuses_another_seed(policy_server, tmp_path):
+    """The seed fixes every attempt's seed (the fake backend's rewards): a resume with another
+    one would mix two seedings in one run, so it is refused like the other settings."""
+    tasks = load_tasks(fake_tasks(2))
+    knobs = dict(desktops=1, desktop=fake(), group=1, max_steps=2)
+    collect(tasks, policy(policy_server), tmp_path, seed=3, **knobs)
+    assert orjson.loads((tmp_path / "run.json").read_bytes())["knobs"]["seed"] == 3
+    before = read_records(tmp_path)
+    with pytest.raises(ResumeError, match=r"seed 3, not 4.*\(fix: --seed 3, or another --out\)"):
+        collect(tasks, policy(policy_server), tmp_path, seed=4, **knobs)
+    assert read_records(tmp_path) == before
+    collect(tasks, policy(policy_server), tmp_path, seed=3, **knobs)  # the same seed resumes
+
+
 def test_a_line_that_is_not_a_record_is_an_error(policy_server, tmp_path):
     from legato_pipelines import ConfigError
 
