@@ -266,6 +266,12 @@ def test_output_paths_and_unusable_batches_are_clear(tmp_path):
     with ScriptedPolicyServer(flavor="vllm", faults=Faults(no_logprobs=True)) as server:
         res = legato(*collect_args(server, tasks, tmp_path / "a-file"))
         assert res.returncode == 2 and "is a file" in res.stderr and "Traceback" not in res.stderr
+        (tmp_path / "mine").mkdir()
+        (tmp_path / "mine" / "summary.json").write_text("{}")
+        res = legato(*collect_args(server, tasks, tmp_path / "mine"))
+        said = " ".join(res.stderr.split())
+        assert res.returncode == 2 and "not a run directory" in said and "--out" in said
+        assert (tmp_path / "mine" / "summary.json").read_text() == "{}"
         res = legato(*collect_args(server, tasks, tmp_path / "run", "--group", "1"))
     assert res.returncode == 0
     assert "no logprobs" in res.stderr and "legato probe" in res.stderr

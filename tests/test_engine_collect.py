@@ -676,6 +676,34 @@ def test_resume_refuses_another_seed(policy_server, tmp_path):
     collect(tasks, policy(policy_server), tmp_path, seed=3, **knobs)  # the same seed resumes
 
 
+def test_out_a_non_empty_directory_that_is_no_run_is_refused_and_left_alone(
+    policy_server, tmp_path
+):
+    """A user's folder with a summary.json of their own is not a run directory: refused before
+    anything starts, naming --out and the fix, every file as it was; an empty folder, or one a
+    collection left before writing run.json (its lock, empty messages/ and images/), is fine."""
+    tasks = load_tasks(fake_tasks(1))
+    knobs = dict(desktops=1, desktop=fake(), group=1, max_steps=2)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "summary.json").write_text('{"mine": 1}')
+    with pytest.raises(ResumeError, match=r"not empty \(summary.json\).*fix: --out a new"):
+        collect(tasks, policy(policy_server), mine, **knobs)
+    assert [p.name for p in mine.iterdir()] == ["summary.json"]
+    assert (mine / "summary.json").read_text() == '{"mine": 1}'
+    assert policy_server.request_count == 0
+
+    left = tmp_path / "left"
+    for name in ("messages", "images"):
+        (left / name).mkdir(parents=True)
+    (left / ".lock").write_text("123")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for out in (left, empty):
+        summary = collect(tasks, policy(policy_server), out, **knobs)
+        assert summary["groups"]["closed"] == 1
+
+
 def test_a_line_that_is_not_a_record_is_an_error(policy_server, tmp_path):
     from legato_pipelines import ConfigError
 
