@@ -227,6 +227,23 @@ def test_secret_key_never_written(tmp_path):
     )  # failing calls were exercised
 
 
+def test_a_key_in_the_policy_url_query_is_refused_and_never_echoed(policy_server, tmp_path):
+    """``--policy-url 'http://host/?key=sk-...'`` is refused with exit status 2 before any
+    request (it used to call ``.../?key=sk-.../v1/models`` and quote that URL), by ``collect``
+    and ``probe`` alike, the key nowhere in their output."""
+    tasks = write_tasks(tmp_path / "tasks.json", 1)
+    url = f"{policy_server.url}/?key={SECRET}"
+    args = collect_args(policy_server, tasks, tmp_path / "run")
+    args[args.index(policy_server.url)] = url
+    res = legato(*args)
+    probe = legato("probe", "--policy-url", url, "--model", policy_server.model)
+    for done in (res, probe):
+        said = " ".join(done.stderr.split())
+        assert done.returncode == 2 and "query string" in said and "LEGATO_POLICY_KEY" in said
+        assert SECRET not in done.stdout + done.stderr and "Traceback" not in said
+    assert not policy_server.requests and not (tmp_path / "run").exists()
+
+
 def test_hung_calls_are_cut_and_profiled(tmp_path):
     from legato_pipelines.policy.scripted import Faults, ScriptedPolicyServer
 
