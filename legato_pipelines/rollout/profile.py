@@ -177,10 +177,11 @@ def incomplete(
 
 
 def incomplete_message(summary: Mapping[str, Any]) -> str | None:
-    """The line that ends a batch whose groups did not all close (``legato collect`` exits 1, the Dagster asset fails), or ``None``
-    when every group closed: how many groups are incomplete, their attempts' errors by kind
-    (``summary["incomplete"]``) and that re-running the same command resumes them (a resume
-    re-runs those attempts: :func:`legato_pipelines.rollout.engine._plan`)."""
+    """The line that ends a batch whose groups did not all close (``legato collect`` exits 1,
+    the ``rollout_batch`` asset fails), or ``None`` when every group closed: how many groups
+    are incomplete, their attempts' errors by kind (``summary["incomplete"]``) and that
+    re-running the same command resumes them (a resume re-runs those attempts: the engine's
+    ``_plan``)."""
     left = summary.get("incomplete") or {}
     if not left.get("groups"):
         return None
