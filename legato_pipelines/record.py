@@ -88,6 +88,36 @@ def is_final(status: str | None) -> bool:
     return status in FINAL_FOR_TRAINING
 
 
+RERUN_ON_RESUME: frozenset[str] = frozenset({POLICY, ENV})
+"""``error.kind`` of the ``error`` records a resume re-runs when their group has not closed (a
+policy-server outage, a desktop lost for good): a new execution of the same logical attempt."""
+
+
+def superseded(records: Iterable[Any]) -> list[bool]:
+    """For each record (typed, or a JSON dict / row with ``task_id``, ``attempt``,
+    ``execution``, ``status``), whether a later execution of the same logical attempt replaced
+    it: status ``retried``, or an ``error`` that a resume re-ran (a record of the same
+    ``task_id`` and ``attempt`` with a higher ``execution`` exists). The other records settle
+    their logical attempt (one each in a sound run directory), so ``count(records) ==
+    scheduled - missing + sum(superseded)``."""
+
+    def get(r: Any, key: str) -> Any:
+        return getattr(r, key) if isinstance(r, BaseModel) else r.get(key)
+
+    rows = [
+        (get(r, "task_id"), get(r, "attempt"), get(r, "execution") or 0, get(r, "status"))
+        for r in records
+    ]
+    latest: dict[tuple[Any, Any], int] = {}
+    for task, attempt, execution, _ in rows:
+        key = (task, attempt)
+        latest[key] = max(latest.get(key, execution), execution)
+    return [
+        status == RETRIED or (status == ERROR and execution < latest[(task, attempt)])
+        for task, attempt, execution, status in rows
+    ]
+
+
 def _number(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
     """A JSON number kept as it came (an int stays an int: ``0`` must not become ``0.0``)."""
     if isinstance(value, int | float) and not isinstance(value, bool):

@@ -107,6 +107,7 @@ def test_resume_settings_are_marked_on_the_model():
         "image_max",
         "harness",
         "history",
+        "seed",
     }
     assert set(RESUME_KNOBS) == set(RESUME_SETTINGS) | {"backend", "grader"}
 

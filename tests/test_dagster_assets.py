@@ -5,6 +5,7 @@ checks, resume, and the policy key staying out of every event."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -14,7 +15,7 @@ import pyarrow.dataset as ds
 import pytest
 from dagster._serdes import serialize_value
 
-from legato_pipelines import export_steps, read_records
+from legato_pipelines import export_steps, profile, read_records
 from legato_pipelines.assets import ASSETS, collect_job, policy_versions
 from legato_pipelines.assets import checks as contract
 from legato_pipelines.policy.config import API_KEY_ENV
@@ -43,7 +44,16 @@ def _run_config(tasks_file: Path, **knobs) -> dict:
     }
 
 
-def _materialize(instance, server, lake_root, tasks_file, version="step-1", policy=None, **knobs):
+def _materialize(
+    instance,
+    server,
+    lake_root,
+    tasks_file,
+    version="step-1",
+    policy=None,
+    raise_on_error=True,
+    **knobs,
+):
     if version not in instance.get_dynamic_partitions(policy_versions.name):
         instance.add_dynamic_partitions(policy_versions.name, [version])
     return dg.materialize(
@@ -56,6 +66,7 @@ def _materialize(instance, server, lake_root, tasks_file, version="step-1", poli
             "lake": LakeResource(root=str(lake_root)),
         },
         run_config=_run_config(tasks_file, **knobs),
+        raise_on_error=raise_on_error,
     )
 
 
@@ -191,6 +202,47 @@ def test_rematerializing_a_partition_resumes_its_run_directory(
         assert set(
             lake.query("SELECT DISTINCT run_id FROM samples").column("run_id").to_pylist()
         ) == {second.run_id}
+
+
+def test_a_policy_outage_fails_the_batch_and_rematerializing_resumes_it(
+    tmp_path, policy_server, tasks_file, no_policy_key
+):
+    """The server fails every call once the first record is written: ``rollout_batch`` fails
+    saying how many groups are incomplete and how to resume (its records kept); materializing
+    the partition again re-runs those attempts and succeeds, the accounting check passing."""
+    import threading
+
+    lake_root = tmp_path / "lake"
+    run_dir = Lake(lake_root).run_dir("step-1")
+    policy_server.latency.median = 0.1
+
+    def outage():
+        deadline = time.time() + 60
+        while time.time() < deadline and not (run_dir.exists() and read_records(run_dir)):
+            time.sleep(0.01)
+        policy_server.faults.error_every = 1
+
+    cutter = threading.Thread(target=outage)
+    cutter.start()
+    with dg.instance_for_test() as instance:
+        first = _materialize(instance, policy_server, lake_root, tasks_file, raise_on_error=False)
+        cutter.join()
+        assert not first.success
+        failure = next(e.step_failure_data.error for e in first.all_events if e.is_step_failure)
+        assert "groups incomplete" in failure.message and "policy" in failure.message
+        assert "materialize this partition again" in failure.message
+        errored = sum(1 for r in read_records(run_dir) if r["status"] == "error")
+        assert errored
+
+        policy_server.faults.error_every = 0  # the server is back
+        second = _materialize(instance, policy_server, lake_root, tasks_file)
+        assert second.success
+        meta = _metadata(second, "rollout_batch")
+        assert meta["missing"].value == 0
+        checks = {c.check_name: c.passed for c in second.get_asset_check_evaluations()}
+        assert checks[contract.NO_ATTEMPT_UNACCOUNTED.name]
+        assert profile(run_dir)["retries"] == errored
+        assert profile(run_dir)["groups"] == {"total": 3, "closed": 3}
 
 
 def test_policy_key_reaches_the_server_but_no_event(tmp_path, tasks_file, monkeypatch):

@@ -227,6 +227,23 @@ def test_secret_key_never_written(tmp_path):
     )  # failing calls were exercised
 
 
+def test_a_key_in_the_policy_url_query_is_refused_and_never_echoed(policy_server, tmp_path):
+    """``--policy-url 'http://host/?key=sk-...'`` is refused with exit status 2 before any
+    request (it used to call ``.../?key=sk-.../v1/models`` and quote that URL), by ``collect``
+    and ``probe`` alike, the key nowhere in their output."""
+    tasks = write_tasks(tmp_path / "tasks.json", 1)
+    url = f"{policy_server.url}/?key={SECRET}"
+    args = collect_args(policy_server, tasks, tmp_path / "run")
+    args[args.index(policy_server.url)] = url
+    res = legato(*args)
+    probe = legato("probe", "--policy-url", url, "--model", policy_server.model)
+    for done in (res, probe):
+        said = " ".join(done.stderr.split())
+        assert done.returncode == 2 and "query string" in said and "LEGATO_POLICY_KEY" in said
+        assert SECRET not in done.stdout + done.stderr and "Traceback" not in said
+    assert not policy_server.requests and not (tmp_path / "run").exists()
+
+
 def test_hung_calls_are_cut_and_profiled(tmp_path):
     from legato_pipelines.policy.scripted import Faults, ScriptedPolicyServer
 
@@ -266,6 +283,12 @@ def test_output_paths_and_unusable_batches_are_clear(tmp_path):
     with ScriptedPolicyServer(flavor="vllm", faults=Faults(no_logprobs=True)) as server:
         res = legato(*collect_args(server, tasks, tmp_path / "a-file"))
         assert res.returncode == 2 and "is a file" in res.stderr and "Traceback" not in res.stderr
+        (tmp_path / "mine").mkdir()
+        (tmp_path / "mine" / "summary.json").write_text("{}")
+        res = legato(*collect_args(server, tasks, tmp_path / "mine"))
+        said = " ".join(res.stderr.split())
+        assert res.returncode == 2 and "not a run directory" in said and "--out" in said
+        assert (tmp_path / "mine" / "summary.json").read_text() == "{}"
         res = legato(*collect_args(server, tasks, tmp_path / "run", "--group", "1"))
     assert res.returncode == 0
     assert "no logprobs" in res.stderr and "legato probe" in res.stderr
@@ -291,6 +314,46 @@ def test_export_never_overwrites_its_run_and_failed_batches_exit_nonzero(policy_
             *collect_args(server, tasks, tmp_path / "failed", "--group", "1", "--retries", "0")
         )
     assert res.returncode == 1 and "no attempt was graded" in res.stderr
+
+
+def test_a_policy_outage_exits_1_saying_how_to_resume_and_the_resume_completes(
+    policy_server, tmp_path
+):
+    """The server fails every call once the first record is written: the batch ends with
+    groups left open, exit status 1 and a line saying how many, the errors by kind and how to
+    resume; the same command then re-runs those attempts and exits 0."""
+    tasks = write_tasks(tmp_path / "tasks.json", 4)
+    out = tmp_path / "run"
+    args = collect_args(
+        policy_server, tasks, out, "--desktops", "1", "--group", "1", "--retries", "0"
+    )
+    policy_server.latency.median = 0.2  # time to cut the server off after the first record
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "legato_pipelines", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline and not read_records(out):
+        time.sleep(0.01)
+    policy_server.faults.error_every = 1  # the outage
+    _, stderr = proc.communicate(timeout=120)
+    records = read_records(out)
+    errors = sum(1 for r in records if r["status"] == "error")
+    assert proc.returncode == 1, stderr
+    assert any(r["status"] == "ok" for r in records) and errors
+    stderr = " ".join(stderr.split())  # rich wraps long lines
+    assert "no attempt was graded" not in stderr
+    assert f"{errors} of 4 groups incomplete" in stderr and f"policy {errors}" in stderr
+    assert "run the same command again to resume" in stderr
+
+    policy_server.faults.error_every = 0  # the server is back
+    done = legato(*args, "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["groups"] == {"total": 4, "closed": 4} and summary["retries"] == errors
+    assert "incomplete" not in done.stderr
 
 
 def test_calls_that_time_out_count_as_hung(tmp_path):

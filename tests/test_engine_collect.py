@@ -25,6 +25,7 @@ from legato_pipelines import (
     profile,
     read_records,
 )
+from legato_pipelines.record import superseded
 from legato_pipelines.store.rundir import message_sha
 from tests.engine_support import fake_tasks
 
@@ -40,10 +41,15 @@ def fake(**options) -> DesktopConfig:
 
 
 def assert_accounted(records, summary):
-    """Every scheduled attempt ends in exactly one final record per logical attempt."""
+    """Every scheduled attempt ends in exactly one settling record per logical attempt (the
+    others: ``retried``, or an ``error`` a resume re-ran)."""
     assert summary["missing"] == 0
     assert len(records) == summary["scheduled"] + summary["retries"]
-    finals = Counter((r["task_id"], r["attempt"]) for r in records if r["status"] != "retried")
+    finals = Counter(
+        (r["task_id"], r["attempt"])
+        for r, gone in zip(records, superseded(records), strict=True)
+        if not gone
+    )
     assert set(finals.values()) == {1}
     assert len(finals) == summary["scheduled"]
 
@@ -465,6 +471,54 @@ def test_resume_drops_torn_line_and_reruns_missing(policy_server, tmp_path):
     assert profile(tmp_path)["counts"] == summary["counts"]
 
 
+def test_resume_reruns_attempts_a_policy_outage_ended_in_error(policy_server, tmp_path):
+    """The policy server fails every call from the 3rd record on: those attempts end as
+    ``error`` kind ``policy``, their groups stay open and the summary says so; re-running the
+    same collection re-runs exactly them as new executions (the error records stay, counted
+    as re-tries) and closes every group."""
+    from legato_pipelines.assets.checks import no_attempt_unaccounted
+    from legato_pipelines.store.lake_tables import Lineage, rollouts_table
+
+    tasks = load_tasks(fake_tasks(4))
+    seen = 0
+
+    def outage(_line):
+        nonlocal seen
+        seen += 1
+        if seen == 3:
+            policy_server.faults.error_every = 1  # the server answers 500 from now on
+
+    knobs = dict(desktops=2, desktop=fake(), group=2, max_steps=3)
+    pol = policy(policy_server, retries=0, backoff=0.01)
+    first = collect(tasks, pol, tmp_path, on_record=outage, **knobs)
+    before = read_records(tmp_path)
+    errored = {(r["task_id"], r["attempt"]) for r in before if r["status"] == "error"}
+    assert errored and all(r["error"]["kind"] == "policy" for r in before if r["status"] == "error")
+    open_groups = first["groups"]["total"] - first["groups"]["closed"]
+    assert open_groups > 0
+    assert first["incomplete"] == {"groups": open_groups, "errors": {"policy": len(errored)}}
+
+    policy_server.faults.error_every = 0  # the server is back
+    summary = collect(tasks, pol, tmp_path, **knobs)
+    records = read_records(tmp_path)
+    assert records[: len(before)] == before  # nothing already collected is rewritten
+    rerun = records[len(before) :]
+    assert {(r["task_id"], r["attempt"]) for r in rerun} == errored
+    assert all(r["execution"] == 1 and r["status"] == "ok" for r in rerun)
+    assert summary["groups"] == {"total": 4, "closed": 4}
+    assert summary["incomplete"] == {"groups": 0, "errors": {}}
+    assert summary["retries"] == len(errored) and summary["counts"]["error"] == len(errored)
+    assert_accounted(records, summary)
+    assert profile(tmp_path)["retries"] == summary["retries"]
+    table = rollouts_table(records, Lineage("step-1", tasks.task_set, "r"))
+    check = no_attempt_unaccounted(table, summary["scheduled"])
+    assert check.passed, check.metadata
+
+    # a third run finds nothing to do
+    again = collect(tasks, pol, tmp_path, **knobs)
+    assert len(read_records(tmp_path)) == len(records) and again["incomplete"]["groups"] == 0
+
+
 def test_one_collection_at_a_time_per_run_directory(policy_server, tmp_path):
     import asyncio
 
@@ -606,6 +660,48 @@ def test_resume_refuses_other_collection_settings(policy_server, tmp_path):
             max_steps=2,
             image_max=4,
         )
+
+
+def test_resume_refuses_another_seed(policy_server, tmp_path):
+    """The seed fixes every attempt's seed (the fake backend's rewards): a resume with another
+    one would mix two seedings in one run, so it is refused like the other settings."""
+    tasks = load_tasks(fake_tasks(2))
+    knobs = dict(desktops=1, desktop=fake(), group=1, max_steps=2)
+    collect(tasks, policy(policy_server), tmp_path, seed=3, **knobs)
+    assert orjson.loads((tmp_path / "run.json").read_bytes())["knobs"]["seed"] == 3
+    before = read_records(tmp_path)
+    with pytest.raises(ResumeError, match=r"seed 3, not 4.*\(fix: --seed 3, or another --out\)"):
+        collect(tasks, policy(policy_server), tmp_path, seed=4, **knobs)
+    assert read_records(tmp_path) == before
+    collect(tasks, policy(policy_server), tmp_path, seed=3, **knobs)  # the same seed resumes
+
+
+def test_out_a_non_empty_directory_that_is_no_run_is_refused_and_left_alone(
+    policy_server, tmp_path
+):
+    """A user's folder with a summary.json of their own is not a run directory: refused before
+    anything starts, naming --out and the fix, every file as it was; an empty folder, or one a
+    collection left before writing run.json (its lock, empty messages/ and images/), is fine."""
+    tasks = load_tasks(fake_tasks(1))
+    knobs = dict(desktops=1, desktop=fake(), group=1, max_steps=2)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "summary.json").write_text('{"mine": 1}')
+    with pytest.raises(ResumeError, match=r"not empty \(summary.json\).*fix: --out a new"):
+        collect(tasks, policy(policy_server), mine, **knobs)
+    assert [p.name for p in mine.iterdir()] == ["summary.json"]
+    assert (mine / "summary.json").read_text() == '{"mine": 1}'
+    assert policy_server.request_count == 0
+
+    left = tmp_path / "left"
+    for name in ("messages", "images"):
+        (left / name).mkdir(parents=True)
+    (left / ".lock").write_text("123")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for out in (left, empty):
+        summary = collect(tasks, policy(policy_server), out, **knobs)
+        assert summary["groups"]["closed"] == 1
 
 
 def test_a_line_that_is_not_a_record_is_an_error(policy_server, tmp_path):

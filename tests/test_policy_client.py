@@ -369,6 +369,28 @@ async def test_key_goes_only_to_the_server_as_bearer(monkeypatch, caplog, capsys
     assert SECRET not in repr(config(server))
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"http://127.0.0.1:8001/?key={SECRET}",
+        f"http://127.0.0.1:8001/v1?api_key={SECRET}&x=1",
+        f"http://127.0.0.1:8001/v1#{SECRET}",
+        f"http://user:{SECRET}@127.0.0.1:8001",
+    ],
+)
+def test_a_policy_url_with_a_query_fragment_or_credentials_is_refused_unechoed(url):
+    """Request paths are appended to the URL (``.../?key=.../v1/models``) and a query string is
+    where keys hide: refused at configuration, the error never quoting the URL."""
+    with pytest.raises(ValidationError) as info:
+        PolicyConfig(base_url=url, model="m")
+    message = str(info.value)
+    assert "LEGATO_POLICY_KEY" in message and "base_url" in message
+    assert SECRET[:9] not in message and SECRET[:9] not in repr(info.value)  # not even cut
+    assert PolicyConfig(base_url="http://127.0.0.1:8001/v1/", model="m").api_base.endswith(
+        ":8001/v1"
+    )
+
+
 async def test_calls_leave_no_cyclic_garbage(no_key):
     """A model call frees everything it made by reference counting: httpx's Response and its
     stream refer to each other, a cycle per call that only the cyclic GC frees (and that made

@@ -25,7 +25,7 @@ from typing import Any
 import dagster as dg
 import pyarrow as pa
 
-from ..record import FINAL_FOR_TRAINING, RETRIED
+from ..record import FINAL_FOR_TRAINING, superseded
 
 ADVANTAGE_TOLERANCE = 1e-6
 """Allowed |sum of advantages| per rollout of a group (float rounding of (r - mean) / std)."""
@@ -56,13 +56,16 @@ SUCCESS_RATE_REPORTED = dg.AssetCheckSpec(
 
 def no_attempt_unaccounted(rollouts: pa.Table, scheduled: int | None) -> dg.AssetCheckResult:
     """Accounting of the ``rollouts`` partition against the batch's ``scheduled`` attempts."""
-    rows = rollouts.select(["task_id", "attempt", "status"]).to_pylist()
-    finals = Counter((r["task_id"], r["attempt"]) for r in rows if r["status"] != RETRIED)
-    retried = {(r["task_id"], r["attempt"]) for r in rows if r["status"] == RETRIED}
+    rows = rollouts.select(["task_id", "attempt", "execution", "status"]).to_pylist()
+    replaced = superseded(rows)  # retried, or an error a resume re-ran
+    finals = Counter(
+        (r["task_id"], r["attempt"]) for r, gone in zip(rows, replaced, strict=True) if not gone
+    )
+    retried = {(r["task_id"], r["attempt"]) for r, gone in zip(rows, replaced, strict=True) if gone}
     duplicated = sorted(k for k, n in finals.items() if n > 1)
     orphaned = sorted(retried - set(finals))
     scheduled = len(finals) if scheduled is None else scheduled
-    retries = len(rows) - sum(finals.values())
+    retries = sum(replaced)
     missing = max(0, scheduled - len(finals))
     passed = not duplicated and not orphaned and missing == 0 and len(rows) == scheduled + retries
     return dg.AssetCheckResult(

@@ -14,6 +14,11 @@ server or verified there, as the policy resource's ``load`` says
 (:mod:`legato_pipelines.policy.loading`). The run's tags say how it went: ``legato/load`` is
 ``<mode>: loaded`` / ``verified`` / ``not checked``, or ``failed`` with ``legato/load_error``
 (the server's answer), so a checkpoint that failed to load is visible on the run itself.
+
+A batch whose groups did not all close (attempts ended in error: a policy-server outage,
+desktops lost) fails the asset with ``dagster.Failure`` saying how many groups are incomplete
+and the errors by kind, as ``legato collect`` exits 1: the records are kept, and materializing
+the partition again resumes it, re-running those attempts.
 """
 
 import dagster as dg
@@ -21,6 +26,7 @@ import dagster as dg
 from .. import collect, load_tasks
 from ..errors import ConfigError, LoadError
 from ..resources import DesktopPoolResource, LakeResource, PolicyResource
+from ..rollout.profile import incomplete_message
 from .advice import in_dagster
 from .config import CollectConfig
 from .metadata import counts_markdown, number
@@ -54,7 +60,9 @@ def rollout_batch(
     """Collect ``config.group`` attempts per task of ``config.tasks`` with the policy at version
     ``partition_key``. Raises the engine's ``ConfigError``/``PolicyConfigError`` (bad task list,
     wrong URL or model, no LEGATO_POLICY_URL) before any desktop starts; every engine error's
-    message also names the Dagster setting to change (:mod:`.advice`)."""
+    message also names the Dagster setting to change (:mod:`.advice`). Raises
+    ``dagster.Failure`` after the batch when groups are left open by errors (materializing the
+    partition again resumes them)."""
     version = partition_version(context)  # checked first: it names folders and adapters
     with in_dagster("policy"):
         task_set = load_tasks(config.tasks, osworld=desktops.osworld)
@@ -105,30 +113,37 @@ def rollout_batch(
         context.run.run_id, {LOAD_TAG: f"{load.mode}: {_LOAD_DONE[load.mode]}"}
     )
     counts = summary.get("counts") or {}
-    return dg.MaterializeResult(
-        metadata={
-            "policy_version": version,
-            "model": policy_config.model,
-            "task_set": task_set.task_set,
-            "tasks_path": dg.MetadataValue.path(task_set.path or config.tasks),
-            "tasks": len(task_set),
-            "knobs": dg.MetadataValue.json(summary.get("knobs") or {}),
-            "counts": dg.MetadataValue.md(counts_markdown(counts)),
-            "dagster/row_count": int(summary.get("records") or 0),
-            "scheduled": int(summary.get("scheduled") or 0),
-            "missing": int(summary.get("missing") or 0),
-            "success_rate": number(summary.get("success_rate")),
-            "rollouts_per_hour": number(summary.get("rollouts_per_hour")),
-            "wall_s": number(summary.get("wall_s")),
-            "desktops": dg.MetadataValue.json(summary.get("desktops") or {}),  # lost/recovered
-            "run_dir": dg.MetadataValue.path(str(store.run_location(version))),
-            "load": load.mode,
-            "served_model": served.get("served_model") or policy_config.model,
-            "checkpoint": dg.MetadataValue.path(served["path"]) if served.get("path") else "n/a",
-            "checkpoint_fingerprint": served.get("fingerprint") or "n/a",
-            "load_proof": dg.MetadataValue.json(served.get("proof") or {}),
-        }
-    )
+    metadata = {
+        "policy_version": version,
+        "model": policy_config.model,
+        "task_set": task_set.task_set,
+        "tasks_path": dg.MetadataValue.path(task_set.path or config.tasks),
+        "tasks": len(task_set),
+        "knobs": dg.MetadataValue.json(summary.get("knobs") or {}),
+        "counts": dg.MetadataValue.md(counts_markdown(counts)),
+        "dagster/row_count": int(summary.get("records") or 0),
+        "scheduled": int(summary.get("scheduled") or 0),
+        "missing": int(summary.get("missing") or 0),
+        "success_rate": number(summary.get("success_rate")),
+        "rollouts_per_hour": number(summary.get("rollouts_per_hour")),
+        "wall_s": number(summary.get("wall_s")),
+        "desktops": dg.MetadataValue.json(summary.get("desktops") or {}),  # lost/recovered
+        "run_dir": dg.MetadataValue.path(str(store.run_location(version))),
+        "load": load.mode,
+        "served_model": served.get("served_model") or policy_config.model,
+        "checkpoint": dg.MetadataValue.path(served["path"]) if served.get("path") else "n/a",
+        "checkpoint_fingerprint": served.get("fingerprint") or "n/a",
+        "load_proof": dg.MetadataValue.json(served.get("proof") or {}),
+    }
+    problem = incomplete_message(summary)
+    if problem:  # groups left open by errors: not a batch; materializing again resumes them
+        raise dg.Failure(
+            description=problem.replace(
+                "run the same command again", "materialize this partition again"
+            ),
+            metadata=metadata | {"incomplete": dg.MetadataValue.json(summary["incomplete"])},
+        )
+    return dg.MaterializeResult(metadata=metadata)
 
 
 def _served(run_dir) -> dict:

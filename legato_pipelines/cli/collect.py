@@ -12,7 +12,6 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from ..record import FINAL_FOR_TRAINING
 from ..rollout.settings import CollectSettings
 from .console import console, err, fail
 from .options import settings_options
@@ -166,6 +165,7 @@ def collect_command(
     from ..policy.config import PolicyConfig
     from ..policy.loading import LoadSpec
     from ..rollout.engine import collect
+    from ..rollout.profile import incomplete_message
     from ..tasks import load_tasks
     from ..versions import check_version_key
     from .progress import CollectProgress
@@ -257,12 +257,9 @@ def collect_command(
         print_profile(summary)
         console.print(f"run directory: [bold]{out}[/]")
     warn_unusable(summary)
-    graded = sum(summary["counts"].get(s, 0) for s in FINAL_FOR_TRAINING)
-    if summary["records"] and not graded:
-        fail(
-            "no attempt was graded (every record is an error, skipped or cancelled): see the statuses above",
-            code=1,
-        )
+    problem = incomplete_message(summary)  # groups left open: exit 1, the same command resumes
+    if problem:
+        fail(problem, code=1)
 
 
 def warn_unusable(summary: dict) -> None:

@@ -20,7 +20,9 @@ class PolicyConfig(BaseModel):
     """Where and how to call the policy.
 
     Fields (units in brackets):
-      base_url      the server root, e.g. ``http://127.0.0.1:8000`` or ``.../v1`` (both work)
+      base_url      the server root, e.g. ``http://127.0.0.1:8000`` or ``.../v1`` (both work);
+                    no credentials, query string or fragment (a ``ValidationError`` that never
+                    echoes the URL: the key goes in ``LEGATO_POLICY_KEY``)
       model         the served model name (``/v1/models`` id)
       version       the policy version every record is tied to (the Dagster partition key)
       temperature, top_p, max_tokens [tokens]   sampling; RL defaults sample the policy as is
@@ -37,7 +39,7 @@ class PolicyConfig(BaseModel):
       request_token_ids  ask for ``return_token_ids`` (dropped for the batch on a 400)
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # a URL may hold a key
 
     base_url: str
     model: str
@@ -64,6 +66,13 @@ class PolicyConfig(BaseModel):
         if "@" in value.split("//", 1)[1].split("/", 1)[0]:
             raise ValueError(
                 "base_url must not carry credentials; put the key in LEGATO_POLICY_KEY"
+            )
+        if "?" in value or "#" in value:
+            # request paths are appended to the URL (".../?key=.../v1/models"), and a query
+            # string is where keys hide: refused, never echoed (hide_input_in_errors)
+            raise ValueError(
+                "base_url must not carry a query string or fragment ('?...' or '#...'); put "
+                "the key in LEGATO_POLICY_KEY (fix: --policy-url http://HOST:PORT)"
             )
         return value
 

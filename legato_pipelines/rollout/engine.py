@@ -2,8 +2,8 @@
 
 One worker per desktop, each owning its desktop (reset between attempts, recover a failed
 desktop before taking new work), all on one event loop; a global cap on in-flight model
-requests lives in the policy client. Resuming into the same ``out`` keeps finished groups and
-re-runs only what is missing.
+requests lives in the policy client. Resuming into the same ``out`` keeps closed groups and
+re-runs, in the others, what is missing or ended in error (:func:`_plan`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,18 @@ from ..policy.loading import (
     release,
     verify_served,
 )
-from ..record import ENV, ERROR, FORMAT, RETRIED, SKIPPED, ErrorInfo, PolicyRef, Record, as_records
+from ..record import (
+    ENV,
+    ERROR,
+    FORMAT,
+    RERUN_ON_RESUME,
+    RETRIED,
+    SKIPPED,
+    ErrorInfo,
+    PolicyRef,
+    Record,
+    as_records,
+)
 from ..store.rundir import RunWriter, read_records
 from ..tasks import TaskSet, load_tasks
 from .attempt import AttemptContext, run_attempt, settled_record
@@ -402,8 +413,12 @@ def _plan(
     per_group: int,
     seed: int,
 ) -> None:
-    """Queue what is missing: all of a new batch, or on resume every logical attempt of an
-    unfinished group that has no final record (finished groups are kept as they are)."""
+    """Queue what is missing: all of a new batch, or on resume every logical attempt of a
+    group that has not closed whose last record is missing, ``retried`` (a crash before its
+    re-try ran) or an ``error`` of kind ``policy`` / ``env`` (:data:`RERUN_ON_RESUME`: a
+    policy-server outage, desktops lost for good), as a new execution numbered after its
+    records (the error record stays: a superseded one, counted as a re-try). Closed groups
+    are kept as they are."""
     by_attempt: dict[tuple[str, int], list[Record]] = defaultdict(list)
     for r in previous:
         by_attempt[r.logical_attempt].append(r)
@@ -414,13 +429,16 @@ def _plan(
         for attempt in range(per_group):
             recs = by_attempt.get((task.task_id, attempt), [])
             g.finished += sum(1 for r in recs if r.final)
-            if not recs or recs[-1].status == RETRIED:
+            if not recs or recs[-1].status == RETRIED or _rerun(recs[-1]):
                 todo.append(attempt)
                 executions[attempt] = len(recs)
         g.closed = g.finished >= group
         sched.add_group(g, [] if g.closed else todo, seed=seed, now=now, executions=executions)
-        if g.closed:
-            continue
+
+
+def _rerun(record: Record) -> bool:
+    """An ``error`` record a resume re-runs (its group still open): kind ``policy`` or ``env``."""
+    return record.status == ERROR and record.error_kind in RERUN_ON_RESUME
 
 
 def _preflight(task_set: TaskSet, desktop: DesktopConfig, desktops: int = 1) -> str | None:

@@ -49,8 +49,11 @@ def summarize(
     (:func:`_unexpected_windows`); ``eval_notes`` counts graded attempts whose evaluator
     noted a fact about the compared files
     (:func:`_eval_notes`; the reward is OSWorld's, unchanged). ``missing`` is the
-    number of logical attempts without a final record (0 after a complete batch), so
-    ``records == scheduled - missing + retries``. ``sampling`` is ``run.json``'s sampling
+    number of logical attempts without a settling record (0 after a complete batch) and
+    ``retries`` the records a later execution of their logical attempt replaced (``retried``,
+    or an ``error`` a resume re-ran: :func:`~legato_pipelines.record.superseded`), so
+    ``records == scheduled - missing + retries``; ``incomplete`` is :func:`incomplete` (the
+    groups left open and their errors by kind: what a resume re-runs). ``sampling`` is ``run.json``'s sampling
     settings; ``quality`` is :func:`quality`.
     """
     records = as_records(records)
@@ -58,7 +61,10 @@ def summarize(
     counts = Counter(r.status for r in records)
     final = [r for r in records if r.final]
     rewards = [float(r.reward) for r in final if r.reward_valid]
-    logical_done = {r.logical_attempt for r in records if r.status != fmt.RETRIED}
+    replaced = fmt.superseded(records)
+    logical_done = {
+        r.logical_attempt for r, gone in zip(records, replaced, strict=True) if not gone
+    }
     if scheduled is None:
         per_group = knobs.get("group", 0) + int(
             math.ceil(knobs.get("group", 0) * knobs.get("oversample", 0) - 1e-9)
@@ -94,11 +100,12 @@ def summarize(
         if groups is not None
         else meta.get("n_tasks") or len({r.task_id for r in records})
     )
-    closed = (
-        sum(1 for g in groups if g.closed)
+    closed_tasks = (
+        {g.task.task_id for g in groups if g.closed}
         if groups is not None
-        else sum(1 for n in group_final.values() if n >= knobs.get("group", 1))
+        else {t for t, n in group_final.items() if n >= knobs.get("group", 1)}
     )
+    closed = len(closed_tasks)
     return {
         "format": meta.get("format"),
         "policy": meta.get("policy"),
@@ -107,10 +114,11 @@ def summarize(
         "knobs": knobs,
         "counts": {s: counts.get(s, 0) for s in fmt.STATUSES},
         "scheduled": scheduled,
-        "retries": counts.get(fmt.RETRIED, 0),
+        "retries": sum(replaced),
         "records": len(records),
         "missing": max(0, scheduled - len(logical_done)),
         "groups": {"total": n_groups, "closed": closed},
+        "incomplete": incomplete(records, replaced, closed_tasks, n_groups),
         "success_rate": statistics.fmean(rewards) if rewards else None,
         "graded": len(rewards),
         "rollouts_per_hour": (len(final) / wall_s * 3600.0) if wall_s > 0 else None,
@@ -149,6 +157,46 @@ def summarize(
         "sampling": meta.get("sampling"),
         "quality": quality(records, steps, knobs, meta.get("sampling") or {}),
     }
+
+
+def incomplete(
+    records: list[Record], replaced: list[bool], closed_tasks: set[str], n_groups: int
+) -> dict[str, Any]:
+    """What a resume would re-run: ``groups`` of the ``n_groups`` that have not closed, and
+    ``errors`` by ``error.kind`` among the records that settle a logical attempt of those groups
+    (``replaced``: :func:`~legato_pipelines.record.superseded` of ``records``; a resume re-runs
+    errors of kind :data:`~legato_pipelines.record.RERUN_ON_RESUME`). A group has ``group +
+    ceil(group x oversample)`` attempts and closes at ``group`` ok/truncated ones, so after a
+    complete batch a group stays open only when attempts of it ended in error."""
+    errors = Counter(
+        r.error_kind or "?"
+        for r, gone in zip(records, replaced, strict=True)
+        if not gone and r.status == fmt.ERROR and r.task_id not in closed_tasks
+    )
+    return {"groups": max(0, n_groups - len(closed_tasks)), "errors": dict(sorted(errors.items()))}
+
+
+def incomplete_message(summary: Mapping[str, Any]) -> str | None:
+    """The line that ends a batch whose groups did not all close (``legato collect`` exits 1,
+    the ``rollout_batch`` asset fails), or ``None`` when every group closed: how many groups
+    are incomplete, their attempts' errors by kind (``summary["incomplete"]``) and that
+    re-running the same command resumes them (a resume re-runs those attempts: the engine's
+    ``_plan``)."""
+    left = summary.get("incomplete") or {}
+    if not left.get("groups"):
+        return None
+    errors = ", ".join(f"{kind} {n}" for kind, n in (left.get("errors") or {}).items())
+    graded = sum(summary["counts"].get(s, 0) for s in fmt.FINAL_FOR_TRAINING)
+    head = (
+        "no attempt was graded (every record is an error, skipped or cancelled): "
+        if summary["records"] and not graded
+        else ""
+    )
+    return (
+        f"{head}{left['groups']} of {summary['groups']['total']} groups incomplete"
+        + (f" (attempts ended in error: {errors})" if errors else "")
+        + "; run the same command again to resume them"
+    )
 
 
 def _note_count(notes: list[str], prefix: str) -> int:

@@ -132,7 +132,10 @@ class CollectSettings(BaseModel):
         ge=0,
     )
     seed: int = _setting(
-        0, "Seeds attempt seeds (the fake backend's rewards).", rule="must be an integer"
+        0,
+        "Seeds attempt seeds (the fake backend's rewards); a resume keeps the run's.",
+        rule="must be an integer",
+        resume=True,
     )
 
     @classmethod

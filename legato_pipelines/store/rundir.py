@@ -89,7 +89,8 @@ class RunWriter:
 
     def check(self, meta: dict[str, Any]) -> None:
         """Refuse, before anything is created or started, to resume into a directory that is
-        not a run directory, or holds a run of another policy (version or model), task set,
+        not a run directory (a file, or a non-empty directory without ``run.json``: its files
+        would be overwritten), or holds a run of another policy (version or model), task set,
         group or oversample, or of another load mode or checkpoint folder, or of a checkpoint
         whose fingerprint has changed since, or whose weights changed under it (``run.json``'s
         ``checkpoint`` entry, ``after.changed``). Raises :class:`ResumeError` /
@@ -103,6 +104,15 @@ class RunWriter:
             if self.root.is_dir() and (self.root / RECORDS).exists():
                 raise ResumeError(
                     f"out: {self.root} has records but no {RUN_META} (fix: choose another --out)"
+                )
+            foreign = self._foreign() if self.root.is_dir() else []
+            if foreign:
+                shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+                raise ResumeError(
+                    f"out: {self.root} is not empty ({shown}) and is not a run directory (no "
+                    f"{RUN_META}); a collection writes its own files there (summary.json, "
+                    "rollouts.jsonl...) and would overwrite yours (fix: --out a new or empty "
+                    "directory, or the --out of an earlier collect to resume it)"
                 )
             return
         old = orjson.loads(meta_path.read_bytes())
@@ -145,6 +155,18 @@ class RunWriter:
                     f"out: {self.root} holds a run of {label} {a!r}, not {b!r}; a run resumes only with the "
                     f"same policy version, model, task list and collection settings (fix: {flag + str(a) if flag.endswith('=') else f'{flag} {a!r}'}, or another --out)"
                 )
+
+    def _foreign(self) -> list[str]:
+        """Names in the directory (no ``run.json`` yet) that a run did not write: all but the
+        lock and empty ``messages/`` / ``images/`` folders (what a collection that stopped
+        before writing ``run.json`` leaves), sorted."""
+        own = {LOCK: False, "messages": True, "images": True}  # name: a folder, empty
+        names = []
+        for entry in self.root.iterdir():
+            folder = own.get(entry.name)
+            if folder is None or (folder and (not entry.is_dir() or any(entry.iterdir()))):
+                names.append(entry.name)
+        return sorted(names)
 
     def _check_checkpoint(self, old: dict[str, Any], meta: dict[str, Any]) -> None:
         """Refuse a resume whose load mode, checkpoint folder or folder fingerprint is not the
