@@ -332,3 +332,15 @@ def test_screen_flag_sets_the_desktops_screen_size(policy_server, tmp_path):
     assert {png_size(p.read_bytes()) for p in (out / "images").glob("*.png")} == {(1920, 1088)}
     bad = legato(*collect_args(policy_server, tasks, tmp_path / "bad", "--screen", "1920*1080"))
     assert bad.returncode == 2 and "--screen" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_view_of_an_unknown_version_lists_the_lakes_versions(policy_server, tmp_path):
+    lake = tmp_path / "lake"
+    tasks = write_tasks(tmp_path / "tasks.json", 1)
+    out = lake / "runs" / "policy_version=step-3"
+    res = legato(*collect_args(policy_server, tasks, out, "--group", "1", "--max-steps", "1"))
+    assert res.returncode == 0, res.stderr
+    res = legato("view", "--lake", lake, "--version", "nope", "--out", tmp_path / "report")
+    text = " ".join(res.stderr.split())
+    assert res.returncode == 2 and "--version 'nope': no such version in the lake" in text
+    assert "(versions: step-3;" in text and "not a legato run directory" not in text
