@@ -334,6 +334,24 @@ def test_screen_flag_sets_the_desktops_screen_size(policy_server, tmp_path):
     assert bad.returncode == 2 and "--screen" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_backend_any_case_and_screen_bounds_name_the_flag(policy_server, tmp_path):
+    """``--backend`` takes any case, as LEGATO_BACKEND does; a screen outside the desktops'
+    bounds is an error naming ``--screen``, not the internal field ``screen_width``."""
+    tasks = write_tasks(tmp_path / "tasks.json", 1)
+    args = collect_args(policy_server, tasks, tmp_path / "run", "--group", "1", "--max-steps", "1")
+    args[args.index("fake")] = "FAKE"
+    res = legato(*args)
+    assert res.returncode == 0, res.stderr
+    bad = legato(*collect_args(policy_server, tasks, tmp_path / "bad", "--screen", "10x10"))
+    text = " ".join(bad.stderr.split())
+    assert bad.returncode == 2 and "--screen '10x10' (width): Input should be greater" in text
+    assert "screen_width" not in text and "--screen '10x10' (height)" in text
+    wrong = legato(*[a if a != "FAKE" else "vm" for a in args])
+    assert (
+        wrong.returncode == 2 and "--backend 'vm': use one of fake, local, osworld" in wrong.stderr
+    )
+
+
 def test_view_of_an_unknown_version_lists_the_lakes_versions(policy_server, tmp_path):
     lake = tmp_path / "lake"
     tasks = write_tasks(tmp_path / "tasks.json", 1)

@@ -6,7 +6,7 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import typer
 from pydantic import ValidationError
@@ -161,7 +161,7 @@ def collect_command(
 
     The policy API key is read from the LEGATO_POLICY_KEY environment variable only.
     """
-    from ..desktops.base import DesktopConfig
+    from ..desktops.base import Backend, DesktopConfig
     from ..errors import LegatoError
     from ..policy.config import PolicyConfig
     from ..policy.loading import LoadSpec
@@ -174,6 +174,8 @@ def collect_command(
         check_version_key(version)
     except LegatoError as exc:
         fail(f"--version: {exc}")
+    # fields set through a flag of another name: errors name the flag
+    flags = {f"screen_{w}": f"--screen {screen!r} ({w})" for w in ("width", "height")}
     try:
         knobs = CollectSettings.checked(settings)
         try:
@@ -199,6 +201,9 @@ def collect_command(
         width, sep, height = screen.lower().partition("x")
         if not (sep and width.isdigit() and height.isdigit()):
             fail(f"--screen {screen!r}: use WIDTHxHEIGHT in pixels, e.g. 1920x1080")
+        backend = backend.strip().lower()  # as LEGATO_BACKEND: any case
+        if backend not in get_args(Backend):
+            fail(f"--backend {backend!r}: use one of {', '.join(get_args(Backend))}")
         desktop = DesktopConfig(
             backend=backend,
             screen_width=int(width),
@@ -225,7 +230,7 @@ def collect_command(
             wait=load_wait,
         )
     except ValidationError as exc:
-        fail(_pydantic_message(exc))
+        fail(_pydantic_message(exc, flags))
     except LegatoError as exc:
         fail(str(exc))
     progress = (
@@ -281,10 +286,14 @@ def warn_unusable(summary: dict) -> None:
         )
 
 
-def _pydantic_message(exc: ValidationError) -> str:
+def _pydantic_message(exc: ValidationError, flags: dict[str, str] | None = None) -> str:
+    """``loc: msg`` per error; a field the user set through a flag is named by that flag
+    (``flags``: field -> flag text, e.g. ``screen_width`` -> ``--screen '10x10' (width)``)."""
     parts = []
     for e in exc.errors():
         loc = ".".join(str(x) for x in e["loc"]) or "config"
+        if flags and loc in flags:
+            loc = flags[loc]
         parts.append(f"{loc}: {e['msg']}")
     return "; ".join(parts)
 

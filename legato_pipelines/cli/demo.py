@@ -187,6 +187,7 @@ def demo_command(
     from ..policy.scripted import ScriptedPolicyServer
     from ..store.lake import Lake
 
+    backend = backend.strip().lower()  # any case, as LEGATO_BACKEND
     if backend not in ("auto", "local", "fake"):
         fail(f"--backend: {backend!r} is not one of auto, local, fake")
     script = None
