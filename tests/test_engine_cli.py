@@ -352,6 +352,35 @@ def test_backend_any_case_and_screen_bounds_name_the_flag(policy_server, tmp_pat
     )
 
 
+def test_sigterm_mid_batch_says_how_to_resume(policy_server, tmp_path):
+    """SIGTERM (``kill``, a scheduler stopping the job) stops a collection as Ctrl-C does: the
+    finished records are kept, the same line says how to resume, exit status 143."""
+    tasks = write_tasks(tmp_path / "tasks.json", 8)
+    out = tmp_path / "run"
+    args = collect_args(
+        policy_server, tasks, out, "--desktops", "2", "--group", "3", "--max-steps", "4",
+        "--desktop-option", 'latency={"act": 0.05, "reset": 0.05}',
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "legato_pipelines", *map(str, args)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline and len(read_records(out)) < 4:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stderr = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 143
+    assert "interrupted: finished records are kept in" in stderr and "to resume" in stderr
+    assert "Traceback" not in stderr
+    assert 4 <= len(read_records(out)) < 24, "the signal must land mid-batch"
+    done = legato(*args, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["groups"]["closed"] == 8
+
+
 def test_view_of_an_unknown_version_lists_the_lakes_versions(policy_server, tmp_path):
     lake = tmp_path / "lake"
     tasks = write_tasks(tmp_path / "tasks.json", 1)

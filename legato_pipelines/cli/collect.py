@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, get_args
 
@@ -236,8 +238,9 @@ def collect_command(
     progress = (
         None if no_progress or json_out else CollectProgress(len(task_set), group_size=knobs.group)
     )
+    terminated: list[int] = []
     try:
-        with progress or contextlib.nullcontext():
+        with progress or contextlib.nullcontext(), _sigterm_as_ctrl_c() as terminated:
             summary = collect(
                 task_set,
                 policy,
@@ -254,7 +257,7 @@ def collect_command(
     except KeyboardInterrupt:
         fail(
             f"interrupted: finished records are kept in {out}; run the same command again to resume",
-            code=130,
+            code=143 if terminated else 130,
         )
     if json_out:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
@@ -268,6 +271,29 @@ def collect_command(
             "no attempt was graded (every record is an error, skipped or cancelled): see the statuses above",
             code=1,
         )
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[list[int]]:
+    """While inside, SIGTERM (``kill``, a scheduler stopping the job) stops the collection as
+    Ctrl-C does: it raises SIGINT, so the engine's ``asyncio.run`` cancels the batch, closes
+    the desktops and keeps the finished records. Yields a list that gets the signal number
+    when SIGTERM came (the caller exits 143 = 128 + SIGTERM, not Ctrl-C's 130)."""
+    got: list[int] = []
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        got.append(signum)
+        signal.raise_signal(signal.SIGINT)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:  # not the main thread: leave SIGTERM alone
+        yield got
+        return
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def warn_unusable(summary: dict) -> None:
