@@ -56,6 +56,8 @@ def rollout_batch(
     wrong URL or model, no LEGATO_POLICY_URL) before any desktop starts; every engine error's
     message also names the Dagster setting to change (:mod:`.advice`)."""
     version = partition_version(context)  # checked first: it names folders and adapters
+    with in_dagster("rollout_batch run config"):
+        settings = config.settings(desktops=desktops.count())
     with in_dagster("policy"):
         task_set = load_tasks(config.tasks, osworld=desktops.osworld)
         policy_config = policy.config(version, model=config.model)
@@ -88,7 +90,7 @@ def rollout_batch(
                 task_set,
                 policy_config,
                 run_dir,
-                settings=config.settings(desktops=desktops.count()),
+                settings=settings,
                 desktop=desktops.config(),
                 osworld=desktops.osworld,
                 on_record=progress,
