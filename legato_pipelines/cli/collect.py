@@ -442,6 +442,16 @@ def print_profile(summary: dict) -> None:
     )
     table.add_row("parse errors", str(summary.get("parse_errors", 0)))
     table.add_row("type actions not fully typed", str(summary.get("not_typed_actions", 0)))
+    table.add_row(
+        "ready waits at their cap",
+        "  ".join(
+            f"{what} {t['count']}" + (f" ({t['share']:.0%})" if t.get("share") is not None else "")
+            for what, t in (
+                ("actions", summary.get("ready_timeouts") or {"count": 0}),
+                ("resets", summary.get("reset_timeouts") or {"count": 0}),
+            )
+        ),
+    )
     table.add_row("evaluator errors", str(summary.get("eval_errors", 0)))
     notes = summary.get("eval_notes") or {"attempts": 0, "by_kind": {}}
     table.add_row(

@@ -140,7 +140,7 @@ ROLLOUT = """{% extends "base" %}
 {% if r.eval_error %}<div class="parse-error">evaluator error: {{ r.eval_error }}</div>{% endif %}
 {% for n in r.eval_notes or [] %}<div class="eval-note">evaluator note: {{ n }}</div>{% endfor %}</dd>
 {% if r.error %}<dt>error</dt><dd class="parse-error">{{ r.error.kind }} / {{ r.error.type }} in {{ r.error.phase }}: {{ r.error.message }}</dd>{% endif %}
-<dt>reset</dt><dd>{% if r.reset %}{{ r.reset.kind }}, ready after {{ fmt(r.reset.ready_s, 2) }} s, waited {{ fmt(r.reset.wait_s, 2) }} s{% if r.reset.keyboard_restored %}; keyboard restored ({{ r.reset.keyboard_restored }}){% endif %}
+<dt>reset</dt><dd>{% if r.reset %}{{ r.reset.kind }}, ready after {{ fmt(r.reset.ready_s, 2) }} s, waited {{ fmt(r.reset.wait_s, 2) }} s{% if r.reset.timed_out %} <span class="setup-failure">(the ready wait hit its cap: the screen may not have been ready)</span>{% endif %}{% if r.reset.keyboard_restored %}; keyboard restored ({{ r.reset.keyboard_restored }}){% endif %}
 {% for w in r.reset.unexpected_windows or [] %}<div class="setup-failure">unexpected window {{ w.wm_class }} "{{ w.title }}" found at {{ w.when }}: {{ w.outcome }}</div>{% endfor %}{% else %}–{% endif %}</dd>
 <dt>setup failures</dt><dd>{% if r.reset and r.reset.setup_failures %}<table><tr><th>step</th><th>type</th><th>exit</th><th>error</th></tr>
 {% for f in r.reset.setup_failures %}<tr class="setup-failure"><td>{{ f.step }}</td><td>{{ f.type }}</td><td>{{ f.exit_status }}</td><td><pre>{{ f.error }}</pre></td></tr>{% endfor %}</table>{% else %}none{% endif %}</dd>
