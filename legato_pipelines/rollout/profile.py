@@ -227,8 +227,8 @@ def ready_timeouts(steps: list[Step]) -> dict[str, Any]:
 
 def reset_timeouts(records: Iterable[Record]) -> dict[str, Any]:
     """Resets whose ready wait hit its cap (``reset.timed_out``; the cap is the desktop's
-    ``ready_after_reset_s``, and includes waiting for the main window of an app the setup
-    launched): ``count``, and ``share`` of the resets that had a ready wait (``None`` when
+    ``ready_after_reset_s``, or ``ready_app_window_s`` while an app the setup launched has
+    no main window yet): ``count``, and ``share`` of the resets that had a ready wait (``None`` when
     none had). The attempt then starts on a screen that may still be changing (e.g. GIMP's
     main window not up yet), so its first actions may land nowhere."""
     flags = [r.reset.timed_out for r in records if r.reset and r.reset.timed_out is not None]
