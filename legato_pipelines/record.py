@@ -225,6 +225,12 @@ class Timing(_Format):
         description="The desktop was ready (reset, set up) before the attempt's runner asked.",
     )
 
+    @property
+    def attempt_s(self) -> float:
+        """The attempt's own seconds: ``total_s`` without ``queue_s`` (reset, steps, grading),
+        which does not grow with the attempt's place in the collection order."""
+        return max(0.0, self.total_s - self.queue_s)
+
     def phase(self, phase: str) -> float:
         """Seconds of ``phase`` (one of :data:`PHASES`, without ``_s``), 0 when absent."""
         value = getattr(self, f"{phase}_s", None)

@@ -129,6 +129,30 @@ def test_models_source_requests_new_model_ids_with_the_model_in_run_config():
             assert isinstance(_evaluate(instance, None, other, policy), dg.SkipReason)
 
 
+def test_models_source_says_what_to_fix_when_the_server_refuses_or_is_down():
+    """A wrong key (401) or no server: the skip reason is the CLI's message (``fix: set
+    LEGATO_POLICY_KEY`` / ``fix --policy-url``), never a raw httpx traceback, never the key."""
+    source = CheckpointSourceResource(source="models", pattern="*")
+    with ScriptedPolicyServer(flavor="vllm", model="org/lora-1", api_key="k-right") as server:
+        policy = PolicyResource(base_url=server.url, model="base", api_key="k-wrong-secret")
+        with dg.instance_for_test() as instance:
+            refused = _evaluate(instance, None, source, policy)
+        url = server.url
+    assert isinstance(refused, dg.SkipReason), refused
+    assert "refused the API key (HTTP 401)" in refused.skip_message
+    assert "(fix: set LEGATO_POLICY_KEY)" in refused.skip_message
+    assert "k-wrong-secret" not in refused.skip_message and "k-right" not in refused.skip_message
+    down = PolicyResource(base_url=url, model="base")  # the server has stopped
+    with dg.instance_for_test() as instance:
+        unreachable = _evaluate(instance, None, source, down)
+    assert isinstance(unreachable, dg.SkipReason), unreachable
+    assert f"cannot reach the policy server at {url}" in unreachable.skip_message
+    assert "fix --policy-url" in unreachable.skip_message
+    assert "(in Dagster: LEGATO_POLICY_URL / the policy resource's base_url)" in (
+        unreachable.skip_message
+    )
+
+
 @pytest.mark.slow
 def test_sensor_preview_cli_shows_exactly_one_run(tmp_path):
     checkpoints = tmp_path / "checkpoints"

@@ -133,3 +133,35 @@ def test_collect_refuses_an_invalid_version_key_naming_the_flag(tmp_path):
     assert out.exit_code == 2, out.output
     assert text.startswith("error: --version: policy_version 'step-5_lr=3e-6': '='")
     assert "(fix: use 'step-5_lr-3e-6')" in text and not (tmp_path / "run").exists()
+
+
+def test_a_bad_knob_in_the_run_config_is_the_clis_config_error(tmp_path):
+    """Run config ``{"group": 0}`` fails in the step with the ConfigError the CLI gives
+    (the knob, its rule, the fix, the Dagster setting), not pydantic's raw ValidationError."""
+    from legato_pipelines.assets import ASSETS, policy_versions
+    from legato_pipelines.resources import DesktopPoolResource, LakeResource, PolicyResource
+
+    tasks = tmp_path / "tasks.json"
+    tasks.write_text(json.dumps(fake_tasks(1)))
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(policy_versions.name, ["step-1"])
+        result = dg.materialize(
+            ASSETS,
+            partition_key="step-1",
+            instance=instance,
+            resources={
+                "policy": PolicyResource(base_url="http://127.0.0.1:9", model="unused"),
+                "desktops": DesktopPoolResource(backend="fake", desktops=1),
+                "lake": LakeResource(root=str(tmp_path / "lake")),
+            },
+            run_config={"ops": {"rollout_batch": {"config": {"tasks": str(tasks), "group": 0}}}},
+            raise_on_error=False,
+        )
+    assert not result.success
+    error = result.get_step_failure_events()[0].step_failure_data.error.cause
+    assert error.cls_name == "ConfigError", error.to_string()
+    assert error.message.startswith(
+        "legato_pipelines.errors.ConfigError: group: attempts per task must be an integer >= 1, "
+        "got 0 (fix: --group) (in Dagster: the rollout_batch run config's group)"
+    )
+    assert not (tmp_path / "lake").exists()  # nothing collected, nothing written

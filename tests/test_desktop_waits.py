@@ -138,3 +138,49 @@ def test_records_carry_timed_out_per_action_and_reset(policy_server, tmp_path):
     assert all(r["reset"]["timed_out"] is False for r in records)
     assert summary["ready_timeouts"] == {"count": 0, "share": 0.0}
     assert Wait(1.0).timed_out is None
+
+
+def test_profile_lake_and_report_count_reset_timeouts(policy_server, tmp_path):
+    """A reset whose ready wait hit its cap (``reset.timed_out``) is counted apart from the
+    actions' (``reset_timeouts``): in the profile, ``legato profile``, the lake's profile row,
+    and said on the attempt's report page."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import orjson
+
+    from legato_pipelines.rollout.profile import profile
+    from legato_pipelines.store.lake_tables import Lineage, profile_table
+    from legato_pipelines.view import write_report
+
+    tasks = load_tasks(fake_tasks(2, success=1.0))
+    policy = PolicyConfig(base_url=policy_server.url, model=policy_server.model, version="s")
+    collect(tasks, policy, tmp_path, desktops=1, desktop=DesktopConfig(), group=2, max_steps=2)
+    lines = (tmp_path / "rollouts.jsonl").read_bytes().splitlines()
+    record = orjson.loads(lines[0])
+    record["reset"]["timed_out"] = True  # as a local desktop writes it when GIMP is slow
+    lines[0] = orjson.dumps(record)
+    (tmp_path / "rollouts.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    summary = profile(tmp_path)
+    assert summary["reset_timeouts"] == {"count": 1, "share": 1 / len(lines)}
+    assert summary["ready_timeouts"]["count"] == 0  # the actions' count is apart
+    row = profile_table(summary, Lineage("s", "t", "r")).to_pylist()[0]
+    assert (row["reset_timeouts"], row["ready_timeouts"]) == (1, 0)
+    shown = subprocess.run(
+        [sys.executable, "-m", "legato_pipelines", "profile", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "ready waits at their cap" in shown.stdout and "resets 1 (25%)" in shown.stdout
+    as_json = subprocess.run(
+        [sys.executable, "-m", "legato_pipelines", "profile", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert json.loads(as_json.stdout)["reset_timeouts"]["count"] == 1
+    page = write_report(tmp_path).rollout_page(record["rollout_id"]).read_text()
+    assert "the ready wait hit its cap" in page

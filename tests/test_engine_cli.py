@@ -395,3 +395,62 @@ def test_screen_flag_sets_the_desktops_screen_size(policy_server, tmp_path):
     assert {png_size(p.read_bytes()) for p in (out / "images").glob("*.png")} == {(1920, 1088)}
     bad = legato(*collect_args(policy_server, tasks, tmp_path / "bad", "--screen", "1920*1080"))
     assert bad.returncode == 2 and "--screen" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_backend_any_case_and_screen_bounds_name_the_flag(policy_server, tmp_path):
+    """``--backend`` takes any case, as LEGATO_BACKEND does; a screen outside the desktops'
+    bounds is an error naming ``--screen``, not the internal field ``screen_width``."""
+    tasks = write_tasks(tmp_path / "tasks.json", 1)
+    args = collect_args(policy_server, tasks, tmp_path / "run", "--group", "1", "--max-steps", "1")
+    args[args.index("fake")] = "FAKE"
+    res = legato(*args)
+    assert res.returncode == 0, res.stderr
+    bad = legato(*collect_args(policy_server, tasks, tmp_path / "bad", "--screen", "10x10"))
+    text = " ".join(bad.stderr.split())
+    assert bad.returncode == 2 and "--screen '10x10' (width): Input should be greater" in text
+    assert "screen_width" not in text and "--screen '10x10' (height)" in text
+    wrong = legato(*[a if a != "FAKE" else "vm" for a in args])
+    assert (
+        wrong.returncode == 2 and "--backend 'vm': use one of fake, local, osworld" in wrong.stderr
+    )
+
+
+def test_sigterm_mid_batch_says_how_to_resume(policy_server, tmp_path):
+    """SIGTERM (``kill``, a scheduler stopping the job) stops a collection as Ctrl-C does: the
+    finished records are kept, the same line says how to resume, exit status 143."""
+    tasks = write_tasks(tmp_path / "tasks.json", 8)
+    out = tmp_path / "run"
+    args = collect_args(
+        policy_server, tasks, out, "--desktops", "2", "--group", "3", "--max-steps", "4",
+        "--desktop-option", 'latency={"act": 0.05, "reset": 0.05}',
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "legato_pipelines", *map(str, args)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline and len(read_records(out)) < 4:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stderr = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 143
+    assert "interrupted: finished records are kept in" in stderr and "to resume" in stderr
+    assert "Traceback" not in stderr
+    assert 4 <= len(read_records(out)) < 24, "the signal must land mid-batch"
+    done = legato(*args, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["groups"]["closed"] == 8
+
+
+def test_view_of_an_unknown_version_lists_the_lakes_versions(policy_server, tmp_path):
+    lake = tmp_path / "lake"
+    tasks = write_tasks(tmp_path / "tasks.json", 1)
+    out = lake / "runs" / "policy_version=step-3"
+    res = legato(*collect_args(policy_server, tasks, out, "--group", "1", "--max-steps", "1"))
+    assert res.returncode == 0, res.stderr
+    res = legato("view", "--lake", lake, "--version", "nope", "--out", tmp_path / "report")
+    text = " ".join(res.stderr.split())
+    assert res.returncode == 2 and "--version 'nope': no such version in the lake" in text
+    assert "(versions: step-3;" in text and "not a legato run directory" not in text

@@ -186,3 +186,35 @@ def test_a_list_func_needs_parallel_lists_not_one_shared_object():
     for backend in ("local", "osworld"):
         [problem] = preflight(tasks, backend)
         assert "result must be a list of 2 entries" in problem and "tasks[0]" in problem
+
+
+def test_setup_step_parameters_against_desktop_envs_signatures(tmp_path, monkeypatch):
+    """An ``execute`` step with ``comand`` fails at reset in OSWorld's SetupController
+    ("unexpected keyword argument 'comand'"): osworld and local (both run SetupController)
+    refuse it up front, against the installed desktop-env's ``_<type>_setup`` signatures."""
+    from legato_pipelines.desktops.osworld.grader import installed_grader
+    from legato_pipelines.desktops.support import backend_support
+    from tests.osworld_backend_support import osworld_python
+
+    python = osworld_python()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    installed_grader.cache_clear()
+    steps = [
+        {"type": "execute", "parameters": {"comand": ["ls"]}},
+        {"type": "launch", "parameters": {"command": ["xterm"], "shel": True}},
+        {"type": "execute", "parameters": {"command": "true", "shell": True, "until": {}}},
+    ]
+    options = {"osworld_python": python}
+    for backend in ("osworld", "local"):
+        support = backend_support(backend, options)
+        missing, unknown = preflight([task(setup=steps)], backend, support=support)
+        assert "field 'config.config[0].parameters.command'" in missing
+        assert "rename 'comand' to 'command'" in missing  # named once, as the misspelling
+        assert "field 'config.config[1].parameters.shel'" in unknown
+        assert "did you mean shell?" in unknown and "accepted: command, shell" in unknown
+    # an answer cached by an older worker (no step_parameters) is asked again, not trusted
+    (stored,) = (tmp_path / "legato" / "osworld-names").glob("*.json")
+    stored.write_text(stored.read_text().split(', "step_parameters"')[0] + "}")
+    installed_grader.cache_clear()
+    assert installed_grader(python).step_parameters["launch"].accepted == ("command", "shell")
+    installed_grader.cache_clear()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -44,3 +45,24 @@ def test_demo_falls_back_to_fake_desktops_and_says_why(monkeypatch, tmp_path):
     assert read_meta(lake.run_dir("step-3"))["knobs"]["backend"] == "fake"
     report = lake.run_dir("step-3") / "report" / "index.html"
     assert report.is_file() and "rollout report (fake desktops):" in text
+
+
+@pytest.mark.slow
+def test_demo_shows_the_steps_own_error_not_the_traceback(monkeypatch, tmp_path):
+    """A second demo of the same version with other settings fails in the rollout_batch step
+    (ResumeError): the demo prints that error's message (what to change), not the traceback
+    tail ending at ``raise ResumeError(``."""
+    for name in ("LEGATO_TASKS", "LEGATO_LAKE", "DAGSTER_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    tasks = tmp_path / "tasks.json"
+    tasks.write_text(json.dumps([{"task_id": "t1", "config": {"instruction": "x", "fake": {}}}]))
+    args = ["demo", "--backend", "fake", "--home", str(tmp_path / "home"), "--tasks", str(tasks)]
+    args += ["--version", "step-7", "--group", "1", "--desktops", "1"]
+    first = CliRunner().invoke(app, [*args, "--max-steps", "2"])
+    assert first.exit_code == 0, first.output
+    again = CliRunner().invoke(app, [*args, "--max-steps", "3"])
+    text = " ".join(again.output.split())
+    assert again.exit_code == 1
+    assert "error: out: " in text and "holds a run of max_steps 2, not 3" in text
+    assert "fix: --max-steps 2" in text and "full log:" in text
+    assert "raise ResumeError(" not in text and "Stack Trace" not in text

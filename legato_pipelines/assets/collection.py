@@ -64,6 +64,8 @@ def rollout_batch(
     ``dagster.Failure`` after the batch when groups are left open by errors (materializing the
     partition again resumes them)."""
     version = partition_version(context)  # checked first: it names folders and adapters
+    with in_dagster("rollout_batch run config"):
+        settings = config.settings(desktops=desktops.count())
     with in_dagster("policy"):
         task_set = load_tasks(config.tasks, osworld=desktops.osworld)
         policy_config = policy.config(version, model=config.model)
@@ -96,7 +98,7 @@ def rollout_batch(
                 task_set,
                 policy_config,
                 run_dir,
-                settings=config.settings(desktops=desktops.count()),
+                settings=settings,
                 desktop=desktops.config(),
                 osworld=desktops.osworld,
                 on_record=progress,

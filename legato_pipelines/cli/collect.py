@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import typer
 from pydantic import ValidationError
@@ -160,7 +162,7 @@ def collect_command(
 
     The policy API key is read from the LEGATO_POLICY_KEY environment variable only.
     """
-    from ..desktops.base import DesktopConfig
+    from ..desktops.base import Backend, DesktopConfig
     from ..errors import LegatoError
     from ..policy.config import PolicyConfig
     from ..policy.loading import LoadSpec
@@ -174,6 +176,8 @@ def collect_command(
         check_version_key(version)
     except LegatoError as exc:
         fail(f"--version: {exc}")
+    # fields set through a flag of another name: errors name the flag
+    flags = {f"screen_{w}": f"--screen {screen!r} ({w})" for w in ("width", "height")}
     try:
         knobs = CollectSettings.checked(settings)
         try:
@@ -199,6 +203,9 @@ def collect_command(
         width, sep, height = screen.lower().partition("x")
         if not (sep and width.isdigit() and height.isdigit()):
             fail(f"--screen {screen!r}: use WIDTHxHEIGHT in pixels, e.g. 1920x1080")
+        backend = backend.strip().lower()  # as LEGATO_BACKEND: any case
+        if backend not in get_args(Backend):
+            fail(f"--backend {backend!r}: use one of {', '.join(get_args(Backend))}")
         desktop = DesktopConfig(
             backend=backend,
             screen_width=int(width),
@@ -225,14 +232,15 @@ def collect_command(
             wait=load_wait,
         )
     except ValidationError as exc:
-        fail(_pydantic_message(exc))
+        fail(_pydantic_message(exc, flags))
     except LegatoError as exc:
         fail(str(exc))
     progress = (
         None if no_progress or json_out else CollectProgress(len(task_set), group_size=knobs.group)
     )
+    terminated: list[int] = []
     try:
-        with progress or contextlib.nullcontext():
+        with progress or contextlib.nullcontext(), _sigterm_as_ctrl_c() as terminated:
             summary = collect(
                 task_set,
                 policy,
@@ -249,7 +257,7 @@ def collect_command(
     except KeyboardInterrupt:
         fail(
             f"interrupted: finished records are kept in {out}; run the same command again to resume",
-            code=130,
+            code=143 if terminated else 130,
         )
     if json_out:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
@@ -260,6 +268,29 @@ def collect_command(
     problem = incomplete_message(summary)  # groups left open: exit 1, the same command resumes
     if problem:
         fail(problem, code=1)
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[list[int]]:
+    """While inside, SIGTERM (``kill``, a scheduler stopping the job) stops the collection as
+    Ctrl-C does: it raises SIGINT, so the engine's ``asyncio.run`` cancels the batch, closes
+    the desktops and keeps the finished records. Yields a list that gets the signal number
+    when SIGTERM came (the caller exits 143 = 128 + SIGTERM, not Ctrl-C's 130)."""
+    got: list[int] = []
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        got.append(signum)
+        signal.raise_signal(signal.SIGINT)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:  # not the main thread: leave SIGTERM alone
+        yield got
+        return
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def warn_unusable(summary: dict) -> None:
@@ -278,10 +309,14 @@ def warn_unusable(summary: dict) -> None:
         )
 
 
-def _pydantic_message(exc: ValidationError) -> str:
+def _pydantic_message(exc: ValidationError, flags: dict[str, str] | None = None) -> str:
+    """``loc: msg`` per error; a field the user set through a flag is named by that flag
+    (``flags``: field -> flag text, e.g. ``screen_width`` -> ``--screen '10x10' (width)``)."""
     parts = []
     for e in exc.errors():
         loc = ".".join(str(x) for x in e["loc"]) or "config"
+        if flags and loc in flags:
+            loc = flags[loc]
         parts.append(f"{loc}: {e['msg']}")
     return "; ".join(parts)
 
@@ -404,6 +439,16 @@ def print_profile(summary: dict) -> None:
     )
     table.add_row("parse errors", str(summary.get("parse_errors", 0)))
     table.add_row("type actions not fully typed", str(summary.get("not_typed_actions", 0)))
+    table.add_row(
+        "ready waits at their cap",
+        "  ".join(
+            f"{what} {t['count']}" + (f" ({t['share']:.0%})" if t.get("share") is not None else "")
+            for what, t in (
+                ("actions", summary.get("ready_timeouts") or {"count": 0}),
+                ("resets", summary.get("reset_timeouts") or {"count": 0}),
+            )
+        ),
+    )
     table.add_row("evaluator errors", str(summary.get("eval_errors", 0)))
     notes = summary.get("eval_notes") or {"attempts": 0, "by_kind": {}}
     table.add_row(

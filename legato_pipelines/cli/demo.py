@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -59,6 +60,20 @@ def local_suite() -> Path | None:
     root = repo_root()
     suite = root / "examples" / "tasks" / "local" if root else None
     return suite if suite and (suite / "tasks.json").is_file() else None
+
+
+_STEP_ERROR = re.compile(
+    r"^legato_pipelines\.errors\.\w+: (.+?)(?:\n\n|\nStack Trace:|\Z)", re.M | re.S
+)
+
+
+def step_error(log: str) -> str | None:
+    """The message of the first ``legato_pipelines.errors`` exception in a ``dagster asset
+    materialize`` log (Dagster prints ``<module>.<class>: <message>`` before the stack trace),
+    else ``None``. Those messages name the field and the fix, so the demo prints them
+    instead of the traceback's tail (which ends at the ``raise`` line)."""
+    found = _STEP_ERROR.search(log)
+    return found.group(1).strip() if found else None
 
 
 def real_desktops_unavailable() -> str | None:
@@ -172,6 +187,7 @@ def demo_command(
     from ..policy.scripted import ScriptedPolicyServer
     from ..store.lake import Lake
 
+    backend = backend.strip().lower()  # any case, as LEGATO_BACKEND
     if backend not in ("auto", "local", "fake"):
         fail(f"--backend: {backend!r} is not one of auto, local, fake")
     script = None
@@ -255,8 +271,12 @@ def demo_command(
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=home_dir
             ).returncode
         if code != 0:
-            tail = log_path.read_text(errors="replace").splitlines()[-25:]
-            err.print("\n".join(tail), markup=False, highlight=False)
+            text = log_path.read_text(errors="replace")
+            message = step_error(text)
+            if message is None:  # not one of ours: the log's end says what happened
+                err.print("\n".join(text.splitlines()[-25:]), markup=False, highlight=False)
+            else:
+                err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
             err.print(
                 f"[bold red]error:[/] dagster asset materialize failed (exit {code}); full log: {log_path}"
             )

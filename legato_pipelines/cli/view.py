@@ -61,7 +61,8 @@ def view_command(
     if run_dir is None:
         if version is None:
             fail("pass a RUN_DIR, or --version V (and --lake LAKE) for a lake's run directory")
-        from ..store.lake import Lake
+        from ..store.lake import RUNS_DIR, Lake
+        from ..store.rundir import RUN_META
         from ..versions import check_version_key
         from .demo import default_lake
 
@@ -72,6 +73,12 @@ def view_command(
         try:
             store = Lake(lake) if lake else Lake(default_lake())
             run_dir = store.pull_run(version)
+            if not (run_dir / RUN_META).is_file():
+                known = store.versions(RUNS_DIR, file=RUN_META)
+                fail(
+                    f"--version {version!r}: no such version in the lake {store.root} "
+                    f"(versions: {', '.join(known) or 'none yet'}; fix: one of them, or --lake)"
+                )
         except LegatoError as exc:
             fail(str(exc))
     try:

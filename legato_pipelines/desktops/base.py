@@ -109,6 +109,10 @@ class Waits(BaseModel):
     ready_after_action_s  cap of the ready signal after an action (then ``timed_out``)
     ready_after_reset_s   cap of the ready signal after a reset and the task's setup
     ready_before_eval_s   cap of the ready signal before grading
+    ready_app_window_s    cap of a reset's wait for the main window of an app the task's
+                          setup launched, when longer than ``ready_after_reset_s`` (GIMP's
+                          comes 2.5-6.8 s after launch on a quiet machine, past 10 s on a
+                          loaded one); the wait ends as soon as the window is up
     wait_action_s         a ``wait`` action without ``seconds``
     execute_timeout_s     one command of OSWorld's ``/execute`` (a setup step's command, an
                           action's pyautogui code): OSWorld's own ``subprocess.run`` timeout
@@ -127,6 +131,7 @@ class Waits(BaseModel):
     ready_after_action_s: float = Field(5.0, gt=0)
     ready_after_reset_s: float = Field(10.0, gt=0)
     ready_before_eval_s: float = Field(5.0, gt=0)
+    ready_app_window_s: float = Field(30.0, gt=0)
     wait_action_s: float = Field(1.0, ge=0)
     execute_timeout_s: float = Field(EXECUTE_TIMEOUT_S, gt=0)
     settle_after_reset_s: float = Field(0.0, ge=0)

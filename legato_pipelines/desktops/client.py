@@ -264,12 +264,16 @@ class DesktopClient:
 
         ``mode``: ``action`` | ``launch`` | ``reset`` | ``eval``; ``source``: ``damage`` |
         ``poll`` (``None``: the server's default); ``overrides``: ``stable_s``, ``quiet_s``,
-        ``timeout_s``, ``interval_s``, ``tick_s`` (seconds). Returns ``{mode, ready_s, frames,
+        ``timeout_s``, ``interval_s``, ``tick_s``, ``app_window_s`` (seconds; the last: the
+        cap of a launch/reset wait for a launched app's main window, when longer than
+        ``timeout_s``). Returns ``{mode, ready_s, frames,
         changed, timed_out, source}`` (``source``: what the wait watched).
         """
         if source is not None:
             overrides = {**overrides, "source": source}
-        timeout = DEFAULT_TIMEOUT_S + float(overrides.get("timeout_s") or 10.0)
+        timeout = DEFAULT_TIMEOUT_S + max(
+            float(overrides.get("timeout_s") or 10.0), float(overrides.get("app_window_s") or 0.0)
+        )
         return (
             await self._request(
                 "POST",

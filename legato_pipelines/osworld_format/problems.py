@@ -118,13 +118,9 @@ def _step_problems(
                 f"{', '.join(sorted(names.step_types))}; {_fix_hint(names)})"
             )
             continue
+        problems += _parameter_problems(f"{where}.parameters", step_type, params, names)
         if backend != "local":
             continue
-        for name in REQUIRED_STEP_PARAMETERS.get(step_type, ()):
-            if params.get(name) in (None, "", []):
-                problems.append(
-                    _missing_parameter(f"{where}.parameters", params, name, f"a {step_type} step")
-                )
         if step_type == "sleep" and "seconds" in params:
             seconds = params["seconds"]
             if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
@@ -149,6 +145,31 @@ def _step_problems(
                         f"field '{fwhere}': an {step_type} file needs 'local_path' or 'content' "
                         "(fix: add one of them)"
                     )
+    return problems
+
+
+def _parameter_problems(
+    where: str, step_type: str, params: dict, names: GraderNames | None
+) -> list[str]:
+    """Missing and unknown parameters of one setup step: against desktop-env's own
+    ``SetupController._<type>_setup`` signature when ``names`` has it (OSWorld calls it with
+    the parameters as keywords: an unknown one is "unexpected keyword argument" at reset), else
+    :data:`REQUIRED_STEP_PARAMETERS` (the own subset; the osworld backend without a venv)."""
+    signature = names.step_parameters.get(step_type) if names is not None else None
+    required = signature.required if signature else REQUIRED_STEP_PARAMETERS.get(step_type, ())
+    missing = [name for name in required if params.get(name) in (None, "", [])]
+    problems = [_missing_parameter(where, params, n, f"a {step_type} step") for n in missing]
+    # a key already named as a misspelling of a missing one is not reported twice
+    named = {c for n in missing for c in difflib.get_close_matches(n, list(params), 1, 0.6)}
+    if signature and signature.accepted is not None:
+        for name in params:
+            if name not in signature.accepted and name not in named:
+                problems.append(
+                    f"field '{where}.{name}': a {step_type} step takes no parameter {name!r}"
+                    f"{_did_you_mean(name, signature.accepted)} (accepted: "
+                    f"{', '.join(signature.accepted)}; {names.source} fails at reset with "
+                    '"unexpected keyword argument"; fix: rename or remove it)'
+                )
     return problems
 
 

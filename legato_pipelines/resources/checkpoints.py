@@ -162,7 +162,8 @@ class CheckpointSourceResource(dg.ConfigurableResource):
 
         Raises ``FileNotFoundError`` when the directory does not exist, ``ValueError`` when
         the ``directory`` source has no directory or the ``models`` source no policy resource,
-        ``httpx.HTTPError`` when the server cannot be listed."""
+        ``PolicyConfigError`` (a ``ValueError`` too) naming the URL and the fix when the server
+        cannot be listed (:meth:`PolicyResource.list_models`)."""
         if self.source == "models":
             return self._models(policy)
         if not self.directory:

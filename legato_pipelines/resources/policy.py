@@ -9,6 +9,7 @@ resolved key there for the duration of a collection, whatever variable the deplo
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +17,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import dagster as dg
-import httpx
 from pydantic import Field
 
 from ..errors import ConfigError, LoadError
@@ -183,15 +183,21 @@ class PolicyResource(dg.ConfigurableResource):
             else:
                 os.environ[API_KEY_ENV] = previous
 
-    def list_models(self, timeout: float = 10.0) -> list[str]:
-        """Model ids served at ``GET <base>/v1/models`` (one HTTP call, ``timeout`` seconds).
-
-        Raises ``ConfigError`` when ``base_url`` is not set, ``httpx.HTTPError`` on a
-        transport failure or an error status; the message names the URL, never the key.
+    def list_models(self) -> list[str]:
+        """Model ids served at ``GET <base>/v1/models``, asked as ``legato collect`` asks
+        (:meth:`~legato_pipelines.policy.client.PolicyClient.list_models`: one call, at most
+        30 s), so the errors are the CLI's: ``ConfigError`` when ``base_url`` is not set,
+        ``PolicyConfigError`` (a ``ConfigError``) naming the URL and the fix when the server
+        is unreachable (``fix --policy-url``), refuses the key (``fix: set
+        LEGATO_POLICY_KEY``) or answers no model list. Never names the key.
         """
-        api_base = self.api_base().rstrip("/")
-        api_base = api_base if api_base.endswith("/v1") else api_base + "/v1"
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        response = httpx.get(f"{api_base}/models", headers=headers, timeout=timeout)
-        response.raise_for_status()
-        return [str(item["id"]) for item in response.json().get("data", []) if "id" in item]
+        from ..policy.client import PolicyClient
+
+        config = self.config("v0")  # the version is not sent: listing needs none
+
+        async def ask() -> list[str]:
+            async with PolicyClient(config) as client:
+                return await client.list_models()
+
+        with self.credentials():
+            return asyncio.run(ask())

@@ -39,7 +39,8 @@ def summarize(
     the calls that reported cached tokens (``None`` when none did); ``logprobs_share`` /
     ``token_ids_share`` are shares of steps whose response carried them; ``reset_critical``
     is the reset on the critical path per app and overall (:func:`reset_critical`); ``ready_timeouts`` counts
-    the actions whose ready wait hit its cap (:func:`ready_timeouts`); ``not_typed_actions``
+    the actions whose ready wait hit its cap (:func:`ready_timeouts`), ``reset_timeouts`` the
+    resets whose did (:func:`reset_timeouts`); ``not_typed_actions``
     counts ``type`` actions whose text did not all reach the desktop (``not_typed`` on the
     action: characters the desktop could not type); ``eval_errors`` counts
     graded attempts whose evaluator failed (scored 0 with the reason in ``eval_error``);
@@ -146,6 +147,7 @@ def summarize(
         "token_ids_share": _share(steps, "token_ids"),
         "parse_errors": sum(1 for s in steps if s.parse_error),
         "ready_timeouts": ready_timeouts(steps),
+        "reset_timeouts": reset_timeouts(records),
         "not_typed_actions": sum(1 for s in steps for a in s.actions or () if a.not_typed),
         "eval_errors": sum(1 for r in final if r.eval_error),
         "setup_failures": _setup_failures(records),
@@ -268,6 +270,16 @@ def ready_timeouts(steps: list[Step]) -> dict[str, Any]:
     and ``share`` of the actions that had a ready wait (``None`` when none had: fixed waits,
     or records from before ``timed_out`` was recorded)."""
     flags = [a.timed_out for s in steps for a in s.actions or () if a.timed_out is not None]
+    return {"count": sum(flags), "share": sum(flags) / len(flags) if flags else None}
+
+
+def reset_timeouts(records: Iterable[Record]) -> dict[str, Any]:
+    """Resets whose ready wait hit its cap (``reset.timed_out``; the cap is the desktop's
+    ``ready_after_reset_s``, or ``ready_app_window_s`` while an app the setup launched has
+    no main window yet): ``count``, and ``share`` of the resets that had a ready wait (``None`` when
+    none had). The attempt then starts on a screen that may still be changing (e.g. GIMP's
+    main window not up yet), so its first actions may land nowhere."""
+    flags = [r.reset.timed_out for r in records if r.reset and r.reset.timed_out is not None]
     return {"count": sum(flags), "share": sum(flags) / len(flags) if flags else None}
 
 

@@ -28,6 +28,7 @@ import json
 import dagster as dg
 
 from ..assets import collect_job, policy_versions
+from ..assets.advice import dagster_advice
 from ..assets.collection import rollout_batch
 from ..resources import CheckpointSourceResource, PolicyResource
 
@@ -86,8 +87,9 @@ def checkpoint_sensor(
         scan = checkpoints.scan(policy, known=seen, sizes=sizes)
     except FileNotFoundError:
         return dg.SkipReason(f"checkpoints directory {checkpoints.directory!r} does not exist yet")
-    except ValueError as exc:  # not configured (no LEGATO_CHECKPOINTS): say so on every tick
-        return dg.SkipReason(str(exc))
+    except ValueError as exc:  # not configured (no LEGATO_CHECKPOINTS), or the policy server
+        # refused / cannot be reached (the models source): the CLI's message, on every tick
+        return dg.SkipReason(dagster_advice(str(exc)))
     found = scan.ready
     new = [c for c in found if c.version not in seen][:MAX_PER_TICK]
     notes = "; ".join(

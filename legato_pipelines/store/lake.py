@@ -234,14 +234,15 @@ class Lake:
             return f"{self.partition_dir(table, version)}/{PART_FILE}"
         return self.partition_dir(table, version) / PART_FILE
 
-    def versions(self, table: str) -> list[str]:
+    def versions(self, table: str, *, file: str = PART_FILE) -> list[str]:
         """Policy versions with a written partition of ``table``, in training order
         (:func:`~legato_pipelines.versions.sort_versions`: ``step-50`` before ``step-100``).
-        A folder whose name is no valid version key is left out (module doc)."""
+        A folder whose name is no valid version key is left out (module doc). ``file``: what
+        a partition folder holds (``versions(RUNS_DIR, file="run.json")``: run directories)."""
         prefix = f"{PARTITION_COLUMN}="
         if self.fs is not None:
             self.fs.invalidate_cache()  # other hosts write here too: no stale listings
-            found = self.fs.glob(f"{self._join(table)}/{prefix}*/{PART_FILE}")
+            found = self.fs.glob(f"{self._join(table)}/{prefix}*/{file}")
             names = [p.rstrip("/").split("/")[-2][len(prefix) :] for p in found]
         else:
             base = self.root / table
@@ -250,7 +251,7 @@ class Lake:
             names = [
                 p.name[len(prefix) :]
                 for p in base.iterdir()
-                if p.name.startswith(prefix) and (p / PART_FILE).is_file()
+                if p.name.startswith(prefix) and (p / file).is_file()
             ]
         return sort_versions(name for name in names if _valid_key(name))
 

@@ -214,6 +214,7 @@ PROFILE_SCHEMA = pa.schema(
             "setup_failure_attempts", pa.int64()
         ),  # attempts whose setup carried on past a failure
         pa.field("ready_timeouts", pa.int64()),  # actions whose ready wait hit its cap
+        pa.field("reset_timeouts", pa.int64()),  # resets whose ready wait hit its cap
         pa.field("eval_note_attempts", pa.int64()),  # graded attempts with evaluator notes
         pa.field("keyboard_restores", pa.int64()),  # resets that restored the keyboard layout
         pa.field("unexpected_window_attempts", pa.int64()),  # popups closed before acting
@@ -438,6 +439,7 @@ def profile_table(summary: Mapping[str, Any], lineage: Lineage) -> pa.Table:
         "parse_errors": summary.get("parse_errors"),
         "setup_failure_attempts": (summary.get("setup_failures") or {}).get("attempts"),
         "ready_timeouts": (summary.get("ready_timeouts") or {}).get("count"),
+        "reset_timeouts": (summary.get("reset_timeouts") or {}).get("count"),
         "eval_note_attempts": (summary.get("eval_notes") or {}).get("attempts"),
         "keyboard_restores": (summary.get("keyboard_restores") or {}).get("attempts"),
         "unexpected_window_attempts": (summary.get("unexpected_windows") or {}).get("attempts"),

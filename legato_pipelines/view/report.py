@@ -65,7 +65,8 @@ class Report:
 
 def attempt_summary(r, advantages: dict) -> dict:
     """What the index and a group page show of one rollout: id, attempt, execution, status,
-    reward, advantage, steps and seconds (wall, queue included)."""
+    reward, advantage, steps and seconds (the attempt's own: reset + steps + grading, queue
+    time excluded, :attr:`~legato_pipelines.record.Timing.attempt_s`)."""
     return {
         "id": r.rollout_id,
         "attempt": r.attempt,
@@ -74,7 +75,7 @@ def attempt_summary(r, advantages: dict) -> dict:
         "reward": r.reward,
         "advantage": advantages.get(r.rollout_id),
         "steps": r.n_steps or len(r.steps),
-        "seconds": r.timing.total_s,
+        "seconds": r.timing.attempt_s,
     }
 
 

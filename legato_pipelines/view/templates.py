@@ -69,7 +69,7 @@ INDEX = """{% extends "base" %}
 </div>
 <table id="rollouts"><thead><tr>
 <th>task</th><th>group</th><th class="num">attempt</th><th class="num">exec</th><th>status</th>
-<th class="num">reward</th><th class="num">advantage</th><th class="num">steps</th><th class="num">time [s]</th><th>desktop</th>
+<th class="num">reward</th><th class="num">advantage</th><th class="num">steps</th><th class="num" title="the attempt's own time: reset + steps + grading (queue time excluded)">attempt time [s]</th><th>desktop</th>
 </tr></thead><tbody></tbody></table>
 <script id="rows" type="application/json">{{ rows_json|safe }}</script>
 {% endblock %}
@@ -140,11 +140,11 @@ ROLLOUT = """{% extends "base" %}
 {% if r.eval_error %}<div class="parse-error">evaluator error: {{ r.eval_error }}</div>{% endif %}
 {% for n in r.eval_notes or [] %}<div class="eval-note">evaluator note: {{ n }}</div>{% endfor %}</dd>
 {% if r.error %}<dt>error</dt><dd class="parse-error">{{ r.error.kind }} / {{ r.error.type }} in {{ r.error.phase }}: {{ r.error.message }}</dd>{% endif %}
-<dt>reset</dt><dd>{% if r.reset %}{{ r.reset.kind }}, ready after {{ fmt(r.reset.ready_s, 2) }} s, waited {{ fmt(r.reset.wait_s, 2) }} s{% if r.reset.keyboard_restored %}; keyboard restored ({{ r.reset.keyboard_restored }}){% endif %}
+<dt>reset</dt><dd>{% if r.reset %}{{ r.reset.kind }}, ready after {{ fmt(r.reset.ready_s, 2) }} s, waited {{ fmt(r.reset.wait_s, 2) }} s{% if r.reset.timed_out %} <span class="setup-failure">(the ready wait hit its cap: the screen may not have been ready)</span>{% endif %}{% if r.reset.keyboard_restored %}; keyboard restored ({{ r.reset.keyboard_restored }}){% endif %}
 {% for w in r.reset.unexpected_windows or [] %}<div class="setup-failure">unexpected window {{ w.wm_class }} "{{ w.title }}" found at {{ w.when }}: {{ w.outcome }}</div>{% endfor %}{% else %}–{% endif %}</dd>
 <dt>setup failures</dt><dd>{% if r.reset and r.reset.setup_failures %}<table><tr><th>step</th><th>type</th><th>exit</th><th>error</th></tr>
 {% for f in r.reset.setup_failures %}<tr class="setup-failure"><td>{{ f.step }}</td><td>{{ f.type }}</td><td>{{ f.exit_status }}</td><td><pre>{{ f.error }}</pre></td></tr>{% endfor %}</table>{% else %}none{% endif %}</dd>
-<dt>time</dt><dd>{{ fmt(r.timing.total_s, 2) }} s total: {% for p, v in phases %}{{ p }} {{ fmt(v, 2) }}{% if not loop.last %} · {% endif %}{% endfor %}</dd>
+<dt>time</dt><dd>{{ fmt(r.timing.attempt_s, 2) }} s attempt ({{ fmt(r.timing.total_s, 2) }} s from enqueue, queue included): {% for p, v in phases %}{{ p }} {{ fmt(v, 2) }}{% if not loop.last %} · {% endif %}{% endfor %}</dd>
 <dt>tokens</dt><dd>{{ tokens.prompt }} prompt ({{ tokens.cached }} cached) · {{ tokens.completion }} completion · {{ tokens.ids }} token ids · {{ tokens.logprobs }} logprobs</dd>
 </dl>
 {% for s in steps %}
@@ -222,7 +222,7 @@ reward mean {{ fmt(mean, 3) }}{% if flat %} · <b>no reward variance: no learnin
  <div class="attempt" data-rollout="{{ a.id }}">
   <div><a href="{{ a.page }}"><b>attempt {{ a.attempt }}</b>{% if a.execution %} (exec {{ a.execution }}){% endif %}</a>
    <span class="badge status-{{ a.status }}">{{ a.status }}</span></div>
-  <div>reward <b class="{{ 'r1' if (a.reward or 0) > 0 else 'r0' }}">{{ fmt(a.reward, 2) }}</b> · advantage {{ fmt(a.advantage, 3) }} · {{ a.steps }} steps · {{ fmt(a.seconds, 1) }} s</div>
+  <div>reward <b class="{{ 'r1' if (a.reward or 0) > 0 else 'r0' }}">{{ fmt(a.reward, 2) }}</b> · advantage {{ fmt(a.advantage, 3) }} · {{ a.steps }} steps · {{ fmt(a.seconds, 1) }} s attempt time</div>
   {% if a.first %}<div class="muted">first screen</div><a href="{{ a.page }}"><img class="first" src="{{ a.first }}" alt="first screenshot" loading="lazy"></a>{% endif %}
   {% if a.last %}<div class="muted">last screen</div><a href="{{ a.page }}#step-{{ a.last_step }}"><img class="last" src="{{ a.last }}" alt="last screenshot" loading="lazy"></a>{% endif %}
   {% if a.last_action %}<div class="muted">last action</div><pre>{{ a.last_action }}</pre>{% endif %}

@@ -363,7 +363,11 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
         return await self.client.close_windows(ids)
 
     async def _ready(self, mode: str, cap_s: float) -> tuple[float, bool]:
-        result = await self.client.wait(mode, timeout_s=cap_s)
+        if mode == "reset":  # an app the setup launched: its main window, within its own cap
+            app_window_s = self.config.waits.ready_app_window_s
+            result = await self.client.wait(mode, timeout_s=cap_s, app_window_s=app_window_s)
+        else:
+            result = await self.client.wait(mode, timeout_s=cap_s)
         return float(result["ready_s"]), bool(result.get("timed_out"))
 
     async def _healthy(self) -> bool:

@@ -35,7 +35,10 @@ async def wait(request: Request) -> Response:
     p = await request_params(request)
     mode = param(p, "mode", str, "action")
     source = param(p, "source", str, None)
-    overrides = {k: p.get(k) for k in ("stable_s", "quiet_s", "timeout_s", "interval_s", "tick_s")}
+    overrides = {
+        k: p.get(k)
+        for k in ("stable_s", "quiet_s", "timeout_s", "interval_s", "tick_s", "app_window_s")
+    }
     for key, value in overrides.items():
         if value is not None and (not isinstance(value, (int, float)) or value <= 0):
             raise BadRequest(f"field {key!r} must be a positive number of seconds")

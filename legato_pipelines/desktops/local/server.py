@@ -20,7 +20,7 @@ OSWorld's base routes (request/response shapes of ``desktop_env/server/main.py``
 Project routes
   POST /legato/act       an Action as JSON -> XTest input; {act_s}
   POST /legato/wait      {mode: action|launch|reset|eval|apps, source?: damage|poll, stable_s?, quiet_s?,
-                          timeout_s?, interval_s?, tick_s?} -> {ready_s, source, ...}
+                          timeout_s?, interval_s?, tick_s?, app_window_s?} -> {ready_s, source, ...}
   GET|POST /legato/observe   PNG; headers X-Screen-Width, X-Screen-Height
   POST /legato/reset     {full: bool} -> {kind: fast|full, reset_s, ...}
   GET  /legato/health    {ok, display, user, home, host_home, sandbox, session_bus, width, height,

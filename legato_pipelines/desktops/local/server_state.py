@@ -341,7 +341,9 @@ class DesktopServer:
         ctx.input.move(width - 2, height - 2)
         ctx.display.sync()
 
-    async def wait_ready(self, mode: str, source: str | None = None, **overrides) -> ReadyResult:
+    async def wait_ready(
+        self, mode: str, source: str | None = None, app_window_s: float | None = None, **overrides
+    ) -> ReadyResult:
         """Wait until the screen is ready (:func:`~..ready.wait_until_ready`) in ``mode``.
         ``source``: ``damage`` | ``poll`` (``None``: the server's default); ``damage`` polls
         when the X server has no DAMAGE extension. ``overrides``: :class:`~..ready.ReadyPolicy`
@@ -352,8 +354,11 @@ class DesktopServer:
         ``action``. After a launch or reset, once the screen is ready, the wait goes on
         while an app launched since the reset runs without a main window
         (:meth:`apps_without_window`: GIMP's splash comes seconds before its main window),
-        then waits for the screen again; all within the mode's cap (``timeout_s``); an app is
-        waited for once (:class:`LaunchedApp` ``settled``). Mode ``apps`` is those two parts
+        then waits for the screen again; all within the mode's cap (``timeout_s``), or within
+        ``app_window_s`` when that is longer (a launched app's main window has its own cap: a
+        loaded machine starts GIMP in more than a reset's 10 s; a screen wait that ran out
+        while such an app was still coming up goes on waiting for it); an app is waited for
+        once (:class:`LaunchedApp` ``settled``). Mode ``apps`` is those two parts
         alone, for a client that waited for the screen its own way (the osworld backend over
         a local desktop server, after a reset and after each action): it answers at once,
         ``ready_s`` 0, when no terminal was opened and no launched app lacks its window."""
@@ -408,9 +413,10 @@ class DesktopServer:
             )
         if mark is not None and result.changed:
             self.launch_mark = None
-        if mode in ("launch", "reset") and not result.timed_out:
+        cap_s = max(policy.timeout_s, app_window_s or 0.0)
+        if mode in ("launch", "reset") and (not result.timed_out or cap_s > policy.timeout_s):
             result = await self._wait_app_windows(
-                result, policy, grab, activity if damage else None
+                result, replace(policy, timeout_s=cap_s), grab, activity if damage else None
             )
         if action:
             self.before_action = None
@@ -418,9 +424,10 @@ class DesktopServer:
         return result
 
     async def _wait_app_windows(self, first: ReadyResult, policy, grab, activity) -> ReadyResult:
-        """After a ready launch/reset wait ``first``: wait while :meth:`apps_without_window`
-        names an app, then for a quiet screen again; the whole within ``policy.timeout_s``
-        seconds from the start of ``first``. The combined result."""
+        """After a launch/reset wait ``first``: wait while :meth:`apps_without_window` names
+        an app, then for a quiet screen again; the whole within ``policy.timeout_s`` seconds
+        from the start of ``first``. The combined result (``first`` itself when no app was
+        missing its window, timed out or not)."""
         t0 = time.monotonic() - first.ready_s
         if not await self.apps_without_window():
             return first

@@ -357,15 +357,19 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
         launch wait does; heavy domains get the 0.5 s stable window). Provider local, after a
         reset or an action: then the server's ``apps`` wait (a terminal Ctrl+Alt+T opened, an
         app the setup launched maps its main window: GIMP's comes seconds after its splash)."""
+        # an app the setup launched: its main window, within its own cap (Waits)
+        apps_cap = {"app_window_s": self.config.waits.ready_app_window_s} if mode == "reset" else {}
         if self.ready_mode == "server":
-            result = await self._ready_client.wait(mode, timeout_s=cap_s)
+            result = await self._ready_client.wait(mode, timeout_s=cap_s, **apps_cap)
             return float(result["ready_s"]), bool(result.get("timed_out"))
         result = await self._ready_signal.wait(mode, timeout_s=cap_s)
         if mode not in ("reset", "action") or result.timed_out or self._ready_client is None:
             return result.ready_s, result.timed_out
         # provider local: a terminal Ctrl+Alt+T opened, the apps the setup launched: until
         # their windows are up (at once when there is none)
-        more = await self._ready_client.wait("apps", timeout_s=max(cap_s - result.ready_s, 0.1))
+        more = await self._ready_client.wait(
+            "apps", timeout_s=max(cap_s - result.ready_s, 0.1), **apps_cap
+        )
         return result.ready_s + float(more["ready_s"]), bool(more.get("timed_out"))
 
 

@@ -96,7 +96,12 @@ def installed_grader(python: str) -> GraderNames:
         names = json.loads(done.stdout) if done.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired, ValueError):
         names = None
-    if not isinstance(names, dict) or not {"metrics", "getters", "step_types"} <= set(names):
+    if not isinstance(names, dict) or not {
+        "metrics",
+        "getters",
+        "step_types",
+        "step_parameters",
+    } <= set(names):
         raise ConfigError(
             f"the OSWorld interpreter {path} cannot list desktop-env's metrics and getters "
             "(fix: `legato osworld install`, or desktop option grader=own)"

@@ -223,12 +223,16 @@ def installed_names() -> dict:
     """The names this interpreter's desktop-env offers, read from its sources (nothing of
     desktop_env is imported, so this takes well under a second).
 
-    ``{"version", "metrics", "getters", "step_types"}``: ``metrics`` / ``getters`` are what
+    ``{"version", "metrics", "getters", "step_types", "step_parameters"}``: ``metrics`` /
+    ``getters`` are what
     ``desktop_env.evaluators.metrics`` / ``.getters`` export (their ``__init__``'s relative
     imports and its own definitions; getters without the ``get_`` prefix, as a task's
     ``"type"`` names them); ``step_types`` the ``SetupController._<type>_setup`` methods
-    (what a task's ``config`` step ``type`` may be). Raises ``WorkerError("protocol")`` when
-    desktop_env is not installed here.
+    (what a task's ``config`` step ``type`` may be); ``step_parameters`` per step type
+    ``{"required": [...], "accepted": [...] | None}`` from that method's signature
+    (SetupController calls it with the step's ``parameters`` as keywords, so a name outside
+    ``accepted`` fails at reset; ``None``: it takes ``**kwargs``). Raises
+    ``WorkerError("protocol")`` when desktop_env is not installed here.
     """
     from importlib import metadata
 
@@ -252,16 +256,25 @@ def installed_names() -> dict:
     setup_py = os.path.join(root, "controllers", "setup.py")
     with open(setup_py, encoding="utf-8") as f:
         tree = ast.parse(f.read(), setup_py)
-    steps = sorted(
-        {
-            node.name[1 : -len("_setup")]
-            for node in ast.walk(tree)
-            if isinstance(node, ast.FunctionDef)
-            and node.name.startswith("_")
-            and node.name.endswith("_setup")
-            and len(node.name) > len("__setup")
+    methods = {
+        node.name[1 : -len("_setup")]: node.args
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef)
+        and node.name.startswith("_")
+        and node.name.endswith("_setup")
+        and len(node.name) > len("__setup")
+    }
+    steps = sorted(methods)
+    parameters = {}
+    for step, args in methods.items():
+        named = [a.arg for a in args.posonlyargs + args.args][1:]  # without self
+        without_default = len(named) - len(args.defaults)
+        kwonly = [a.arg for a in args.kwonlyargs]
+        parameters[step] = {
+            "required": named[:without_default]
+            + [a for a, d in zip(kwonly, args.kw_defaults, strict=True) if d is None],
+            "accepted": None if args.kwarg else named + kwonly,
         }
-    )
     getters = [n[len("get_") :] for n in exported("getters") if n.startswith("get_")]
     try:
         version = metadata.version("desktop-env")
@@ -272,6 +285,7 @@ def installed_names() -> dict:
         "metrics": exported("metrics"),
         "getters": getters,
         "step_types": steps,
+        "step_parameters": parameters,
     }
 
 
