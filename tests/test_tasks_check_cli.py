@@ -106,6 +106,8 @@ def test_bad_task_list_names_the_field(tmp_path):
     missing = legato(str(tmp_path / "nope.json"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     assert "--tasks" not in missing.stderr  # tasks check takes the path as its argument
+    upper = legato(str(tmp_path / "nope.json"), "--backend", "LOCAL")  # any case, as collect
+    assert upper.returncode == 2 and "does not exist" in upper.stderr
 
 
 def write(tmp_path: Path, name: str, value) -> Path:

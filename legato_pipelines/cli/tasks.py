@@ -196,6 +196,7 @@ def check_command(
             "run on it. Default: list the problems of every backend; exit 1 only if some task "
             "runs on none of the backends it is written for (local or osworld; fake too when "
             "the task has a 'fake' block).",
+            case_sensitive=False,  # as collect's --backend and LEGATO_BACKEND
         ),
     ] = None,
     osworld_provider: Annotated[
