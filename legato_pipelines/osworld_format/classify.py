@@ -295,6 +295,13 @@ _STEP_PARAMETER = re.compile(
 )
 
 
+# System services a task's commands reach that a local desktop's sandbox does not run (it
+# has a session D-Bus, no system bus or systemd): the task could be set up and graded, but
+# no policy could solve it, so the local verdict refuses it (docs/local-desktop.md §13).
+SYSTEM_SERVICES = {"systemd-timedated": re.compile(r"\btimedatectl\b")}
+SYSTEM_SERVICES_WHY = {"systemd-timedated": "`timedatectl` asks it over the system bus"}
+
+
 def classify_task(task: Task, *, backend_support: BackendSupport | None = None) -> TaskClass:
     """Classify one task (static: no desktop, no network). See :class:`TaskClass` for the fields."""
     support = backend_support or BackendSupport()
@@ -395,6 +402,9 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
         local_blockers.append("app os (GNOME desktop)")
     if not support.local_pyautogui and any("pyautogui" in text for text in commands):
         local_blockers.append("pyautogui commands on the desktop")
+    services = [name for name, pattern in SYSTEM_SERVICES.items() if any(
+        pattern.search(text) for text in commands)]  # fmt: skip
+    local_blockers += [f"system service {name}" for name in services]
     local_blockers += [f"evaluator: {part}" for part in unsupported_eval]
     port_parts = grader_port_parts(task)
     network = network_problems(port_parts, support.local_network, support.local_desktops)
@@ -410,7 +420,10 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     problems["local"] += _host_problems(
         live, reasons, missing_apps, "os" in apps and not (set(apps) & support.local_apps),
         not support.local_pyautogui and any("pyautogui" in text for text in commands),
-    ) + network  # fmt: skip
+    ) + network + [
+        f"needs {name} ({SYSTEM_SERVICES_WHY[name]}), which local desktops do not run (fix: "
+        "run the task on the osworld backend)" for name in services
+    ]  # fmt: skip
     if support.osworld_grader is None:  # else task_problems checked against the venv's list
         problems["osworld"] += [
             f"step type {t!r} is not one of OSWorld's SetupController step types "
