@@ -17,7 +17,6 @@ Public API::
 into the model server before any desktop starts (``legato_pipelines.policy.loading``).
 """
 
-from importlib import import_module
 from typing import TYPE_CHECKING
 
 from .errors import (
@@ -32,6 +31,7 @@ from .errors import (
     ResumeError,
     TaskListError,
 )
+from .lazy import lazy_getattr
 
 #: The public names that live in submodules, imported on first use (PEP 562): a process that
 #: needs one part (a desktop server, an osworld worker's helpers) does not import the engine,
@@ -67,14 +67,7 @@ if TYPE_CHECKING:
     from .tasks import Task, TaskSet, load_tasks
 
 
-def __getattr__(name: str):
-    """A public name of :data:`_LAZY`, imported from its module on first use."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 
 __all__ = [

@@ -9,9 +9,9 @@ desktop server as its "VM", the remote pool attaches to servers by URL. Importin
 package needs no X libraries; the server (``.server``) does.
 """
 
-from importlib import import_module
 from typing import TYPE_CHECKING
 
+from ...lazy import lazy_getattr
 from .wire import DEFAULT_TOKEN_ENV
 
 #: Names imported on first use (PEP 562): the desktop server (``.server``, a package module)
@@ -30,14 +30,7 @@ if TYPE_CHECKING:
     from .backend import LocalDesktop, ServerProcess, open_local_desktops, sandbox_options
 
 
-def __getattr__(name: str):
-    """A name of :data:`_LAZY`, imported from its module on first use."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 
 __all__ = [
