@@ -126,7 +126,7 @@ def load_tasks(source: str | Path | list, *, osworld: str | Path | None = None) 
         data = _read_json(
             Path(source),
             f"tasks: {path!r}",
-            missing=f"tasks: file {path!r} does not exist (fix: give the path of a JSON task list)",
+            missing=f"tasks: file {path!r} does not exist (fix: pass --tasks PATH to a JSON task list)",
         )
     else:
         data = source

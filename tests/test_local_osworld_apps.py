@@ -19,11 +19,9 @@ built here (``tests/built_media.py``) and served from a test file cache; nothing
 
 from __future__ import annotations
 
-import http.server
 import io
 import json
 import shutil
-import threading
 from pathlib import Path
 
 import orjson
@@ -37,6 +35,7 @@ from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from legato_pipelines.policy.synthetic import qwen_response
 from legato_pipelines.tasks import load_tasks
 from tests.built_media import mp3, pdf, tar_xz, zip_of
+from tests.loopback_page import serve_page
 from tests.osworld_backend_support import needs_desktop_apps, needs_vm_python
 from tests.osworld_data import OSWORLD
 
@@ -87,25 +86,10 @@ def _built(name: str) -> bytes:
     raise AssertionError(f"no builder for {name}")
 
 
-class _Page(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        body = b"<html><head><title>app site</title></head><body>site</body></html>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture(scope="module")
 def page_url():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Page)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serve_page("app site") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

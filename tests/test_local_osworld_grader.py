@@ -13,12 +13,10 @@ the open tabs through CDP, so it scores 1 at once: the tab is there only if the 
 
 from __future__ import annotations
 
-import http.server
 import json
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import orjson
@@ -30,6 +28,7 @@ from legato_pipelines.osworld_format.files import task_files
 from legato_pipelines.osworld_format.sources import cache_names
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from legato_pipelines.tasks import load_tasks
+from tests.loopback_page import serve_page
 from tests.osworld_backend_support import needs_desktop_apps, needs_vm_python, osworld_python
 from tests.osworld_data import OSWORLD, REPO_ROOT
 
@@ -52,25 +51,10 @@ TERMINATE = (
 )
 
 
-class _Page(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        body = b"<html><head><title>legato tab</title></head><body>tab</body></html>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture(scope="module")
 def page_url():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Page)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/legato-tab.html"
-    server.shutdown()
+    with serve_page("legato tab") as url:
+        yield url + "/legato-tab.html"
 
 
 def _tabs_task(url: str) -> dict:

@@ -138,12 +138,17 @@ FAKE_ONLY = {"task_id": "fake-only", "config": {"instruction": "x", "fake": {"su
 
 def test_problems_are_listed_and_decide_the_exit_status(tmp_path):
     typo = write(tmp_path, "typo.json", [TYPO, FAKE_ONLY])
-    # without an OSWorld venv the typo blocks only the local runtime: desktop-env may know it
+    # without an OSWorld venv the metric's name cannot be checked for osworld (desktop-env may
+    # know it), but the misspelled step parameter blocks osworld too: SetupController's own
+    # parameters are known without the venv
     proc = legato(str(typo), "--json", venv=str(tmp_path / "no-venv"))
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr
     doc = orjson.loads(proc.stdout)
     by_id = {t["task_id"]: t for t in doc["tasks"]}
-    assert by_id["typo"]["backends"] == ["osworld", "fake"]
+    assert by_id["typo"]["backends"] == ["fake"]
+    osworld_without_venv = doc["problems"]["osworld"]
+    assert any("'comand'" in p for p in osworld_without_venv)
+    assert not any("check_include_exclud" in p for p in osworld_without_venv)
     assert by_id["typo"]["apps"] == []  # not "None": the launch step has no command
     assert by_id["fake-only"]["backends"] == ["fake"]  # no evaluator: not runnable on osworld
     local = doc["problems"]["local"]
@@ -152,7 +157,7 @@ def test_problems_are_listed_and_decide_the_exit_status(tmp_path):
         for p in local
     )
     assert any("'comand'" in p and "parameters.command" in p for p in local)
-    assert doc["not_runnable"]["osworld"] == ["fake-only"] and doc["ok"]
+    assert doc["not_runnable"]["osworld"] == ["typo", "fake-only"] and not doc["ok"]
 
     # with the venv, desktop-env's own list says the name does not exist: runnable nowhere
     known = legato(str(typo), "--json")

@@ -49,12 +49,17 @@ class Backend(StrEnum):
 def _resolve_tasks_path(tasks: Path | None, osworld: Path | None) -> Path:
     """TASKS as given; else relative to --osworld; else --osworld's test_all.json."""
     if tasks is not None:
-        if tasks.exists() or osworld is None or tasks.is_absolute():
+        if tasks.exists():
             return tasks
-        for root in (osworld, osworld / "evaluation_examples"):
-            if (root / tasks).exists():
-                return root / tasks
-        return tasks
+        if osworld is not None and not tasks.is_absolute():
+            for root in (osworld, osworld / "evaluation_examples"):
+                if (root / tasks).exists():
+                    return root / tasks
+        # the loader's own message names collect's --tasks; here TASKS is the argument
+        raise TaskListError(
+            f"tasks check: file '{tasks}' does not exist (fix: give the path of a JSON task "
+            "list or OSWorld index as TASKS)"
+        )
     if osworld is None:
         raise TaskListError(
             "tasks check: pass TASKS (a task list or OSWorld index) or --osworld DIR"
