@@ -383,6 +383,9 @@ class ScriptedPolicyServer:
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
+        # listening before the URL is announced: a client that connects at once waits in the
+        # backlog until uvicorn accepts, instead of being refused (uvicorn listens again)
+        sock.listen(4096)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
             self.app,
