@@ -248,7 +248,7 @@ def test_hung_calls_are_cut_and_profiled(tmp_path):
     from legato_pipelines.policy.scripted import Faults, ScriptedPolicyServer
 
     tasks = write_tasks(tmp_path / "tasks.json", 3)
-    step_timeout, retries = 0.5, 1
+    step_timeout, retries = 0.5, 3  # a hung call is retried: an attempt never ends in error
     with ScriptedPolicyServer(flavor="vllm", faults=Faults(hang_every=7)) as server:
         res = legato(
             *collect_args(
