@@ -88,6 +88,35 @@ async def test_a_window_that_maps_late_after_a_launch_is_waited_for(client):
     assert await settled(client)
 
 
+@needs_apps
+async def test_an_eval_wait_counts_the_quiet_since_the_action_wait_unless_something_came_between(
+    client,
+):
+    """The grading wait after the model's turn: quiet since the last action's wait -> ready
+    after one look; an action in between, or drawing in the gap, -> a whole window again
+    (every wait without the credit sleeps at least 5 looks of 20 ms)."""
+    await xterm(client)
+    await client.act(Action("type", text="echo credited\n"))
+    assert not (await client.wait("action", source="damage"))["timed_out"]
+    await asyncio.sleep(0.3)  # the model's turn
+    await client.observe()  # a read keeps the credit
+    credited = await client.wait("eval", source="damage")
+    assert not credited["timed_out"] and credited["ready_s"] < 0.1, credited
+    assert await settled(client)
+
+    await client.act(Action("left_click", x=900, y=700))  # an action: no credit
+    waited = await client.wait("eval", source="damage")
+    assert waited["ready_s"] >= 0.1, waited
+
+    await client.act(Action("type", text="sleep 1; echo late\n"))
+    t0 = time.monotonic()
+    assert not (await client.wait("action", source="damage"))["timed_out"]
+    assert time.monotonic() - t0 < 0.9  # the wait ended before the echo
+    await asyncio.sleep(1.5)  # "late" is drawn in the gap
+    voided = await client.wait("eval", source="damage")
+    assert not voided["timed_out"] and voided["ready_s"] >= 0.1, voided
+
+
 async def test_a_bad_source_is_refused_naming_the_field(client, server):
     async with httpx.AsyncClient(base_url=server.url) as raw:
         answer = await raw.post(

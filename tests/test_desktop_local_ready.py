@@ -198,3 +198,51 @@ async def test_damage_redraws_of_the_same_pixels_hold_the_wait_but_are_no_change
         screen.grab, ReadyPolicy(), activity=screen.activity, clock=screen.clock, sleep=screen.sleep
     )
     assert result.ready_s == pytest.approx(0.54) and not result.changed
+
+
+async def test_damage_credit_of_a_quiet_gap_makes_a_quiet_screen_ready_at_once():
+    """``quiet_before_s``: the gap since the previous wait was quiet (the first look reports
+    nothing drawn in it), so the window is already served: one look, no sleep."""
+    screen = Screen({0.0: blank()})
+    await screen.activity()  # the previous wait's last look
+    policy = ReadyPolicy(stable_s=0.25, quiet_s=0.1)  # the eval mode's window
+    result = await wait_until_ready(
+        screen.grab,
+        policy,
+        activity=screen.activity,
+        quiet_before_s=0.3,
+        clock=screen.clock,
+        sleep=screen.sleep,
+    )
+    assert result.ready_s == 0.0 and not result.timed_out and not result.changed
+    assert result.quiet_s == pytest.approx(0.3)
+
+
+async def test_damage_credit_counts_toward_the_window_and_drawing_in_the_gap_voids_it():
+    policy = ReadyPolicy(stable_s=0.25, quiet_s=0.1)
+    short = Screen({0.0: blank()})
+    await short.activity()
+    result = await wait_until_ready(
+        short.grab,
+        policy,
+        activity=short.activity,
+        quiet_before_s=0.2,  # 10 of the 13 looks the 0.25 s window needs
+        clock=short.clock,
+        sleep=short.sleep,
+    )
+    assert result.ready_s == pytest.approx(0.06)  # the 3 looks left
+
+    drawn = Screen({0.0: blank()})
+    await drawn.activity()
+    drawn.changes = [(0.0, with_box(0, 0, 50, 50))]  # drawn in the gap, before the wait
+    result = await wait_until_ready(
+        drawn.grab,
+        policy,
+        activity=drawn.activity,
+        quiet_before_s=5.0,
+        clock=drawn.clock,
+        sleep=drawn.sleep,
+    )
+    # the credit is void: the drawing restarts the count, 5 quiet looks (0.1 s) once it drew
+    # (not ``changed``: the wait's first frame already showed it)
+    assert result.ready_s == pytest.approx(0.1) and result.quiet_s == pytest.approx(0.1)

@@ -185,13 +185,16 @@ class ReadyResult:
     """``ready_s``: seconds from the start of the wait until ready (or the cap);
     ``frames``: frames grabbed; ``changed``: the screen changed during the wait;
     ``timed_out``: the cap was hit; ``source``: what it watched, ``damage`` (the X server's
-    drawing reports) or ``poll`` (frames)."""
+    drawing reports) or ``poll`` (frames); ``quiet_s``: seconds of quiet the wait ended with
+    (its last run of quiet looks, counting any ``quiet_before_s`` credit; 0 on a timeout), for
+    the caller's next credit (not on the wire)."""
 
     ready_s: float
     frames: int
     changed: bool
     timed_out: bool
     source: str = "poll"
+    quiet_s: float = 0.0
 
     def to_json(self) -> dict:
         return {
@@ -257,6 +260,7 @@ async def wait_until_ready(
     reference: np.ndarray | None = None,
     new_window: Callable[[], Awaitable[bool]] | None = None,
     activity: Callable[[], Awaitable[Activity]] | None = None,
+    quiet_before_s: float = 0.0,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> ReadyResult:
@@ -272,6 +276,13 @@ async def wait_until_ready(
     screen differs from it (or changed during the wait). With ``policy.require_change``, quiet
     looks count only once a frame differs (not quietly) from ``reference`` or ``new_window()``
     returns True. Never raises on timeout: returns ``timed_out=True`` with ``ready_s`` = the cap.
+
+    ``quiet_before_s`` (damage path only): seconds the screen is known to have been quiet
+    before this wait, from the end of the previous wait, whose last look cleared the reports,
+    to now (the caller vouches that nothing since could draw later: no input, no launch). The
+    first look then comes at once and reports everything drawn in that gap; when it is quiet
+    the credit counts as quiet looks, so a screen quiet for the whole window is ready without
+    sleeping a new one. Drawing in the gap voids the credit.
     """
     start = clock()
     first = await grab()
@@ -282,13 +293,18 @@ async def wait_until_ready(
     if reference is not None and not is_quiet(frame_delta(reference, first), policy):
         armed = changed = drew = True
     quiet = 0
+    credit = int(quiet_before_s / every_s + 1e-9) if activity is not None else 0
     while True:
         if clock() - start >= policy.timeout_s:
             return ReadyResult(clock() - start, looker.frames, changed, True, source)
-        await sleep(every_s)
+        if credit:
+            credit_looks, credit = credit, 0  # the first look covers the gap: no sleep
+        else:
+            credit_looks = 0
+            await sleep(every_s)
         still, moved = await looker.look(policy)
         if still:
-            quiet += 1
+            quiet += max(credit_looks, 1)
         else:
             quiet, drew = 0, True
         if moved:
@@ -297,7 +313,9 @@ async def wait_until_ready(
             if await new_window():
                 armed, quiet = True, 0
         if armed and quiet >= looker.looks_needed(policy, drew):
-            return ReadyResult(clock() - start, looker.frames, changed, False, source)
+            return ReadyResult(
+                clock() - start, looker.frames, changed, False, source, quiet * every_s
+            )
 
 
 # -- over a server's GET /screenshot ----------------------------------------------------------

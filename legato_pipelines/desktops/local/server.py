@@ -66,19 +66,23 @@ from .route_params import error_response
 from .routes_legato import LEGATO_ROUTES
 from .routes_osworld import OSWORLD_ROUTES
 from .sandbox import check_support
-from .server_state import DesktopServer, desktop_of
+from .server_state import READ_ONLY_ROUTES, DesktopServer, desktop_of
 from .session import Session
 from .wire import DEFAULT_TOKEN_ENV, READY_LINE, READY_SOURCES
 
 log = logging.getLogger("legato.desktop")
 
 
-def guarded(endpoint):
+def guarded(endpoint, *, read_only: bool = False):
     """Errors become JSON answers here: bad input -> 400, anything else -> 500 with ``kind``
     ``crash`` when the display is gone. (Starlette's catch-all handler re-raises, and
-    uvicorn then drops the keep-alive connection under the client's next request.)"""
+    uvicorn then drops the keep-alive connection under the client's next request.) A route
+    that is not ``read_only`` drops the desktop's quiet credit first
+    (``DesktopServer.quiet_mark``)."""
 
     async def handler(request: Request) -> Response:
+        if not read_only:
+            desktop_of(request).quiet_mark = None
         try:
             return await endpoint(request)
         except ValueError as exc:  # BadRequest, InputError, bad commands
@@ -109,7 +113,7 @@ def build_app(server: DesktopServer, token: str, *, manage_lifecycle: bool = Tru
                 await server.stop()
 
     routes = [
-        Route(path, guarded(endpoint), methods=methods)
+        Route(path, guarded(endpoint, read_only=path in READ_ONLY_ROUTES), methods=methods)
         for path, endpoint, methods in OSWORLD_ROUTES + LEGATO_ROUTES
     ]
     app = Starlette(routes=routes, lifespan=lifespan)

@@ -68,6 +68,26 @@ class LaunchedApp:
     settled: bool = False
 
 
+#: Routes that neither act on the desktop nor start anything on it: between an action wait
+#: and the ``eval`` wait only these keep the quiet credit (``DesktopServer.quiet_mark``).
+READ_ONLY_ROUTES = frozenset(
+    {
+        "/screenshot",
+        "/legato/observe",
+        "/legato/wait",
+        "/legato/health",
+        "/legato/processes",
+        "/legato/windows",
+        "/platform",
+        "/screen_size",
+        "/cursor_position",
+        "/terminal",
+        "/accessibility",
+        "/desktop_path",
+    }
+)
+
+
 class DesktopServer:
     """The state behind the routes: the session, its X thread and the pending launch."""
 
@@ -93,6 +113,9 @@ class DesktopServer:
         #: apps launched since the reset, by the host pid of their launch
         self.launched: dict[int, LaunchedApp] = {}
         self.hotkey_launched = False  # Ctrl+Alt+T opened a terminal since the last action wait
+        #: ``(monotonic s, quiet s)``: when the last action/eval wait on drawing reports ended
+        #: and the quiet it ended with; dropped by any request but a read (:data:`READ_ONLY_ROUTES`)
+        self.quiet_mark: tuple[float, float] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -361,7 +384,13 @@ class DesktopServer:
         once (:class:`LaunchedApp` ``settled``). Mode ``apps`` is those two parts
         alone, for a client that waited for the screen its own way (the osworld backend over
         a local desktop server, after a reset and after each action): it answers at once,
-        ``ready_s`` 0, when no terminal was opened and no launched app lacks its window."""
+        ``ready_s`` 0, when no terminal was opened and no launched app lacks its window.
+
+        An ``eval`` wait that follows an ``action`` or ``eval`` wait on drawing reports, with
+        only reads in between (:data:`READ_ONLY_ROUTES`: the observation, the model's turn),
+        counts the quiet since that wait as part of its window (``quiet_before_s`` of
+        :func:`~..ready.wait_until_ready`): the reports show whether anything drew meanwhile,
+        so a screen quiet all along is graded without sleeping a new window."""
         if mode != "apps" and mode not in MODES:
             raise ValueError(
                 f"field 'mode' must be one of {sorted([*MODES, 'apps'])}, got {mode!r}"
@@ -401,6 +430,11 @@ class DesktopServer:
             return await self.x.run(take)
 
         damage = source == "damage" and await self.x.run(lambda: self.x.ctx().damage is not None)
+        credit_s = 0.0
+        if mode == "eval" and damage and self.quiet_mark is not None:
+            ended_at, quiet_s = self.quiet_mark  # only reads came since: see quiet_mark
+            credit_s = quiet_s + (time.monotonic() - ended_at)
+        self.quiet_mark = None
         if apps_only:
             result = ReadyResult(0.0, 0, False, False, "damage" if damage else "poll")
         else:
@@ -410,7 +444,10 @@ class DesktopServer:
                 reference=reference,
                 new_window=new_window,
                 activity=activity if damage else None,
+                quiet_before_s=credit_s,
             )
+        if damage and mode in ("action", "eval") and not result.timed_out:
+            self.quiet_mark = (time.monotonic(), result.quiet_s)
         if mark is not None and result.changed:
             self.launch_mark = None
         cap_s = max(policy.timeout_s, app_window_s or 0.0)
