@@ -21,14 +21,15 @@ from tests.osworld_backend_support import needs_desktop_apps, needs_vm_python, o
 pytestmark = [needs_xvfb, pytest.mark.desktop]
 
 
-def servers_below_us() -> set[int]:
-    """Desktop server processes under this test process."""
+def servers_below_us(marker: bytes = b"legato_pipelines.desktops.local.server") -> set[int]:
+    """Desktop server processes (or others whose command line holds ``marker``) under this
+    test process."""
     table = process_table()
     found = set()
     for pid in descendants(os.getpid(), table):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"legato_pipelines.desktops.local.server" in f.read():
+                if marker in f.read():
                     found.add(pid)
         except OSError:
             continue
@@ -59,19 +60,23 @@ MKDIR = Task(
 @needs_desktop_apps
 @needs_vm_python
 async def test_the_grader_imports_desktop_env_while_its_server_starts():
-    """Two desktops with OSWorld's grader, named from ``first``: each worker imported
-    desktop_env before it was attached (``preload``), so its ``start`` imported nothing; the
-    grader sets up and grades a task; after the server is killed and recovered (a new token)
-    a new worker drives it."""
+    """Two desktops with OSWorld's grader, named from ``first``: each worker is forked from
+    the template that imported desktop_env once, before it was attached (``preload``), so
+    neither its ``preload`` nor its ``start`` imported anything, and each took its own
+    desktop's token from the environment the fork gave it; the grader sets up and grades a
+    task; after the server is killed and recovered (a new token) a new worker, forked again,
+    drives it."""
     config = DesktopConfig(
         backend="local", options={"grader": "osworld", "osworld_python": osworld_python()}
     )
     desktops = await open_local_desktops(config, 2, first=2)
     try:
         assert [d.name for d in desktops] == ["local-2", "local-3"]
+        assert desktops[0].server.token != desktops[1].server.token
         for d in desktops:
             assert d.grader is not None
-            assert d.grader.last_preload["import_s"] > 0.2  # the real import, ahead
+            assert d.grader.worker.forked
+            assert d.grader.last_preload["import_s"] < 0.05  # done by the template
             assert d.grader.last_start["import_s"] < 0.05  # nothing left to import
             assert d.grader.last_start["server"] == d.client.url
         d = desktops[0]
@@ -82,11 +87,13 @@ async def test_the_grader_imports_desktop_env_while_its_server_starts():
         d.server.kill()
         await d.recover()
         assert d.server.token != token and d.grader.worker.pid != worker_pid
+        assert d.grader.worker.forked
         await d.reset(MKDIR)
         assert (await d.evaluate(MKDIR)).reward == 1.0
     finally:
         await asyncio.gather(*(d.close() for d in desktops))
     assert servers_below_us() == set()
+    assert servers_below_us(b"osworld/worker.py") == set()  # the template was stopped too
 
 
 async def test_a_cancelled_start_stops_every_server_it_began():

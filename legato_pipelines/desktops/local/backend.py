@@ -521,7 +521,8 @@ def _grader(
     size: tuple[int, int],
     options: dict[str, Any],
 ) -> OSWorldGrader:
-    """The osworld worker of desktop ``name`` (not started)."""
+    """The osworld worker of desktop ``name`` (not started), forked from the template its
+    interpreter's graders share (``osworld/template.py``: desktop_env is imported once)."""
     return OSWorldGrader(
         name=name,
         python=str(python),
@@ -529,6 +530,7 @@ def _grader(
         token=token,
         screen_size=size,
         cache_dir=file_cache_dir(options),
+        template=True,
     )
 
 

@@ -8,7 +8,9 @@ token). The local backend keeps owning reset, observe, act and the ready waits; 
 runs only the task's setup (OSWorld's ``SetupController``: ``chrome_open_tabs`` over CDP,
 ``download`` from the cache, ``open``, ``execute``...) and ``DesktopEnv.evaluate`` (every
 metric and getter of desktop-env, FAIL as the last action for infeasible tasks). The worker
-lives as long as the desktop, so its start-up (importing desktop_env) is paid once.
+lives as long as the desktop, so its start-up (importing desktop_env) is paid once; with
+``template=True`` (the local backend's graders) it is paid once for all desktops: the worker
+is forked from one preloaded template worker shared by the graders (``osworld/template.py``).
 
 Files: DesktopEnv reads a task's files from ``<cache>/<task_id>/`` under OSWorld's names and
 writes what its getters fetch there too. Each desktop has its own such directory; before a
@@ -30,7 +32,7 @@ from ...errors import DesktopError
 from ...osworld_format.files import cache_file_paths, task_files
 from ...osworld_format.sources import cache_dir_path, find_source
 from ...tasks import Evaluation, Task
-from ..osworld import WorkerProcess, worker_env
+from ..osworld import WorkerProcess, acquire_template, release_template, worker_env
 
 VM_TOKEN_ENV = "LEGATO_OSWORLD_VM_TOKEN"
 START_TIMEOUT_S = 120.0
@@ -83,9 +85,10 @@ class OSWorldGrader:
 
     ``python``: the OSWorld interpreter; ``screen_size``: (width, height) pixels; ``cache_dir``:
     the read-only file cache (option ``cache_dir``) or ``None``; ``name``: the desktop's name
-    (log file ``<work>/<name>.log``). Every method raises ``DesktopError`` when the worker
-    fails or misses its deadline (kinds as the osworld backend's: ``setup``, ``evaluator``,
-    ``vm``, ``transport``).
+    (log file ``<work>/<name>.log``); ``template``: fork the worker from the template shared
+    by this interpreter's graders (a lease from the first :meth:`spawn` to :meth:`close`).
+    Every method raises ``DesktopError`` when the worker fails or misses its deadline (kinds
+    as the osworld backend's: ``setup``, ``evaluator``, ``vm``, ``transport``).
     """
 
     def __init__(
@@ -97,8 +100,11 @@ class OSWorldGrader:
         token: str,
         screen_size: tuple[int, int],
         cache_dir: Any = None,
+        template: bool = False,
     ):
         self.name, self.python, self.url, self.token = name, python, url, token
+        self.template = template
+        self._lease = None  # the shared template (osworld/template.py), from the first spawn
         self.screen_size = screen_size
         #: the server's host ports of the desktop's CDP bridge and VLC (``{"chromium", "vlc"}``,
         #: its ready line's ``ports``): DesktopEnv's chromium_port / vlc_port; empty: 9222/8080
@@ -124,14 +130,22 @@ class OSWorldGrader:
         """Start the worker process and import desktop_env in it (op ``preload``): the ~1.4 s
         import needs no desktop, so it can run while the desktop server starts. The worker
         gets ``token`` in its environment now; :meth:`start` with the same token attaches it.
-        Raises ``DesktopError`` when the worker fails or misses :data:`START_TIMEOUT_S`."""
+        Raises ``DesktopError`` when the worker fails or misses :data:`START_TIMEOUT_S`.
+
+        With ``template`` the worker is forked from the shared template (started by the first
+        grader that spawns), its ``preload`` then finds desktop_env imported; it is spawned
+        when there is no template to fork from."""
         await self.stop()
+        if self.template and self._lease is None:
+            self._lease = acquire_template(self.python)
+        template = await self._lease.ready() if self._lease is not None else None
         self.worker = WorkerProcess(
             self.python,
             env=worker_env({VM_TOKEN_ENV: self.token}, provider="local"),  # no credential
             cwd=str(self.work_dir),
             name=f"{self.name}-osworld",
             log_path=str(self.work_dir / "worker.log"),
+            template=template,
         )
         self._spawned_with = self.token
         await self.worker.start()
@@ -205,6 +219,9 @@ class OSWorldGrader:
         await worker.stop(grace=5.0)
 
     async def close(self) -> None:
-        """Stop the worker and remove its work directory."""
+        """Stop the worker, end its lease on the template and remove its work directory."""
         await self.stop()
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            await release_template(lease)
         shutil.rmtree(self.work_dir, ignore_errors=True)

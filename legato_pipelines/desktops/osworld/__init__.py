@@ -6,11 +6,22 @@
 
 What other backends may use (the local backend attaches a worker to its desktops as their
 OSWorld grader: ``desktops/local/osworld_grader.py``): the worker channel, its clean
-environment and the choice of grader.
+environment, the shared template its workers are forked from (``template.py``) and the
+choice of grader.
 """
 
 from .channel import WorkerProcess
 from .grader import installed_grader, local_grader, osworld_python
 from .options import worker_env
+from .template import WorkerTemplate, acquire_template, release_template
 
-__all__ = ["WorkerProcess", "installed_grader", "local_grader", "osworld_python", "worker_env"]
+__all__ = [
+    "WorkerProcess",
+    "WorkerTemplate",
+    "acquire_template",
+    "installed_grader",
+    "local_grader",
+    "osworld_python",
+    "release_template",
+    "worker_env",
+]

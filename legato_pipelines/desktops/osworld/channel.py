@@ -4,6 +4,12 @@ The worker (``worker.py``) runs under the OSWorld interpreter; this side is asyn
 every request has a deadline; a worker that misses one is stopped (SIGTERM: it closes its VM;
 SIGKILL after a grace period) and the call raises
 :class:`~legato_pipelines.errors.DesktopError`.
+
+A worker is either spawned (``<python> -I worker.py``, its protocol on stdin/stdout) or forked
+from a *template*, a running worker that imported desktop_env (op ``preload``) and answers op
+``fork``: the child speaks the same protocol on a Unix socket and has desktop_env imported
+already, for a few milliseconds of CPU instead of the import's ~1.2 s (issue 18). The child is
+the template's child, not ours: it is watched through a pidfd and its exit code is unknown.
 """
 
 from __future__ import annotations
@@ -11,8 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
+import select
+import shutil
 import signal
+import socket
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +32,7 @@ from ...errors import ConfigError, DesktopError
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 PROTOCOL_LINE_LIMIT = 64 * 2**20  # bytes: a base64 screenshot fits on one line
 STOP_GRACE_S = 30.0  # a worker closing a docker VM needs a while
+FORK_TIMEOUT_S = 30.0  # the template's answer to fork, then the child's hello (a loaded machine)
 #: What a missed deadline counts as, per request.
 DEADLINE_KIND = {
     "start": "vm",
@@ -31,7 +43,92 @@ DEADLINE_KIND = {
     "evaluate": "evaluator",
     "close": "vm",
     "plan": "transport",
+    "fork": "transport",
 }
+log = logging.getLogger(__name__)
+
+
+class _Spawned:
+    """A worker we spawned: asyncio's process (``returncode`` is its exit code)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process):
+        self.proc, self.pid = proc, proc.pid
+        self.stdin, self.stdout = proc.stdin, proc.stdout
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    @property
+    def exited(self) -> bool:
+        return self.proc.returncode is not None
+
+    def send_signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def kill(self) -> None:
+        self.proc.kill()
+
+    async def wait(self) -> int | None:
+        return await self.proc.wait()
+
+
+class _Forked:
+    """A worker forked from a template: not our child, so it is watched through a pidfd
+    (``os.pidfd_open``, Linux >= 5.3) and signalled through it (no pid reuse race); its exit
+    code is unknown (``returncode`` stays ``None``). ``stdin``/``stdout``: the socket's
+    writer/reader. ``exited``: its pidfd is readable (the process has ended)."""
+
+    returncode = None
+
+    def __init__(self, pid: int, pidfd: int, reader, writer):
+        self.pid, self._pidfd = pid, pidfd
+        self.stdin, self.stdout = writer, reader
+
+    @property
+    def exited(self) -> bool:
+        if self._pidfd < 0:
+            return True
+        ready = select.poll()
+        ready.register(self._pidfd, select.POLLIN)
+        if ready.poll(0):
+            self._closed()
+            return True
+        return False
+
+    def send_signal(self, signum: int) -> None:
+        """Raises ``ProcessLookupError`` once the worker has exited (as asyncio's does)."""
+        if self._pidfd < 0:
+            raise ProcessLookupError(self.pid)
+        signal.pidfd_send_signal(self._pidfd, signum)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.send_signal(signal.SIGKILL)
+
+    async def wait(self) -> None:
+        """Until the worker process has ended (the socket's EOF alone is not enough)."""
+        if self._pidfd >= 0:
+            loop = asyncio.get_running_loop()
+            ended = loop.create_future()
+            loop.add_reader(self._pidfd, lambda: ended.done() or ended.set_result(None))
+            try:
+                await ended
+            finally:
+                loop.remove_reader(self._pidfd)
+            self._closed()
+        return None
+
+    def _closed(self) -> None:
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
+        self.stdin.close()
+
+
+def _exit_text(code: int | None) -> str:
+    """``exited (code)``, or ``exited`` for a forked worker, whose code nobody here knows."""
+    return "exited" if code is None else f"exited ({code})"
 
 
 class WorkerProcess:
@@ -39,6 +136,9 @@ class WorkerProcess:
 
     ``python``: the OSWorld interpreter; ``env``: the worker's whole environment; ``cwd``: its
     working directory. :meth:`call` sends one request and waits at most ``timeout`` seconds.
+    ``template``: a started worker that ran ``preload``; :meth:`start` then forks the worker
+    from it (module docstring) and spawns one only when that fails. ``forked``: whether the
+    running worker came from the template.
     """
 
     def __init__(
@@ -49,10 +149,12 @@ class WorkerProcess:
         cwd: str,
         name: str = "osworld",
         log_path: str | None = None,
+        template: WorkerProcess | None = None,
     ):
         self.python, self.env, self.cwd, self.name = python, env, cwd, name
-        self.log_path = log_path
-        self._proc: asyncio.subprocess.Process | None = None
+        self.log_path, self.template = log_path, template
+        self.forked = False
+        self._proc: _Spawned | _Forked | None = None
         self._lock = asyncio.Lock()
         self._next_id = 0
         self._broken = False  # a call was cancelled mid-way: the channel is out of step
@@ -62,17 +164,99 @@ class WorkerProcess:
         return self._proc.pid if self._proc is not None else None
 
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.returncode is None and not self._broken
+        """Whether calls can go to the worker: it runs, its channel has not hit EOF and no
+        cancelled call left it out of step."""
+        proc = self._proc
+        return (
+            proc is not None and not proc.exited and not proc.stdout.at_eof() and not self._broken
+        )
 
     async def start(self) -> None:
-        """Spawn the worker (``<python> -I worker.py``; isolated mode: no user site, no PYTHON* env).
+        """Fork the worker from ``template`` when there is one, else (or when the template is
+        not running or the fork fails: a warning) spawn it (``<python> -I worker.py``;
+        isolated mode: no user site, no PYTHON* env).
 
-        Its stderr (DesktopEnv's logging and prints) is appended to ``log_path`` when given.
+        Its stderr (DesktopEnv's logging and prints) is appended to ``log_path`` when given
+        (a forked worker's to ``<cwd>/worker.log`` without one). Raises ``ConfigError`` when
+        the interpreter cannot be run.
         """
         os.makedirs(self.cwd, exist_ok=True)
+        self.forked = False
+        if self.template is not None:
+            try:
+                self._proc = await self._fork()
+                self.forked = True
+                return
+            except DesktopError as exc:
+                log.warning(
+                    "%s: no worker forked from the template (%s); spawning one", self.name, exc
+                )
+        self._proc = _Spawned(await self._spawn())
+
+    async def _fork(self) -> _Forked:
+        """The worker, forked from ``template`` (op ``fork``) and connected to a Unix socket in
+        a private directory. Raises ``DesktopError`` (kind ``transport``) when the template is
+        not running, refuses, or the child does not say hello within :data:`FORK_TIMEOUT_S`."""
+        template = self.template
+        if not template.alive():
+            raise DesktopError(f"{self.name}: the template worker is not running", kind="transport")
+        if not hasattr(os, "pidfd_open"):
+            raise DesktopError(f"{self.name}: no os.pidfd_open here (Linux only)", kind="transport")
+        private = tempfile.mkdtemp(prefix="legato-fork-")  # 0700: only we connect
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        pidfd, conn = -1, None
+        try:
+            path = os.path.join(private, "s")
+            listener.bind(path)
+            listener.listen(1)
+            listener.setblocking(False)
+            answer = await template.call(
+                "fork",
+                FORK_TIMEOUT_S,
+                socket=path,
+                env=self.env,
+                cwd=os.path.abspath(self.cwd),
+                log_path=os.path.abspath(self.log_path or os.path.join(self.cwd, "worker.log")),
+            )
+            pid = int(answer["pid"])
+            try:
+                pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                raise DesktopError(
+                    f"{self.name}: the forked worker {pid} ended at once", kind="transport"
+                ) from None
+            loop = asyncio.get_running_loop()
+            conn, _ = await asyncio.wait_for(loop.sock_accept(listener), FORK_TIMEOUT_S)
+            reader, writer = await asyncio.open_unix_connection(
+                sock=conn, limit=PROTOCOL_LINE_LIMIT
+            )
+            hello = await asyncio.wait_for(reader.readline(), FORK_TIMEOUT_S)
+            said = json.loads(hello).get("pid") if hello else None
+            if said != pid:
+                writer.close()
+                raise DesktopError(
+                    f"{self.name}: the forked worker said hello as {said!r}, not {pid}",
+                    kind="transport",
+                )
+            forked, pidfd = _Forked(pid, pidfd, reader, writer), -1
+            return forked
+        except (TimeoutError, OSError, ValueError) as exc:
+            raise DesktopError(
+                f"{self.name}: forking from the template failed: {type(exc).__name__}: {exc}",
+                kind="transport",
+            ) from None
+        finally:
+            if pidfd >= 0:  # a child that did not make it
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                os.close(pidfd)
+            listener.close()
+            shutil.rmtree(private, ignore_errors=True)
+
+    async def _spawn(self) -> asyncio.subprocess.Process:
         log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
         try:
-            self._proc = await asyncio.create_subprocess_exec(
+            return await asyncio.create_subprocess_exec(
                 self.python,
                 "-I",
                 str(WORKER_SCRIPT),
@@ -135,7 +319,7 @@ class WorkerProcess:
             if not raw:
                 code = await proc.wait()
                 raise DesktopError(
-                    f"{self.name}: the OSWorld worker exited ({code}) during {op} (log: {self.log_path or 'stderr'})",
+                    f"{self.name}: the OSWorld worker {_exit_text(code)} during {op} (log: {self.log_path or 'stderr'})",
                     kind="transport",
                 )
             answer = json.loads(raw)
@@ -158,12 +342,13 @@ class WorkerProcess:
         """SIGTERM (the worker closes its DesktopEnv), SIGKILL after ``grace`` seconds."""
         proc, self._proc = self._proc, None
         self._broken = False
-        if proc is None or proc.returncode is not None:
+        if proc is None or proc.exited:
             return
         if proc.stdin is not None:
             proc.stdin.close()
-        proc.send_signal(signal.SIGTERM)
-        proc.send_signal(signal.SIGCONT)  # a stopped worker gets to handle the SIGTERM
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGCONT)  # a stopped worker gets to handle the SIGTERM
         try:
             await asyncio.wait_for(proc.wait(), grace)
         except TimeoutError:

@@ -35,6 +35,13 @@ Operations (``result`` shapes):
             from the evaluator is a reward 0 with its reason, not a failure; ``notes`` are facts
             about the files the metrics were given (``osworld_format/file_notes.py``).
   close     ``DesktopEnv.close()`` (stops the VM), then the worker exits.
+  fork      {socket, env, cwd, log_path}: only on a worker whose DesktopEnv is not started
+            (typically a "template" that ran ``preload``): ``os.fork()``; the child starts a
+            new session, appends its stderr to ``log_path``, changes to ``cwd``, takes ``env``
+            as its whole environment, connects to the Unix socket ``socket`` (where the client
+            listens), writes ``{"pid": <pid>}`` and serves this protocol there with a new
+            worker, never returning to the template's requests; {pid}. The template reaps its
+            children (a SIGCHLD handler, so their CPU counts in its RUSAGE_CHILDREN).
 
 Silent failures of DesktopEnv become errors here (docs/osworld.md §8): a dead server before
 reset/step/evaluate (``vm``: probed with a short timeout instead of DesktopEnv's 20 x 5 s
@@ -361,6 +368,7 @@ class Worker:
         self.last_execute: list = []
         self.eval_notes: list[str] = []
         self.facts = None  # setup_facts.SetupFacts, once DesktopEnv is there
+        self.protocol: tuple = ()  # serve()'s (inp, out): a forked child closes them
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -725,6 +733,26 @@ class Worker:
             "eval_s": time.perf_counter() - t0,
         }
 
+    def fork(self, req: dict) -> dict:
+        """A new worker forked from this one (op ``fork``, the module docstring). The child
+        never returns from here: it serves its socket, then ``os._exit``. Raises
+        ``WorkerError("protocol")`` when this worker's DesktopEnv is started or a field is
+        missing."""
+        if self.env is not None:
+            raise WorkerError("protocol", "fork: only a worker without a started DesktopEnv forks")
+        missing = [f for f in ("socket", "env", "cwd", "log_path") if not req.get(f)]
+        if missing or not isinstance(req["env"], dict):
+            raise WorkerError(
+                "protocol", f"fork needs socket, env (a dict), cwd and log_path; missing {missing}"
+            )
+        signal.signal(signal.SIGCHLD, _reap_children)  # before the fork: a child may end at once
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _forked_child(req, self.protocol)  # never returns
+        return {"pid": pid}
+
     def close(self, req: dict) -> dict:
         env, self.env = self.env, None
         if env is not None:
@@ -783,12 +811,78 @@ def _describe(exc: BaseException) -> str:
     return text if len(text) <= 1000 else text[:1000] + "..."
 
 
-OPS = ("plan", "preload", "start", "reset", "setup", "observe", "step", "evaluate", "close")
+OPS = (
+    "plan",
+    "preload",
+    "start",
+    "reset",
+    "setup",
+    "observe",
+    "step",
+    "evaluate",
+    "close",
+    "fork",
+)
+
+
+def _reap_children(signum, frame) -> None:
+    """SIGCHLD of a template: reap every ended child (not ``SIG_IGN``, which would drop their
+    CPU from this process's RUSAGE_CHILDREN)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _forked_child(req: dict, protocol: tuple) -> None:
+    """The child of op ``fork``: detach from the template (session, descriptors, signals),
+    take the request's environment and directory, connect to ``req["socket"]`` and serve a
+    new :class:`Worker` there; ``os._exit`` at the end, whatever happens."""
+    code = 1
+    try:
+        os.setsid()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # the parent's protocol descriptors: the parent's client sees EOF when the parent
+        # ends, not when its last child does (the stream objects stay on the stack, unused)
+        for fd in {stream.fileno() for stream in protocol} - {0, 1, 2}:
+            os.close(fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        log = os.open(req["log_path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.dup2(log, 2)
+        os.dup2(log, 1)
+        os.close(log)
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update({str(k): str(v) for k, v in req["env"].items()})
+        import socket
+
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(req["socket"])
+        out = sock.makefile("wb")
+        out.write(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+        out.flush()
+        worker = Worker()
+        install_terminate(worker)
+        serve(sock.makefile("rb"), out, worker)
+        code = 0
+    except BaseException:
+        traceback.print_exc(file=sys.stderr)
+    finally:
+        try:
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
 
 
 def serve(inp, out, worker: Worker | None = None) -> None:
     """Answer requests from ``inp`` (binary lines) on ``out`` until EOF or ``close``."""
     worker = worker or Worker()
+    worker.protocol = (inp, out)
     try:
         for line in inp:
             if not line.strip():
@@ -822,6 +916,26 @@ def serve(inp, out, worker: Worker | None = None) -> None:
                 traceback.print_exc(file=sys.stderr)
 
 
+def install_terminate(worker: Worker) -> None:
+    """SIGTERM (the backend's deadline): stop ``worker``'s VM (``DesktopEnv.close``), then
+    exit at once with 128 + the signal.
+
+    Done in the handler rather than by raising: desktop_env has bare ``except:`` clauses (its
+    liveness loops) that would swallow a ``SystemExit`` and keep the worker going.
+    """
+
+    def terminate(signum, frame):
+        try:
+            if worker.env is not None:
+                worker.env.close()
+        except BaseException:
+            traceback.print_exc(file=sys.stderr)
+        finally:
+            os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+
+
 def main() -> None:
     """Keep the real stdout for the protocol; everything else printed goes to stderr.
 
@@ -835,22 +949,7 @@ def main() -> None:
     sys.stdout = sys.stderr
 
     worker = Worker()
-
-    def terminate(signum, frame):
-        """The backend's deadline: stop the VM (``DesktopEnv.close``), then exit at once.
-
-        Done here rather than by raising: desktop_env has bare ``except:`` clauses (its
-        liveness loops) that would swallow a ``SystemExit`` and keep the worker going.
-        """
-        try:
-            if worker.env is not None:
-                worker.env.close()
-        except BaseException:
-            traceback.print_exc(file=sys.stderr)
-        finally:
-            os._exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, terminate)
+    install_terminate(worker)
     import logging
 
     logging.basicConfig(

@@ -1,0 +1,107 @@
+"""One preloaded osworld worker per interpreter that the local graders' workers are forked from.
+
+Every local desktop's OSWorld grader has its own osworld worker, and each worker's first act is
+importing desktop_env (op ``preload``: ~1.0-1.4 s of CPU on 2 cores). A batch on 2 desktops
+with 2 spares paid that 4 times while the first attempts ran (issue 18). Instead the first
+grader that spawns starts a *template* worker that does the import once; every grader's worker
+is then forked from it (op ``fork``, :mod:`.channel`): a few milliseconds of CPU each.
+
+The template is shared by the graders of one interpreter on one event loop (the runners' and
+the spares' desktops are opened by separate calls), counted by lease: :func:`acquire_template`
+when a grader first spawns, :func:`release_template` when it closes; the last release stops
+the template. A template that cannot start is not retried; its graders spawn their own
+workers then (:class:`.channel.WorkerProcess` does so, with a warning, whenever a fork fails).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+import weakref
+
+from ...errors import ConfigError, DesktopError
+from .channel import WorkerProcess
+from .options import worker_env
+
+PRELOAD_TIMEOUT_S = 120.0  # the import under a loaded machine (the graders' own deadline)
+log = logging.getLogger(__name__)
+
+
+class WorkerTemplate:
+    """The template worker of interpreter ``python``: started and preloaded by the first
+    :meth:`ready`, stopped by :meth:`close`. ``users``: the leases held on it."""
+
+    def __init__(self, python: str):
+        self.python = python
+        self.users = 0
+        self.worker: WorkerProcess | None = None
+        self.failed = False  # it could not start: not retried
+        self._dir: str | None = None
+        self._lock = asyncio.Lock()
+
+    async def ready(self) -> WorkerProcess | None:
+        """The running, preloaded template (started now by the first caller; concurrent
+        callers wait for it), or ``None`` when it could not start (a warning is logged once;
+        the caller spawns its worker). A template that died later is returned as it is: the
+        fork from it fails and the caller spawns."""
+        async with self._lock:
+            if self.worker is not None or self.failed:
+                return self.worker
+            self._dir = tempfile.mkdtemp(prefix="legato-osworld-template-")
+            worker = WorkerProcess(
+                self.python,
+                env=worker_env({}, provider="local"),  # a grader's, without its VM token
+                cwd=self._dir,
+                name="osworld-template",
+                log_path=f"{self._dir}/worker.log",
+            )
+            try:
+                await worker.start()
+                await worker.call("preload", PRELOAD_TIMEOUT_S)
+            except (ConfigError, DesktopError) as exc:
+                log.warning("the osworld template worker did not start (%s); spawning each", exc)
+                self.failed = True
+                await worker.stop(grace=5.0)
+                return None
+            except BaseException:  # cancelled: the next caller starts it again
+                await worker.stop(grace=5.0)
+                raise
+            self.worker = worker
+            return worker
+
+    async def close(self) -> None:
+        """Stop the template (its forked workers live on) and remove its directory."""
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            await worker.stop(grace=5.0)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+
+#: event loop -> interpreter -> its template (asyncio objects belong to one loop)
+_templates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def acquire_template(python: str) -> WorkerTemplate:
+    """A lease on the template of ``python`` on the running event loop (created, not started,
+    by the first lease). Must be called from a coroutine; pair with :func:`release_template`."""
+    shared = _templates.setdefault(asyncio.get_running_loop(), {})
+    template = shared.get(python)
+    if template is None:
+        template = shared[python] = WorkerTemplate(python)
+    template.users += 1
+    return template
+
+
+async def release_template(template: WorkerTemplate) -> None:
+    """End one lease; the last one stops the template (a later lease starts a new one)."""
+    template.users -= 1
+    if template.users > 0:
+        return
+    shared = _templates.get(asyncio.get_running_loop(), {})
+    if shared.get(template.python) is template:
+        del shared[template.python]
+    await template.close()

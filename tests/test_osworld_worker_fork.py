@@ -1,0 +1,189 @@
+"""Osworld workers forked from a preloaded template (issue 18): op ``fork`` of the real worker
+under the OSWorld venv, ``WorkerProcess(template=...)`` on a Unix socket, the fallback to a
+spawn when the template is gone, and the shared template of the local graders."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from legato_pipelines.desktops.osworld import channel, template
+from legato_pipelines.desktops.osworld.options import worker_env
+from legato_pipelines.errors import DesktopError
+
+from .osworld_backend_support import osworld_python
+
+PLAN = {"provider": "local", "vm_url": "http://127.0.0.1:1", "cache_dir": "/tmp/legato-cache"}
+
+
+@pytest.fixture(scope="module")
+def python() -> str:
+    return osworld_python()
+
+
+def proc_stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat's fields after the command name (state first); [] when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return []
+
+
+def wait_gone(pid: int, timeout: float = 10.0) -> bool:
+    """Whether ``pid`` disappears (ended and reaped: no zombie) within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc_stat(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def worker(python: str, path, name: str, tmpl=None) -> channel.WorkerProcess:
+    return channel.WorkerProcess(
+        python,
+        env=worker_env({"LEGATO_TEST_NAME": name}, provider="local"),
+        cwd=str(path / name),
+        name=name,
+        log_path=str(path / f"{name}.log"),
+        template=tmpl,
+    )
+
+
+async def preloaded(python: str, path) -> channel.WorkerProcess:
+    tmpl = worker(python, path, "template")
+    await tmpl.start()
+    assert (await tmpl.call("preload", 120))["import_s"] > 0.2
+    return tmpl
+
+
+async def test_a_forked_worker_answers_as_a_spawned_one(python, tmp_path):
+    tmpl = await preloaded(python, tmp_path)
+    spawned, forked = worker(python, tmp_path, "spawned"), worker(python, tmp_path, "a", tmpl)
+    try:
+        await spawned.start()
+        await forked.start()
+        assert forked.forked and not spawned.forked and forked.alive()
+        assert forked.pid not in (tmpl.pid, None)
+        assert int(proc_stat(forked.pid)[1]) == tmpl.pid  # the template's child, not ours
+        assert os.getsid(forked.pid) == forked.pid  # its own session
+        assert await forked.call("plan", 10, **PLAN) == await spawned.call("plan", 30, **PLAN)
+        # desktop_env came imported with the fork
+        assert (await forked.call("preload", 10))["import_s"] < 0.05
+        with pytest.raises(DesktopError, match="unknown op 'nope'"):
+            await forked.call("nope", 10)
+        assert forked.alive()
+    finally:
+        await asyncio.gather(spawned.stop(5), forked.stop(5), tmpl.stop(5))
+
+
+async def test_two_forks_are_separate_processes_in_their_own_directories(python, tmp_path):
+    tmpl = await preloaded(python, tmp_path)
+    a, b = worker(python, tmp_path, "a", tmpl), worker(python, tmp_path, "b", tmpl)
+    try:
+        await asyncio.gather(a.start(), b.start())
+        assert a.forked and b.forked and a.pid != b.pid
+        for w in (a, b):
+            assert os.readlink(f"/proc/{w.pid}/cwd") == os.path.realpath(w.cwd)
+        await a.stop(5)
+        assert not a.alive()
+        assert (await b.call("plan", 10, **PLAN))["kwargs"]["path_to_vm"] == PLAN["vm_url"]
+        # a fork request without its fields is refused, naming them
+        with pytest.raises(DesktopError, match="fork needs socket"):
+            await tmpl.call("fork", 10)
+    finally:
+        await asyncio.gather(a.stop(5), b.stop(5), tmpl.stop(5))
+
+
+async def test_stopped_or_killed_forks_end_and_are_reaped_by_the_template(python, tmp_path):
+    tmpl = await preloaded(python, tmp_path)
+    a, b = worker(python, tmp_path, "a", tmpl), worker(python, tmp_path, "b", tmpl)
+    try:
+        await a.start()
+        await b.start()
+        pid_a, pid_b = a.pid, b.pid
+        await a.stop(5)
+        assert not a.alive() and a.pid is None
+        assert wait_gone(pid_a)  # reaped: no zombie left under the template
+        os.kill(pid_b, signal.SIGKILL)
+        assert wait_gone(pid_b)
+        assert not b.alive()
+        with pytest.raises(DesktopError, match="not running") as failed:
+            await b.call("plan", 10, **PLAN)
+        assert failed.value.kind == "transport"
+        # SIGCHLD is caught (a handler that waits), not ignored: the children's CPU counts
+        with open(f"/proc/{tmpl.pid}/status") as f:
+            caught = next(int(row.split()[1], 16) for row in f if row.startswith("SigCgt:"))
+        assert caught & (1 << (signal.SIGCHLD - 1))
+    finally:
+        await asyncio.gather(a.stop(5), b.stop(5), tmpl.stop(5))
+
+
+async def test_a_fork_that_exits_during_a_call_names_no_exit_code(python, tmp_path):
+    tmpl = await preloaded(python, tmp_path)
+    a = worker(python, tmp_path, "a", tmpl)
+    try:
+        await a.start()
+        os.kill(a.pid, signal.SIGSTOP)  # it will get the request but never answer ...
+        call = asyncio.create_task(a.call("plan", 30, **PLAN))
+        await asyncio.sleep(0.3)
+        os.kill(a.pid, signal.SIGKILL)  # ... it dies
+        with pytest.raises(DesktopError) as failed:
+            await call
+        # EOF or a reset (the request was still unread in its socket), never a made-up code
+        assert re.search(r"worker (exited|channel broke) during plan", str(failed.value))
+        assert not re.search(r"exited \(", str(failed.value))
+        assert failed.value.kind == "transport"
+        assert not a.alive()
+    finally:
+        await asyncio.gather(a.stop(5), tmpl.stop(5))
+
+
+async def test_forks_outlive_a_killed_template_and_later_workers_are_spawned(
+    python, tmp_path, caplog
+):
+    tmpl = await preloaded(python, tmp_path)
+    a, b = worker(python, tmp_path, "a", tmpl), worker(python, tmp_path, "b", tmpl)
+    try:
+        await a.start()
+        os.kill(tmpl.pid, signal.SIGKILL)
+        await asyncio.sleep(0.5)
+        assert not tmpl.alive()  # its protocol pipe hit EOF: the fork did not keep it open
+        assert a.alive()
+        assert (await a.call("plan", 10, **PLAN))["kwargs"]["path_to_vm"] == PLAN["vm_url"]
+        with caplog.at_level(logging.WARNING, logger=channel.__name__):
+            await b.start()
+        assert not b.forked and "spawning one" in caplog.text
+        assert (await b.call("plan", 30, **PLAN))["kwargs"]["path_to_vm"] == PLAN["vm_url"]
+    finally:
+        await asyncio.gather(a.stop(5), b.stop(5), tmpl.stop(5))
+
+
+async def test_the_template_is_shared_by_lease_and_stopped_by_the_last(python, tmp_path):
+    first, second = template.acquire_template(python), template.acquire_template(python)
+    assert first is second and first.users == 2
+    ready = await asyncio.gather(first.ready(), second.ready())
+    assert ready[0] is ready[1] and ready[0].alive()
+    pid = ready[0].pid
+    a = worker(python, tmp_path, "a", ready[0])
+    try:
+        await a.start()
+        assert a.forked
+        await template.release_template(first)
+        assert ready[0].alive()
+        await template.release_template(second)
+        assert not ready[0].alive() and wait_gone(pid)
+        assert a.alive()  # a fork lives on
+        later = template.acquire_template(python)
+        assert later is not first and later.worker is None  # a new one, started when needed
+        await template.release_template(later)
+    finally:
+        await a.stop(5)
+        await first.close()
