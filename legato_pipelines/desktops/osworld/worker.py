@@ -636,12 +636,17 @@ class Worker:
         t0 = time.perf_counter()
         if self.facts is not None:
             self.facts.failures = []
+        # DesktopEnv.reset ends by taking an observation (a full-size GET /screenshot) that
+        # nobody here reads: the caller observes on its own. Skipped for this call only.
+        env._get_obs = dict
         try:
             env.reset(task_config=task)
         except WorkerError:
             raise
         except Exception as exc:
             raise WorkerError("setup", f"task setup failed: {_describe(exc)}") from None
+        finally:
+            del env._get_obs
         env.is_environment_used = False
         self._watch_metrics()
         return {
