@@ -117,6 +117,47 @@ async def test_an_eval_wait_counts_the_quiet_since_the_action_wait_unless_someth
     assert not voided["timed_out"] and voided["ready_s"] >= 0.1, voided
 
 
+async def observe_raw(server, size=(640, 360)) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=server.url) as raw:
+        answer = await raw.get(
+            "/legato/observe",
+            params={"width": size[0], "height": size[1]},
+            headers={"X-Legato-Token": server.token},
+        )
+    assert answer.status_code == 200
+    return answer
+
+
+@needs_apps
+async def test_the_observation_prepared_during_the_wait_is_the_screen_unless_it_changed(
+    client, server
+):
+    """The model-size observation grabbed during the wait's quiet window is answered when
+    nothing changed since, and equals a fresh grab; an action or drawing after the wait
+    means a fresh grab."""
+    await xterm(client)
+    await observe_raw(server)  # the model size to prepare from now on
+    await client.act(Action("type", text="echo prepared\n"))
+    assert not (await client.wait("action", source="damage"))["timed_out"]
+    prepared = await observe_raw(server)
+    fresh = await observe_raw(server)  # a prepared grab is used once
+    assert prepared.headers["X-Observe-Prepared"] == "1"
+    assert fresh.headers["X-Observe-Prepared"] == "0"
+    assert prepared.content == fresh.content  # the same pixels, the same cursor
+
+    await client.act(Action("type", text="echo moved\n"))
+    assert not (await client.wait("action", source="damage"))["timed_out"]
+    await client.act(Action("mouse_move", x=100, y=100))  # an action after the wait
+    assert (await observe_raw(server)).headers["X-Observe-Prepared"] == "0"
+
+    await client.act(Action("type", text="sleep 1; echo late\n"))
+    assert not (await client.wait("action", source="damage"))["timed_out"]
+    await asyncio.sleep(1.5)  # "late" is drawn after the wait
+    late = await observe_raw(server)
+    assert late.headers["X-Observe-Prepared"] == "0"
+    assert late.content != prepared.content
+
+
 async def test_a_bad_source_is_refused_naming_the_field(client, server):
     async with httpx.AsyncClient(base_url=server.url) as raw:
         answer = await raw.post(

@@ -261,6 +261,7 @@ async def wait_until_ready(
     new_window: Callable[[], Awaitable[bool]] | None = None,
     activity: Callable[[], Awaitable[Activity]] | None = None,
     quiet_before_s: float = 0.0,
+    on_look: Callable[[int, int], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> ReadyResult:
@@ -283,6 +284,10 @@ async def wait_until_ready(
     first look then comes at once and reports everything drawn in that gap; when it is quiet
     the credit counts as quiet looks, so a screen quiet for the whole window is ready without
     sleeping a new one. Drawing in the gap voids the credit.
+
+    ``on_look(quiet, needed)``: called after every armed look with the quiet looks in a row
+    and the looks that count as ready (the desktop server prepares the next observation
+    half-way through the window: :mod:`.local.prepared_obs`).
     """
     start = clock()
     first = await grab()
@@ -312,7 +317,10 @@ async def wait_until_ready(
         if not armed and new_window is not None and (not still or activity is None):
             if await new_window():
                 armed, quiet = True, 0
-        if armed and quiet >= looker.looks_needed(policy, drew):
+        needed = looker.looks_needed(policy, drew)
+        if armed and on_look is not None:
+            on_look(quiet, needed)
+        if armed and quiet >= needed:
             return ReadyResult(
                 clock() - start, looker.frames, changed, False, source, quiet * every_s
             )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from Xlib import X
 from Xlib.display import Display
-from Xlib.ext import damage
+from Xlib.ext import damage, xfixes
 
 from ..ready import Activity, Delta
 
@@ -38,6 +38,12 @@ class Damage:
             self._damage = root.damage_create(damage.DamageReportBoundingBox)
             root.change_attributes(event_mask=X.SubstructureNotifyMask)
             self._notify = self._display.extension_event.DamageNotify
+            #: the pointer's image changes are reported too (:meth:`pending`); not where the
+            #: X server has no XFIXES
+            self.cursor_reports = self._display.has_extension(xfixes.extname)
+            if self.cursor_reports:
+                self._display.xfixes_query_version()
+                self._display.xfixes_select_cursor_input(root, xfixes.XFixesDisplayCursorNotifyMask)
             self._display.sync()
         except BaseException:
             self._display.close()
@@ -62,6 +68,14 @@ class Damage:
         self._display.flush()
         area = (box[2] - box[0]) * (box[3] - box[1])
         return Activity(Delta(max(area, 1), box), mapped)
+
+    def pending(self) -> bool:
+        """Whether anything was drawn, mapped or the pointer's image changed since the last
+        :meth:`take` (after a round trip, so every report the X server sent before it is in;
+        the reports stay queued for the next ``take``). Always True without cursor reports:
+        an unchanged screen cannot be vouched for then."""
+        self._display.sync()
+        return not self.cursor_reports or self._display.pending_events() > 0
 
     def close(self) -> None:
         self._display.close()

@@ -51,14 +51,20 @@ async def wait(request: Request) -> Response:
 
 async def observe(request: Request) -> Response:
     """The screen as PNG; with ``?width=W&height=H`` (the model's size) resized to it here
-    (``screen.model_png``), so the collector does no pixel work. Headers: ``X-Screen-Width``
-    / ``-Height`` (the screen), ``X-Image-Width`` / ``-Height`` (the PNG), ``X-Observe-S``."""
+    (``screen.model_png``), so the collector does no pixel work; the one prepared during the
+    last wait when the screen has not changed since (:mod:`.prepared_obs`). Headers:
+    ``X-Screen-Width`` / ``-Height`` (the screen), ``X-Image-Width`` / ``-Height`` (the PNG),
+    ``X-Observe-S``, ``X-Observe-Prepared`` (1: the prepared grab)."""
     s = desktop_of(request)
     size = _model_size(request)
     t0 = time.perf_counter()
+    prepared = None
     if size is None or size == (s.session.width, s.session.height):
         png, screen = await s.x.run(lambda: (s.x.ctx().screen.png(), s.x.ctx().screen.size))
         image = screen
+    elif (prepared := await s.prepared.take(size)) is not None:
+        png, screen = prepared  # grabbed during the wait's quiet window, nothing changed since
+        image = size
     else:
         raw, screen = await s.x.run(lambda: s.x.ctx().screen.grab())
         png = await asyncio.to_thread(model_png, raw, screen, size)
@@ -69,6 +75,7 @@ async def observe(request: Request) -> Response:
         "X-Image-Width": str(image[0]),
         "X-Image-Height": str(image[1]),
         "X-Observe-S": f"{time.perf_counter() - t0:.6f}",
+        "X-Observe-Prepared": "1" if prepared is not None else "0",
     }
     return Response(png, media_type="image/png", headers=headers)
 

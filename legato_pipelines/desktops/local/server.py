@@ -77,12 +77,14 @@ def guarded(endpoint, *, read_only: bool = False):
     """Errors become JSON answers here: bad input -> 400, anything else -> 500 with ``kind``
     ``crash`` when the display is gone. (Starlette's catch-all handler re-raises, and
     uvicorn then drops the keep-alive connection under the client's next request.) A route
-    that is not ``read_only`` drops the desktop's quiet credit first
-    (``DesktopServer.quiet_mark``)."""
+    that is not ``read_only`` drops the desktop's quiet credit and prepared observation first
+    (``DesktopServer.quiet_mark``, ``DesktopServer.prepared``)."""
 
     async def handler(request: Request) -> Response:
         if not read_only:
-            desktop_of(request).quiet_mark = None
+            desktop = desktop_of(request)
+            desktop.quiet_mark = None
+            desktop.prepared.drop()
         try:
             return await endpoint(request)
         except ValueError as exc:  # BadRequest, InputError, bad commands

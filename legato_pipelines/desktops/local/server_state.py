@@ -28,6 +28,7 @@ from ..ready import (
 from . import apps
 from .app_windows import is_main_window, owners_known, window_pids
 from .keymap import KeyboardState, keyboard_state, restore_keyboard
+from .prepared_obs import PreparedObservations
 from .procs import descendants, process_table
 from .session import Session
 from .wire import READY_SOURCES  # damage (poll where the X server has no DAMAGE) | poll
@@ -116,6 +117,8 @@ class DesktopServer:
         #: ``(monotonic s, quiet s)``: when the last action/eval wait on drawing reports ended
         #: and the quiet it ended with; dropped by any request but a read (:data:`READ_ONLY_ROUTES`)
         self.quiet_mark: tuple[float, float] | None = None
+        #: the next observation, grabbed during a wait's quiet window (:mod:`.prepared_obs`)
+        self.prepared = PreparedObservations(self.x)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -427,7 +430,9 @@ class DesktopServer:
             return reports.take() if reports is not None else Activity(Delta(0))
 
         async def activity() -> Activity:
-            return await self.x.run(take)
+            seen = await self.x.run(take)
+            self.prepared.seen(seen)
+            return seen
 
         damage = source == "damage" and await self.x.run(lambda: self.x.ctx().damage is not None)
         credit_s = 0.0
@@ -445,9 +450,12 @@ class DesktopServer:
                 new_window=new_window,
                 activity=activity if damage else None,
                 quiet_before_s=credit_s,
+                on_look=self.prepared.on_look if damage and mode != "eval" else None,
             )
         if damage and mode in ("action", "eval") and not result.timed_out:
             self.quiet_mark = (time.monotonic(), result.quiet_s)
+        if result.timed_out:
+            self.prepared.drop()
         if mark is not None and result.changed:
             self.launch_mark = None
         cap_s = max(policy.timeout_s, app_window_s or 0.0)
