@@ -1,0 +1,106 @@
+"""An osworld worker spawned (and ``preload``-ed) against one forked from a preloaded template.
+
+    PYTHONPATH=$PWD python3 benchmarks/bench_worker_fork.py [--n 5]
+
+Each local desktop's OSWorld grader is an osworld worker; ``preload`` imports desktop_env
+(~1.0-1.4 s of CPU on 2 cores). Since issue 18 the graders fork their workers from one
+template that imported it once (``desktops/osworld/template.py``). Per side, ``--n`` workers
+one after the other, each until it answers ``preload`` and ``plan``: wall time (client side),
+the worker's CPU (utime + stime from ``/proc/<pid>/stat``, 10 ms ticks; for a fork it counts
+what the template spent on the fork too) and this process's CPU. The template's own start is
+printed once. Needs the OSWorld venv (``legato osworld install``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+from legato_pipelines.desktops.osworld import WorkerProcess, osworld_python, worker_env
+
+TICK = os.sysconf("SC_CLK_TCK")
+PLAN = {"provider": "local", "vm_url": "http://127.0.0.1:1", "cache_dir": "/tmp/unused"}
+
+
+def worker_cpu_s(pid: int) -> float:
+    """utime + stime of ``pid`` in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def run(python: str, n: int) -> None:
+    work = tempfile.mkdtemp(prefix="bench-worker-fork-")
+
+    def worker(name: str, template: WorkerProcess | None = None) -> WorkerProcess:
+        return WorkerProcess(
+            python,
+            env=worker_env({}, provider="local"),
+            cwd=f"{work}/{name}",
+            name=name,
+            log_path=f"{work}/{name}.log",
+            template=template,
+        )
+
+    rows: dict[str, list[tuple[float, float, float]]] = {"spawn + preload": [], "fork": []}
+    for i in range(n):
+        w = worker(f"spawned-{i}")
+        cpu0, t0 = own_cpu_s(), time.perf_counter()
+        await w.start()
+        await w.call("preload", 120)
+        await w.call("plan", 10, **PLAN)
+        rows["spawn + preload"].append(
+            (time.perf_counter() - t0, worker_cpu_s(w.pid), own_cpu_s() - cpu0)
+        )
+        await w.stop(5)
+    template = worker("template")
+    t0 = time.perf_counter()
+    await template.start()
+    await template.call("preload", 120)
+    template_wall, template_cpu = time.perf_counter() - t0, worker_cpu_s(template.pid)
+    for i in range(n):
+        w = worker(f"forked-{i}", template)
+        before, cpu0, t0 = worker_cpu_s(template.pid), own_cpu_s(), time.perf_counter()
+        await w.start()
+        await w.call("preload", 10)
+        await w.call("plan", 10, **PLAN)
+        if not w.forked:
+            sys.exit("the worker was spawned, not forked: see the warning above")
+        cost = worker_cpu_s(w.pid) + worker_cpu_s(template.pid) - before
+        rows["fork"].append((time.perf_counter() - t0, cost, own_cpu_s() - cpu0))
+        await w.stop(5)
+    await template.stop(5)
+    for name, measured in rows.items():
+        wall, cpu, client = (sorted(c) for c in zip(*measured, strict=True))
+        print(
+            f"{name:16s} wall median {statistics.median(wall) * 1000:7.1f} ms "
+            f"[{wall[0] * 1000:.1f}-{wall[-1] * 1000:.1f}]   worker CPU median "
+            f"{statistics.median(cpu) * 1000:5.0f} ms [{cpu[0] * 1000:.0f}-{cpu[-1] * 1000:.0f}]"
+            f"   client CPU median {statistics.median(client) * 1000:5.1f} ms"
+        )
+    print(f"template, once: wall {template_wall * 1000:.0f} ms, CPU {template_cpu * 1000:.0f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=5, help="workers per side")
+    args = parser.parse_args()
+    python = osworld_python({})
+    if python is None:
+        sys.exit("no OSWorld venv (fix: legato osworld install)")
+    asyncio.run(run(str(python), args.n))
+
+
+if __name__ == "__main__":
+    main()
