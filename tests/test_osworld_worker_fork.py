@@ -187,3 +187,28 @@ async def test_the_template_is_shared_by_lease_and_stopped_by_the_last(python, t
     finally:
         await a.stop(5)
         await first.close()
+
+
+async def test_stopping_a_fork_during_a_call_ends_when_it_ended_not_after_the_grace(
+    python, tmp_path
+):
+    """Two waits on one forked worker (the call that saw its channel close, the stop that
+    ended it) both end when the process does: a second waiter must not take the first's
+    place on the pidfd (the stop would then sleep out its whole grace, or the call hang)."""
+    tmpl = await preloaded(python, tmp_path)
+    a = worker(python, tmp_path, "a", tmpl)
+    try:
+        await a.start()
+        assert a.forked
+        pid = a.pid
+        os.kill(pid, signal.SIGSTOP)  # the call below gets no answer
+        calling = asyncio.create_task(a.call("plan", 60, **PLAN))
+        await asyncio.sleep(0.2)
+        t0 = time.monotonic()
+        await asyncio.wait_for(a.stop(grace=20), 30)
+        assert time.monotonic() - t0 < 5.0, "stop() slept out its grace"
+        with pytest.raises(DesktopError, match="exited during plan"):
+            await asyncio.wait_for(calling, 10)
+        assert wait_gone(pid)
+    finally:
+        await asyncio.gather(a.stop(5), tmpl.stop(5))
