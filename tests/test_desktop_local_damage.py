@@ -11,6 +11,8 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+from Xlib import X
+from Xlib.display import Display
 
 from legato_pipelines.actions import Action
 from legato_pipelines.desktops.local.damage import Damage, DamageUnavailable
@@ -202,3 +204,44 @@ def test_a_server_without_damage_falls_back_to_polling():
     finally:
         xvfb.terminate()
         xvfb.wait(10)
+
+
+@needs_apps
+async def test_a_cursor_change_after_the_prepared_grab_means_a_fresh_grab(client, server):
+    """The pointer's image changing after the prepared grab, while the wait still looks (the
+    look takes the XFixes notice along with the drawing reports), must not leave the old
+    cursor in the observation: it equals a fresh grab."""
+    other = Display(server.info["display"])
+    try:
+        root = other.screen().root
+        font = other.open_font("cursor")
+        arrow, cross = (
+            font.create_glyph_cursor(font, shape, shape + 1, (0, 0, 0), (65535, 65535, 65535))
+            for shape in (68, 30)  # XC_left_ptr, XC_crosshair
+        )
+        cover = root.create_window(  # input only: it never draws
+            0,
+            0,
+            1024,
+            768,
+            0,
+            0,
+            X.InputOnly,
+            X.CopyFromParent,
+            override_redirect=True,
+            cursor=arrow,
+        )
+        cover.map()
+        other.sync()
+        await observe_raw(server)  # the model size to prepare
+        await client.act(Action("mouse_move", x=300, y=300))  # over the cover: the arrow
+        waiting = asyncio.create_task(client.wait("action", source="damage", stable_s=2.0))
+        await asyncio.sleep(1.5)  # the grab came at ~1 s, the wait looks until ~2 s
+        cover.change_attributes(cursor=cross)
+        other.sync()
+        assert not (await waiting)["timed_out"]
+        first = await observe_raw(server)
+        fresh = await observe_raw(server)
+        assert first.content == fresh.content, first.headers["X-Observe-Prepared"]
+    finally:
+        other.close()

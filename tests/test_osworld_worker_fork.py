@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from legato_pipelines.desktops.local.osworld_grader import OSWorldGrader
 from legato_pipelines.desktops.osworld import channel, template
 from legato_pipelines.desktops.osworld.options import worker_env
 from legato_pipelines.errors import DesktopError
@@ -187,3 +188,58 @@ async def test_the_template_is_shared_by_lease_and_stopped_by_the_last(python, t
     finally:
         await a.stop(5)
         await first.close()
+
+
+async def test_stopping_a_fork_during_a_call_ends_when_it_ended_not_after_the_grace(
+    python, tmp_path
+):
+    """Two waits on one forked worker (the call that saw its channel close, the stop that
+    ended it) both end when the process does: a second waiter must not take the first's
+    place on the pidfd (the stop would then sleep out its whole grace, or the call hang)."""
+    tmpl = await preloaded(python, tmp_path)
+    a = worker(python, tmp_path, "a", tmpl)
+    try:
+        await a.start()
+        assert a.forked
+        pid = a.pid
+        os.kill(pid, signal.SIGSTOP)  # the call below gets no answer
+        calling = asyncio.create_task(a.call("plan", 60, **PLAN))
+        await asyncio.sleep(0.2)
+        t0 = time.monotonic()
+        await asyncio.wait_for(a.stop(grace=20), 30)
+        assert time.monotonic() - t0 < 5.0, "stop() slept out its grace"
+        with pytest.raises(DesktopError, match="exited during plan"):
+            await asyncio.wait_for(calling, 10)
+        assert wait_gone(pid)
+    finally:
+        await asyncio.gather(a.stop(5), tmpl.stop(5))
+
+
+async def test_a_grader_close_cancelled_midway_still_stops_its_worker_and_ends_its_lease(python):
+    """A batch cancelled while its desktops close: the grader's close, cancelled while its
+    worker answers ``close``, still stops the worker and ends its lease (the last lease
+    stops the template); else the template outlives every desktop."""
+    grader = OSWorldGrader(
+        name="cancelled",
+        python=python,
+        url="http://127.0.0.1:1",
+        token="t",
+        screen_size=(1024, 768),
+        template=True,
+    )
+    probe = template.acquire_template(python)  # the grader's template, watched from here
+    try:
+        await grader.spawn()
+        assert grader.worker.forked and probe.users == 2
+        pid = grader.worker.pid
+        os.kill(pid, signal.SIGSTOP)  # its answer to ``close`` does not come
+        closing = asyncio.create_task(grader.close())
+        await asyncio.sleep(0.3)
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        assert probe.users == 1, "the cancelled close kept its lease on the template"
+        assert wait_gone(pid)
+    finally:
+        await template.release_template(probe)
+        await grader.close()

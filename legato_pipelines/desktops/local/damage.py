@@ -38,12 +38,17 @@ class Damage:
             self._damage = root.damage_create(damage.DamageReportBoundingBox)
             root.change_attributes(event_mask=X.SubstructureNotifyMask)
             self._notify = self._display.extension_event.DamageNotify
-            #: the pointer's image changes are reported too (:meth:`pending`); not where the
-            #: X server has no XFIXES
+            #: the pointer's image changes are reported too (:meth:`pending`, and counted in
+            #: :attr:`cursor_changes` by :meth:`take`); not where the X server has no XFIXES
             self.cursor_reports = self._display.has_extension(xfixes.extname)
+            #: XFixes cursor notices :meth:`take` read so far (their drawing is no damage, so
+            #: the :class:`Activity` it answers does not show them)
+            self.cursor_changes = 0
+            self._cursor_notify = None
             if self.cursor_reports:
                 self._display.xfixes_query_version()
                 self._display.xfixes_select_cursor_input(root, xfixes.XFixesDisplayCursorNotifyMask)
+                self._cursor_notify = self._display.extension_event.DisplayCursorNotify[0]
             self._display.sync()
         except BaseException:
             self._display.close()
@@ -52,7 +57,8 @@ class Damage:
     def take(self) -> Activity:
         """What was drawn since the previous call (or since the connection opened): the box
         of the damage (``Delta.changed`` = its area in pixels) and whether a window mapped.
-        Clears the damage, so the next call reports only newer drawing."""
+        Clears the damage, so the next call reports only newer drawing. Cursor notices read
+        here count in :attr:`cursor_changes`."""
         box: tuple[int, int, int, int] | None = None
         mapped = False
         while self._display.pending_events():
@@ -62,6 +68,8 @@ class Damage:
                 box = (a.x, a.y, a.x + a.width, a.y + a.height)
             elif event.type == X.MapNotify:
                 mapped = True
+            elif event.type == self._cursor_notify:
+                self.cursor_changes += 1
         if box is None:
             return Activity(Delta(0), mapped)
         self._display.damage_subtract(self._damage)

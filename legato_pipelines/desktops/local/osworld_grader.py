@@ -22,6 +22,7 @@ unless the preflight let an uncached URL through (it does not).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -206,22 +207,28 @@ class OSWorldGrader:
         )
 
     async def stop(self) -> None:
-        """Stop the worker (its DesktopEnv's ``close`` leaves the desktop alone: provider local)."""
+        """Stop the worker (its DesktopEnv's ``close`` leaves the desktop alone: provider local);
+        cancelled while the worker answers ``close``, the worker is still stopped."""
         worker, self.worker = self.worker, None
         self._attached, self._spawned_with = False, None
         if worker is None:
             return
-        if worker.alive():
-            try:
-                await worker.call("close", CLOSE_TIMEOUT_S)
-            except DesktopError:
-                pass
-        await worker.stop(grace=5.0)
+        try:
+            if worker.alive():
+                with contextlib.suppress(DesktopError):
+                    await worker.call("close", CLOSE_TIMEOUT_S)
+        finally:
+            await worker.stop(grace=5.0)
 
     async def close(self) -> None:
-        """Stop the worker, end its lease on the template and remove its work directory."""
-        await self.stop()
-        lease, self._lease = self._lease, None
-        if lease is not None:
-            await release_template(lease)
-        shutil.rmtree(self.work_dir, ignore_errors=True)
+        """Stop the worker, end its lease on the template and remove its work directory (all
+        three even when cancelled midway: the last lease stops the shared template)."""
+        try:
+            await self.stop()
+        finally:
+            lease, self._lease = self._lease, None
+            try:
+                if lease is not None:
+                    await release_template(lease)
+            finally:
+                shutil.rmtree(self.work_dir, ignore_errors=True)

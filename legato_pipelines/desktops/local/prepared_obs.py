@@ -13,7 +13,9 @@ grab:
   drawing report is pending on the damage connection after a round trip to the X server
   (``Damage.pending``);
 - the pointer is where it was at the grab and its image has not changed (an observation shows
-  the cursor, as OSWorld's do; XFixes cursor notices arrive on the damage connection);
+  the cursor, as OSWorld's do; XFixes cursor notices arrive on the damage connection: none
+  pending, and none read by the wait's looks since the grab, ``Damage.cursor_changes``);
+- the display is the one grabbed (the same damage connection: no full restart since);
 - no request but a read came between the wait and ``observe`` (``server.guarded`` calls
   :meth:`PreparedObservations.drop`), and the model size asked for is the one prepared (the
   size of the previous ``observe``).
@@ -34,7 +36,9 @@ from .xthread import XThread
 @dataclass
 class Prepared:
     """One speculative observation: the model ``size`` (width, height) it was made for and the
-    task making ``(png, screen size, pointer position at the grab)`` (pixels)."""
+    task making ``(png, screen size, marks)``, sizes in pixels; ``marks``: what :meth:`take`
+    compares with the screen now (the damage connection, its cursor notices read and the
+    pointer position at the grab)."""
 
     size: tuple[int, int]
     made: asyncio.Task
@@ -68,15 +72,16 @@ class PreparedObservations:
             return
         size = self.size
 
-        def grab() -> tuple[bytes, tuple[int, int], tuple[int, int]]:
+        def grab() -> tuple[bytes, tuple[int, int], tuple]:
             ctx = self.x.ctx()
             raw, screen = ctx.screen.grab()
             pointer = ctx.display.screen().root.query_pointer()
-            return raw, screen, (pointer.root_x, pointer.root_y)
+            cursor = ctx.damage.cursor_changes if ctx.damage is not None else None
+            return raw, screen, (ctx.damage, cursor, (pointer.root_x, pointer.root_y))
 
-        async def make() -> tuple[bytes, tuple[int, int], tuple[int, int]]:
-            raw, screen, pointer = await self.x.run(grab)
-            return await asyncio.to_thread(model_png, raw, screen, size), screen, pointer
+        async def make() -> tuple[bytes, tuple[int, int], tuple]:
+            raw, screen, marks = await self.x.run(grab)
+            return await asyncio.to_thread(model_png, raw, screen, size), screen, marks
 
         made = asyncio.get_running_loop().create_task(make())
         made.add_done_callback(lambda t: t.cancelled() or t.exception())  # never "unretrieved"
@@ -91,13 +96,15 @@ class PreparedObservations:
         if prepared is None or prepared.size != size:
             return None
         try:
-            png, screen, pointer = await prepared.made
+            png, screen, (damage, cursor, pointer) = await prepared.made
         except Exception:  # the display went away meanwhile: grab as usual (and fail there)
             return None
 
         def unchanged() -> bool:
             ctx = self.x.ctx()
-            if ctx.damage is None or ctx.damage.pending():
+            if ctx.damage is None or ctx.damage is not damage or ctx.damage.pending():
+                return False
+            if ctx.damage.cursor_changes != cursor:  # read by a look since the grab
                 return False
             now = ctx.display.screen().root.query_pointer()
             return (now.root_x, now.root_y) == pointer

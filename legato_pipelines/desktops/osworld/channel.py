@@ -84,6 +84,10 @@ class _Forked:
     def __init__(self, pid: int, pidfd: int, reader, writer):
         self.pid, self._pidfd = pid, pidfd
         self.stdin, self.stdout = writer, reader
+        #: resolved when the pidfd turns readable: one watch shared by every :meth:`wait`
+        #: (a call that saw EOF and a stop() may wait at once; one reader per descriptor)
+        self._ended: asyncio.Future | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def exited(self) -> bool:
@@ -107,20 +111,25 @@ class _Forked:
             self.send_signal(signal.SIGKILL)
 
     async def wait(self) -> None:
-        """Until the worker process has ended (the socket's EOF alone is not enough)."""
-        if self._pidfd >= 0:
-            loop = asyncio.get_running_loop()
-            ended = loop.create_future()
-            loop.add_reader(self._pidfd, lambda: ended.done() or ended.set_result(None))
-            try:
-                await ended
-            finally:
-                loop.remove_reader(self._pidfd)
-            self._closed()
+        """Until the worker process has ended (the socket's EOF alone is not enough). Any
+        number of waiters; a cancelled one leaves the watch to the others."""
+        if self._pidfd < 0:
+            return None
+        if self._ended is None:
+            self._loop = asyncio.get_running_loop()
+            self._ended = self._loop.create_future()
+            self._loop.add_reader(self._pidfd, self._closed)
+        await asyncio.shield(self._ended)
         return None
 
     def _closed(self) -> None:
+        """The process has ended: stop watching, close the pidfd and the socket, wake the
+        waiters."""
         if self._pidfd >= 0:
+            if self._ended is not None:
+                self._loop.remove_reader(self._pidfd)
+                if not self._ended.done():
+                    self._ended.set_result(None)
             os.close(self._pidfd)
             self._pidfd = -1
         self.stdin.close()
