@@ -173,6 +173,8 @@ async def test_the_template_is_shared_by_lease_and_stopped_by_the_last(python, t
     ready = await asyncio.gather(first.ready(), second.ready())
     assert ready[0] is ready[1] and ready[0].alive()
     pid = ready[0].pid
+    with open(f"/proc/{pid}/status") as status:  # desktop_env imported: still one thread
+        assert "Threads:\t1\n" in status.read()  # (forks copy only the forking thread)
     a = worker(python, tmp_path, "a", ready[0])
     try:
         await a.start()

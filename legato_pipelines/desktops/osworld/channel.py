@@ -213,7 +213,7 @@ class WorkerProcess:
             raise DesktopError(f"{self.name}: no os.pidfd_open here (Linux only)", kind="transport")
         private = tempfile.mkdtemp(prefix="legato-fork-")  # 0700: only we connect
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        pidfd, conn = -1, None
+        pidfd, conn, writer, forked = -1, None, None, None
         try:
             path = os.path.join(private, "s")
             listener.bind(path)
@@ -242,7 +242,6 @@ class WorkerProcess:
             hello = await asyncio.wait_for(reader.readline(), FORK_TIMEOUT_S)
             said = json.loads(hello).get("pid") if hello else None
             if said != pid:
-                writer.close()
                 raise DesktopError(
                     f"{self.name}: the forked worker said hello as {said!r}, not {pid}",
                     kind="transport",
@@ -259,6 +258,10 @@ class WorkerProcess:
                 with contextlib.suppress(ProcessLookupError):
                     signal.pidfd_send_signal(pidfd, signal.SIGKILL)
                 os.close(pidfd)
+            if forked is None and writer is not None:  # its connection too (no or bad hello)
+                writer.close()
+            elif forked is None and conn is not None:
+                conn.close()
             listener.close()
             shutil.rmtree(private, ignore_errors=True)
 

@@ -25,6 +25,8 @@ from ...errors import ConfigError, DesktopError
 from .channel import WorkerProcess
 from .options import worker_env
 
+#: numpy's OpenBLAS (and OpenMP) start a thread pool at import unless told not to
+SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 PRELOAD_TIMEOUT_S = 120.0  # the import under a loaded machine (the graders' own deadline)
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,10 @@ class WorkerTemplate:
             self._dir = tempfile.mkdtemp(prefix="legato-osworld-template-")
             worker = WorkerProcess(
                 self.python,
-                env=worker_env({}, provider="local"),  # a grader's, without its VM token
+                # a grader's, without its VM token; one BLAS thread: the template must have
+                # no thread but the one that forks (a lock held by another thread at the
+                # fork would stay held in every child)
+                env=worker_env(SINGLE_THREADED, provider="local"),
                 cwd=self._dir,
                 name="osworld-template",
                 log_path=f"{self._dir}/worker.log",
@@ -67,6 +72,8 @@ class WorkerTemplate:
                 return None
             except BaseException:  # cancelled: the next caller starts it again
                 await worker.stop(grace=5.0)
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._dir = None
                 raise
             self.worker = worker
             return worker
