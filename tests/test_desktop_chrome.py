@@ -111,3 +111,47 @@ async def test_google_chrome_answers_cdp_through_the_socat_bridge_and_relaunches
         assert gone["returncode"] == 1
     finally:
         await desktop.close()
+
+
+#: Inside the desktop: a bridge that closes each connection first (so its end of the
+#: connection waits in TIME_WAIT on the listening port), one connection, then the bridge gone.
+CLOSED_FIRST = """
+import socket, subprocess, sys, time
+port = sys.argv[1]
+bridge = subprocess.Popen(["socat", f"tcp-listen:{port},fork", "exec:true"])
+for _ in range(100):
+    try:
+        conn = socket.create_connection(("127.0.0.1", int(port)), timeout=2)
+        break
+    except OSError:
+        time.sleep(0.05)
+assert conn.recv(1) == b""  # socat closed first
+time.sleep(0.2)
+conn.close()
+bridge.kill()
+bridge.wait()
+"""
+
+
+async def test_a_bridge_listens_again_while_the_last_ones_connections_wait_in_time_wait():
+    """A task's ``socat tcp-listen:9222`` right after another task's bridge: its closed
+    connections hold the port in TIME_WAIT for 60 s (a VM starts each task from a snapshot, a
+    local desktop keeps its network stack), so the desktop's socat adds ``reuseaddr`` (a port
+    of its own here: the test runs beside others on the host network)."""
+    config = DesktopConfig(backend="local", options={"network": "none"})
+    [desktop] = await open_local_desktops(config, 1)
+    try:
+        port = "19222"
+        done = await desktop.client.execute(["python3", "-c", CLOSED_FIRST, port])
+        assert done["returncode"] == 0, done
+        waiting = await desktop.client.execute(
+            f"ss -tan state time-wait '( sport = :{port} )'", True
+        )
+        assert f":{port}" in waiting["output"], waiting  # the bridge's end waits in TIME_WAIT
+        again = await desktop.client.execute(
+            f"timeout 1 socat tcp-listen:{port} exec:true; echo exit=$?", True
+        )
+        assert "exit=124" in again["output"], again  # it listened until the timeout
+        assert "Address already in use" not in again["output"] + again["error"]
+    finally:
+        await desktop.close()

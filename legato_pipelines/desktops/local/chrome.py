@@ -16,7 +16,14 @@ gets, in the seed layer under its ``/usr`` overlay (docs/sandbox.md §2):
   are named ``chrome`` and ``pkill chrome`` stops it as in OSWorld's VM. Chromium names its
   processes after ``/proc/self/exe`` (``prctl(PR_SET_NAME)``), so neither a symlink nor
   ``exec -a`` would do: ``chromium`` does not match ``pkill chrome``;
-- ``/usr/share/applications/google-chrome.desktop``, which one config copies and edits.
+- ``/usr/share/applications/google-chrome.desktop``, which one config copies and edits;
+- ``/usr/local/bin/socat`` (ahead of ``/usr/bin`` on the desktop's ``PATH``): socat with
+  ``reuseaddr`` added to every ``tcp-listen`` address that lacks it (:data:`SOCAT_WRAPPER`).
+  The bridge of one task leaves its closed connections on port 9222 in ``TIME_WAIT`` for 60 s
+  when socat closed them first; a VM starts every task from a snapshot, but a local desktop
+  keeps its network stack, so the next task's ``socat tcp-listen:9222`` failed with "Address
+  already in use" (seen in a test run: task 99146c54 after 3f05f3b9). With ``reuseaddr`` the
+  bind ignores ``TIME_WAIT`` and still fails while another socket listens there.
 
 Nothing of the host changes: the files exist only inside the desktops' sandboxes.
 """
@@ -56,6 +63,22 @@ exec /{CHROME_BINARY} \\
   --remote-debugging-port={CDP_PORT} "$@"
 """
 
+SOCAT = "/usr/bin/socat"
+SOCAT_WRAPPER = f"""#!/bin/sh
+# socat on a legato local desktop: tcp-listen addresses get reuseaddr, so a task's bridge binds
+# while the previous task's closed connections wait in TIME_WAIT
+# (legato_pipelines/desktops/local/chrome.py).
+for arg do
+  shift
+  case "$arg" in
+    [Tt][Cc][Pp]-[Ll][Ii][Ss][Tt][Ee][Nn]:*|[Tt][Cc][Pp][46]-[Ll][Ii][Ss][Tt][Ee][Nn]:*)
+      case "$arg" in *[Rr][Ee][Uu][Ss][Ee][Aa][Dd][Dd][Rr]*) ;; *) arg="$arg,reuseaddr" ;; esac ;;
+  esac
+  set -- "$@" "$arg"
+done
+exec {SOCAT} "$@"
+"""
+
 DESKTOP_ENTRY = """[Desktop Entry]
 Version=1.0
 Name=Google Chrome
@@ -79,13 +102,21 @@ def available() -> bool:
 def write_seed(seed: Path) -> list[str]:
     """Lay the ``google-chrome`` files into a sandbox's seed directory (``seed/usr/...``).
 
-    Does nothing and returns ``[]`` when Chromium is not installed; else returns the paths
-    written, relative to ``seed``. Existing files are replaced. Raises ``OSError`` when the
-    seed directory cannot be written.
+    The socat wrapper is laid whenever socat is installed; the rest does nothing when Chromium
+    is not installed. Returns the paths written, relative to ``seed``. Existing files are
+    replaced. Raises ``OSError`` when the seed directory cannot be written.
     """
-    if not available():
-        return []
     written = []
+    if os.access(SOCAT, os.X_OK):
+        wrapper = seed / "usr/local/bin/socat"
+        wrapper.parent.mkdir(parents=True, exist_ok=True)
+        wrapper.write_text(SOCAT_WRAPPER)
+        os.chmod(wrapper, 0o755)
+        for directory in ("usr", "usr/local", "usr/local/bin"):
+            os.chmod(seed / directory, 0o755)
+        written.append("usr/local/bin/socat")
+    if not available():
+        return written
     for rel, text, mode in (
         ("usr/bin/google-chrome", WRAPPER, 0o755),
         ("usr/share/applications/google-chrome.desktop", DESKTOP_ENTRY, 0o644),
