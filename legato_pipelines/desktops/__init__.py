@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..errors import ConfigError
-from .base import Backend, Desktop, DesktopConfig, Evaluation, Wait, Waits
+from ..lazy import lazy_getattr
+
+#: Names imported on first use (PEP 562): a desktop server imports this package on its way
+#: to ``.local.server`` and needs none of the client side's protocol (``.base`` pulls in the
+#: harness and the OSWorld task format).
+_LAZY = {
+    name: ".base" for name in ("Backend", "Desktop", "DesktopConfig", "Evaluation", "Wait", "Waits")
+}
+
+if TYPE_CHECKING:
+    from .base import Backend, Desktop, DesktopConfig, Evaluation, Wait, Waits
+
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 __all__ = ["Backend", "Desktop", "DesktopConfig", "Evaluation", "Wait", "Waits", "open_desktops"]
 

@@ -40,11 +40,14 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import DesktopError
-from ..tasks import Task
+
+if TYPE_CHECKING:  # the desktop server imports this module and needs no task schemas (pydantic)
+    from ..tasks import Task
 
 #: Process names (``/proc/<pid>/comm``) of apps that need the longer stable window.
 HEAVY_APPS = frozenset(

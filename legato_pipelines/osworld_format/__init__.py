@@ -14,21 +14,54 @@ directory-backed controller all run the same code::
 
 from __future__ import annotations
 
-from .classify import (
-    BackendSupport,
-    TaskClass,
-    TaskTotals,
-    classify_task,
-    needs_full_reset,
-    summarize,
-)
-from .evaluate import evaluate_task, evaluate_task_within, evaluator_unsupported
-from .getters import GETTERS
-from .metrics import METRICS
-from .problems import task_problems
-from .setup import SUPPORTED_STEP_TYPES, run_setup
-from .unsupported import UnsupportedStep
-from .verdict import preflight
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_getattr
+
+#: Names imported on first use (PEP 562): the desktop server needs one constant of
+#: ``.controller``, not the evaluators, getters and classification (task schemas, pydantic).
+_LAZY = {
+    **dict.fromkeys(
+        (
+            "BackendSupport",
+            "TaskClass",
+            "TaskTotals",
+            "classify_task",
+            "needs_full_reset",
+            "summarize",
+        ),
+        ".classify",
+    ),
+    **dict.fromkeys(
+        ("evaluate_task", "evaluate_task_within", "evaluator_unsupported"), ".evaluate"
+    ),
+    "GETTERS": ".getters",
+    "METRICS": ".metrics",
+    "task_problems": ".problems",
+    "SUPPORTED_STEP_TYPES": ".setup",
+    "run_setup": ".setup",
+    "UnsupportedStep": ".unsupported",
+    "preflight": ".verdict",
+}
+
+if TYPE_CHECKING:
+    from .classify import (
+        BackendSupport,
+        TaskClass,
+        TaskTotals,
+        classify_task,
+        needs_full_reset,
+        summarize,
+    )
+    from .evaluate import evaluate_task, evaluate_task_within, evaluator_unsupported
+    from .getters import GETTERS
+    from .metrics import METRICS
+    from .problems import task_problems
+    from .setup import SUPPORTED_STEP_TYPES, run_setup
+    from .unsupported import UnsupportedStep
+    from .verdict import preflight
+
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 __all__ = [
     "BackendSupport",
