@@ -9,6 +9,7 @@ from legato_pipelines.desktops.ready import (
     Activity,
     Delta,
     ReadyPolicy,
+    ReadyResult,
     frame_delta,
     is_quiet,
     policy_for,
@@ -82,6 +83,12 @@ class Screen:
             if at <= self.now + 1e-9:
                 shown = frame
         return shown
+
+    async def wait_damage(self, policy: ReadyPolicy, **kwargs) -> ReadyResult:
+        """:func:`wait_until_ready` on the damage path (:meth:`activity`), on this clock."""
+        return await wait_until_ready(
+            self.grab, policy, activity=self.activity, clock=self.clock, sleep=self.sleep, **kwargs
+        )
 
     async def activity(self) -> Activity:
         """Damage reports: the box of what changed since the previous look (exact, like DAMAGE),
@@ -172,9 +179,7 @@ async def test_damage_ready_after_the_quiet_window_once_something_drew():
     screen = Screen({0.0: blank(), 0.1: with_box(0, 0, 30, 30), 0.14: with_box(0, 0, 60, 60)})
     await screen.activity()  # cleared at the action
     policy = ReadyPolicy()
-    result = await wait_until_ready(
-        screen.grab, policy, activity=screen.activity, clock=screen.clock, sleep=screen.sleep
-    )
+    result = await screen.wait_damage(policy)
     # the last drawing is seen at the 0.14 s look, then 3 quiet looks of 20 ms (quiet_s 0.06)
     assert result.source == "damage" and result.changed
     assert result.ready_s == pytest.approx(0.2)
@@ -184,9 +189,7 @@ async def test_damage_ready_after_the_quiet_window_once_something_drew():
 async def test_damage_with_nothing_drawn_waits_the_whole_stable_window():
     screen = Screen({0.0: blank()})
     await screen.activity()
-    result = await wait_until_ready(
-        screen.grab, ReadyPolicy(), activity=screen.activity, clock=screen.clock, sleep=screen.sleep
-    )
+    result = await screen.wait_damage(ReadyPolicy())
     assert result.ready_s == pytest.approx(0.16) and not result.changed  # 8 looks >= 0.15 s
 
 
@@ -194,9 +197,7 @@ async def test_damage_redraws_of_the_same_pixels_hold_the_wait_but_are_no_change
     screen = Screen({0.0: blank()})
     await screen.activity()
     screen.redraw_until = 0.49  # the last redraw is seen at the 0.48 s look
-    result = await wait_until_ready(
-        screen.grab, ReadyPolicy(), activity=screen.activity, clock=screen.clock, sleep=screen.sleep
-    )
+    result = await screen.wait_damage(ReadyPolicy())
     assert result.ready_s == pytest.approx(0.54) and not result.changed
 
 
@@ -206,14 +207,7 @@ async def test_damage_credit_of_a_quiet_gap_makes_a_quiet_screen_ready_at_once()
     screen = Screen({0.0: blank()})
     await screen.activity()  # the previous wait's last look
     policy = ReadyPolicy(stable_s=0.25, quiet_s=0.1)  # the eval mode's window
-    result = await wait_until_ready(
-        screen.grab,
-        policy,
-        activity=screen.activity,
-        quiet_before_s=0.3,
-        clock=screen.clock,
-        sleep=screen.sleep,
-    )
+    result = await screen.wait_damage(policy, quiet_before_s=0.3)
     assert result.ready_s == 0.0 and not result.timed_out and not result.changed
     assert result.quiet_s == pytest.approx(0.3)
 
@@ -222,27 +216,14 @@ async def test_damage_credit_counts_toward_the_window_and_drawing_in_the_gap_voi
     policy = ReadyPolicy(stable_s=0.25, quiet_s=0.1)
     short = Screen({0.0: blank()})
     await short.activity()
-    result = await wait_until_ready(
-        short.grab,
-        policy,
-        activity=short.activity,
-        quiet_before_s=0.2,  # 10 of the 13 looks the 0.25 s window needs
-        clock=short.clock,
-        sleep=short.sleep,
-    )
+    # 10 of the 13 looks the 0.25 s window needs
+    result = await short.wait_damage(policy, quiet_before_s=0.2)
     assert result.ready_s == pytest.approx(0.06)  # the 3 looks left
 
     drawn = Screen({0.0: blank()})
     await drawn.activity()
     drawn.changes = [(0.0, with_box(0, 0, 50, 50))]  # drawn in the gap, before the wait
-    result = await wait_until_ready(
-        drawn.grab,
-        policy,
-        activity=drawn.activity,
-        quiet_before_s=5.0,
-        clock=drawn.clock,
-        sleep=drawn.sleep,
-    )
+    result = await drawn.wait_damage(policy, quiet_before_s=5.0)
     # the credit is void: the drawing restarts the count, 5 quiet looks (0.1 s) once it drew
     # (not ``changed``: the wait's first frame already showed it)
     assert result.ready_s == pytest.approx(0.1) and result.quiet_s == pytest.approx(0.1)

@@ -53,7 +53,6 @@ class PreparedObservations:
         #: the model size of the last ``observe`` that asked for one: the size to prepare
         self.size: tuple[int, int] | None = None
         self.current: Prepared | None = None
-        self.used = 0  # observations answered from a prepared grab (profiling, tests)
 
     def drop(self) -> None:
         """Forget the prepared observation (an action, a reset, any request but a read)."""
@@ -111,5 +110,4 @@ class PreparedObservations:
 
         if not await self.x.run(unchanged):
             return None
-        self.used += 1
         return png, screen
