@@ -486,3 +486,36 @@ for i, (path, size) in enumerate({[(c[0], c[1]) for c in cases]!r}):
     assert done.returncode == 0, done.stderr
     for i, (_, size, expected) in enumerate(cases):
         assert (tmp_path / f"out-{i}.png").read_bytes() == expected, size
+
+
+def test_the_liveness_probe_asks_the_vm_server_for_no_screenshot():
+    """Before each setup, action and evaluation the worker checks that the VM's server
+    answers: ``GET /platform`` with the VM's token. (It asked for ``/screenshot``, which made a
+    local desktop grab and encode a full-size PNG, twice per attempt, only to drop it.)"""
+    import http.server
+    import runpy
+    import threading
+
+    seen = []
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append((self.path, self.headers.get("Authorization")))
+            self.send_response(200)
+            self.send_header("Content-Length", "5")
+            self.end_headers()
+            self.wfile.write(b"Linux")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        worker = runpy.run_path(str(channel.WORKER_SCRIPT))["Worker"]()
+        worker.base_url, worker.vm_token = f"http://127.0.0.1:{server.server_port}", "vm-token"
+        worker._probe()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == [("/platform", "Bearer vm-token")]
