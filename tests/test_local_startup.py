@@ -9,10 +9,11 @@ import os
 
 import pytest
 
-from legato_pipelines.desktops import open_desktops
+from legato_pipelines.desktops import open_desktops, warm_up
 from legato_pipelines.desktops.base import DesktopConfig
 from legato_pipelines.desktops.local import open_local_desktops
 from legato_pipelines.desktops.local.procs import descendants, process_table
+from legato_pipelines.desktops.osworld import acquire_template, release_template
 from legato_pipelines.errors import ConfigError
 from legato_pipelines.tasks import Task
 from tests.desktop_local_support import needs_xvfb
@@ -121,3 +122,48 @@ async def test_only_desktops_started_here_open_late():
     attached = DesktopConfig(backend="local", options={"urls": ["http://127.0.0.1:9"]})
     with pytest.raises(ConfigError, match="opened late"):
         await open_desktops(attached, 1, first=2)
+
+
+@needs_vm_python
+async def test_warm_up_starts_the_graders_template_before_any_desktop_and_stops_it():
+    """``desktops.warm_up`` (entered by the engine before its policy check): the OSWorld
+    graders' template starts in the background with no desktop open yet, and is stopped when
+    the block ends, whether its start had ended (preloaded) or was still under way."""
+    config = DesktopConfig(
+        backend="local", options={"grader": "osworld", "osworld_python": osworld_python()}
+    )
+    async with warm_up(config):
+        for _ in range(600):  # its start is under way while the block goes on
+            if servers_below_us(b"osworld/worker.py"):
+                break
+            await asyncio.sleep(0.05)
+        assert len(servers_below_us(b"osworld/worker.py")) == 1
+        assert servers_below_us() == set()  # no desktop server
+        template = acquire_template(osworld_python())
+        try:
+            worker = await template.ready()  # the start under way, not a second one
+            assert worker is not None and worker.alive()
+            assert servers_below_us(b"osworld/worker.py") == {worker.pid}
+        finally:
+            await release_template(template)
+    assert servers_below_us(b"osworld/worker.py") == set()
+    async with warm_up(config):
+        await asyncio.sleep(0.05)  # left while the template still imports
+    assert servers_below_us(b"osworld/worker.py") == set()
+
+
+async def test_warm_up_needs_nothing_for_the_own_grader_or_other_backends():
+    """Nothing starts for local desktops graded by the own subset, nor for the fake backend;
+    a missing OSWorld interpreter is a ConfigError naming the option, before anything runs."""
+    for config in (
+        DesktopConfig(backend="local", options={"grader": "own"}),
+        DesktopConfig(backend="fake"),
+    ):
+        async with warm_up(config):
+            assert servers_below_us(b"osworld/worker.py") == set()
+    missing = DesktopConfig(
+        backend="local", options={"grader": "osworld", "osworld_python": "/nonexistent/python"}
+    )
+    with pytest.raises(ConfigError, match="osworld_python"):
+        async with warm_up(missing):
+            pass

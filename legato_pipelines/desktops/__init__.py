@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
@@ -19,7 +20,30 @@ if TYPE_CHECKING:
 
 __getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
-__all__ = ["Backend", "Desktop", "DesktopConfig", "Evaluation", "Wait", "Waits", "open_desktops"]
+__all__ = [
+    "Backend",
+    "Desktop",
+    "DesktopConfig",
+    "Evaluation",
+    "Wait",
+    "Waits",
+    "open_desktops",
+    "warm_up",
+]
+
+
+def warm_up(config: DesktopConfig) -> contextlib.AbstractAsyncContextManager:
+    """What every desktop of a batch on ``config`` shares, started when the block is entered
+    so that it is ready when the desktops open (the engine enters it before its policy check
+    and keeps it for the batch): the template the ``local`` backend's OSWorld graders are
+    forked from (``osworld/template.py``); nothing for the other backends. Raises
+    ``ConfigError`` when the local desktops' option ``grader``/``osworld_python`` names what is
+    not there (as opening them would)."""
+    if config.backend == "local":
+        from .local.backend import warm_up_local
+
+        return warm_up_local(config)
+    return contextlib.nullcontext()
 
 
 async def open_desktops(config: DesktopConfig, n: int, first: int = 0) -> list[Desktop]:

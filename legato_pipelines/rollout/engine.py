@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..desktops import open_desktops
+from ..desktops import open_desktops, warm_up
 from ..desktops.base import Desktop, DesktopConfig
 from ..errors import DesktopError, LoadError, PolicyConfigError, TaskListError
 from ..policy.config import PolicyConfig
@@ -197,6 +197,9 @@ async def collect_async(
         pool: list[Desktop] = []
         async with contextlib.AsyncExitStack() as stack:
             stack.enter_context(young_gc_threshold())
+            if owned and peek.pending():
+                # e.g. the local graders' template: its import runs beside the checks below
+                await stack.enter_async_context(warm_up(desktop))
             client = await stack.enter_async_context(
                 PolicyClient(
                     policy,

@@ -49,6 +49,7 @@ one (or ``grader=own``) the project's own subset runs them (``osworld_format.run
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -68,6 +69,7 @@ from ...tasks import Evaluation, Task
 from ..base import DesktopConfig, WaitsByMode, check_options
 from ..child_env import desktop_server_env
 from ..client import DesktopClient
+from ..osworld import template_started
 from ..popups import PopupGuard
 from ..server_tasks import ServerTasks
 from .osworld_grader import OSWorldGrader
@@ -502,6 +504,20 @@ async def _start(server: ServerProcess, grader: OSWorldGrader | None) -> None:
         await grader.start(server.url, server.token)
     except DesktopError as exc:
         raise _GraderFailed(exc) from None
+
+
+@contextlib.asynccontextmanager
+async def warm_up_local(config: DesktopConfig):
+    """``desktops.warm_up`` for local desktops: the OSWorld graders' template is started in
+    the background for the block (:func:`~legato_pipelines.desktops.osworld.template_started`)
+    when option ``grader`` picks OSWorld's code; nothing otherwise. Raises ``ConfigError`` as
+    :func:`_grader_python`."""
+    python = _grader_python(dict(config.options))
+    if python is None:
+        yield
+        return
+    async with template_started(str(python)):
+        yield
 
 
 def _grader_python(options: dict[str, Any]):

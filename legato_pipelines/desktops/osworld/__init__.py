@@ -13,7 +13,7 @@ choice of grader.
 from .channel import WorkerProcess
 from .grader import installed_grader, local_grader, osworld_python
 from .options import worker_env
-from .template import WorkerTemplate, acquire_template, release_template
+from .template import WorkerTemplate, acquire_template, release_template, template_started
 
 __all__ = [
     "WorkerProcess",
@@ -23,5 +23,6 @@ __all__ = [
     "local_grader",
     "osworld_python",
     "release_template",
+    "template_started",
     "worker_env",
 ]

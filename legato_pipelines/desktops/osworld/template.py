@@ -11,11 +11,16 @@ the spares' desktops are opened by separate calls), counted by lease: :func:`acq
 when a grader first spawns, :func:`release_template` when it closes; the last release stops
 the template. A template that cannot start is not retried; its graders spawn their own
 workers then (:class:`.channel.WorkerProcess` does so, with a warning, whenever a fork fails).
+
+A batch starts the template before it opens any desktop (:func:`template_started`, entered
+by the engine through ``desktops.warm_up``): the import then runs beside the batch's policy
+check and run-directory work instead of after them (~0.4 s of start-up on 2 cores).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import tempfile
@@ -112,3 +117,21 @@ async def release_template(template: WorkerTemplate) -> None:
     if shared.get(template.python) is template:
         del shared[template.python]
     await template.close()
+
+
+@contextlib.asynccontextmanager
+async def template_started(python: str):
+    """Hold a lease on the template of ``python`` for the block and start it now, in the
+    background (its import runs while the block does other work); graders that spawn inside
+    the block find it preloaded, or wait for the start under way. On exit a start still under
+    way is cancelled (which stops the template), then the lease is released (the last lease
+    stops it). A template that cannot start is logged once, as in :meth:`WorkerTemplate.ready`."""
+    template = acquire_template(python)
+    starting = asyncio.create_task(template.ready(), name="osworld-template")
+    try:
+        yield template
+    finally:
+        if not starting.done():
+            starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await release_template(template)
