@@ -141,3 +141,33 @@ async def test_kill_of_a_forked_server_ends_it():
     finally:
         await a.stop()
     assert wait_until(lambda: not gone({template}), 10.0)  # the last lease is given back
+
+
+async def test_a_forked_server_that_fails_to_start_leaves_nothing():
+    """Its port is taken: the forked server exits before READY; start() raises, and neither
+    the server nor the template is left."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        s = ServerProcess(
+            width=800, height=600, sandbox=False, fork=True, port=taken.getsockname()[1]
+        )
+        with pytest.raises(DesktopError, match="exited before it was ready"):
+            await s.start()
+    assert s.forked and s.pid is None and s._lease is None and s.state_dir is None
+    assert wait_until(lambda: templates() == set(), 10.0)
+
+
+def templates() -> set[int]:
+    """Desktop server templates below this process."""
+    found = set()
+    for pid in below(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"server_template" in f.read():
+                    found.add(pid)
+        except OSError:
+            continue
+    return found

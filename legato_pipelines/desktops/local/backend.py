@@ -234,7 +234,10 @@ class ServerProcess:
             if conn is not None:
                 conn.close()  # the READY line is all a forked server says there
         if not line.startswith(READY_LINE.encode()):
-            code = await self._proc.wait()
+            try:  # a forked server's stdout is a socket: a broken one is no proof of its end
+                code = await asyncio.wait_for(self._proc.wait(), self.start_timeout)
+            except TimeoutError:
+                code = None
             await self.stop()
             raise DesktopError(
                 f"desktop server {_exit_text(code)} before it was ready (see its stderr above)",
