@@ -59,7 +59,6 @@ import time
 import weakref
 
 from ...errors import DesktopError
-from ..child_env import desktop_server_env
 from ..processes import Spawned
 
 #: numpy's OpenBLAS (and OpenMP) start a thread pool at import unless told not to
@@ -129,6 +128,10 @@ class ServerTemplate:
         async with self._start_lock:
             if self._proc is not None or self.failed:
                 return not self.failed
+            # the client side's imports here: the template process imports the server's only
+            # (child_env pulls in the policy package: httpx, ~0.35 s)
+            from ..child_env import desktop_server_env
+
             env = {**desktop_server_env(), **SINGLE_THREADED}  # never the policy key
             guard = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
             try:
