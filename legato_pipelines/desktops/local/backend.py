@@ -51,9 +51,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -71,8 +73,15 @@ from ..child_env import desktop_server_env
 from ..client import DesktopClient
 from ..osworld import template_started
 from ..popups import PopupGuard
+from ..processes import PidfdProcess, Spawned
 from ..server_tasks import ServerTasks
 from .osworld_grader import OSWorldGrader
+from .server_template import (
+    GO,
+    ServerTemplate,
+    acquire_server_template,
+    release_server_template,
+)
 from .wire import DEFAULT_TOKEN_ENV, READY_LINE
 
 OPTION_NAMES = frozenset(
@@ -92,14 +101,21 @@ OPTION_NAMES = frozenset(
         "osworld_python",
     }
 )
+log = logging.getLogger(__name__)
 
 
 class ServerProcess:
-    """A desktop server subprocess this process owns (its token, state directory and pid).
+    """A desktop server process this process owns (its token, state directory and pid).
 
     The token is ``token`` if given, else random per start (``secrets.token_urlsafe(32)``);
     it is handed over in the child's environment only. Raises ``DesktopError(kind="crash")`` when the server does not
     come up within ``start_timeout`` seconds.
+
+    ``fork``: fork the server from the desktop server template its event loop's servers share
+    (:mod:`.server_template`: the server's imports done once) instead of spawning it; it is
+    spawned anyway, with a warning, when the template cannot start or the fork fails.
+    ``forked``: whether the running server came from the template (then it is the template's
+    child, not ours, watched through a pidfd; its exit code is unknown).
     """
 
     def __init__(
@@ -117,19 +133,23 @@ class ServerProcess:
         sandbox: bool = True,
         network: str = "host",
         ready_source: str = "damage",
+        fork: bool = False,
     ):
         self.width, self.height, self.host, self.port = width, height, host, port
         self.sandbox, self.network = sandbox, network
         self.ready_source = ready_source  # the server's --ready-source: damage | poll
         self.user, self.template, self.start_timeout = user, template, start_timeout
         self.prebuild = tuple(prebuild)
+        self.fork = fork
+        self.forked = False
         self.url: str | None = None
         self.ports: dict[str, int] = {}
         self._fixed_token = token
         self.token: str = token or ""
         self._token_chosen = False
         self.state_dir: Path | None = None
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: Spawned | PidfdProcess | None = None
+        self._lease: ServerTemplate | None = None  # held from start() to stop()
 
     def __repr__(self) -> str:
         return f"ServerProcess(url={self.url!r}, pid={self.pid})"
@@ -139,7 +159,7 @@ class ServerProcess:
         return self._proc.pid if self._proc is not None else None
 
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.returncode is None
+        return self._proc is not None and not self._proc.exited
 
     def choose_token(self) -> str:
         """Pick the token of the next :meth:`start` now (the fixed one, else a new random one)
@@ -151,24 +171,9 @@ class ServerProcess:
         self._token_chosen = True
         return self.token
 
-    async def start(self) -> str:
-        """Start the server; return its URL once it accepts connections. The token is the one
-        :meth:`choose_token` picked for this start, else a new one (a restart never reuses
-        the token of a former start unless it is fixed)."""
-        if not self._token_chosen:
-            self.choose_token()
-        self._token_chosen = False
-        self.state_dir = Path(tempfile.mkdtemp(prefix="legato-desktop-"))
-        env = desktop_server_env()  # no policy key, no cloud or other credential
-        env[DEFAULT_TOKEN_ENV] = self.token
-        # A parent-death signal: if this process dies (even by SIGKILL), the server gets SIGTERM
-        # and shuts its desktop down instead of leaking it.
-        guard = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
+    def server_args(self) -> list[str]:
+        """The server's own arguments (after ``python -m legato_pipelines.desktops.local.server``)."""
         argv = [
-            *guard,
-            sys.executable,
-            "-m",
-            "legato_pipelines.desktops.local.server",
             "--host",
             self.host,
             "--port",
@@ -191,21 +196,52 @@ class ServerProcess:
             argv += ["--template", str(self.template)]
         for app in self.prebuild:
             argv += ["--prebuild", app]
-        self._proc = await asyncio.create_subprocess_exec(
-            *argv, env=env, stdout=asyncio.subprocess.PIPE, start_new_session=True
-        )
+        return argv
+
+    async def start(self) -> str:
+        """Start the server; return its URL once it accepts connections. The token is the one
+        :meth:`choose_token` picked for this start, else a new one (a restart never reuses
+        the token of a former start unless it is fixed). Forked from the template when
+        ``fork`` (class docstring), else spawned."""
+        if not self._token_chosen:
+            self.choose_token()
+        self._token_chosen = False
+        self.forked = False
+        self.state_dir = Path(tempfile.mkdtemp(prefix="legato-desktop-"))
+        env = desktop_server_env()  # no policy key, no cloud or other credential
+        env[DEFAULT_TOKEN_ENV] = self.token
+        args = self.server_args()
+        stdout, conn = None, None
+        if self.fork:
+            if self._lease is None:
+                self._lease = acquire_server_template()
+            try:
+                stdout, conn = await self._fork_server(self._lease, args, env)
+                self.forked = True
+            except DesktopError as exc:
+                log.warning("desktop server not forked from the template (%s); spawning it", exc)
+        if stdout is None:
+            stdout = await self._spawn_server(args, env)
         try:
-            line = await asyncio.wait_for(self._proc.stdout.readline(), self.start_timeout)
+            line = await asyncio.wait_for(stdout.readline(), self.start_timeout)
         except TimeoutError:
             await self.stop()
             raise DesktopError(
                 f"desktop server did not come up within {self.start_timeout:g} s", kind="crash"
             ) from None
+        except (ConnectionError, OSError):
+            line = b""
+        finally:
+            if conn is not None:
+                conn.close()  # the READY line is all a forked server says there
         if not line.startswith(READY_LINE.encode()):
-            code = await self._proc.wait()
+            try:  # a forked server's stdout is a socket: a broken one is no proof of its end
+                code = await asyncio.wait_for(self._proc.wait(), self.start_timeout)
+            except TimeoutError:
+                code = None
             await self.stop()
             raise DesktopError(
-                f"desktop server exited with {code} before it was ready (see its stderr above)",
+                f"desktop server {_exit_text(code)} before it was ready (see its stderr above)",
                 kind="crash",
             )
         ready = json.loads(line[len(READY_LINE) :])
@@ -215,24 +251,98 @@ class ServerProcess:
         self.ports = ready.get("ports") or {}
         return self.url
 
-    async def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM (graceful: the server kills its desktop), SIGKILL after ``timeout`` s; remove state."""
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
+    async def _spawn_server(self, args: list[str], env: dict[str, str]) -> asyncio.StreamReader:
+        """Spawn the server (``python -m legato_pipelines.desktops.local.server``); its stdout."""
+        # A parent-death signal: if this process dies (even by SIGKILL), the server gets SIGTERM
+        # and shuts its desktop down instead of leaking it.
+        guard = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
+        argv = [*guard, sys.executable, "-m", "legato_pipelines.desktops.local.server", *args]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, env=env, stdout=asyncio.subprocess.PIPE, start_new_session=True
+        )
+        self._proc = Spawned(proc)
+        return proc.stdout
+
+    async def _fork_server(
+        self, template: ServerTemplate, args: list[str], env: dict[str, str]
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Fork the server from ``template``; its stdout (the streams of a connection to a Unix
+        socket in a private directory; the child waits for :data:`.server_template.GO` on it
+        before it runs the server, so a child whose start was given up exits). Raises ``DesktopError(kind="transport")``
+        when the template is not there, refuses, or the child does not connect within
+        ``start_timeout``; the child, if any, is killed then."""
+        if not hasattr(os, "pidfd_open"):
+            raise DesktopError("no os.pidfd_open here (Linux only)", kind="transport")
+        if not await template.ready():
+            raise DesktopError("the template did not start", kind="transport")
+        private = tempfile.mkdtemp(prefix="legato-srvfork-")  # 0700: only we connect
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        pidfd, conn = -1, None
+        try:
+            path = os.path.join(private, "s")
+            listener.bind(path)
+            listener.listen(1)
+            listener.setblocking(False)
+            pid = await template.fork(socket=path, argv=args, env=env)
             try:
-                await asyncio.wait_for(proc.wait(), timeout)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-        if self.state_dir is not None:
-            shutil.rmtree(self.state_dir, ignore_errors=True)
-            self.state_dir = None
+                pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                raise DesktopError(
+                    f"the forked server {pid} ended at once", kind="transport"
+                ) from None
+            loop = asyncio.get_running_loop()
+            conn, _ = await asyncio.wait_for(loop.sock_accept(listener), self.start_timeout)
+            conn.setblocking(False)
+            await loop.sock_sendall(conn, GO)  # the child runs the server only now
+            reader, writer = await asyncio.open_unix_connection(sock=conn)
+            conn = None  # the streams own it now
+            self._proc, pidfd = PidfdProcess(pid, pidfd), -1
+            return reader, writer
+        except (TimeoutError, OSError, ValueError) as exc:
+            raise DesktopError(
+                f"forking from the template failed: {type(exc).__name__}: {exc}",
+                kind="transport",
+            ) from None
+        finally:
+            if pidfd >= 0:  # a child that did not make it (or a cancelled start)
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                os.close(pidfd)
+            if conn is not None:
+                conn.close()
+            listener.close()
+            shutil.rmtree(private, ignore_errors=True)
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM (graceful: the server kills its desktop), SIGKILL after ``timeout`` s;
+        remove its state; give back the lease on the template once the server has ended."""
+        proc, self._proc = self._proc, None
+        try:
+            if proc is not None and not proc.exited:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(proc.wait(), timeout)
+                except TimeoutError:
+                    proc.kill()
+                    await proc.wait()
+        finally:
+            if self.state_dir is not None:
+                shutil.rmtree(self.state_dir, ignore_errors=True)
+                self.state_dir = None
+            lease, self._lease = self._lease, None
+            if lease is not None:
+                await release_server_template(lease)
 
     def kill(self) -> None:
         """SIGKILL the server (tests use it to simulate a crash)."""
-        if self._proc is not None and self._proc.returncode is None:
+        if self._proc is not None and not self._proc.exited:
             self._proc.kill()
+
+
+def _exit_text(code: int | None) -> str:
+    """``exited with <code>``, or ``exited`` for a forked server, whose code is unknown here."""
+    return "exited" if code is None else f"exited with {code}"
 
 
 class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
@@ -437,6 +547,7 @@ async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> 
             start_timeout=float(options.get("start_timeout", 30.0)),
             sandbox=sandbox,
             network=network,
+            fork=True,  # from the template all servers of this event loop share
         )
         token = server.choose_token()
         servers.append(server)

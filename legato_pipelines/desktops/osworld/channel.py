@@ -19,7 +19,6 @@ import contextlib
 import json
 import logging
 import os
-import select
 import shutil
 import signal
 import socket
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, DesktopError
+from ..processes import PidfdProcess, Spawned
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 PROTOCOL_LINE_LIMIT = 64 * 2**20  # bytes: a base64 screenshot fits on one line
@@ -48,90 +48,25 @@ DEADLINE_KIND = {
 log = logging.getLogger(__name__)
 
 
-class _Spawned:
-    """A worker we spawned: asyncio's process (``returncode`` is its exit code)."""
+class _Spawned(Spawned):
+    """A worker we spawned; ``stdin``/``stdout``: its pipes."""
 
     def __init__(self, proc: asyncio.subprocess.Process):
-        self.proc, self.pid = proc, proc.pid
+        super().__init__(proc)
         self.stdin, self.stdout = proc.stdin, proc.stdout
 
-    @property
-    def returncode(self) -> int | None:
-        return self.proc.returncode
 
-    @property
-    def exited(self) -> bool:
-        return self.proc.returncode is not None
-
-    def send_signal(self, signum: int) -> None:
-        self.proc.send_signal(signum)
-
-    def kill(self) -> None:
-        self.proc.kill()
-
-    async def wait(self) -> int | None:
-        return await self.proc.wait()
-
-
-class _Forked:
-    """A worker forked from a template: not our child, so it is watched through a pidfd
-    (``os.pidfd_open``, Linux >= 5.3) and signalled through it (no pid reuse race); its exit
-    code is unknown (``returncode`` stays ``None``). ``stdin``/``stdout``: the socket's
-    writer/reader. ``exited``: its pidfd is readable (the process has ended)."""
-
-    returncode = None
+class _Forked(PidfdProcess):
+    """A worker forked from a template (:class:`~legato_pipelines.desktops.processes.PidfdProcess`:
+    not our child, exit code unknown). ``stdin``/``stdout``: the socket's writer/reader, closed
+    once the process has ended."""
 
     def __init__(self, pid: int, pidfd: int, reader, writer):
-        self.pid, self._pidfd = pid, pidfd
+        super().__init__(pid, pidfd)
         self.stdin, self.stdout = writer, reader
-        #: resolved when the pidfd turns readable: one watch shared by every :meth:`wait`
-        #: (a call that saw EOF and a stop() may wait at once; one reader per descriptor)
-        self._ended: asyncio.Future | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    @property
-    def exited(self) -> bool:
-        if self._pidfd < 0:
-            return True
-        ready = select.poll()
-        ready.register(self._pidfd, select.POLLIN)
-        if ready.poll(0):
-            self._closed()
-            return True
-        return False
-
-    def send_signal(self, signum: int) -> None:
-        """Raises ``ProcessLookupError`` once the worker has exited (as asyncio's does)."""
-        if self._pidfd < 0:
-            raise ProcessLookupError(self.pid)
-        signal.pidfd_send_signal(self._pidfd, signum)
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            self.send_signal(signal.SIGKILL)
-
-    async def wait(self) -> None:
-        """Until the worker process has ended (the socket's EOF alone is not enough). Any
-        number of waiters; a cancelled one leaves the watch to the others."""
-        if self._pidfd < 0:
-            return None
-        if self._ended is None:
-            self._loop = asyncio.get_running_loop()
-            self._ended = self._loop.create_future()
-            self._loop.add_reader(self._pidfd, self._closed)
-        await asyncio.shield(self._ended)
-        return None
 
     def _closed(self) -> None:
-        """The process has ended: stop watching, close the pidfd and the socket, wake the
-        waiters."""
-        if self._pidfd >= 0:
-            if self._ended is not None:
-                self._loop.remove_reader(self._pidfd)
-                if not self._ended.done():
-                    self._ended.set_result(None)
-            os.close(self._pidfd)
-            self._pidfd = -1
+        super()._closed()
         self.stdin.close()
 
 
