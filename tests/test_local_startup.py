@@ -144,8 +144,9 @@ async def test_only_desktops_started_here_open_late():
 @needs_vm_python
 async def test_warm_up_starts_the_graders_template_before_any_desktop_and_stops_it():
     """``desktops.warm_up`` (entered by the engine before its policy check): the OSWorld
-    graders' template starts in the background with no desktop open yet, and is stopped when
-    the block ends, whether its start had ended (preloaded) or was still under way."""
+    graders' template and the desktop servers' template start in the background with no
+    desktop open yet, and are stopped when the block ends, whether their starts had ended
+    or were still under way."""
     config = DesktopConfig(
         backend="local", options={"grader": "osworld", "osworld_python": osworld_python()}
     )
@@ -155,7 +156,12 @@ async def test_warm_up_starts_the_graders_template_before_any_desktop_and_stops_
                 break
             await asyncio.sleep(0.05)
         assert len(servers_below_us(b"osworld/worker.py")) == 1
-        assert servers_below_us() == set()  # no desktop server
+        for _ in range(600):
+            if servers_below_us(b"desktops.local.server_template"):
+                break
+            await asyncio.sleep(0.05)
+        assert len(servers_below_us(b"desktops.local.server_template")) == 1
+        assert servers_below_us() - servers_below_us(b"server_template") == set()  # no server
         template = acquire_template(osworld_python())
         try:
             worker = await template.ready()  # the start under way, not a second one
@@ -164,20 +170,28 @@ async def test_warm_up_starts_the_graders_template_before_any_desktop_and_stops_
         finally:
             await release_template(template)
     assert servers_below_us(b"osworld/worker.py") == set()
+    assert servers_below_us(b"server_template") == set()
     async with warm_up(config):
-        await asyncio.sleep(0.05)  # left while the template still imports
+        await asyncio.sleep(0.05)  # left while the templates still import
     assert servers_below_us(b"osworld/worker.py") == set()
+    assert servers_below_us(b"server_template") == set()
 
 
 async def test_warm_up_needs_nothing_for_the_own_grader_or_other_backends():
-    """Nothing starts for local desktops graded by the own subset, nor for the fake backend;
-    a missing OSWorld interpreter is a ConfigError naming the option, before anything runs."""
+    """No graders' template for local desktops graded by the own subset, nor anything for
+    the fake backend or for servers attached by URL; a missing OSWorld interpreter is a
+    ConfigError naming the option, before anything runs."""
+    own = DesktopConfig(backend="local", options={"grader": "own"})
+    async with warm_up(own):
+        assert servers_below_us(b"osworld/worker.py") == set()
     for config in (
-        DesktopConfig(backend="local", options={"grader": "own"}),
         DesktopConfig(backend="fake"),
+        DesktopConfig(backend="local", options={"grader": "own", "urls": ["http://127.0.0.1:9"]}),
     ):
         async with warm_up(config):
+            await asyncio.sleep(0.2)
             assert servers_below_us(b"osworld/worker.py") == set()
+            assert servers_below_us(b"server_template") == set()
     missing = DesktopConfig(
         backend="local", options={"grader": "osworld", "osworld_python": "/nonexistent/python"}
     )

@@ -35,8 +35,9 @@ __all__ = [
 def warm_up(config: DesktopConfig) -> contextlib.AbstractAsyncContextManager:
     """What every desktop of a batch on ``config`` shares, started when the block is entered
     so that it is ready when the desktops open (the engine enters it before its policy check
-    and keeps it for the batch): the template the ``local`` backend's OSWorld graders are
-    forked from (``osworld/template.py``); nothing for the other backends. Raises
+    and keeps it for the batch): the templates the ``local`` backend's desktop servers and
+    OSWorld graders are forked from (``local/server_template.py``, ``osworld/template.py``);
+    nothing for the other backends. Raises
     ``ConfigError`` when the local desktops' option ``grader``/``osworld_python`` names what is
     not there (as opening them would)."""
     if config.backend == "local":

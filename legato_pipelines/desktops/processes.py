@@ -6,6 +6,10 @@ template, ``local/server_template.py``) is the template's child, not ours: it is
 signalled through a pidfd (:class:`PidfdProcess`; ``os.pidfd_open``, Linux >= 5.3: no pid
 reuse race) and its exit code is unknown. Both offer ``pid``, ``returncode``, ``exited``,
 ``send_signal``, ``kill`` and ``wait``.
+
+Also what both templates share: :class:`LoopShared` (one template per interpreter per event
+loop, counted by lease) and :class:`ForkRendezvous` (the private Unix socket a forked child
+connects to, and its pidfd until it is adopted).
 """
 
 from __future__ import annotations
@@ -14,7 +18,15 @@ import asyncio
 import contextlib
 import os
 import select
+import shutil
 import signal
+import socket
+import tempfile
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import DesktopError
 
 
 class Spawned:
@@ -99,3 +111,104 @@ class PidfdProcess:
                     self._ended.set_result(None)
             os.close(self._pidfd)
             self._pidfd = -1
+
+
+class LoopShared:
+    """One object per key (an interpreter's path) per running event loop, counted by lease
+    (asyncio objects belong to one loop): :meth:`acquire` makes it with ``make(key)`` on the
+    first lease (``users`` counts them); :meth:`release` ends one and the last awaits its
+    ``close()`` (a later lease makes a new one). Used by the osworld worker template and the
+    desktop server template."""
+
+    def __init__(self, make: Callable[[str], Any]):
+        self._make = make
+        self._by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def acquire(self, key: str) -> Any:
+        """A lease on ``key``'s object on the running loop. Must be called from a coroutine."""
+        shared = self._by_loop.setdefault(asyncio.get_running_loop(), {})
+        made = shared.get(key)
+        if made is None:
+            made = shared[key] = self._make(key)
+        made.users += 1
+        return made
+
+    async def release(self, made: Any, key: str) -> None:
+        """End one lease on ``made`` (``key``'s object); the last one closes it."""
+        made.users -= 1
+        if made.users > 0:
+            return
+        shared = self._by_loop.get(asyncio.get_running_loop(), {})
+        if shared.get(key) is made:
+            del shared[key]
+        await made.close()
+
+    @contextlib.asynccontextmanager
+    async def started(self, key: str):
+        """Hold a lease on ``key``'s object for the block and start it now, in the
+        background (its ``ready()``: a template's imports run while the block does other
+        work); whoever leases it inside the block finds it ready, or waits for the start
+        under way. On exit a start still under way is cancelled (which stops it), then the
+        lease is released (the last one closes it)."""
+        made = self.acquire(key)
+        starting = asyncio.create_task(made.ready(), name=f"start-{type(made).__name__}")
+        try:
+            yield made
+        finally:
+            if not starting.done():
+                starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            await self.release(made, key)
+
+
+class ForkRendezvous:
+    """Where a child forked from a template meets its client: a Unix socket ``path`` in a
+    private directory (0700: only this user connects), listening while the block runs.
+    :meth:`accept` opens the child's pidfd and waits for its connection; :meth:`adopt` hands
+    the pidfd over. On exit a child not adopted is killed (SIGKILL through its pidfd), and the
+    socket and its directory are removed. Raises ``DesktopError(kind="transport")`` when
+    ``os.pidfd_open`` is missing (Linux < 5.3) or the child ended before it connected."""
+
+    def __init__(self, prefix: str):
+        if not hasattr(os, "pidfd_open"):
+            raise DesktopError("no os.pidfd_open here (Linux only)", kind="transport")
+        self._dir = tempfile.mkdtemp(prefix=prefix)
+        self.path = os.path.join(self._dir, "s")
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._pidfd = -1
+
+    async def __aenter__(self) -> ForkRendezvous:
+        try:
+            self._listener.bind(self.path)
+            self._listener.listen(1)
+            self._listener.setblocking(False)
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def accept(self, pid: int, timeout: float, what: str) -> socket.socket:
+        """Watch child ``pid`` (its pidfd) and wait up to ``timeout`` seconds for its
+        connection (non-blocking). ``what`` names it in errors ("the forked server")."""
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            raise DesktopError(f"{what} {pid} ended at once", kind="transport") from None
+        loop = asyncio.get_running_loop()
+        conn, _ = await asyncio.wait_for(loop.sock_accept(self._listener), timeout)
+        conn.setblocking(False)
+        return conn
+
+    def adopt(self) -> int:
+        """The child's pidfd, now the caller's (the child is no longer killed on exit)."""
+        pidfd, self._pidfd = self._pidfd, -1
+        return pidfd
+
+    async def __aexit__(self, *exc_info) -> None:
+        if self._pidfd >= 0:  # a child that did not make it (or a cancelled start)
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            os.close(self._pidfd)
+            self._pidfd = -1
+        self._listener.close()
+        shutil.rmtree(self._dir, ignore_errors=True)

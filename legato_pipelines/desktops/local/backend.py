@@ -55,7 +55,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -73,7 +72,7 @@ from ..child_env import desktop_server_env
 from ..client import DesktopClient
 from ..osworld import template_started
 from ..popups import PopupGuard
-from ..processes import PidfdProcess, Spawned
+from ..processes import ForkRendezvous, PidfdProcess, Spawned
 from ..server_tasks import ServerTasks
 from .osworld_grader import OSWorldGrader
 from .server_template import (
@@ -81,6 +80,7 @@ from .server_template import (
     ServerTemplate,
     acquire_server_template,
     release_server_template,
+    server_template_started,
 )
 from .wire import DEFAULT_TOKEN_ENV, READY_LINE
 
@@ -271,47 +271,25 @@ class ServerProcess:
         before it runs the server, so a child whose start was given up exits). Raises ``DesktopError(kind="transport")``
         when the template is not there, refuses, or the child does not connect within
         ``start_timeout``; the child, if any, is killed then."""
-        if not hasattr(os, "pidfd_open"):
-            raise DesktopError("no os.pidfd_open here (Linux only)", kind="transport")
         if not await template.ready():
             raise DesktopError("the template did not start", kind="transport")
-        private = tempfile.mkdtemp(prefix="legato-srvfork-")  # 0700: only we connect
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        pidfd, conn = -1, None
         try:
-            path = os.path.join(private, "s")
-            listener.bind(path)
-            listener.listen(1)
-            listener.setblocking(False)
-            pid = await template.fork(socket=path, argv=args, env=env)
-            try:
-                pidfd = os.pidfd_open(pid)
-            except ProcessLookupError:
-                raise DesktopError(
-                    f"the forked server {pid} ended at once", kind="transport"
-                ) from None
-            loop = asyncio.get_running_loop()
-            conn, _ = await asyncio.wait_for(loop.sock_accept(listener), self.start_timeout)
-            conn.setblocking(False)
-            await loop.sock_sendall(conn, GO)  # the child runs the server only now
-            reader, writer = await asyncio.open_unix_connection(sock=conn)
-            conn = None  # the streams own it now
-            self._proc, pidfd = PidfdProcess(pid, pidfd), -1
-            return reader, writer
+            async with ForkRendezvous("legato-srvfork-") as meeting:
+                pid = await template.fork(socket=meeting.path, argv=args, env=env)
+                conn = await meeting.accept(pid, self.start_timeout, "the forked server")
+                try:
+                    await asyncio.get_running_loop().sock_sendall(conn, GO)  # run it now
+                    reader, writer = await asyncio.open_unix_connection(sock=conn)
+                except BaseException:
+                    conn.close()
+                    raise
+                self._proc = PidfdProcess(pid, meeting.adopt())
+                return reader, writer
         except (TimeoutError, OSError, ValueError) as exc:
             raise DesktopError(
                 f"forking from the template failed: {type(exc).__name__}: {exc}",
                 kind="transport",
             ) from None
-        finally:
-            if pidfd >= 0:  # a child that did not make it (or a cancelled start)
-                with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                os.close(pidfd)
-            if conn is not None:
-                conn.close()
-            listener.close()
-            shutil.rmtree(private, ignore_errors=True)
 
     async def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM (graceful: the server kills its desktop), SIGKILL after ``timeout`` s;
@@ -619,15 +597,17 @@ async def _start(server: ServerProcess, grader: OSWorldGrader | None) -> None:
 
 @contextlib.asynccontextmanager
 async def warm_up_local(config: DesktopConfig):
-    """``desktops.warm_up`` for local desktops: the OSWorld graders' template is started in
-    the background for the block (:func:`~legato_pipelines.desktops.osworld.template_started`)
-    when option ``grader`` picks OSWorld's code; nothing otherwise. Raises ``ConfigError`` as
-    :func:`_grader_python`."""
+    """``desktops.warm_up`` for local desktops: started in the background for the block, the
+    template the desktop servers are forked from (:mod:`.server_template`; not for servers
+    attached by URL) and, when option ``grader`` picks OSWorld's code, the OSWorld graders'
+    template (:func:`~legato_pipelines.desktops.osworld.template_started`). Raises
+    ``ConfigError`` as :func:`_grader_python`."""
     python = _grader_python(dict(config.options))
-    if python is None:
-        yield
-        return
-    async with template_started(str(python)):
+    async with contextlib.AsyncExitStack() as stack:
+        if not config.options.get("urls"):  # servers started here: forked from their template
+            await stack.enter_async_context(server_template_started())
+        if python is not None:
+            await stack.enter_async_context(template_started(str(python)))
         yield
 
 

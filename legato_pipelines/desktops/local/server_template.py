@@ -56,10 +56,9 @@ import shutil
 import signal
 import sys
 import time
-import weakref
 
 from ...errors import DesktopError
-from ..processes import Spawned
+from ..processes import LoopShared, Spawned
 
 #: numpy's OpenBLAS (and OpenMP) start a thread pool at import unless told not to
 SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
@@ -217,31 +216,27 @@ class ServerTemplate:
                 await spawned.wait()
 
 
-#: event loop -> interpreter -> its template (asyncio objects belong to one loop)
-_templates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: interpreter -> its server template, per event loop (asyncio objects belong to one loop)
+_templates = LoopShared(ServerTemplate)
 
 
 def acquire_server_template(python: str = sys.executable) -> ServerTemplate:
     """A lease on the server template of ``python`` on the running event loop (created, not
     started, by the first lease). Must be called from a coroutine; pair with
     :func:`release_server_template` once the server forked from it has ended."""
-    shared = _templates.setdefault(asyncio.get_running_loop(), {})
-    template = shared.get(python)
-    if template is None:
-        template = shared[python] = ServerTemplate(python)
-    template.users += 1
-    return template
+    return _templates.acquire(python)
 
 
 async def release_server_template(template: ServerTemplate) -> None:
     """End one lease; the last one stops the template (a later lease starts a new one)."""
-    template.users -= 1
-    if template.users > 0:
-        return
-    shared = _templates.get(asyncio.get_running_loop(), {})
-    if shared.get(template.python) is template:
-        del shared[template.python]
-    await template.close()
+    await _templates.release(template, template.python)
+
+
+def server_template_started(python: str = sys.executable) -> contextlib.AbstractAsyncContextManager:
+    """Hold a lease on the server template of ``python`` for the block and start it now, in
+    the background (:meth:`.LoopShared.started`): servers that start inside the block fork
+    from it, or wait for the start under way."""
+    return _templates.started(python)
 
 
 # -- the template process ----------------------------------------------------------------------

@@ -19,15 +19,12 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import signal
-import socket
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, DesktopError
-from ..processes import PidfdProcess, Spawned
+from ..processes import ForkRendezvous, PidfdProcess, Spawned
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 PROTOCOL_LINE_LIMIT = 64 * 2**20  # bytes: a base64 screenshot fits on one line
@@ -144,61 +141,39 @@ class WorkerProcess:
         template = self.template
         if not template.alive():
             raise DesktopError(f"{self.name}: the template worker is not running", kind="transport")
-        if not hasattr(os, "pidfd_open"):
-            raise DesktopError(f"{self.name}: no os.pidfd_open here (Linux only)", kind="transport")
-        private = tempfile.mkdtemp(prefix="legato-fork-")  # 0700: only we connect
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        pidfd, conn, writer, forked = -1, None, None, None
         try:
-            path = os.path.join(private, "s")
-            listener.bind(path)
-            listener.listen(1)
-            listener.setblocking(False)
-            answer = await template.call(
-                "fork",
-                FORK_TIMEOUT_S,
-                socket=path,
-                env=self.env,
-                cwd=os.path.abspath(self.cwd),
-                log_path=os.path.abspath(self.log_path or os.path.join(self.cwd, "worker.log")),
-            )
-            pid = int(answer["pid"])
-            try:
-                pidfd = os.pidfd_open(pid)
-            except ProcessLookupError:
-                raise DesktopError(
-                    f"{self.name}: the forked worker {pid} ended at once", kind="transport"
-                ) from None
-            loop = asyncio.get_running_loop()
-            conn, _ = await asyncio.wait_for(loop.sock_accept(listener), FORK_TIMEOUT_S)
-            reader, writer = await asyncio.open_unix_connection(
-                sock=conn, limit=PROTOCOL_LINE_LIMIT
-            )
-            hello = await asyncio.wait_for(reader.readline(), FORK_TIMEOUT_S)
-            said = json.loads(hello).get("pid") if hello else None
-            if said != pid:
-                raise DesktopError(
-                    f"{self.name}: the forked worker said hello as {said!r}, not {pid}",
-                    kind="transport",
+            async with ForkRendezvous("legato-fork-") as meeting:
+                answer = await template.call(
+                    "fork",
+                    FORK_TIMEOUT_S,
+                    socket=meeting.path,
+                    env=self.env,
+                    cwd=os.path.abspath(self.cwd),
+                    log_path=os.path.abspath(self.log_path or os.path.join(self.cwd, "worker.log")),
                 )
-            forked, pidfd = _Forked(pid, pidfd, reader, writer), -1
-            return forked
+                pid = int(answer["pid"])
+                conn = await meeting.accept(pid, FORK_TIMEOUT_S, f"{self.name}: the forked worker")
+                writer = None
+                try:
+                    reader, writer = await asyncio.open_unix_connection(
+                        sock=conn, limit=PROTOCOL_LINE_LIMIT
+                    )
+                    hello = await asyncio.wait_for(reader.readline(), FORK_TIMEOUT_S)
+                    said = json.loads(hello).get("pid") if hello else None
+                    if said != pid:
+                        raise DesktopError(
+                            f"{self.name}: the forked worker said hello as {said!r}, not {pid}",
+                            kind="transport",
+                        )
+                except BaseException:  # its connection too (no or bad hello)
+                    (writer or conn).close()
+                    raise
+                return _Forked(pid, meeting.adopt(), reader, writer)
         except (TimeoutError, OSError, ValueError) as exc:
             raise DesktopError(
                 f"{self.name}: forking from the template failed: {type(exc).__name__}: {exc}",
                 kind="transport",
             ) from None
-        finally:
-            if pidfd >= 0:  # a child that did not make it
-                with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                os.close(pidfd)
-            if forked is None and writer is not None:  # its connection too (no or bad hello)
-                writer.close()
-            elif forked is None and conn is not None:
-                conn.close()
-            listener.close()
-            shutil.rmtree(private, ignore_errors=True)
 
     async def _spawn(self) -> asyncio.subprocess.Process:
         log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115

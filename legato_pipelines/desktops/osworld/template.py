@@ -24,9 +24,9 @@ import contextlib
 import logging
 import shutil
 import tempfile
-import weakref
 
 from ...errors import ConfigError, DesktopError
+from ..processes import LoopShared
 from .channel import WorkerProcess
 from .options import worker_env
 
@@ -93,45 +93,24 @@ class WorkerTemplate:
             self._dir = None
 
 
-#: event loop -> interpreter -> its template (asyncio objects belong to one loop)
-_templates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: interpreter -> its template, per event loop (asyncio objects belong to one loop)
+_templates = LoopShared(WorkerTemplate)
 
 
 def acquire_template(python: str) -> WorkerTemplate:
     """A lease on the template of ``python`` on the running event loop (created, not started,
     by the first lease). Must be called from a coroutine; pair with :func:`release_template`."""
-    shared = _templates.setdefault(asyncio.get_running_loop(), {})
-    template = shared.get(python)
-    if template is None:
-        template = shared[python] = WorkerTemplate(python)
-    template.users += 1
-    return template
+    return _templates.acquire(python)
 
 
 async def release_template(template: WorkerTemplate) -> None:
     """End one lease; the last one stops the template (a later lease starts a new one)."""
-    template.users -= 1
-    if template.users > 0:
-        return
-    shared = _templates.get(asyncio.get_running_loop(), {})
-    if shared.get(template.python) is template:
-        del shared[template.python]
-    await template.close()
+    await _templates.release(template, template.python)
 
 
-@contextlib.asynccontextmanager
-async def template_started(python: str):
+def template_started(python: str) -> contextlib.AbstractAsyncContextManager:
     """Hold a lease on the template of ``python`` for the block and start it now, in the
-    background (its import runs while the block does other work); graders that spawn inside
-    the block find it preloaded, or wait for the start under way. On exit a start still under
-    way is cancelled (which stops the template), then the lease is released (the last lease
-    stops it). A template that cannot start is logged once, as in :meth:`WorkerTemplate.ready`."""
-    template = acquire_template(python)
-    starting = asyncio.create_task(template.ready(), name="osworld-template")
-    try:
-        yield template
-    finally:
-        if not starting.done():
-            starting.cancel()
-        await asyncio.gather(starting, return_exceptions=True)
-        await release_template(template)
+    background (:meth:`.LoopShared.started`): graders that spawn inside the block find it
+    preloaded, or wait for the start under way. A template that cannot start is logged once,
+    as in :meth:`WorkerTemplate.ready`."""
+    return _templates.started(python)
