@@ -490,8 +490,9 @@ for i, (path, size) in enumerate({[(c[0], c[1]) for c in cases]!r}):
 
 def test_the_liveness_probe_asks_the_vm_server_for_no_screenshot():
     """Before each setup, action and evaluation the worker checks that the VM's server
-    answers: ``GET /platform`` with the VM's token. (It asked for ``/screenshot``, which made a
-    local desktop grab and encode a full-size PNG, twice per attempt, only to drop it.)"""
+    answers with its display up: ``GET /cursor_position`` with the VM's token. (It asked for
+    ``/screenshot``, which made a local desktop grab and encode a full-size PNG, twice per
+    attempt, only to drop it.)"""
     import http.server
     import runpy
     import threading
@@ -502,9 +503,9 @@ def test_the_liveness_probe_asks_the_vm_server_for_no_screenshot():
         def do_GET(self):
             seen.append((self.path, self.headers.get("Authorization")))
             self.send_response(200)
-            self.send_header("Content-Length", "5")
+            self.send_header("Content-Length", "6")
             self.end_headers()
-            self.wfile.write(b"Linux")
+            self.wfile.write(b"[3, 4]")
 
         def log_message(self, *args):
             pass
@@ -518,4 +519,4 @@ def test_the_liveness_probe_asks_the_vm_server_for_no_screenshot():
     finally:
         server.shutdown()
         server.server_close()
-    assert seen == [("/platform", "Bearer vm-token")]
+    assert seen == [("/cursor_position", "Bearer vm-token")]

@@ -21,6 +21,7 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import tempfile
 import weakref
 from collections.abc import Callable
@@ -113,6 +114,10 @@ class PidfdProcess:
             self._pidfd = -1
 
 
+#: ``struct ucred`` of ``SO_PEERCRED``: pid, uid, gid
+_PEERCRED = struct.Struct("3i")
+
+
 class LoopShared:
     """One object per key (an interpreter's path) per running event loop, counted by lease
     (asyncio objects belong to one loop): :meth:`acquire` makes it with ``make(key)`` on the
@@ -172,9 +177,13 @@ class ForkRendezvous:
     def __init__(self, prefix: str):
         if not hasattr(os, "pidfd_open"):
             raise DesktopError("no os.pidfd_open here (Linux only)", kind="transport")
-        self._dir = tempfile.mkdtemp(prefix=prefix)
-        self.path = os.path.join(self._dir, "s")
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._dir = tempfile.mkdtemp(prefix=prefix)
+        except BaseException:
+            self._listener.close()
+            raise
+        self.path = os.path.join(self._dir, "s")
         self._pidfd = -1
 
     async def __aenter__(self) -> ForkRendezvous:
@@ -189,15 +198,42 @@ class ForkRendezvous:
 
     async def accept(self, pid: int, timeout: float, what: str) -> socket.socket:
         """Watch child ``pid`` (its pidfd) and wait up to ``timeout`` seconds for its
-        connection (non-blocking). ``what`` names it in errors ("the forked server")."""
+        connection (non-blocking). Only a connection whose peer is ``pid`` itself counts
+        (``SO_PEERCRED``): another process of this user that finds the socket is turned away,
+        so it can neither pose as the child nor be handed what the child is sent. ``what``
+        names the child in errors ("the forked server"). Raises ``DesktopError(kind=
+        "transport")`` when the child ends before it connects, ``TimeoutError`` when it does
+        not connect in time."""
         try:
             self._pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
             raise DesktopError(f"{what} {pid} ended at once", kind="transport") from None
         loop = asyncio.get_running_loop()
-        conn, _ = await asyncio.wait_for(loop.sock_accept(self._listener), timeout)
-        conn.setblocking(False)
-        return conn
+        ended = loop.create_future()
+        loop.add_reader(self._pidfd, lambda: ended.done() or ended.set_result(None))
+        deadline = loop.time() + timeout
+        accepting: asyncio.Future | None = None
+        try:
+            while True:
+                accepting = asyncio.ensure_future(loop.sock_accept(self._listener))
+                left = max(0.0, deadline - loop.time())
+                await asyncio.wait({accepting, ended}, timeout=left, return_when="FIRST_COMPLETED")
+                if not accepting.done():
+                    if ended.done():
+                        raise DesktopError(
+                            f"{what} {pid} ended before it connected", kind="transport"
+                        )
+                    raise TimeoutError(f"{what} {pid} did not connect within {timeout:g} s")
+                conn, _ = accepting.result()
+                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+                if _PEERCRED.unpack(creds)[0] == pid:
+                    conn.setblocking(False)
+                    return conn
+                conn.close()  # not the child: keep listening for it
+        finally:
+            if accepting is not None and not accepting.done():
+                accepting.cancel()
+            loop.remove_reader(self._pidfd)
 
     def adopt(self) -> int:
         """The child's pidfd, now the caller's (the child is no longer killed on exit)."""

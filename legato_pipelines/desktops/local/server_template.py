@@ -148,6 +148,8 @@ class ServerTemplate:
                     self._proc.stdout.readline(), TEMPLATE_START_TIMEOUT_S
                 )
                 hello = json.loads(line) if line else {}
+                if not isinstance(hello, dict):  # something printed before the hello
+                    hello = {"error": f"an unexpected first line {line[:80]!r}"}
                 if not hello.get("ready"):
                     raise DesktopError(hello.get("error") or "it exited at start")
                 self.pid = int(hello["pid"])
@@ -202,12 +204,16 @@ class ServerTemplate:
 
     async def close(self) -> None:
         """Stop the template: EOF on its stdin (it exits; its children, if any were left,
-        get SIGTERM), SIGKILL after :data:`TEMPLATE_STOP_GRACE_S`."""
+        get SIGTERM), SIGKILL after :data:`TEMPLATE_STOP_GRACE_S`; SIGKILL at once while it
+        has not said hello (still importing, no child yet: a batch whose policy check failed
+        does not wait for the imports)."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
         spawned = Spawned(proc)
         if not spawned.exited:
+            if self.pid is None:
+                spawned.kill()
             proc.stdin.close()
             try:
                 await asyncio.wait_for(spawned.wait(), TEMPLATE_STOP_GRACE_S)

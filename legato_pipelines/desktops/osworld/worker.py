@@ -531,11 +531,12 @@ class Worker:
             env.metric = watched(metric)
 
     def _probe(self) -> None:
-        """Whether the VM's server answers, before each setup, action and evaluation:
-        ``GET /platform`` (OSWorld's server answers it with a word). Not ``/screenshot``:
-        that made the server grab and encode a full-size PNG only to be thrown away (on a
-        local desktop ~15-50 ms of its CPU, twice per attempt)."""
-        http_probe(self.base_url + "/platform", self.vm_token)
+        """Whether the VM's server answers with its display up, before each setup, action and
+        evaluation: ``GET /cursor_position`` (OSWorld's server asks pyautogui, a local desktop
+        server asks X once: it fails when the display is gone, not only when the server is).
+        Not ``/screenshot``: that made the server grab and encode a full-size PNG only to be
+        thrown away (on a local desktop ~15-50 ms of its CPU, twice per attempt)."""
+        http_probe(self.base_url + "/cursor_position", self.vm_token)
 
     def _run_in_vm(self, script: str, timeout: float = 60.0) -> dict:
         return http_post_json(
