@@ -59,6 +59,7 @@ import time
 
 from ...errors import DesktopError
 from ..processes import LoopShared, Spawned
+from ..reaping import reap_children
 
 #: numpy's OpenBLAS (and OpenMP) start a thread pool at import unless told not to
 SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
@@ -248,18 +249,6 @@ def server_template_started(python: str = sys.executable) -> contextlib.Abstract
 # -- the template process ----------------------------------------------------------------------
 
 
-def _reap_children(signum, frame) -> None:
-    """SIGCHLD: reap every ended child (not ``SIG_IGN``, which would drop their CPU from the
-    template's RUSAGE_CHILDREN)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
 def _set_pdeathsig(signum: int) -> None:
     import ctypes
 
@@ -357,7 +346,7 @@ def main() -> None:
     out.flush()
     if not hello["ready"]:
         return
-    signal.signal(signal.SIGCHLD, _reap_children)  # before any fork: a child may end at once
+    signal.signal(signal.SIGCHLD, reap_children)  # before any fork: a child may end at once
     for line in sys.stdin.buffer:
         if not line.strip():
             continue

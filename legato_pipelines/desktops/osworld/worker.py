@@ -93,6 +93,8 @@ _domains = _load_domains()
 _file_notes = _load_by_path(os.path.join("osworld_format", "file_notes.py"), "legato_file_notes")
 #: ``images.py``: the one resize of a screenshot to the model's size (``model_png``).
 _images = _load_by_path("images.py", "legato_images")
+#: ``desktops/reaping.py``: the SIGCHLD handler the fork templates share.
+_reaping = _load_by_path(os.path.join("desktops", "reaping.py"), "legato_reaping")
 DOMAIN_PROCESSES = _domains.DOMAIN_PROCESSES
 BASELINE_DIR = _domains.BASELINE_DIR
 baseline_script = _domains.baseline_script
@@ -755,7 +757,9 @@ class Worker:
             raise WorkerError(
                 "protocol", f"fork needs socket, env (a dict), cwd and log_path; missing {missing}"
             )
-        signal.signal(signal.SIGCHLD, _reap_children)  # before the fork: a child may end at once
+        signal.signal(
+            signal.SIGCHLD, _reaping.reap_children
+        )  # before the fork: a child may end at once
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -833,18 +837,6 @@ OPS = (
     "close",
     "fork",
 )
-
-
-def _reap_children(signum, frame) -> None:
-    """SIGCHLD of a template: reap every ended child (not ``SIG_IGN``, which would drop their
-    CPU from this process's RUSAGE_CHILDREN)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 def _forked_child(req: dict, protocol: tuple) -> None:
