@@ -63,6 +63,14 @@ async def platform(s: ServerProcess) -> str:
         await client.aclose()
 
 
+async def health(s: ServerProcess) -> dict:
+    client = DesktopClient(s.url, s.token)
+    try:
+        return await client.health()
+    finally:
+        await client.aclose()
+
+
 async def test_two_servers_forked_from_one_template_serve_with_their_own_tokens(monkeypatch):
     monkeypatch.setenv(API_KEY_ENV, "policy-secret-of-the-test")
     a, b = server(), server()
@@ -74,6 +82,9 @@ async def test_two_servers_forked_from_one_template_serve_with_their_own_tokens(
         assert ppid(a.pid) == ppid(b.pid) == template  # not our children
         assert a.token != b.token
         assert await platform(a) == await platform(b) == "Linux"
+        # the template froze its imports' objects before the fork (gc.freeze): a child's full
+        # collection neither scans nor copies them
+        assert [(await health(s))["gc_frozen"] > 10_000 for s in (a, b)] == [True, True]
         wrong = DesktopClient(a.url, b.token)  # b's token does not open a
         with pytest.raises(DesktopError, match="401"):
             await wrong.platform()
@@ -109,6 +120,7 @@ async def test_a_dead_template_makes_the_next_start_spawn(caplog):
         assert ppid(b.pid) == os.getpid()  # spawned: our child
         assert "spawning it" in caplog.text
         assert await platform(b) == "Linux"
+        assert (await health(b))["gc_frozen"] == 0  # nothing frozen in a spawned server
     finally:
         await asyncio.gather(a.stop(), b.stop())
     assert wait_until(lambda: below(os.getpid(), "Xvfb") == set())

@@ -76,8 +76,11 @@ async def test_a_forked_worker_answers_as_a_spawned_one(python, tmp_path):
         assert int(proc_stat(forked.pid)[1]) == tmpl.pid  # the template's child, not ours
         assert os.getsid(forked.pid) == forked.pid  # its own session
         assert await forked.call("plan", 10, **PLAN) == await spawned.call("plan", 30, **PLAN)
-        # desktop_env came imported with the fork
-        assert (await forked.call("preload", 10))["import_s"] < 0.05
+        # desktop_env came imported with the fork, its objects frozen (gc.freeze: a child's
+        # collections neither scan nor copy them)
+        preload = await forked.call("preload", 10)
+        assert preload["import_s"] < 0.05 and preload["gc_frozen"] > 10_000
+        assert (await spawned.call("preload", 60))["gc_frozen"] == 0
         with pytest.raises(DesktopError, match="unknown op 'nope'"):
             await forked.call("nope", 10)
         assert forked.alive()

@@ -5,6 +5,7 @@ input, the ready wait, observe, reset, health, the task's processes and its wind
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 
@@ -130,6 +131,8 @@ async def health(request: Request) -> Response:
             "width": sess.width,
             "height": sess.height,
             "pid": os.getpid(),
+            # objects out of the cyclic collector's reach: the template's, in a forked server
+            "gc_frozen": gc.get_freeze_count(),
             "generation": sess.generation,
         }
     )

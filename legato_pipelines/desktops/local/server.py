@@ -24,7 +24,7 @@ Project routes
   GET|POST /legato/observe   PNG; headers X-Screen-Width, X-Screen-Height
   POST /legato/reset     {full: bool} -> {kind: fast|full, reset_s, ...}
   GET  /legato/health    {ok, display, user, home, host_home, sandbox, session_bus, width, height,
-                          pid, generation}
+                          pid, gc_frozen, generation}
   GET  /legato/processes {server_pid, task: [{pid, comm, state}], infra: [...]}
   GET  /legato/windows   {windows: [{id, title, instance, class, pid, launched}]}
   POST /legato/windows/close {ids: [...]} -> {closed: {id: closed|killed|open|gone}}
