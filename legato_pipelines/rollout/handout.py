@@ -16,12 +16,13 @@ Which execution a free desktop is prepared for: the queue's front when a runner 
 that preparation (fewer preparations under way than runners without a desktop); a desktop
 prepared *ahead* (a spare) takes the first queued execution of a heavy app instead
 (:func:`heavy_task`: LibreOffice, Chrome, GIMP, Thunderbird, VS Code, VLC: a cold start of
-2-4 s, longer than a light attempt) while no other heavy preparation is under way. So a heavy
+2-4 s, longer than a light attempt), every spare at once when several are free. So a heavy
 app's start begins early enough to end before a runner needs it (with one spare per runner
 a LibreOffice start began only one light attempt ahead and sat on the critical path), heavy
-attempts move earlier in the batch (they need not all come at its end; one at a time, the
-last of several can still end it) and the light attempts keep the queue's order; one at a
-time, so that the runners always find a light desktop prepared next to it.
+attempts move to the batch's front half (none is left to run alone at its end) and the light
+attempts keep the queue's order. (Until issue 18's part 6 the spares took one heavy
+execution at a time: the last of the suite's three Calc attempts then started ~8 s in and
+ended the batch alone; BENCHMARKS.md.)
 
 Rules the hand-out keeps:
 
@@ -142,7 +143,7 @@ class Handout:
 
     def _fill(self) -> None:
         """Prepare every free desktop for the next queued execution (a spare: for the first
-        heavy one, while no heavy preparation is under way; module docstring)."""
+        heavy one; module docstring)."""
         while self.free:
             ex = self._next()
             if ex is None:
@@ -168,7 +169,7 @@ class Handout:
     def _next(self) -> Execution | None:
         """The execution the next free desktop is prepared for."""
         ahead = self.runners - self.busy <= len(self.prepared)  # no runner waits for it
-        if ahead and not any(self._is_heavy(h.ex) for h in self.prepared if not h.task.done()):
+        if ahead:
             ex = self.sched.next_where(lambda e: not e.group.closed and self._is_heavy(e))
             if ex is not None:
                 return ex
