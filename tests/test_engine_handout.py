@@ -538,3 +538,39 @@ def test_a_spare_starts_a_heavy_app_early_and_light_attempts_keep_their_order(
     assert [r["task_id"] for r in off] == [e["task_id"] for e in entries]  # queue order
     calc_off = [r for r in off if r["task_id"].startswith("calc")]
     assert all(r["timing"]["reset_critical_s"] >= 1.1 for r in calc_off)
+
+
+def test_a_runner_is_not_left_waiting_while_the_spares_start_heavy_apps(policy_server, tmp_path):
+    """12 light tasks, then three Calc tasks, 2 runners + 2 spares: both spares start a Calc
+    app at once; a runner whose attempt ends while they start gets its own desktop prepared
+    for the next light attempt (0.1 s), not for the third Calc (1.2 s): a heavy start still
+    under way serves no runner soon, so it does not count as their desktop prepared ahead."""
+    policy_server.latency = Latency(0.2)
+    entries = fake_tasks(12, success=1.0) + [
+        {**t, "config": {**t["config"], "related_apps": ["libreoffice_calc"]}}
+        for t in fake_tasks(3, success=1.0, prefix="calc")
+    ]
+    config = DesktopConfig(backend="fake")
+    pool = [AppStarts(config, i) for i in range(4)]
+    out = tmp_path / "out"
+    summary = collect(
+        load_tasks(entries),
+        policy(policy_server),
+        out,
+        desktop_pool=pool,
+        spares=2,
+        group=1,
+        max_steps=2,
+    )
+    records = read_records(out)
+    assert_accounted(records, summary)
+    calc = sorted(
+        (r for r in records if r["task_id"].startswith("calc")), key=lambda r: r["started_at"]
+    )
+    assert calc[1]["started_at"] < calc[0]["started_at"] + 0.6  # both spares at once
+    # the third Calc waited for a spare: its start began only once one of the first two had
+    # ended (before: on the first runner's freed desktop at ~0.5 s, the runner left waiting)
+    first_up = min(c["started_at"] + c["timing"]["reset_s"] for c in calc[:2])
+    assert calc[2]["started_at"] >= first_up - 0.05
+    light = [r for r in records if not r["task_id"].startswith("calc")]
+    assert max(r["timing"]["reset_critical_s"] for r in light) < 0.45

@@ -13,7 +13,8 @@ attempt's runner asked; with no spares a runner can get a desktop another runner
 shortly before, and waits for the rest of its reset: not ahead.
 
 Which execution a free desktop is prepared for: the queue's front when a runner will wait for
-that preparation (fewer preparations under way than runners without a desktop); a desktop
+that preparation (fewer preparations that will serve a runner soon, light ones or ended ones,
+than runners without a desktop: a heavy app's start still under way serves none); a desktop
 prepared *ahead* (a spare) takes the first queued execution of a heavy app instead
 (:func:`heavy_task`: LibreOffice, Chrome, GIMP, Thunderbird, VS Code, VLC: a cold start of
 2-4 s, longer than a light attempt), every spare at once when several are free. So a heavy
@@ -168,7 +169,9 @@ class Handout:
 
     def _next(self) -> Execution | None:
         """The execution the next free desktop is prepared for."""
-        ahead = self.runners - self.busy <= len(self.prepared)  # no runner waits for it
+        # no runner waits for it: a heavy app's start still under way serves no runner soon
+        serving = sum(1 for h in self.prepared if h.task.done() or not self._is_heavy(h.ex))
+        ahead = self.runners - self.busy <= serving
         if ahead:
             ex = self.sched.next_where(lambda e: not e.group.closed and self._is_heavy(e))
             if ex is not None:
