@@ -8,7 +8,8 @@ forks it from a template that imported them once (``desktops/local/server_templa
 Per side, ``--n`` servers at 1280x720 one after the other, each until its READY line: wall
 time of ``start()`` (client side), the server process's own CPU just after READY (utime +
 stime from ``/proc/<pid>/stat``, 10 ms ticks; for a fork plus what the template spent on the
-fork) and this process's CPU. The template's own start is printed once.
+fork) and this process's CPU. The template's own start (and its stop, EOF to exit) is printed
+once.
 """
 
 from __future__ import annotations
@@ -70,7 +71,9 @@ async def run(n: int, sandbox: bool) -> None:
             rows["fork"].append((wall, cost, own_cpu_s() - cpu0))
             await s.stop()
     finally:
-        await release_server_template(holder)
+        t0 = time.perf_counter()
+        await release_server_template(holder)  # the last lease: EOF, the template exits
+        template_stop = time.perf_counter() - t0
     for name, measured in rows.items():
         wall, cpu, client = (sorted(c) for c in zip(*measured, strict=True))
         print(
@@ -79,7 +82,10 @@ async def run(n: int, sandbox: bool) -> None:
             f"{statistics.median(cpu) * 1000:5.0f} ms [{cpu[0] * 1000:.0f}-{cpu[-1] * 1000:.0f}]"
             f"   client CPU median {statistics.median(client) * 1000:5.1f} ms"
         )
-    print(f"template, once: wall {template_wall * 1000:.0f} ms, CPU {template_cpu * 1000:.0f} ms")
+    print(
+        f"template, once: wall {template_wall * 1000:.0f} ms, CPU {template_cpu * 1000:.0f} ms,"
+        f" stopped in {template_stop * 1000:.0f} ms"
+    )
 
 
 def main() -> None:

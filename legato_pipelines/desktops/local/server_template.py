@@ -378,6 +378,10 @@ def main() -> None:
             answer = {"id": rid, "error": f"{type(exc).__name__}: {exc}"}
         out.write(json.dumps(answer).encode() + b"\n")
         out.flush()
+    # EOF: the client is done with us. Nothing to finalize (the children are on their own),
+    # and tearing down the imported modules costs ~0.13 s the client waits for at its exit.
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
