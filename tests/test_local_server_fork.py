@@ -85,8 +85,8 @@ async def test_two_servers_forked_from_one_template_serve_with_their_own_tokens(
         # the template froze its imports' objects before the fork (gc.freeze): a child's full
         # collection neither scans nor copies them
         assert [(await health(s))["gc_frozen"] > 10_000 for s in (a, b)] == [True, True]
-        # what a server loads at its first observation came with the fork: Pillow's C core
-        # and its PNG plugin (the observations), mss's shared-memory grabber
+        # what a server loads at its first observation came with the fork (Pillow's C core,
+        # for the observations' PNG, seen in the forked server's maps before any observation)
         with open(f"/proc/{a.pid}/maps") as f:
             maps = f.read()
         assert "PIL/_imaging" in maps

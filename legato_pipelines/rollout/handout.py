@@ -17,13 +17,14 @@ that preparation (fewer preparations that will serve a runner soon, light ones o
 than runners without a desktop: a heavy app's start still under way serves none); a desktop
 prepared *ahead* (a spare) takes the first queued execution of a heavy app instead
 (:func:`heavy_task`: LibreOffice, Chrome, GIMP, Thunderbird, VS Code, VLC: a cold start of
-2-4 s, longer than a light attempt), every spare at once when several are free. So a heavy
-app's start begins early enough to end before a runner needs it (with one spare per runner
-a LibreOffice start began only one light attempt ahead and sat on the critical path), heavy
-attempts move to the batch's front half (none is left to run alone at its end) and the light
-attempts keep the queue's order. (Until issue 18's part 6 the spares took one heavy
-execution at a time: the last of the suite's three Calc attempts then started ~8 s in and
-ended the batch alone; BENCHMARKS.md.)
+2-4 s, longer than a light attempt), up to :data:`HEAVY_STARTS` heavy preparations under
+way at once (one per CPU; the spares beyond it prepare the queue's next execution). So a
+heavy app's start begins early enough to end before a runner needs it (with one spare per
+runner a LibreOffice start began only one light attempt ahead and sat on the critical path),
+heavy attempts move earlier in the batch and the light attempts keep the queue's order.
+(Until issue 18's part 6 the spares took one heavy execution at a time: the last of the
+local suite's three Calc attempts then started ~8 s into the batch and ended it alone;
+BENCHMARKS.md, part 6.)
 
 Rules the hand-out keeps:
 
@@ -51,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -81,6 +83,12 @@ HEAVY_APPS = frozenset(
         "vlc",
     }
 )
+
+
+#: Heavy-app preparations under way at once at most (spares taking heavy executions ahead):
+#: one per CPU this process may use, as a cold start keeps about one core busy for 2-4 s
+#: (LibreOffice: ~1.3 s of CPU); beyond it a spare prepares the queue's next execution.
+HEAVY_STARTS = max(1, len(os.sched_getaffinity(0)))
 
 
 def heavy_task(task: Task) -> bool:
@@ -169,10 +177,10 @@ class Handout:
 
     def _next(self) -> Execution | None:
         """The execution the next free desktop is prepared for."""
+        starting = sum(1 for h in self.prepared if not h.task.done() and self._is_heavy(h.ex))
         # no runner waits for it: a heavy app's start still under way serves no runner soon
-        serving = sum(1 for h in self.prepared if h.task.done() or not self._is_heavy(h.ex))
-        ahead = self.runners - self.busy <= serving
-        if ahead:
+        ahead = self.runners - self.busy <= len(self.prepared) - starting
+        if ahead and starting < HEAVY_STARTS:
             ex = self.sched.next_where(lambda e: not e.group.closed and self._is_heavy(e))
             if ex is not None:
                 return ex

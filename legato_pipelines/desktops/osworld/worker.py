@@ -17,7 +17,7 @@ is kept for the protocol; anything desktop_env prints goes to stderr)::
 Operations (``result`` shapes):
   plan      the DesktopEnv keyword arguments ``start`` would use (nothing is constructed)
   preload   import desktop_env (its lazy evaluator packages first) before ``start`` is possible,
-            e.g. while the desktop it will drive is still starting; {import_s}
+            e.g. while the desktop it will drive is still starting; {import_s, gc_frozen}
   start     construct DesktopEnv once (boots the VM); {vm, screen:[w,h], import_s, start_s}
   reset     {task_config, fast, domain?, kill?}: fast reset (kill the task's apps, verify, restore the
             baseline HOME) or snapshot revert, then the task's own setup through
