@@ -218,3 +218,24 @@ def test_the_lazy_public_names_are_the_modules_own():
     assert desktops.DesktopConfig is DesktopConfig and osworld_format.preflight is preflight
     for package in (desktops, osworld_format):
         assert all(getattr(package, name) is not None for name in package.__all__)
+
+
+def test_the_legato_command_freezes_its_objects_on_the_way_out():
+    """``legato`` ends with ``gc.freeze()`` (:func:`legato_pipelines.cli.main`): the
+    interpreter's teardown then skips its last full collection over every object (~0.2 s of
+    each ``legato collect``). Run in a child: the probe exits the way the command does."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 10_000))\n"
+        "sys.argv = ['legato', '--help']\n"
+        "from legato_pipelines.cli import main\n"
+        "main()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT.parent, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("frozen True")
