@@ -541,13 +541,10 @@ def test_a_spare_starts_a_heavy_app_early_and_light_attempts_keep_their_order(
     assert all(r["timing"]["reset_critical_s"] >= 1.1 for r in calc_off)
 
 
-def test_a_runner_is_not_left_waiting_while_the_spares_start_heavy_apps(
-    policy_server, tmp_path, monkeypatch
-):
-    """12 light tasks, then three Calc tasks, 2 runners + 2 spares: both spares start a Calc
-    app at once; a runner whose attempt ends while they start gets its own desktop prepared
-    for the next light attempt (0.1 s), not for the third Calc (1.2 s): a heavy start still
-    under way serves no runner soon, so it does not count as their desktop prepared ahead."""
+def twelve_light_then_three_calc(policy_server, tmp_path, monkeypatch, spares: int):
+    """12 light tasks, then three Calc tasks, on 2 runners + ``spares`` :class:`AppStarts`
+    desktops, 2 heavy starts at once at most (``HEAVY_STARTS``, as on 2 CPUs, whatever this
+    host has): ``(all records, the Calc records by preparation start, the batch's start)``."""
     policy_server.latency = Latency(0.2)
     monkeypatch.setattr(handout, "HEAVY_STARTS", 2)
     entries = fake_tasks(12, success=1.0) + [
@@ -555,14 +552,13 @@ def test_a_runner_is_not_left_waiting_while_the_spares_start_heavy_apps(
         for t in fake_tasks(3, success=1.0, prefix="calc")
     ]
     config = DesktopConfig(backend="fake")
-    pool = [AppStarts(config, i) for i in range(4)]
     out = tmp_path / "out"
     summary = collect(
         load_tasks(entries),
         policy(policy_server),
         out,
-        desktop_pool=pool,
-        spares=2,
+        desktop_pool=[AppStarts(config, i) for i in range(2 + spares)],
+        spares=spares,
         group=1,
         max_steps=2,
     )
@@ -571,6 +567,17 @@ def test_a_runner_is_not_left_waiting_while_the_spares_start_heavy_apps(
     calc = sorted(
         (r for r in records if r["task_id"].startswith("calc")), key=lambda r: r["started_at"]
     )
+    return records, calc, min(r["started_at"] for r in records)
+
+
+def test_a_runner_is_not_left_waiting_while_the_spares_start_heavy_apps(
+    policy_server, tmp_path, monkeypatch
+):
+    """12 light tasks, then three Calc tasks, 2 runners + 2 spares: both spares start a Calc
+    app at once; a runner whose attempt ends while they start gets its own desktop prepared
+    for the next light attempt (0.1 s), not for the third Calc (1.2 s): a heavy start still
+    under way serves no runner soon, so it does not count as their desktop prepared ahead."""
+    records, calc, _ = twelve_light_then_three_calc(policy_server, tmp_path, monkeypatch, 2)
     assert calc[1]["started_at"] < calc[0]["started_at"] + 0.6  # both spares at once
     # the third Calc waited for a spare: its start began only once one of the first two had
     # ended (before: on the first runner's freed desktop at ~0.5 s, the runner left waiting)
@@ -587,33 +594,34 @@ def test_heavy_starts_are_capped_and_the_spare_beyond_the_cap_prepares_a_light_a
     (``HEAVY_STARTS``, one per CPU): two spares start Calc at the batch's start, the third
     spare prepares the next light attempt ahead, and the third Calc starts only once one of
     the first two has ended."""
-    policy_server.latency = Latency(0.2)
-    monkeypatch.setattr(handout, "HEAVY_STARTS", 2)
-    entries = fake_tasks(12, success=1.0) + [
-        {**t, "config": {**t["config"], "related_apps": ["libreoffice_calc"]}}
-        for t in fake_tasks(3, success=1.0, prefix="calc")
-    ]
-    config = DesktopConfig(backend="fake")
-    pool = [AppStarts(config, i) for i in range(5)]
-    out = tmp_path / "out"
-    summary = collect(
-        load_tasks(entries),
-        policy(policy_server),
-        out,
-        desktop_pool=pool,
-        spares=3,
-        group=1,
-        max_steps=2,
-    )
-    records = read_records(out)
-    assert_accounted(records, summary)
-    calc = sorted(
-        (r for r in records if r["task_id"].startswith("calc")), key=lambda r: r["started_at"]
-    )
-    t0 = min(r["started_at"] for r in records)
+    records, calc, t0 = twelve_light_then_three_calc(policy_server, tmp_path, monkeypatch, 3)
     assert calc[1]["started_at"] < t0 + 0.3  # two heavy starts at the batch's start
     first_up = min(c["started_at"] + c["timing"]["reset_s"] for c in calc[:2])
     assert calc[2]["started_at"] >= first_up - 0.05  # not a third at once
     # the spare beyond the cap: a light attempt prepared ahead at the start (5 preparations
     # at t0: the runners' two, the two Calc starts and one more light one)
     assert sum(r["started_at"] < t0 + 0.05 for r in records) == 5
+
+
+def test_heavy_starts_go_side_by_side_only_while_heavy_executions_are_a_minority(monkeypatch):
+    """Up to ``HEAVY_STARTS`` heavy preparations at once when heavy executions are fewer than
+    half of the batch (the local suite: 3 Calc tasks of 15), one at a time otherwise
+    (OSWorld's offline tasks: 12 heavy attempts of 18), so that the spares keep preparing
+    the light minority ahead (BENCHMARKS.md, issue 18 part 6)."""
+    from legato_pipelines.rollout.scheduler import Scheduler
+
+    monkeypatch.setattr(handout, "HEAVY_STARTS", 2)
+
+    def starts(light: int, heavy: int, group: int = 1) -> int:
+        entries = fake_tasks(light, success=1.0) + [
+            {**t, "config": {**t["config"], "related_apps": ["libreoffice_calc"]}}
+            for t in fake_tasks(heavy, success=1.0, prefix="calc")
+        ]
+        sched = Scheduler()
+        engine._plan(sched, load_tasks(entries), [], group=group, per_group=group, seed=0)
+        return handout.Handout(sched, [], lambda ex: None, runners=2).heavy_starts()
+
+    assert starts(12, 3) == 2
+    assert starts(3, 6, group=2) == 1
+    assert starts(5, 5) == 1  # half: one at a time
+    assert starts(6, 5) == 2

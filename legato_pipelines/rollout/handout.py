@@ -17,14 +17,18 @@ that preparation (fewer preparations that will serve a runner soon, light ones o
 than runners without a desktop: a heavy app's start still under way serves none); a desktop
 prepared *ahead* (a spare) takes the first queued execution of a heavy app instead
 (:func:`heavy_task`: LibreOffice, Chrome, GIMP, Thunderbird, VS Code, VLC: a cold start of
-2-4 s, longer than a light attempt), up to :data:`HEAVY_STARTS` heavy preparations under
-way at once (one per CPU; the spares beyond it prepare the queue's next execution). So a
-heavy app's start begins early enough to end before a runner needs it (with one spare per
-runner a LibreOffice start began only one light attempt ahead and sat on the critical path),
-heavy attempts move earlier in the batch and the light attempts keep the queue's order.
-(Until issue 18's part 6 the spares took one heavy execution at a time: the last of the
-local suite's three Calc attempts then started ~8 s into the batch and ended it alone;
-BENCHMARKS.md, part 6.)
+2-4 s, longer than a light attempt), one heavy preparation under way at a time, or up to
+:data:`HEAVY_STARTS` (one per CPU) side by side when heavy executions are a minority of the
+batch (:meth:`Handout.heavy_starts`); the spares beyond it prepare the queue's next
+execution. So a heavy app's start begins early enough to end before a runner needs it (with
+one spare per runner a LibreOffice start began only one light attempt ahead and sat on the
+critical path), heavy attempts move earlier in the batch and the light attempts keep the
+queue's order. Why the two regimes (BENCHMARKS.md, issue 18 part 6): a few heavy executions
+among many light ones (the local suite: 3 Calc tasks of 15, queued last), started one at a
+time, left the last one to start ~8 s into the batch and end it alone (side by side: 0.90x
+the wall); when heavy executions are most of the batch (OSWorld's offline tasks: 12 of 18
+attempts), starting them side by side takes every spare away from the light minority, whose
+resets then sit on the critical path (1.07x the wall with a 1 s model).
 
 Rules the hand-out keeps:
 
@@ -85,9 +89,11 @@ HEAVY_APPS = frozenset(
 )
 
 
-#: Heavy-app preparations under way at once at most (spares taking heavy executions ahead):
-#: one per CPU this process may use, as a cold start keeps about one core busy for 2-4 s
-#: (LibreOffice: ~1.3 s of CPU); beyond it a spare prepares the queue's next execution.
+#: Heavy-app preparations under way at once at most (spares taking heavy executions ahead)
+#: while heavy executions are a minority of the batch: one per CPU this process may use, as a
+#: cold start keeps about one core busy for 2-4 s (LibreOffice: ~1.3 s of CPU); beyond it a
+#: spare prepares the queue's next execution. When heavy executions are half of the batch or
+#: more, one at a time (:meth:`Handout.heavy_starts`).
 HEAVY_STARTS = max(1, len(os.sched_getaffinity(0)))
 
 
@@ -138,6 +144,7 @@ class Handout:
         self.sched = sched
         self.runners = runners or len(desktops)  # attempts at once
         self._heavy: dict[int, bool] = {}  # id(group) -> heavy_task(its task)
+        self._heavy_starts: int | None = None  # heavy_starts(), fixed at its first use
         self.on_skipped = on_skipped
         self.free: deque[Desktop] = deque(desktops)
         self.prepared: deque[Handed] = deque()
@@ -180,11 +187,21 @@ class Handout:
         starting = sum(1 for h in self.prepared if not h.task.done() and self._is_heavy(h.ex))
         # no runner waits for it: a heavy app's start still under way serves no runner soon
         ahead = self.runners - self.busy <= len(self.prepared) - starting
-        if ahead and starting < HEAVY_STARTS:
+        if ahead and starting < self.heavy_starts():
             ex = self.sched.next_where(lambda e: not e.group.closed and self._is_heavy(e))
             if ex is not None:
                 return ex
         return self.sched.next()
+
+    def heavy_starts(self) -> int:
+        """Heavy preparations a spare may have under way at once: :data:`HEAVY_STARTS` when
+        heavy executions are fewer than half of the queued ones, else 1 (module docstring).
+        Counted once, at the first preparation ahead (~2 ms per task to classify, once)."""
+        if self._heavy_starts is None:
+            queued = [ex for ex in self.sched.queue if not ex.taken]
+            heavy = sum(self._is_heavy(ex) for ex in queued)
+            self._heavy_starts = HEAVY_STARTS if 2 * heavy < len(queued) else 1
+        return self._heavy_starts
 
     def _is_heavy(self, ex: Execution) -> bool:
         heavy = self._heavy.get(id(ex.group))
