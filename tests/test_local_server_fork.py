@@ -55,18 +55,12 @@ def server() -> ServerProcess:
     return ServerProcess(width=800, height=600, sandbox=False, fork=True)
 
 
-async def platform(s: ServerProcess) -> str:
+async def ask(s: ServerProcess, what: str):
+    """``DesktopClient.<what>()`` of server ``s`` (``platform``, ``health``), on a client of
+    its own token."""
     client = DesktopClient(s.url, s.token)
     try:
-        return await client.platform()
-    finally:
-        await client.aclose()
-
-
-async def health(s: ServerProcess) -> dict:
-    client = DesktopClient(s.url, s.token)
-    try:
-        return await client.health()
+        return await getattr(client, what)()
     finally:
         await client.aclose()
 
@@ -81,10 +75,10 @@ async def test_two_servers_forked_from_one_template_serve_with_their_own_tokens(
         assert b._lease is a._lease and template not in (None, os.getpid())
         assert ppid(a.pid) == ppid(b.pid) == template  # not our children
         assert a.token != b.token
-        assert await platform(a) == await platform(b) == "Linux"
+        assert await ask(a, "platform") == await ask(b, "platform") == "Linux"
         # the template froze its imports' objects before the fork (gc.freeze): a child's full
         # collection neither scans nor copies them
-        assert [(await health(s))["gc_frozen"] > 10_000 for s in (a, b)] == [True, True]
+        assert [(await ask(s, "health"))["gc_frozen"] > 10_000 for s in (a, b)] == [True, True]
         # what a server loads at its first observation came with the fork (Pillow's C core,
         # for the observations' PNG, seen in the forked server's maps before any observation)
         with open(f"/proc/{a.pid}/maps") as f:
@@ -124,8 +118,8 @@ async def test_a_dead_template_makes_the_next_start_spawn(caplog):
         assert not b.forked and b.alive()
         assert ppid(b.pid) == os.getpid()  # spawned: our child
         assert "spawning it" in caplog.text
-        assert await platform(b) == "Linux"
-        assert (await health(b))["gc_frozen"] == 0  # nothing frozen in a spawned server
+        assert await ask(b, "platform") == "Linux"
+        assert (await ask(b, "health"))["gc_frozen"] == 0  # nothing frozen in a spawned server
     finally:
         await asyncio.gather(a.stop(), b.stop())
     assert wait_until(lambda: below(os.getpid(), "Xvfb") == set())

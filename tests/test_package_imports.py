@@ -12,6 +12,8 @@ its backends lazily by design).
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = "legato_pipelines"
@@ -159,22 +161,25 @@ def test_the_graph_is_read():
     assert f"{PACKAGE}.errors" in GRAPH[f"{PACKAGE}.desktops.fake"]
 
 
+def in_a_child(probe: str) -> str:
+    """Run ``probe`` in a new interpreter from the repository's root; its stdout, stripped
+    (fails the test when the child fails)."""
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT.parent, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
 def test_legato_collect_imports_no_numpy_pyarrow_or_duckdb():
     """``legato collect`` on fake desktops starts without numpy, pyarrow or duckdb (~0.15 s
     of CPU at every start; issue 18): they are imported where tables are made or queried."""
-    import subprocess
-    import sys
-
     probe = (
         "import sys; import legato_pipelines.cli, legato_pipelines.rollout.engine, "
         "legato_pipelines.desktops.fake, legato_pipelines.policy.client; "
         "print(sorted(m for m in ('numpy', 'pyarrow', 'duckdb') if m in sys.modules))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT.parent, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    assert in_a_child(probe) == "[]"
 
 
 def test_the_desktop_server_imports_no_client_side():
@@ -183,9 +188,6 @@ def test_the_desktop_server_imports_no_client_side():
     the harness or OSWorld's task format beyond the one constant it uses (0.77 -> 0.50 s of
     CPU per start on the 2-core machine; issue 18): the package, ``desktops``,
     ``desktops.local`` and ``osworld_format`` hand their names on lazily."""
-    import subprocess
-    import sys
-
     probe = (
         "import sys; import legato_pipelines.desktops.local.server; "
         "print(sorted(m for m in ('httpx', 'legato_pipelines.rollout.engine', "
@@ -194,11 +196,7 @@ def test_the_desktop_server_imports_no_client_side():
         "'legato_pipelines.harness', 'legato_pipelines.desktops.base', "
         "'legato_pipelines.osworld_format.classify') if m in sys.modules))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT.parent, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    assert in_a_child(probe) == "[]"
 
 
 def test_the_lazy_public_names_are_the_modules_own():
@@ -224,9 +222,6 @@ def test_the_legato_command_freezes_its_objects_on_the_way_out():
     """``legato`` ends with ``gc.freeze()`` (:func:`legato_pipelines.cli.main`): the
     interpreter's teardown then skips its last full collection over every object (~0.2 s of
     each ``legato collect``). Run in a child: the probe exits the way the command does."""
-    import subprocess
-    import sys
-
     probe = (
         "import atexit, gc, sys\n"
         "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 10_000))\n"
@@ -234,8 +229,4 @@ def test_the_legato_command_freezes_its_objects_on_the_way_out():
         "from legato_pipelines.cli import main\n"
         "main()\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT.parent, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().endswith("frozen True")
+    assert in_a_child(probe).endswith("frozen True")
