@@ -1,3 +1,3 @@
-from legato_pipelines.cli import main
+from legato_pipelines.entry import main
 
 main()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from legato_pipelines.cli.collect import parse_desktop_options
+from legato_pipelines.desktops.option_flags import parse_desktop_options
 from legato_pipelines.desktops import open_desktops
 from legato_pipelines.desktops.base import DesktopConfig
 from legato_pipelines.errors import ConfigError

@@ -14,29 +14,11 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
+from ..desktops.option_flags import parse_desktop_options
 from ..rollout.settings import CollectSettings
 from .console import console, err, fail
 from .options import settings_options
 from .root import app
-
-
-def parse_desktop_options(items: list[str]) -> dict[str, Any]:
-    """``--desktop-option KEY=VALUE`` items as the options dict: VALUE is JSON when it parses
-    (``latency='{"act": 0.1}'``, ``cache_dir='"/c"'``, ``sandbox=false``), else the bare text
-    (``cache_dir=/c``: a path needs no JSON quotes). Raises ``ValueError`` for an item
-    without ``=``."""
-    options: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(
-                f"--desktop-option {item!r}: use KEY=JSON, e.g. latency='{{\"act\": 0.1}}'"
-            )
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
-    return options
 
 
 @app.command("collect")

@@ -158,7 +158,7 @@ def _support(
     ``--desktop-option`` items and ``desktops`` open at once: one backend's, or (no
     ``--backend``) the local and osworld backends' together. Raises ``ValueError`` for a
     malformed item, ``ConfigError`` for a bad option value."""
-    from .collect import parse_desktop_options
+    from ..desktops.option_flags import parse_desktop_options
 
     options = parse_desktop_options(desktop_option)
     if cache_dir is not None:

@@ -7,7 +7,7 @@ needs that cloud's credentials. So:
 
 - desktop servers (:func:`desktop_server_env`): this process's environment without the
   policy key and without any credential (:func:`is_credential`);
-- osworld workers (``desktops/osworld/options.py`` ``worker_env``): a short pass-list, plus
+- osworld workers (:func:`worker_env`): a short pass-list, plus
   exactly the variables of their ``provider`` (:data:`PROVIDER_ENV_PREFIXES`: ``AWS_*`` for
   ``aws``, ``AZURE_*`` for ``azure``...), which DesktopEnv's providers read to start and stop
   their VMs. A worker of provider ``local`` (the local backend's grader, or the osworld
@@ -20,7 +20,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from ..policy.key import API_KEY_ENV
+from ..key_env import API_KEY_ENV
 
 #: Never handed to a desktop server, its apps or a worker (the policy's API key).
 POLICY_SECRET_ENV = (API_KEY_ENV,)
@@ -91,3 +91,38 @@ def provider_env(provider: str | None, base: Mapping[str, str] | None = None) ->
     if not prefixes:
         return {}
     return {k: v for k, v in base.items() if k.startswith(prefixes) and k not in POLICY_SECRET_ENV}
+
+
+#: What an osworld worker inherits of this process's environment, whatever its provider.
+PASS_ENV = (
+    "HOME",
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "TMPDIR",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "HF_ENDPOINT",
+)
+
+#: One BLAS/OpenMP thread (numpy's OpenBLAS and OpenMP start a thread pool at import unless
+#: told not to): a template process must have no thread but the one that forks (a lock held
+#: by another thread at the fork would stay held in every child); both templates
+#: (``local/server_template.py``, ``osworld/template.py``) run with it.
+SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
+def worker_env(extra: dict[str, str] | None = None, *, provider: str | None) -> dict[str, str]:
+    """The clean environment of a worker: the parent's :data:`PASS_ENV`, the variables of its
+    DesktopEnv ``provider`` (:func:`provider_env`: ``AWS_*`` for ``aws``, ``AZURE_*``
+    for ``azure``, ...; nothing for ``local`` or ``None``, a worker that starts no VM), plus
+    ``extra``. No other credential and never the policy key.
+
+    ``PYTHON_DOTENV_DISABLED=1`` stops desktop_env's import-time ``load_dotenv()`` (docs/osworld.md §8).
+    """
+    env = {k: v for k, v in os.environ.items() if k in PASS_ENV}
+    env.update(provider_env(provider))
+    env["PYTHON_DOTENV_DISABLED"] = "1"
+    env.update(extra or {})
+    return env

@@ -5,7 +5,9 @@ from a *template* (the osworld worker template, ``osworld/template.py``; the des
 template, ``local/server_template.py``) is the template's child, not ours: it is watched and
 signalled through a pidfd (:class:`PidfdProcess`; ``os.pidfd_open``, Linux >= 5.3: no pid
 reuse race) and its exit code is unknown. Both offer ``pid``, ``returncode``, ``exited``,
-``send_signal``, ``kill`` and ``wait``.
+``send_signal``, ``kill`` and ``wait``. A process spawned before the event loop ran (a
+template started on the command's first line, ``desktops/early.py``) joins the loop as an
+:class:`AdoptedProcess`, which stands in for asyncio's process object.
 
 Also what both templates share: :class:`LoopShared` (one template per interpreter per event
 loop, counted by lease) and :class:`ForkRendezvous` (the private Unix socket a forked child
@@ -15,6 +17,7 @@ connects to, and its pidfd until it is adopted).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
 import select
@@ -22,9 +25,11 @@ import shutil
 import signal
 import socket
 import struct
+import subprocess
 import tempfile
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DesktopError
@@ -54,6 +59,138 @@ class Spawned:
 
     async def wait(self) -> int | None:
         return await self.proc.wait()
+
+
+@dataclass
+class EarlyProcess:
+    """A process spawned before the event loop ran (:func:`spawn_early`): its command line
+    ``argv``, whole environment ``env``, working directory ``cwd`` (``None``: this process's)
+    and the ``Popen`` (stdin and stdout are pipes; stderr goes to ``log_path`` when set)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    popen: subprocess.Popen
+    cwd: str | None = None
+    log_path: str | None = None
+
+
+#: spawned early and not taken yet, in the order they were spawned
+_early: list[EarlyProcess] = []
+_stop_at_exit: list = []  # stop_early once registered with atexit
+
+
+def take_early(argv: Sequence[str], env: Mapping[str, str]) -> EarlyProcess | None:
+    """The process :func:`spawn_early` started with exactly this command line and environment,
+    still running, now the caller's (it stops it; :meth:`AdoptedProcess.adopt` joins it to
+    the loop); ``None`` when there is none. One spawned with this command line and another
+    environment is stopped (the caller starts its own)."""
+    for started in list(_early):
+        if started.argv != list(argv):
+            continue
+        _early.remove(started)
+        if started.env == dict(env) and started.popen.poll() is None:
+            return started
+        _stop(started)
+    return None
+
+
+def spawn_early(argv: list[str], env: dict[str, str], *, own_dir: bool = False) -> None:
+    """Spawn ``argv`` with environment ``env`` now, stdin and stdout pipes, in a session of
+    its own, for a later :func:`take_early` (``desktops/early.py``: the templates, started on
+    ``legato``'s first line). ``own_dir``: in a new directory (``legato-osworld-template-*``)
+    with its stderr in ``worker.log`` there, as an osworld template runs. Processes nobody
+    took are killed (and their directory removed) when this process exits. Raises
+    ``OSError`` when it cannot be spawned."""
+    cwd = tempfile.mkdtemp(prefix="legato-osworld-template-") if own_dir else None
+    log_path = os.path.join(cwd, "worker.log") if cwd else None
+    stderr = open(log_path, "ab") if log_path else None  # noqa: SIM115 - the child's own copy
+    try:
+        popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+    except OSError:
+        if cwd:
+            shutil.rmtree(cwd, ignore_errors=True)
+        raise
+    finally:
+        if stderr is not None:
+            stderr.close()
+    if not _stop_at_exit:
+        _stop_at_exit.append(atexit.register(stop_early))
+    _early.append(EarlyProcess(argv, env, popen, cwd, log_path))
+
+
+def _stop(started: EarlyProcess) -> None:
+    """Kill a process nobody took, reap it and remove its directory."""
+    with contextlib.suppress(OSError):
+        started.popen.kill()
+    with contextlib.suppress(OSError):
+        started.popen.stdin.close()
+    started.popen.stdout.close()
+    started.popen.wait()
+    if started.cwd:
+        shutil.rmtree(started.cwd, ignore_errors=True)
+
+
+def stop_early() -> None:
+    """Kill every process spawned early that nobody took (run at exit)."""
+    while _early:
+        _stop(_early.pop())
+
+
+class AdoptedProcess:
+    """A child spawned with ``subprocess.Popen`` (pipes for stdin and stdout) before the event
+    loop ran, taken over by the loop: the same face as asyncio's process object (``pid``,
+    ``stdin`` a ``StreamWriter``, ``stdout`` a ``StreamReader``, ``returncode``,
+    ``send_signal``, ``kill``, ``wait``), so :class:`Spawned` and the templates use it as
+    they use a process asyncio spawned. Make one with :meth:`adopt`. Its exit is watched
+    through a pidfd; ``returncode`` reaps it (``Popen.poll``)."""
+
+    def __init__(self, popen: subprocess.Popen, stdin: asyncio.StreamWriter, stdout):
+        self.popen, self.pid = popen, popen.pid
+        self.stdin, self.stdout = stdin, stdout
+
+    @classmethod
+    async def adopt(cls, popen: subprocess.Popen, *, limit: int = 2**16) -> AdoptedProcess:
+        """Connect ``popen``'s stdin and stdout pipes to the running loop (``limit``: the
+        reader's line limit in bytes, as asyncio's ``limit``)."""
+        loop = asyncio.get_running_loop()
+        stdout = asyncio.StreamReader(limit=limit, loop=loop)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdout), popen.stdout)
+        transport, protocol = await loop.connect_write_pipe(
+            lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop)), popen.stdin
+        )
+        stdin = asyncio.StreamWriter(transport, protocol, None, loop)
+        return cls(popen, stdin, stdout)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    def send_signal(self, signum: int) -> None:
+        """Raises ``ProcessLookupError`` once the process has been reaped."""
+        if self.popen.poll() is not None:
+            raise ProcessLookupError(self.pid)
+        os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.send_signal(signal.SIGKILL)
+
+    async def wait(self) -> int:
+        """Until the process has ended; its exit code (negative: the signal that ended it)."""
+        if self.popen.poll() is None:
+            if hasattr(os, "pidfd_open"):  # a zombie not reaped yet still has its pidfd
+                await PidfdProcess(self.pid, os.pidfd_open(self.pid)).wait()
+            else:
+                await asyncio.to_thread(self.popen.wait)
+        return self.popen.wait()
 
 
 class PidfdProcess:

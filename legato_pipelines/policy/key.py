@@ -16,8 +16,9 @@ from __future__ import annotations
 import os
 
 from ..errors import ConfigError
+from ..key_env import API_KEY_ENV
 
-API_KEY_ENV = "LEGATO_POLICY_KEY"
+__all__ = ["API_KEY_ENV", "key_forms", "policy_api_key"]
 
 
 def policy_api_key() -> str | None:

@@ -59,11 +59,10 @@ import sys
 import time
 
 from ...errors import DesktopError
-from ..processes import LoopShared, Spawned
+from ..child_env import SINGLE_THREADED, desktop_server_env
+from ..processes import AdoptedProcess, LoopShared, Spawned, take_early
 from ..reaping import reap_children
 
-#: numpy's OpenBLAS (and OpenMP) start a thread pool at import unless told not to
-SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 TEMPLATE_START_TIMEOUT_S = 60.0  # the imports under a loaded machine
 TEMPLATE_STOP_GRACE_S = 5.0
 #: What a running server imports beyond ``server``'s module: uvicorn's protocol and lifespan
@@ -139,23 +138,19 @@ class ServerTemplate:
         async with self._start_lock:
             if self._proc is not None or self.failed:
                 return not self.failed
-            # the client side's imports here: the template process imports the server's only
-            # (child_env pulls in the policy package: httpx, ~0.35 s)
-            from ..child_env import desktop_server_env
-
-            env = {**desktop_server_env(), **SINGLE_THREADED}  # never the policy key
-            guard = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
+            argv, env = template_command(self.python)
             try:
-                self._proc = await asyncio.create_subprocess_exec(
-                    *guard,
-                    self.python,
-                    "-m",
-                    __name__,
-                    env=env,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    start_new_session=True,
-                )
+                early = take_early(argv, env)  # started on legato's first line
+                if early is not None:
+                    self._proc = await AdoptedProcess.adopt(early.popen)
+                else:
+                    self._proc = await asyncio.create_subprocess_exec(
+                        *argv,
+                        env=env,
+                        stdin=asyncio.subprocess.PIPE,
+                        stdout=asyncio.subprocess.PIPE,
+                        start_new_session=True,
+                    )
                 line = await asyncio.wait_for(
                     self._proc.stdout.readline(), TEMPLATE_START_TIMEOUT_S
                 )
@@ -232,6 +227,17 @@ class ServerTemplate:
             except TimeoutError:
                 spawned.kill()
                 await spawned.wait()
+
+
+def template_command(python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
+    """The template process's command line (``python -m`` this module; under ``setpriv
+    --pdeathsig TERM`` where there is one: it ends with the collector) and whole environment
+    (this process's without the policy key or any credential, one BLAS thread). Used by
+    :meth:`ServerTemplate.ready` and by ``desktops/early.py``, which starts it on ``legato``'s
+    first line."""
+    env = {**desktop_server_env(), **SINGLE_THREADED}  # never the policy key
+    guard = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
+    return [*guard, python, "-m", __name__], env
 
 
 #: interpreter -> its server template, per event loop (asyncio objects belong to one loop)

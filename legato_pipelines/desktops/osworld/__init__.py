@@ -10,10 +10,33 @@ environment, the shared template its workers are forked from (``template.py``) a
 choice of grader.
 """
 
-from .channel import WorkerProcess
-from .grader import installed_grader, local_grader, osworld_python
-from .options import worker_env
-from .template import WorkerTemplate, acquire_template, release_template, template_started
+from typing import TYPE_CHECKING
+
+from ...lazy import lazy_getattr
+
+#: Names imported on first use (PEP 562): ``install.py`` and the workers' environment are
+#: needed on ``legato``'s first line (``desktops/early.py``), before pydantic and the task
+#: format that ``grader.py`` imports.
+_LAZY = {
+    "WorkerProcess": ".channel",
+    "installed_grader": ".grader",
+    "local_grader": ".grader",
+    "osworld_python": ".install",
+    "worker_env": "..child_env",
+    "WorkerTemplate": ".template",
+    "acquire_template": ".template",
+    "release_template": ".template",
+    "template_started": ".template",
+}
+
+if TYPE_CHECKING:
+    from ..child_env import worker_env
+    from .channel import WorkerProcess
+    from .grader import installed_grader, local_grader
+    from .install import osworld_python
+    from .template import WorkerTemplate, acquire_template, release_template, template_started
+
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 __all__ = [
     "WorkerProcess",

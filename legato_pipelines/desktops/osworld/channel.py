@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, DesktopError
-from ..processes import ForkRendezvous, PidfdProcess, Spawned
+from ..processes import AdoptedProcess, ForkRendezvous, PidfdProcess, Spawned
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 PROTOCOL_LINE_LIMIT = 64 * 2**20  # bytes: a base64 screenshot fits on one line
@@ -133,6 +133,13 @@ class WorkerProcess:
                     "%s: no worker forked from the template (%s); spawning one", self.name, exc
                 )
         self._proc = _Spawned(await self._spawn())
+
+    async def adopt(self, popen) -> None:
+        """Take over ``popen``, this worker's process spawned before the event loop ran
+        (``subprocess.Popen`` with stdin and stdout pipes: ``desktops/early.py``), instead of
+        :meth:`start`."""
+        self.forked = False
+        self._proc = _Spawned(await AdoptedProcess.adopt(popen, limit=PROTOCOL_LINE_LIMIT))
 
     async def _fork(self) -> _Forked:
         """The worker, forked from ``template`` (op ``fork``) and connected to a Unix socket in

@@ -27,30 +27,11 @@ from typing import Any
 from ...errors import ConfigError
 from ...osworld_format.grader_names import OWN_GRADER, GraderNames, osworld_grader
 from .channel import WORKER_SCRIPT
-from .install import default_venv, venv_python
+from .install import osworld_python
 from .options import worker_env
 
 NAMES_TIMEOUT_S = 60.0
 GRADER_CHOICES = ("auto", "osworld", "own")
-
-
-def osworld_python(options: dict[str, Any]) -> Path | None:
-    """The OSWorld interpreter named by option ``osworld_python``, else the default venv's
-    (``$LEGATO_OSWORLD_VENV`` or ``~/.cache/legato/osworld-venv``) when it exists, else
-    ``None`` (no venv where the default points: the own subset under ``grader=auto``). Raises
-    ``ConfigError`` when the option names a path that does not exist: a typo must not fall
-    back to another grader."""
-    given = options.get("osworld_python")
-    if given:
-        python = Path(given).expanduser()
-        if not python.exists():
-            raise ConfigError(
-                f"desktop option osworld_python={given!r} does not exist (fix: the path of the "
-                "OSWorld venv's bin/python, e.g. from `legato osworld install`)"
-            )
-        return python
-    python = venv_python(default_venv())
-    return python if python.exists() else None
 
 
 def _names_key(python: Path) -> str | None:

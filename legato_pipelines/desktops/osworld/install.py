@@ -22,6 +22,9 @@ import sys
 import time
 import venv
 from pathlib import Path
+from typing import Any
+
+from ...errors import ConfigError
 
 DESKTOP_ENV = "desktop-env==1.0.2"
 #: docs/osworld.md §8 "core", plus pandas and PyPDF2 (``getters/file.py`` — vm_file,
@@ -133,3 +136,22 @@ def install(path: Path | None = None, *, full: bool = False, quiet: bool = True)
 
 if __name__ == "__main__":  # python -m legato_pipelines.desktops.osworld.install [PATH]
     print(install(Path(sys.argv[1]) if len(sys.argv) > 1 else None, quiet=False))
+
+
+def osworld_python(options: dict[str, Any]) -> Path | None:
+    """The OSWorld interpreter named by option ``osworld_python``, else the default venv's
+    (``$LEGATO_OSWORLD_VENV`` or ``~/.cache/legato/osworld-venv``) when it exists, else
+    ``None`` (no venv where the default points: the own subset under ``grader=auto``). Raises
+    ``ConfigError`` when the option names a path that does not exist: a typo must not fall
+    back to another grader."""
+    given = options.get("osworld_python")
+    if given:
+        python = Path(given).expanduser()
+        if not python.exists():
+            raise ConfigError(
+                f"desktop option osworld_python={given!r} does not exist (fix: the path of the "
+                "OSWorld venv's bin/python, e.g. from `legato osworld install`)"
+            )
+        return python
+    python = venv_python(default_venv())
+    return python if python.exists() else None

@@ -11,7 +11,7 @@ from typing import IO, Any
 
 from ...errors import ConfigError
 from ..base import DesktopConfig, check_options
-from ..child_env import provider_env
+from ..child_env import PASS_ENV, worker_env  # noqa: F401 - the workers' environment
 from .install import default_venv, venv_python
 
 PROVIDERS = ("docker", "local", "vmware", "virtualbox", "aws", "azure", "aliyun", "volcengine")
@@ -43,17 +43,6 @@ OPTION_NAMES = frozenset(
 #: Environment variables every worker inherits (besides its provider's, ``child_env.py``):
 #: nothing else, so neither the policy key, another cloud's credentials nor a stray
 #: configuration reaches DesktopEnv. ``HF_ENDPOINT``: a hub mirror for its downloads.
-PASS_ENV = (
-    "HOME",
-    "PATH",
-    "LANG",
-    "LC_ALL",
-    "TMPDIR",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
-    "HF_ENDPOINT",
-)
 #: The HOME baseline of a local desktop in ``fast_mode`` ``vm`` (expanded by the desktop's shell).
 LOCAL_VM_BASELINE = "$TMPDIR/legato-home-baseline"
 
@@ -90,21 +79,6 @@ def claim_cache_dir(cache_dir: str | Path) -> IO[str]:
     lock.write(f"{os.getpid()}\n")
     lock.flush()
     return lock
-
-
-def worker_env(extra: dict[str, str] | None = None, *, provider: str | None) -> dict[str, str]:
-    """The clean environment of a worker: the parent's :data:`PASS_ENV`, the variables of its
-    DesktopEnv ``provider`` (``child_env.provider_env``: ``AWS_*`` for ``aws``, ``AZURE_*``
-    for ``azure``, ...; nothing for ``local`` or ``None``, a worker that starts no VM), plus
-    ``extra``. No other credential and never the policy key.
-
-    ``PYTHON_DOTENV_DISABLED=1`` stops desktop_env's import-time ``load_dotenv()`` (docs/osworld.md §8).
-    """
-    env = {k: v for k, v in os.environ.items() if k in PASS_ENV}
-    env.update(provider_env(provider))
-    env["PYTHON_DOTENV_DISABLED"] = "1"
-    env.update(extra or {})
-    return env
 
 
 def _start_request(config: DesktopConfig, provider: str, cache_dir: Path) -> dict[str, Any]:

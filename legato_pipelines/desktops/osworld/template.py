@@ -26,12 +26,10 @@ import shutil
 import tempfile
 
 from ...errors import ConfigError, DesktopError
-from ..processes import LoopShared
-from .channel import WorkerProcess
-from .options import worker_env
+from ..child_env import SINGLE_THREADED, worker_env
+from ..processes import LoopShared, take_early
+from .channel import WORKER_SCRIPT, WorkerProcess
 
-#: numpy's OpenBLAS (and OpenMP) start a thread pool at import unless told not to
-SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 PRELOAD_TIMEOUT_S = 120.0  # the import under a loaded machine (the graders' own deadline)
 log = logging.getLogger(__name__)
 
@@ -56,19 +54,22 @@ class WorkerTemplate:
         async with self._lock:
             if self.worker is not None or self.failed:
                 return self.worker
-            self._dir = tempfile.mkdtemp(prefix="legato-osworld-template-")
+            argv, env = preloading_command(self.python)
+            early = take_early(argv, env)  # started on legato's first line, importing already
+            self._dir = early.cwd if early else tempfile.mkdtemp(prefix="legato-osworld-template-")
             worker = WorkerProcess(
                 self.python,
-                # a grader's, without its VM token; one BLAS thread: the template must have
-                # no thread but the one that forks (a lock held by another thread at the
-                # fork would stay held in every child)
-                env=worker_env(SINGLE_THREADED, provider="local"),
+                env=env,
                 cwd=self._dir,
                 name="osworld-template",
                 log_path=f"{self._dir}/worker.log",
             )
             try:
-                await worker.start()
+                if early is not None:
+                    await worker.adopt(early.popen)
+                else:
+                    await worker.start()
+                # a template started with --preload answers once its import has ended
                 await worker.call("preload", PRELOAD_TIMEOUT_S)
             except (ConfigError, DesktopError) as exc:
                 log.warning("the osworld template worker did not start (%s); spawning each", exc)
@@ -91,6 +92,17 @@ class WorkerTemplate:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+
+
+def preloading_command(python: str) -> tuple[list[str], dict[str, str]]:
+    """The command line of a template worker that imports desktop_env as soon as it starts
+    (``worker.py --preload``), and its whole environment: a grader's, without its VM token;
+    one BLAS thread (the template must have no thread but the one that forks). Used by
+    ``desktops/early.py``, which starts it on ``legato``'s first line, and to recognise it in
+    :meth:`WorkerTemplate.ready`."""
+    return [python, "-I", str(WORKER_SCRIPT), "--preload"], worker_env(
+        SINGLE_THREADED, provider="local"
+    )
 
 
 #: interpreter -> its template, per event loop (asyncio objects belong to one loop)

@@ -945,7 +945,9 @@ def install_terminate(worker: Worker) -> None:
 def main() -> None:
     """Keep the real stdout for the protocol; everything else printed goes to stderr.
 
-    ``worker.py --names`` prints :func:`installed_names` as one JSON object and exits.
+    ``worker.py --names`` prints :func:`installed_names` as one JSON object and exits;
+    ``worker.py --preload`` runs op ``preload`` before reading its first request (a template
+    started on ``legato``'s first line, ``desktops/early.py``: it imports while the CLI does).
     """
     if sys.argv[1:] == ["--names"]:
         print(json.dumps(installed_names()))
@@ -963,6 +965,8 @@ def main() -> None:
         stream=sys.stderr,
         format="osworld-worker %(levelname)s %(name)s: %(message)s",
     )
+    if sys.argv[1:] == ["--preload"]:  # a template started early: import before the first request
+        worker.preload({})
     serve(sys.stdin.buffer, out, worker)
 
 
