@@ -5,7 +5,11 @@ spares were up) stops every server it began. Real servers, real Xvfb, the real O
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import tempfile
+import threading
+import time
 
 import pytest
 
@@ -198,3 +202,54 @@ async def test_warm_up_needs_nothing_for_the_own_grader_or_other_backends():
     with pytest.raises(ConfigError, match="osworld_python"):
         async with warm_up(missing):
             pass
+
+
+def test_the_runners_desktops_start_beside_the_policy_check_and_stop_when_it_fails(tmp_path):
+    """The policy server's ``/v1/models`` answers only once a desktop server of the batch is
+    running (or after 20 s): the runners' desktops start while the check waits for it. The
+    answer does not list the model, so the batch fails with the server's words, writes no
+    record and leaves no desktop server, template or state directory behind."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from legato_pipelines import PolicyConfigError, collect
+    from legato_pipelines.policy import PolicyConfig
+
+    seen: list[bool] = []
+
+    class Models(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            deadline = time.monotonic() + 20.0
+            while time.monotonic() < deadline and not servers_below_us() - templates_below_us():
+                time.sleep(0.02)
+            seen.append(bool(servers_below_us() - templates_below_us()))
+            body = json.dumps({"object": "list", "data": [{"id": "another-model"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    tasks = tmp_path / "tasks.json"
+    tasks.write_text(json.dumps([{"task_id": MKDIR.task_id, "config": MKDIR.config}]))
+    state_before = set(os.listdir(tempfile.gettempdir()))
+    with ThreadingHTTPServer(("127.0.0.1", 0), Models) as http:
+        threading.Thread(target=http.serve_forever, daemon=True).start()
+        try:
+            with pytest.raises(PolicyConfigError, match="another-model"):
+                collect(
+                    tasks,
+                    PolicyConfig(base_url=f"http://127.0.0.1:{http.server_port}", model="m"),
+                    tmp_path / "run",
+                    desktop=DesktopConfig(backend="local", options={"grader": "own"}),
+                    desktops=1,
+                )
+        finally:
+            http.shutdown()
+    assert seen == [True]  # a desktop server ran while the check waited
+    assert servers_below_us() == set()
+    assert not (tmp_path / "run" / "rollouts.jsonl").exists()
+    left = {n for n in set(os.listdir(tempfile.gettempdir())) - state_before if "legato" in n}
+    assert left == set()
