@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from legato_pipelines.desktops.option_flags import parse_desktop_options
 from legato_pipelines.desktops import open_desktops
 from legato_pipelines.desktops.base import DesktopConfig
+from legato_pipelines.desktops.option_flags import parse_desktop_options
 from legato_pipelines.errors import ConfigError
 from legato_pipelines.osworld_format.sources import cache_dir_path
 from legato_pipelines.tasks import Task
