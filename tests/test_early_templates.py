@@ -5,11 +5,14 @@ stopped, and none left running when nobody takes them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -140,3 +143,82 @@ def test_templates_nobody_took_are_stopped_when_legato_exits(tmp_path):
     assert not os.path.exists(cwd)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # killed and reaped by the exiting process
+
+
+async def test_a_warm_up_cancelled_while_it_takes_a_template_over_leaves_nothing_running():
+    """Cancelled right after it took the early template (its pipes not joined to the loop
+    yet): the template is killed and reaped, not orphaned."""
+    argv, env = template_command()
+    processes.spawn_early(argv, env)
+    [started] = processes._early
+    template = ServerTemplate()
+    starting = asyncio.create_task(template.ready())
+    await asyncio.sleep(0)  # it took the process and awaits the pipes
+    assert processes._early == []
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    await template.close()
+    assert started.popen.poll() is not None
+
+
+async def test_the_warm_up_stops_templates_started_early_that_it_did_not_take(tmp_path):
+    """A template started for a command line the warm-up does not use (the command line read
+    one way on the first line, the options another) is stopped once the warm-up has taken
+    its own, not left running for the whole batch."""
+    from legato_pipelines.desktops import warm_up
+    from legato_pipelines.desktops.base import DesktopConfig
+
+    argv, env = template_command()
+    processes.spawn_early(argv, env)
+    processes.spawn_early([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ))
+    taken, other = processes._early
+    async with warm_up(DesktopConfig(backend="local", options={"grader": "own"})):
+        assert processes._early == []
+        assert other.popen.poll() is not None  # stopped
+        assert taken.popen.poll() is None  # the server template, now the warm-up's
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_during_the_cli_imports_stops_the_templates(tmp_path, signum):
+    """``legato collect --backend local`` killed by SIGTERM or SIGHUP while it imports its CLI
+    (its templates already started): it exits 128+signal and leaves neither template running
+    nor the graders' directory."""
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    env = {**os.environ, "PYTHONPATH": REPO, "TMPDIR": str(private_tmp)}
+    osworld_python()  # the graders' template needs the venv
+    cmd = [sys.executable, "-m", "legato_pipelines", "collect", "--backend", "local"]
+    cmd += ["--tasks", "t.json", "--policy-url", "http://127.0.0.1:9", "--model", "m"]
+    cmd += ["--out", str(tmp_path / "run")]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stderr=subprocess.DEVNULL)
+    templates: list[int] = []
+    deadline = time.monotonic() + 20.0
+    while len(templates) < 2 and time.monotonic() < deadline:
+        templates = children_running(proc.pid, (b"server_template", b"--preload"))
+        time.sleep(0.005)
+    assert len(templates) == 2
+    proc.send_signal(signum)
+    assert proc.wait(timeout=30) == 128 + signum
+    for pid in templates:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert [n for n in os.listdir(private_tmp) if n.startswith("legato-osworld-template")] == []
+
+
+def children_running(parent: int, markers: tuple[bytes, ...]) -> list[int]:
+    """Children of ``parent`` whose command line holds one of ``markers``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and any(m in cmdline for m in markers):
+            found.append(int(entry))
+    return found

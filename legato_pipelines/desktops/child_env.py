@@ -93,7 +93,10 @@ def provider_env(provider: str | None, base: Mapping[str, str] | None = None) ->
     return {k: v for k, v in base.items() if k.startswith(prefixes) and k not in POLICY_SECRET_ENV}
 
 
-#: What an osworld worker inherits of this process's environment, whatever its provider.
+#: Environment variables every osworld worker inherits (besides its provider's,
+#: :func:`provider_env`): nothing else, so neither the policy key, another cloud's credentials
+#: nor a stray configuration reaches DesktopEnv. ``HF_ENDPOINT``: a hub mirror for its
+#: downloads.
 PASS_ENV = (
     "HOME",
     "PATH",

@@ -12,9 +12,9 @@ command line and whole environment the warm-up would give them (the functions th
 are the warm-up's own: :func:`.server_template.template_command`,
 :func:`.osworld.template.preloading_command`). The warm-up then takes them over
 (:func:`.processes.take_early`: same command line, same environment, still running) instead
-of starting its own. A template nobody takes (a policy check that failed, a run with nothing left to do, a
-flag read differently here) is stopped at exit; one taken by nobody costs its imports' CPU
-and nothing else.
+of starting its own. A template nobody takes is stopped: once the warm-up has taken its own (a flag read
+differently here), or at exit (a policy check that failed, a run with nothing left to do);
+until then it costs its imports' CPU and its memory.
 
 Best effort by design: anything unexpected here leaves the command as it was (the warm-up
 starts its templates itself). Stdlib and the project's light modules only.
@@ -23,9 +23,10 @@ starts its templates itself). Stdlib and the project's light modules only.
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Sequence
 
-from .processes import spawn_early
+from .processes import early_processes, spawn_early
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +37,25 @@ def start(argv: Sequence[str]) -> None:
     the desktop server template unless desktops are attached by URL (option ``urls``), and the
     OSWorld graders' template unless option ``grader=own`` or no OSWorld interpreter is found
     (``--osworld-python``, option ``osworld_python``, else the default venv). Nothing for any
-    other command, for ``--help``, or when the command line cannot be read. Never raises."""
+    other command, for ``--help``, or when the command line cannot be read. Never raises.
+
+    When it started one, SIGTERM and SIGHUP (unless ignored or handled already) end
+    ``legato`` through ``SystemExit`` from now on, so its exit handlers stop the templates
+    even when the signal comes during the CLI's imports (``legato collect`` turns SIGTERM into
+    Ctrl-C during a batch, and puts this back after)."""
     try:
         for argv_, env, own_dir in _templates_for(list(argv)):
             spawn_early(argv_, env, own_dir=own_dir)
     except Exception as exc:  # noqa: BLE001 - an optimisation: the warm-up starts its own
         log.debug("no template started early: %s", exc)
+    if early_processes():
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) is signal.SIG_DFL:
+                signal.signal(signum, _exit_on_signal)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _templates_for(argv: list[str]) -> list[tuple[list[str], dict[str, str], bool]]:

@@ -79,6 +79,11 @@ _early: list[EarlyProcess] = []
 _stop_at_exit: list = []  # stop_early once registered with atexit
 
 
+def early_processes() -> int:
+    """How many processes :func:`spawn_early` started that nobody took yet."""
+    return len(_early)
+
+
 def take_early(argv: Sequence[str], env: Mapping[str, str]) -> EarlyProcess | None:
     """The process :func:`spawn_early` started with exactly this command line and environment,
     still running, now the caller's (it stops it; :meth:`AdoptedProcess.adopt` joins it to
@@ -155,17 +160,23 @@ class AdoptedProcess:
     def __init__(self, popen: subprocess.Popen, stdin: asyncio.StreamWriter, stdout):
         self.popen, self.pid = popen, popen.pid
         self.stdin, self.stdout = stdin, stdout
+        self._watch: PidfdProcess | None = None  # one pidfd watch shared by every wait
 
     @classmethod
     async def adopt(cls, popen: subprocess.Popen, *, limit: int = 2**16) -> AdoptedProcess:
         """Connect ``popen``'s stdin and stdout pipes to the running loop (``limit``: the
         reader's line limit in bytes, as asyncio's ``limit``)."""
         loop = asyncio.get_running_loop()
-        stdout = asyncio.StreamReader(limit=limit, loop=loop)
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdout), popen.stdout)
-        transport, protocol = await loop.connect_write_pipe(
-            lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop)), popen.stdin
-        )
+        try:
+            stdout = asyncio.StreamReader(limit=limit, loop=loop)
+            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdout), popen.stdout)
+            transport, protocol = await loop.connect_write_pipe(
+                lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop)), popen.stdin
+            )
+        except BaseException:  # cancelled or failed half-way: the process is nobody's now
+            popen.kill()
+            popen.wait()
+            raise
         stdin = asyncio.StreamWriter(transport, protocol, None, loop)
         return cls(popen, stdin, stdout)
 
@@ -186,10 +197,12 @@ class AdoptedProcess:
     async def wait(self) -> int:
         """Until the process has ended; its exit code (negative: the signal that ended it)."""
         if self.popen.poll() is None:
-            if hasattr(os, "pidfd_open"):  # a zombie not reaped yet still has its pidfd
-                await PidfdProcess(self.pid, os.pidfd_open(self.pid)).wait()
-            else:
+            if not hasattr(os, "pidfd_open"):
                 await asyncio.to_thread(self.popen.wait)
+            else:
+                if self._watch is None:  # a zombie not reaped yet still has its pidfd
+                    self._watch = PidfdProcess(self.pid, os.pidfd_open(self.pid))
+                await self._watch.wait()
         return self.popen.wait()
 
 

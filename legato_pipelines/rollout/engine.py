@@ -202,9 +202,10 @@ async def collect_async(
             if owned and peek.pending():
                 # e.g. the local graders' template: its import runs beside the checks below
                 await stack.enter_async_context(warm_up(desktop))
-                if plan is None and opens_late(desktop):
+                if (plan is None or plan.spec.mode == "none") and opens_late(desktop):
                     # local desktops (~1 s to start) start beside the policy check; a batch
-                    # that fails before it takes them stops them (OSWorld VMs wait for it)
+                    # that fails before it takes them stops them (OSWorld VMs, and weights
+                    # being loaded, wait for it)
                     opening = asyncio.create_task(
                         open_desktops(desktop, min(desktops, peek.pending())), name="open-runners"
                     )
@@ -268,7 +269,7 @@ async def collect_async(
                     else:
                         # the spares start while the runners' first attempts run
                         late = n_open - runners if opens_late(desktop) else 0
-                        if opening is not None:
+                        if opening is not None:  # sized by the peek: may differ from n_open
                             taken, opening = opening, None
                             pool = await taken
                             late = max(0, n_open - len(pool))
@@ -348,6 +349,9 @@ async def _stop_unless_taken(opening: Callable[[], asyncio.Task | None]) -> None
     try:
         desktops = await task
     except BaseException:  # noqa: BLE001 - cancelled or failed: nothing left running
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():  # we were cancelled too
+            raise
         return
     await asyncio.gather(*(d.close() for d in desktops), return_exceptions=True)
 

@@ -72,7 +72,7 @@ from ..child_env import desktop_server_env
 from ..client import DesktopClient
 from ..osworld import template_started
 from ..popups import PopupGuard
-from ..processes import ForkRendezvous, PidfdProcess, Spawned
+from ..processes import ForkRendezvous, PidfdProcess, Spawned, stop_early
 from ..server_tasks import ServerTasks
 from .osworld_grader import OSWorldGrader
 from .server_template import (
@@ -600,14 +600,18 @@ async def warm_up_local(config: DesktopConfig):
     """``desktops.warm_up`` for local desktops: started in the background for the block, the
     template the desktop servers are forked from (:mod:`.server_template`; not for servers
     attached by URL) and, when option ``grader`` picks OSWorld's code, the OSWorld graders'
-    template (:func:`~legato_pipelines.desktops.osworld.template_started`). Raises
-    ``ConfigError`` as :func:`_grader_python`."""
+    template (:func:`~legato_pipelines.desktops.osworld.template_started`); each takes over
+    the one ``legato`` started on its first line when there is one (``desktops/early.py``),
+    and one started there that neither took is stopped. Raises ``ConfigError`` as
+    :func:`_grader_python`."""
     python = _grader_python(dict(config.options))
     async with contextlib.AsyncExitStack() as stack:
         if not config.options.get("urls"):  # servers started here: forked from their template
             await stack.enter_async_context(server_template_started())
         if python is not None:
             await stack.enter_async_context(template_started(str(python)))
+        await asyncio.sleep(0)  # the starts take the templates legato began on its first line
+        stop_early()  # ... and any other it began, read from the command line otherwise
         yield
 
 

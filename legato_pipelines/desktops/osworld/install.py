@@ -134,10 +134,6 @@ def install(path: Path | None = None, *, full: bool = False, quiet: bool = True)
     }
 
 
-if __name__ == "__main__":  # python -m legato_pipelines.desktops.osworld.install [PATH]
-    print(install(Path(sys.argv[1]) if len(sys.argv) > 1 else None, quiet=False))
-
-
 def osworld_python(options: dict[str, Any]) -> Path | None:
     """The OSWorld interpreter named by option ``osworld_python``, else the default venv's
     (``$LEGATO_OSWORLD_VENV`` or ``~/.cache/legato/osworld-venv``) when it exists, else
@@ -155,3 +151,7 @@ def osworld_python(options: dict[str, Any]) -> Path | None:
         return python
     python = venv_python(default_venv())
     return python if python.exists() else None
+
+
+if __name__ == "__main__":  # python -m legato_pipelines.desktops.osworld.install [PATH]
+    print(install(Path(sys.argv[1]) if len(sys.argv) > 1 else None, quiet=False))

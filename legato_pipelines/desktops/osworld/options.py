@@ -40,9 +40,6 @@ OPTION_NAMES = frozenset(
         "log_level",
     }
 )
-#: Environment variables every worker inherits (besides its provider's, ``child_env.py``):
-#: nothing else, so neither the policy key, another cloud's credentials nor a stray
-#: configuration reaches DesktopEnv. ``HF_ENDPOINT``: a hub mirror for its downloads.
 #: The HOME baseline of a local desktop in ``fast_mode`` ``vm`` (expanded by the desktop's shell).
 LOCAL_VM_BASELINE = "$TMPDIR/legato-home-baseline"
 

@@ -96,11 +96,14 @@ class WorkerTemplate:
 
 def preloading_command(python: str) -> tuple[list[str], dict[str, str]]:
     """The command line of a template worker that imports desktop_env as soon as it starts
-    (``worker.py --preload``), and its whole environment: a grader's, without its VM token;
-    one BLAS thread (the template must have no thread but the one that forks). Used by
+    (``worker.py --preload``; under ``setpriv --pdeathsig TERM`` where there is one: it ends
+    with ``legato`` even before anybody took it), and its whole environment: a grader's,
+    without its VM token; one BLAS thread (the template must have no thread but the one that
+    forks). Used by
     ``desktops/early.py``, which starts it on ``legato``'s first line, and to recognise it in
     :meth:`WorkerTemplate.ready`."""
-    return [python, "-I", str(WORKER_SCRIPT), "--preload"], worker_env(
+    guard = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
+    return [*guard, python, "-I", str(WORKER_SCRIPT), "--preload"], worker_env(
         SINGLE_THREADED, provider="local"
     )
 

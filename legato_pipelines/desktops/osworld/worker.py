@@ -966,7 +966,10 @@ def main() -> None:
         format="osworld-worker %(levelname)s %(name)s: %(message)s",
     )
     if sys.argv[1:] == ["--preload"]:  # a template started early: import before the first request
-        worker.preload({})
+        try:
+            worker.preload({})
+        except Exception:  # noqa: BLE001 - the first ``preload`` request fails with it again
+            pass
     serve(sys.stdin.buffer, out, worker)
 
 
