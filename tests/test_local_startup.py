@@ -5,11 +5,7 @@ spares were up) stops every server it began. Real servers, real Xvfb, the real O
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import tempfile
-import threading
-import time
 
 import pytest
 
@@ -202,78 +198,3 @@ async def test_warm_up_needs_nothing_for_the_own_grader_or_other_backends():
     with pytest.raises(ConfigError, match="osworld_python"):
         async with warm_up(missing):
             pass
-
-
-def forked_servers_below_us() -> set[int]:
-    """Desktop servers under this process that are not a template (one process table, so a
-    template caught between ``setpriv`` and its exec never counts as a server)."""
-    table = process_table()
-    found = set()
-    for pid in descendants(os.getpid(), table):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"legato_pipelines.desktops.local.server" not in f.read():
-                    continue
-        except OSError:
-            continue
-        if table[pid].ppid != os.getpid():  # a template is our child, a forked server its
-            found.add(pid)
-    return found
-
-
-def test_the_runners_desktops_start_beside_the_policy_check_and_stop_when_it_fails(
-    tmp_path, monkeypatch
-):
-    """The policy server's ``/v1/models`` answers only once a desktop server of the batch is
-    running (or after 20 s): the runners' desktops start while the check waits for it, with
-    the load spec ``legato collect`` and Dagster pass (mode none). The answer does not list
-    the model, so the batch fails with the server's words, writes no record and leaves no
-    desktop server, template or state directory behind."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    from legato_pipelines import PolicyConfigError, collect
-    from legato_pipelines.policy import PolicyConfig
-    from legato_pipelines.policy.loading import LoadSpec
-
-    private_tmp = tmp_path / "tmp"
-    private_tmp.mkdir()
-    monkeypatch.setenv("TMPDIR", str(private_tmp))  # the servers' and their children's
-    monkeypatch.setattr(tempfile, "tempdir", str(private_tmp))  # this process's
-    seen: list[bool] = []
-
-    class Models(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            deadline = time.monotonic() + 20.0
-            while time.monotonic() < deadline and not forked_servers_below_us():
-                time.sleep(0.02)
-            seen.append(bool(forked_servers_below_us()))
-            body = json.dumps({"object": "list", "data": [{"id": "another-model"}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    tasks = tmp_path / "tasks.json"
-    tasks.write_text(json.dumps([{"task_id": MKDIR.task_id, "config": MKDIR.config}]))
-    with ThreadingHTTPServer(("127.0.0.1", 0), Models) as http:
-        threading.Thread(target=http.serve_forever, daemon=True).start()
-        try:
-            with pytest.raises(PolicyConfigError, match="another-model"):
-                collect(
-                    tasks,
-                    PolicyConfig(base_url=f"http://127.0.0.1:{http.server_port}", model="m"),
-                    tmp_path / "run",
-                    desktop=DesktopConfig(backend="local", options={"grader": "own"}),
-                    desktops=1,
-                    load=LoadSpec(),
-                )
-        finally:
-            http.shutdown()
-    assert seen == [True]  # a desktop server ran while the check waited
-    assert servers_below_us() == set()
-    assert not (tmp_path / "run" / "rollouts.jsonl").exists()
-    assert [n for n in os.listdir(private_tmp) if "legato" in n] == []

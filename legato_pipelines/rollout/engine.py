@@ -119,9 +119,8 @@ async def collect_async(
     Raises ``ConfigError`` (bad knobs, bad task list, resume into another run, a checkpoint
     folder that changed), ``LoadError`` (the checkpoint could not be loaded or is not served:
     before any desktop starts, quoting the server), ``PolicyConfigError`` (wrong URL/model/
-    option: before any attempt, or at the first call; the runners' ``local`` and ``fake``
-    desktops start beside the policy check and are stopped again, OSWorld VMs start only after
-    it) and ``DesktopError`` when no desktop can be started. Records already written are kept.
+    option: before any desktop starts, or at the first call) and ``DesktopError`` when no
+    desktop can be started. Records already written are kept.
     """
     from ..harness import Harness
     from ..policy.client import PolicyClient
@@ -196,20 +195,11 @@ async def collect_async(
     try:
         owned = desktop_pool is None
         pool: list[Desktop] = []
-        opening: asyncio.Task | None = None  # the runners' desktops, starting beside the checks
         async with contextlib.AsyncExitStack() as stack:
             stack.enter_context(young_gc_threshold())
             if owned and peek.pending():
                 # e.g. the local graders' template: its import runs beside the checks below
                 await stack.enter_async_context(warm_up(desktop))
-                if (plan is None or plan.spec.mode == "none") and opens_late(desktop):
-                    # local desktops (~1 s to start) start beside the policy check; a batch
-                    # that fails before it takes them stops them (OSWorld VMs, and weights
-                    # being loaded, wait for it)
-                    opening = asyncio.create_task(
-                        open_desktops(desktop, min(desktops, peek.pending())), name="open-runners"
-                    )
-                    stack.push_async_callback(_stop_unless_taken, lambda: opening)
             client = await stack.enter_async_context(
                 PolicyClient(
                     policy,
@@ -269,12 +259,7 @@ async def collect_async(
                     else:
                         # the spares start while the runners' first attempts run
                         late = n_open - runners if opens_late(desktop) else 0
-                        if opening is not None:  # sized by the peek: may differ from n_open
-                            taken, opening = opening, None
-                            pool = await taken
-                            late = max(0, n_open - len(pool))
-                        else:
-                            pool = await open_desktops(desktop, n_open - late)
+                        pool = await open_desktops(desktop, n_open - late)
                     later = (
                         (lambda: open_desktops(desktop, late, first=n_open - late), late)
                         if late
@@ -336,24 +321,6 @@ async def _verify_after(plan, writer: RunWriter) -> None:
         writer.update_meta("checkpoint", {**plan.meta(), "after": {"changed": str(exc)}})
         raise
     writer.update_meta("checkpoint", {**plan.meta(), "after": after})
-
-
-async def _stop_unless_taken(opening: Callable[[], asyncio.Task | None]) -> None:
-    """Stop the desktops the task ``opening()`` opens when the batch did not take them (it
-    failed before: a wrong policy URL, a locked run directory): the opening is cancelled (it
-    stops what it began) or, when it ended, its desktops are closed."""
-    task = opening()
-    if task is None:
-        return
-    task.cancel()
-    try:
-        desktops = await task
-    except BaseException:  # noqa: BLE001 - cancelled or failed: nothing left running
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():  # we were cancelled too
-            raise
-        return
-    await asyncio.gather(*(d.close() for d in desktops), return_exceptions=True)
 
 
 def opens_late(desktop: DesktopConfig) -> bool:
