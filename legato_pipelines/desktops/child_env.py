@@ -122,7 +122,8 @@ def worker_env(extra: dict[str, str] | None = None, *, provider: str | None) -> 
     for ``azure``, ...; nothing for ``local`` or ``None``, a worker that starts no VM), plus
     ``extra``. No other credential and never the policy key.
 
-    ``PYTHON_DOTENV_DISABLED=1`` stops desktop_env's import-time ``load_dotenv()`` (docs/osworld.md §8).
+    ``PYTHON_DOTENV_DISABLED=1`` stops desktop_env's import-time ``load_dotenv()``
+    (docs/osworld.md §8).
     """
     env = {k: v for k, v in os.environ.items() if k in PASS_ENV}
     env.update(provider_env(provider))

@@ -12,9 +12,9 @@ command line and whole environment the warm-up would give them (the functions th
 are the warm-up's own: :func:`.server_template.template_command`,
 :func:`.osworld.template.preloading_command`). The warm-up then takes them over
 (:func:`.processes.take_early`: same command line, same environment, still running) instead
-of starting its own. A template nobody takes is stopped: once the warm-up has taken its own (a flag read
-differently here), or at exit (a policy check that failed, a run with nothing left to do);
-until then it costs its imports' CPU and its memory.
+of starting its own. A template nobody takes is stopped: once the warm-up has taken its own
+(a flag read differently here), or at exit (a policy check that failed, a run with nothing
+left to do); until then it costs its imports' CPU and its memory.
 
 Best effort by design: anything unexpected here leaves the command as it was (the warm-up
 starts its templates itself). Stdlib and the project's light modules only.
