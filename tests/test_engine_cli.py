@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from legato_pipelines import read_records
 from tests.engine_support import SECRET, fake_tasks
@@ -415,9 +416,11 @@ def test_backend_any_case_and_screen_bounds_name_the_flag(policy_server, tmp_pat
     )
 
 
-def test_sigterm_mid_batch_says_how_to_resume(policy_server, tmp_path):
-    """SIGTERM (``kill``, a scheduler stopping the job) stops a collection as Ctrl-C does: the
-    finished records are kept, the same line says how to resume, exit status 143."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_mid_batch_says_how_to_resume(policy_server, tmp_path, signum):
+    """SIGTERM (``kill``, a scheduler stopping the job) and SIGHUP (its terminal closed) stop
+    a collection as Ctrl-C does: the finished records are kept, the same line says how to
+    resume, exit status 128 + the signal (143, 129)."""
     tasks = write_tasks(tmp_path / "tasks.json", 8)
     out = tmp_path / "run"
     args = collect_args(
@@ -433,9 +436,9 @@ def test_sigterm_mid_batch_says_how_to_resume(policy_server, tmp_path):
     deadline = time.time() + 60
     while time.time() < deadline and len(read_records(out)) < 4:
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     stderr = proc.communicate(timeout=60)[1]
-    assert proc.returncode == 143
+    assert proc.returncode == 128 + signum
     assert "interrupted: finished records are kept in" in stderr and "to resume" in stderr
     assert "Traceback" not in stderr
     assert 4 <= len(read_records(out)) < 24, "the signal must land mid-batch"

@@ -239,7 +239,7 @@ def collect_command(
     except KeyboardInterrupt:
         fail(
             f"interrupted: finished records are kept in {out}; run the same command again to resume",
-            code=143 if terminated else 130,
+            code=128 + terminated[0] if terminated else 130,
         )
     if json_out:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
@@ -254,25 +254,30 @@ def collect_command(
 
 @contextlib.contextmanager
 def _sigterm_as_ctrl_c() -> Iterator[list[int]]:
-    """While inside, SIGTERM (``kill``, a scheduler stopping the job) stops the collection as
-    Ctrl-C does: it raises SIGINT, so the engine's ``asyncio.run`` cancels the batch, closes
-    the desktops and keeps the finished records. Yields a list that gets the signal number
-    when SIGTERM came (the caller exits 143 = 128 + SIGTERM, not Ctrl-C's 130)."""
+    """While inside, SIGTERM (``kill``, a scheduler stopping the job) and SIGHUP (its terminal
+    closed; left alone when ignored, as under ``nohup``) stop the collection as Ctrl-C does:
+    they raise SIGINT, so the engine's ``asyncio.run`` cancels the batch, closes the desktops
+    and keeps the finished records. Yields a list that gets the signal number when one came
+    (the caller exits 128 + it: 143 for SIGTERM, 129 for SIGHUP, not Ctrl-C's 130)."""
     got: list[int] = []
 
-    def on_sigterm(signum: int, frame: object) -> None:
+    def on_signal(signum: int, frame: object) -> None:
         got.append(signum)
         signal.raise_signal(signal.SIGINT)
 
+    previous: dict[int, Any] = {}
     try:
-        previous = signal.signal(signal.SIGTERM, on_sigterm)
-    except ValueError:  # not the main thread: leave SIGTERM alone
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                previous[signum] = signal.signal(signum, on_signal)
+    except ValueError:  # not the main thread: leave the signals alone
         yield got
         return
     try:
         yield got
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def warn_unusable(summary: dict) -> None:
