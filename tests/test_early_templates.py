@@ -17,6 +17,7 @@ import time
 import pytest
 
 from legato_pipelines.desktops import early, processes
+from legato_pipelines.desktops.local.procs import process_table
 from legato_pipelines.desktops.local.server_template import ServerTemplate, template_command
 from legato_pipelines.desktops.osworld.template import WorkerTemplate, preloading_command
 from tests.osworld_backend_support import osworld_python
@@ -209,16 +210,14 @@ def test_a_signal_during_the_cli_imports_stops_the_templates(tmp_path, signum):
 def children_running(parent: int, markers: tuple[bytes, ...]) -> list[int]:
     """Children of ``parent`` whose command line holds one of ``markers``."""
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+    for info in process_table().values():
+        if info.ppid != parent:
             continue
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
+            with open(f"/proc/{info.pid}/cmdline", "rb") as f:
                 cmdline = f.read()
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue
-        if ppid == parent and any(m in cmdline for m in markers):
-            found.append(int(entry))
+        if any(m in cmdline for m in markers):
+            found.append(info.pid)
     return found

@@ -61,6 +61,12 @@ class Spawned:
         return await self.proc.wait()
 
 
+def pdeathsig_guard() -> list[str]:
+    """The argv prefix that ties a child to this process: ``setpriv --pdeathsig TERM --`` (it
+    gets SIGTERM when the thread that spawned it ends), ``[]`` where ``setpriv`` is missing."""
+    return ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
+
+
 @dataclass
 class EarlyProcess:
     """A process spawned before the event loop ran (:func:`spawn_early`): its command line

@@ -72,7 +72,7 @@ from ..child_env import desktop_server_env
 from ..client import DesktopClient
 from ..osworld import template_started
 from ..popups import PopupGuard
-from ..processes import ForkRendezvous, PidfdProcess, Spawned, stop_early
+from ..processes import ForkRendezvous, PidfdProcess, Spawned, pdeathsig_guard, stop_early
 from ..server_tasks import ServerTasks
 from .osworld_grader import OSWorldGrader
 from .server_template import (
@@ -255,7 +255,7 @@ class ServerProcess:
         """Spawn the server (``python -m legato_pipelines.desktops.local.server``); its stdout."""
         # A parent-death signal: if this process dies (even by SIGKILL), the server gets SIGTERM
         # and shuts its desktop down instead of leaking it.
-        guard = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
+        guard = pdeathsig_guard()
         argv = [*guard, sys.executable, "-m", "legato_pipelines.desktops.local.server", *args]
         proc = await asyncio.create_subprocess_exec(
             *argv, env=env, stdout=asyncio.subprocess.PIPE, start_new_session=True

@@ -53,14 +53,13 @@ import gc
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import time
 
 from ...errors import DesktopError
 from ..child_env import SINGLE_THREADED, desktop_server_env
-from ..processes import AdoptedProcess, LoopShared, Spawned, take_early
+from ..processes import AdoptedProcess, LoopShared, Spawned, pdeathsig_guard, take_early
 from ..reaping import reap_children
 
 TEMPLATE_START_TIMEOUT_S = 60.0  # the imports under a loaded machine
@@ -236,7 +235,7 @@ def template_command(python: str = sys.executable) -> tuple[list[str], dict[str,
     :meth:`ServerTemplate.ready` and by ``desktops/early.py``, which starts it on ``legato``'s
     first line."""
     env = {**desktop_server_env(), **SINGLE_THREADED}  # never the policy key
-    guard = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
+    guard = pdeathsig_guard()
     return [*guard, python, "-m", __name__], env
 
 

@@ -27,7 +27,7 @@ import tempfile
 
 from ...errors import ConfigError, DesktopError
 from ..child_env import SINGLE_THREADED, worker_env
-from ..processes import LoopShared, take_early
+from ..processes import LoopShared, pdeathsig_guard, take_early
 from .channel import WORKER_SCRIPT, WorkerProcess
 
 PRELOAD_TIMEOUT_S = 120.0  # the import under a loaded machine (the graders' own deadline)
@@ -102,7 +102,7 @@ def preloading_command(python: str) -> tuple[list[str], dict[str, str]]:
     forks). Used by
     ``desktops/early.py``, which starts it on ``legato``'s first line, and to recognise it in
     :meth:`WorkerTemplate.ready`."""
-    guard = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
+    guard = pdeathsig_guard()
     return [*guard, python, "-I", str(WORKER_SCRIPT), "--preload"], worker_env(
         SINGLE_THREADED, provider="local"
     )
