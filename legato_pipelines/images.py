@@ -8,8 +8,9 @@ for 20 steps is hashed and base64-encoded once, not once per request.
 :func:`resized_png` is the one resize of a screenshot to the model's size, wherever it runs:
 the collector (``harness/resize.py``), the fake backend, the local desktop server and the
 OSWorld worker, so what the model sees is the same pixels and bytes whichever side made it.
-This module imports only the standard library (Pillow inside the functions that need it): the
-OSWorld worker, which runs under another interpreter, loads it by its path.
+This module imports only the standard library (Pillow, numpy and imagecodecs inside the
+functions that need them): the OSWorld worker, which runs under another interpreter, loads it
+by its path.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class Screenshot:
 
     @classmethod
     def from_pil(cls, image, *, compress_level: int = 1) -> Screenshot:
-        """Encode a PIL image as PNG (``compress_level`` 1: ~2x faster than 6, ~1.5x bigger)."""
+        """Encode a PIL image as PNG (:func:`encode_png`; ``compress_level`` 0-9, zlib's)."""
         return cls(encode_png(image, compress_level=compress_level), image.width, image.height)
 
     def complete(self) -> bool:
@@ -85,11 +86,50 @@ class Screenshot:
         return f"Screenshot({self.width}x{self.height}, {len(self.png)} bytes)"
 
 
+#: Image modes :func:`encode_png` hands to libpng (every screenshot is RGB or RGBA).
+_LIBPNG_MODES = frozenset({"RGB", "RGBA", "L"})
+
+
 def encode_png(image, *, compress_level: int = 1) -> bytes:
-    """A PIL image as PNG bytes (Pillow's encoder, zlib ``compress_level``)."""
+    """A PIL image as PNG bytes at zlib ``compress_level`` (0-9): the same pixels whatever
+    the level.
+
+    RGB, RGBA and L images (every screenshot) are encoded by libpng through imagecodecs, with
+    the ``Up`` filter on every row. Pillow's own encoder tries four filters on each row and
+    keeps the best: at 1280x704 that costs ~20 ms of CPU where libpng with ``Up`` costs ~7 ms,
+    for the same size within a few percent on screenshots (their rows repeat; BENCHMARKS.md,
+    issue 18 part 8). Other modes go through Pillow's encoder. Raises ``ImportError`` when
+    imagecodecs is not installed (a project dependency; the OSWorld worker, which may lack
+    it, checks :func:`png_codecs` before it encodes).
+    """
+    if image.mode in _LIBPNG_MODES:
+        import numpy as np
+        from imagecodecs import PNG, png_encode
+
+        return bytes(png_encode(np.asarray(image), level=compress_level, filter=PNG.FILTER.UP))
     buf = io.BytesIO()
     image.save(buf, format="PNG", compress_level=compress_level)
     return buf.getvalue()
+
+
+def png_codecs() -> str:
+    """What makes :func:`resized_png`'s bytes here: Pillow's version (the resize) and
+    imagecodecs' (the PNG encoder), e.g. ``"Pillow 13.0.0, imagecodecs 2026.3.6"``; a missing
+    one is named ``none``. Two interpreters with the same string make the same bytes from the
+    same pixels (the OSWorld worker resizes only when its string is the collector's)."""
+    try:
+        import PIL
+
+        pillow = PIL.__version__
+    except ImportError:
+        pillow = "none"
+    try:
+        import imagecodecs
+
+        codecs = imagecodecs.__version__
+    except ImportError:
+        codecs = "none"
+    return f"Pillow {pillow}, imagecodecs {codecs}"
 
 
 def resized_png(image, size: tuple[int, int]) -> bytes:
@@ -97,9 +137,10 @@ def resized_png(image, size: tuple[int, int]) -> bytes:
 
     The resize OSWorld's Qwen agents do before sending a screenshot: ``Image.resize`` with
     Pillow's default filter (bicubic for RGB/RGBA; nearest for modes "1"/"P"), then a PNG,
-    here at zlib level 1 (same pixels as level 6, ~2x faster). An image already of that size
-    is only encoded. Every side that resizes a screenshot for the model calls this (module
-    docs), so the same pixels in give the same bytes out.
+    here at zlib level 1 (:func:`encode_png`: the same pixels as any level). An image already
+    of that size is only encoded. Every side that resizes a screenshot for the model calls
+    this (module docs), so the same pixels in give the same bytes out where
+    :func:`png_codecs` is the same.
     """
     width, height = size
     if image.size != (width, height):

@@ -276,21 +276,20 @@ async def test_osworld_e0df059f_on_the_sandboxed_local_provider(tmp_path):
 async def test_model_size_observation_is_the_collector_resize_of_the_vm_screen(tmp_path):
     """Through DesktopEnv on a real screen (an editor open): what the engine gets from
     observe(size=) is byte for byte what the collector-side path makes of the full screenshot.
-    The worker resizes only when its Pillow is the collector's; the full OSWorld recipe keeps
-    desktop-env's own pin (Pillow~=11.0), and then the VM's own PNG comes back for the
-    collector to resize."""
+    The worker resizes only when its Pillow and imagecodecs are the collector's
+    (``images.png_codecs``); the full OSWorld recipe keeps desktop-env's own pin (Pillow~=11.0),
+    and then the VM's own PNG comes back for the collector to resize."""
     import subprocess
 
-    import PIL
-
+    from legato_pipelines.desktops.osworld import channel
     from legato_pipelines.harness import Harness
     from legato_pipelines.harness.resize import resize_screenshot
+    from legato_pipelines.images import png_codecs
 
-    worker_pillow = subprocess.run(
-        [osworld_python(), "-c", "import PIL; print(PIL.__version__)"],
-        capture_output=True,
-        text=True,
-        check=True,
+    worker = str(channel.WORKER_SCRIPT)
+    probe = f"import runpy; print(runpy.run_path({worker!r})['_images'].png_codecs())"
+    worker_codecs = subprocess.run(
+        [osworld_python(), "-I", "-c", probe], capture_output=True, text=True, check=True
     ).stdout.strip()
 
     task = suite_tasks()["local-edit-append"]
@@ -307,7 +306,7 @@ async def test_model_size_observation_is_the_collector_resize_of_the_vm_screen(t
                 shot = await desktop.observe(size)
                 if (await desktop.observe()).png == full.png:
                     break
-            assert shot.size == (size if worker_pillow == PIL.__version__ else full.size)
+            assert shot.size == (size if worker_codecs == png_codecs() else full.size)
             engine_gets = shot if shot.size == size else resize_screenshot(shot, rule)
             assert engine_gets.png == resize_screenshot(full, rule).png
     finally:

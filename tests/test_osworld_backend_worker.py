@@ -39,14 +39,6 @@ def venv_imports(python: str, module: str) -> bool:
     return subprocess.run([python, "-I", "-c", probe]).returncode == 0
 
 
-def venv_pillow(python: str) -> str:
-    """The Pillow version of the OSWorld venv at ``python``."""
-    probe = "import PIL; print(PIL.__version__)"
-    return subprocess.run(
-        [python, "-I", "-c", probe], capture_output=True, text=True
-    ).stdout.strip()
-
-
 async def started_worker(python: str, tmp_path, **env) -> channel.WorkerProcess:
     worker = channel.WorkerProcess(
         python, env=osworld_options.worker_env(env, provider=None), cwd=str(tmp_path), name="t"
@@ -449,17 +441,19 @@ print(json.dumps(out))
     assert reader.startswith("ImportError") and ("easyocr" in reader or "torch" in reader)
 
 
-def test_worker_resize_is_the_collectors_byte_for_byte(python, tmp_path):
-    """The worker's model-size screenshot (``model_png``, under the OSWorld venv's own Pillow)
-    is the collector-side resize of the same PNG, byte for byte, for both Qwen variants; a
-    screenshot already at the model's size, or a worker whose Pillow is not the collector's
-    version, sends the VM's own bytes (the collector then resizes)."""
-    import PIL
-
+@pytest.mark.parametrize("interpreter", ["collector's", "osworld venv's"])
+def test_worker_resize_is_the_collectors_byte_for_byte(python, interpreter, tmp_path):
+    """The worker's model-size screenshot (``model_png``) is the collector-side resize of the
+    same PNG, byte for byte, for both Qwen variants, under an interpreter with the collector's
+    Pillow and imagecodecs (``images.png_codecs``); a screenshot already at the model's size,
+    or a worker whose codecs are not the collector's versions (the OSWorld venv pins its own
+    Pillow), sends the VM's own bytes (the collector then resizes)."""
     from legato_pipelines.desktops.fake import frame_pool
     from legato_pipelines.harness import Harness
     from legato_pipelines.harness.resize import resize_screenshot
+    from legato_pipelines.images import png_codecs
 
+    interpreter = sys.executable if interpreter == "collector's" else python
     cases = []
     for screen in ((1280, 720), (1920, 1080)):
         frame = frame_pool(*screen, frames=2)[1]
@@ -469,21 +463,25 @@ def test_worker_resize_is_the_collectors_byte_for_byte(python, tmp_path):
             rule = Harness(variant=variant).resize_rule
             cases.append((str(path), rule.size(*screen), resize_screenshot(frame, rule).png))
     cases.append((str(path), (1920, 1080), frame.png))
-    cases.append((str(path), (1920, 1088), frame.png))  # another Pillow: the VM's own bytes
-    pillow = [PIL.__version__] * (len(cases) - 1) + ["0.0-not-this-one"]
-    if venv_pillow(python) != PIL.__version__:
-        # desktop-env's own pin (Pillow~=11.0, the full recipe) is not the collector's Pillow:
-        # the worker never resizes, every case is the VM's own bytes
-        cases = [(png, size, Path(png).read_bytes()) for png, size, _ in cases]
+    cases.append((str(path), (1920, 1088), frame.png))  # other codecs: the VM's own bytes
+    codecs = [png_codecs()] * (len(cases) - 1) + ["Pillow 0.0-not-this-one, imagecodecs 0"]
     probe = f"""
 import runpy, sys
 w = runpy.run_path({str(channel.WORKER_SCRIPT)!r})
+print(w["_images"].png_codecs())
 for i, (path, size) in enumerate({[(c[0], c[1]) for c in cases]!r}):
-    out = w["model_png"](open(path, "rb").read(), size, {pillow!r}[i])
+    out = w["model_png"](open(path, "rb").read(), size, {codecs!r}[i])
     open({str(tmp_path)!r} + f"/out-{{i}}.png", "wb").write(out)
 """
-    done = subprocess.run([python, "-I", "-c", probe], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [interpreter, "-I", "-c", probe], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
+    if done.stdout.strip() != png_codecs():
+        # the OSWorld venv's own Pillow (desktop-env pins it) or no imagecodecs: the worker
+        # never resizes, every case is the VM's own bytes
+        assert interpreter == python
+        cases = [(png, size, Path(png).read_bytes()) for png, size, _ in cases]
     for i, (_, size, expected) in enumerate(cases):
         assert (tmp_path / f"out-{i}.png").read_bytes() == expected, size
 

@@ -67,7 +67,7 @@ import numpy as np
 
 from ...actions import Action
 from ...errors import ConfigError, DesktopError
-from ...images import Screenshot
+from ...images import Screenshot, png_codecs
 from ...osworld_format import needs_full_reset
 from ...tasks import Evaluation, Task
 from ..base import DesktopConfig, WaitsByMode, act_facts, osworld_code, screenshot_of
@@ -220,7 +220,7 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
         in the worker's process (``worker.model_png``), not the collector's; the first one once
         windows nobody asked for are closed (``..popups``)."""
         await self._guard_handout()
-        fields = {"size": list(size), "pillow": _pillow_version()} if size is not None else {}
+        fields = {"size": list(size), "codecs": png_codecs()} if size is not None else {}
         answer = await self._call("observe", self.call_timeout, **fields)
         return screenshot_of(base64.b64decode(answer["png"]), self.name, kind="vm")
 
@@ -371,14 +371,6 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
             "apps", timeout_s=max(cap_s - result.ready_s, 0.1), **apps_cap
         )
         return result.ready_s + float(more["ready_s"]), bool(more.get("timed_out"))
-
-
-def _pillow_version() -> str:
-    """This interpreter's Pillow version: the worker resizes only with the same one (the same
-    bytes as the collector's resize), else it sends the whole screenshot."""
-    import PIL
-
-    return PIL.__version__
 
 
 async def open_osworld_desktops(config: DesktopConfig, n: int) -> list[OSWorldDesktop]:

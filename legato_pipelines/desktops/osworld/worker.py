@@ -26,9 +26,10 @@ Operations (``result`` shapes):
   setup     {task_config}: only the task's setup (``DesktopEnv.reset`` with nothing to revert),
             on a desktop the caller has reset (the local backend's OSWorld grader);
             {setup_s, setup_failures}
-  observe   {size?: [w, h], pillow?}: {png: base64}; at the model's size when given (resized
+  observe   {size?: [w, h], codecs?}: {png: base64}; at the model's size when given (resized
             here, in the worker's process, by the project's ``images.resized_png``, when this
-            interpreter's Pillow is the collector's version ``pillow``)
+            interpreter's Pillow and imagecodecs are the collector's versions, ``codecs``:
+            ``images.png_codecs()``)
   step      {code, pause?}: ``DesktopEnv.step(code, pause)`` (pause 0 unless given);
             {done, info, returncode, error, output} (``output``: the code's stdout tail)
   evaluate  {last_action_fail}: ``DesktopEnv.evaluate()``; {reward, error, notes}. An exception
@@ -692,7 +693,7 @@ class Worker:
         if png is None:
             raise WorkerError("vm", "no screenshot (the VM server stopped answering)")
         if req.get("size") is not None:
-            png = model_png(png, req["size"], req.get("pillow"))
+            png = model_png(png, req["size"], req.get("codecs"))
         return {"png": base64.b64encode(png).decode("ascii")}
 
     def step(self, req: dict) -> dict:
@@ -783,12 +784,13 @@ class Worker:
         return self.env
 
 
-def model_png(png: bytes, size, pillow: str | None = None) -> bytes:
+def model_png(png: bytes, size, codecs: str | None = None) -> bytes:
     """The VM's screenshot at the model's ``size`` ([width, height]), resized here in the
     worker's process by the project's own ``images.resized_png`` (what the collector would
     do: decode, Pillow's default resize, encode). The VM's own bytes when it already has that
-    size, or when this interpreter has no Pillow or another version than ``pillow`` (the
-    collector's: the same version makes the same bytes), so the collector resizes it."""
+    size, or when this interpreter lacks Pillow or imagecodecs, or its
+    ``images.png_codecs()`` (their versions) is not ``codecs`` (the collector's: the same
+    versions make the same bytes), so the collector resizes it."""
     import io
 
     try:
@@ -797,13 +799,11 @@ def model_png(png: bytes, size, pillow: str | None = None) -> bytes:
         raise WorkerError(
             "protocol", f"observe: size must be [width, height], got {size!r}"
         ) from None
-    try:
-        import PIL
-        from PIL import Image
-    except ImportError:
+    own = _images.png_codecs()
+    if "none" in own or (codecs is not None and own != codecs):
         return png
-    if pillow is not None and PIL.__version__ != pillow:
-        return png
+    from PIL import Image
+
     with Image.open(io.BytesIO(png)) as image:
         if image.size == (width, height):
             return png
