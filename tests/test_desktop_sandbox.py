@@ -427,6 +427,53 @@ async def test_an_unsandboxed_display_is_out_of_a_sandboxs_reach(servers):
 
 
 @needs_root
+def test_a_server_killed_with_sigkill_leaves_no_sandbox_process_nor_session_bus():
+    """``kill -9`` of a desktop server (the OOM killer, a crashed host agent) takes its
+    sandboxes along: each sandbox's init (tini) gets SIGKILL when its ``unshare`` dies
+    (``tini -p SIGKILL``), and the kernel then ends everything in that pid namespace, the
+    session bus included. (The parent-death signal ``unshare --kill-child`` sets did not
+    survive the exec chain to tini: both inits, their sleeps, the bus and the bus's nsenter
+    were left running, re-parented to init, one set per killed server.)"""
+    from legato_pipelines.desktops.local.procs import descendants, process_table
+
+    server = RunningServer(320, 240)
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # the running sandbox's and the spare's init (the spare starts after "ready")
+            table = process_table()
+            below = descendants(server.proc.pid, table)
+            inits = [pid for pid in below if table[pid].comm == "tini"]
+            if len(inits) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert len(inits) == 2, below
+        assert any(table[pid].comm == "dbus-daemon" for pid in below)
+        watched = {(pid, table[pid].comm) for pid in below}
+        watched |= {
+            (int(pid), table[int(pid)].comm)
+            for init in inits
+            for pid in _pid_namespace_members(init)
+            if int(pid) in table
+        }
+        server.proc.kill()
+        server.proc.wait()
+        deadline = time.monotonic() + 10
+        while True:
+            now = process_table()
+            alive = sorted(
+                (pid, comm)
+                for pid, comm in watched
+                if pid in now and now[pid].comm == comm and now[pid].state != "Z"
+            )
+            if not alive or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    finally:
+        server.stop()  # its state directory (the process is gone already)
+    assert alive == []
+
+
+@needs_root
 def test_a_closed_desktop_leaves_no_display_files_and_stale_locks_are_reused():
     server = RunningServer(320, 240)
     number = server.info["display"][1:]

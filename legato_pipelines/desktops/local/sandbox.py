@@ -190,7 +190,7 @@ cd /
 umount -n -l /.old  # -n: no /run/mount/utab in the new /run
 rmdir /.old
 echo ready
-exec setpriv --bounding-set "$CAPS_DROPPED" -- env -i /usr/bin/tini -s -- /bin/sleep infinity </dev/null >/dev/null 2>&1
+exec setpriv --bounding-set "$CAPS_DROPPED" -- env -i /usr/bin/tini -s -p SIGKILL -- /bin/sleep infinity </dev/null >/dev/null 2>&1
 """
 
 
