@@ -26,13 +26,13 @@ import signal
 import socket
 import struct
 import subprocess
-import tempfile
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DesktopError
+from .scratch import scratch_dir
 
 
 class Spawned:
@@ -112,7 +112,7 @@ def spawn_early(argv: list[str], env: dict[str, str], *, own_dir: bool = False) 
     with its stderr in ``worker.log`` there, as an osworld template runs. Processes nobody
     took are killed (and their directory removed) when this process exits. Raises
     ``OSError`` when it cannot be spawned."""
-    cwd = tempfile.mkdtemp(prefix="legato-osworld-template-") if own_dir else None
+    cwd = scratch_dir("legato-osworld-template-") if own_dir else None
     log_path = os.path.join(cwd, "worker.log") if cwd else None
     stderr = open(log_path, "ab") if log_path else None  # noqa: SIM115 - the child's own copy
     try:
@@ -335,7 +335,7 @@ class ForkRendezvous:
             raise DesktopError("no os.pidfd_open here (Linux only)", kind="transport")
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._dir = tempfile.mkdtemp(prefix=prefix)
+            self._dir = scratch_dir(prefix)
         except BaseException:
             self._listener.close()
             raise

@@ -9,7 +9,6 @@ for what setup captures and evaluation fetches (:mod:`legato_pipelines.osworld_f
 from __future__ import annotations
 
 import shutil
-import tempfile
 from typing import Any
 
 from ..osworld_format import evaluate_task_within, run_setup
@@ -17,6 +16,7 @@ from ..osworld_format.sources import file_cache_dir
 from ..tasks import Evaluation, Task
 from .base import DesktopConfig
 from .client import DesktopClient
+from .scratch import scratch_dir
 
 
 class ServerTasks:
@@ -71,7 +71,7 @@ class ServerTasks:
 
     def _new_work_dir(self) -> None:
         self._drop_work_dir()
-        self._work_dir = tempfile.mkdtemp(prefix=f"legato-{self.name.replace(':', '-')}-work-")
+        self._work_dir = scratch_dir(f"legato-{self.name.replace(':', '-')}-work-")
 
     def _drop_work_dir(self) -> None:
         if self._work_dir is not None:

@@ -56,7 +56,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +72,7 @@ from ..client import DesktopClient
 from ..osworld import template_started
 from ..popups import PopupGuard
 from ..processes import ForkRendezvous, PidfdProcess, Spawned, pdeathsig_guard, stop_early
+from ..scratch import scratch_dir, sweep
 from ..server_tasks import ServerTasks
 from .osworld_grader import OSWorldGrader
 from .server_template import (
@@ -207,7 +207,7 @@ class ServerProcess:
             self.choose_token()
         self._token_chosen = False
         self.forked = False
-        self.state_dir = Path(tempfile.mkdtemp(prefix="legato-desktop-"))
+        self.state_dir = Path(scratch_dir("legato-desktop-"))
         env = desktop_server_env()  # no policy key, no cloud or other credential
         env[DEFAULT_TOKEN_ENV] = self.token
         args = self.server_args()
@@ -493,6 +493,9 @@ async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> 
     """Start ``n`` desktop servers concurrently (or attach to ``options["urls"]``), named
     ``local-<first>`` on.
 
+    The first call of a batch (``first`` 0) removes the temp folder's directories that
+    killed legato processes left (:func:`~legato_pipelines.desktops.scratch.sweep`).
+
     When OSWorld's grader is used, each desktop's osworld worker is spawned and imports
     desktop_env (:meth:`.OSWorldGrader.spawn`) while its server starts, and is attached to it
     once the server is up: start-up is the longer of the two, not their sum.
@@ -510,6 +513,8 @@ async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> 
     if urls:
         return await _attach(config, list(urls), n, options.get("token_env", DEFAULT_TOKEN_ENV))
     python = _grader_python(options)
+    if first == 0:  # the batch's first desktops: clear what killed batches left (scratch.py)
+        await asyncio.to_thread(sweep)
     base_port = options.get("base_port")
     size = (config.screen_width, config.screen_height)
     servers, graders = [], []

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from ...osworld_format.files import cache_file_paths, task_files
 from ...osworld_format.sources import cache_dir_path, find_source
 from ...tasks import Evaluation, Task
 from ..osworld import WorkerProcess, acquire_template, release_template, worker_env
+from ..scratch import scratch_dir
 
 VM_TOKEN_ENV = "LEGATO_OSWORLD_VM_TOKEN"
 START_TIMEOUT_S = 120.0
@@ -111,7 +111,7 @@ class OSWorldGrader:
         #: its ready line's ``ports``): DesktopEnv's chromium_port / vlc_port; empty: 9222/8080
         self.ports: dict[str, int] = {}
         self.cache_dir = cache_dir_path(cache_dir)
-        self.work_dir = Path(tempfile.mkdtemp(prefix=f"legato-{name}-osworld-"))
+        self.work_dir = Path(scratch_dir(f"legato-{name}-osworld-"))
         self.worker: WorkerProcess | None = None
         self.last_start: dict[str, Any] | None = None
         self.last_preload: dict[str, Any] | None = None

@@ -50,7 +50,6 @@ import logging
 import os
 import socket
 import sys
-import tempfile
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -58,6 +57,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..scratch import scratch_dir, sweep
 from . import chrome
 from . import home as home_mod
 from .auth import TokenAuth
@@ -231,7 +231,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: --network {args.network} needs the sandbox (drop --no-sandbox)")
     become_subreaper()
     own_state = args.state_dir is None
-    state = Path(tempfile.mkdtemp(prefix="legato-desktop-")) if own_state else args.state_dir
+    if own_state:
+        sweep()  # what servers killed with SIGKILL left in the temp folder
+    state = Path(scratch_dir("legato-desktop-")) if own_state else args.state_dir
     session = Session(
         width=args.width,
         height=args.height,

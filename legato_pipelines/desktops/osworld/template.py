@@ -23,11 +23,11 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import tempfile
 
 from ...errors import ConfigError, DesktopError
 from ..child_env import SINGLE_THREADED, worker_env
 from ..processes import LoopShared, pdeathsig_guard, take_early
+from ..scratch import scratch_dir
 from .channel import WORKER_SCRIPT, WorkerProcess
 
 PRELOAD_TIMEOUT_S = 120.0  # the import under a loaded machine (the graders' own deadline)
@@ -56,7 +56,7 @@ class WorkerTemplate:
                 return self.worker
             argv, env = preloading_command(self.python)
             early = take_early(argv, env)  # started on legato's first line, importing already
-            self._dir = early.cwd if early else tempfile.mkdtemp(prefix="legato-osworld-template-")
+            self._dir = early.cwd if early else scratch_dir("legato-osworld-template-")
             worker = WorkerProcess(
                 self.python,
                 env=env,
