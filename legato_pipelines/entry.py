@@ -11,10 +11,16 @@ import sys
 
 
 def main() -> None:
-    """Run ``legato`` with ``sys.argv``; see :func:`legato_pipelines.cli.main`."""
-    from .desktops.early import start
+    """Run ``legato`` with ``sys.argv``; see :func:`legato_pipelines.cli.main`.
 
-    start(sys.argv[1:])
-    from .cli import main as cli_main
+    Ctrl-C before the CLI is imported (its first ~1 s) exits 130 with one line, not a
+    traceback from inside an import; templates started early are stopped at exit."""
+    try:
+        from .desktops.early import start
 
+        start(sys.argv[1:])
+        from .cli import main as cli_main
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted before the command started; nothing was collected\n")
+        raise SystemExit(130) from None
     cli_main()

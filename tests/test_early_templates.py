@@ -180,11 +180,11 @@ async def test_the_warm_up_stops_templates_started_early_that_it_did_not_take(tm
         assert taken.popen.poll() is None  # the server template, now the warm-up's
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_a_signal_during_the_cli_imports_stops_the_templates(tmp_path, signum):
-    """``legato collect --backend local`` killed by SIGTERM or SIGHUP while it imports its CLI
-    (its templates already started): it exits 128+signal and leaves neither template running
-    nor the graders' directory."""
+    """``legato collect --backend local`` stopped by SIGTERM, SIGHUP or Ctrl-C while it
+    imports its CLI (its templates already started): it exits 128+signal without a
+    traceback and leaves neither template running nor the graders' directory."""
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
     env = {**os.environ, "PYTHONPATH": REPO, "TMPDIR": str(private_tmp)}
@@ -192,7 +192,9 @@ def test_a_signal_during_the_cli_imports_stops_the_templates(tmp_path, signum):
     cmd = [sys.executable, "-m", "legato_pipelines", "collect", "--backend", "local"]
     cmd += ["--tasks", "t.json", "--policy-url", "http://127.0.0.1:9", "--model", "m"]
     cmd += ["--out", str(tmp_path / "run")]
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stderr=subprocess.DEVNULL)
+    stderr = tmp_path / "stderr"
+    with open(stderr, "wb") as err:
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stderr=err)
     templates: list[int] = []
     deadline = time.monotonic() + 20.0
     while len(templates) < 2 and time.monotonic() < deadline:
@@ -205,6 +207,7 @@ def test_a_signal_during_the_cli_imports_stops_the_templates(tmp_path, signum):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert [n for n in os.listdir(private_tmp) if n.startswith("legato-osworld-template")] == []
+    assert "Traceback" not in stderr.read_text()
 
 
 def children_running(parent: int, markers: tuple[bytes, ...]) -> list[int]:
