@@ -122,12 +122,18 @@ def test_export_and_profile_commands(policy_server, tmp_path):
     )
     prof = legato("profile", out, "--json")
     assert prof.returncode == 0
-    assert json.loads(prof.stdout)["counts"]["ok"] == 4
+    recomputed = json.loads(prof.stdout)
+    assert recomputed["counts"]["ok"] == 4
+    # the records' span, said so: collect's own summary has the session's wall (longer)
+    session = json.loads((out / "summary.json").read_text())
+    assert (recomputed["wall_of"], session["wall_of"]) == ("records", "session")
+    assert recomputed["wall_s"] <= session["wall_s"]
     table_out = legato("profile", out)
     assert (
         "success rate" in table_out.stdout
         and "model call" in table_out.stdout
         and "desktops" in table_out.stdout
+        and "(records: first start to last end)" in table_out.stdout
     )
     bad = legato("export", out, "--out", tmp_path / "samples.csv")
     assert bad.returncode != 0 and ".parquet or .jsonl" in bad.stderr

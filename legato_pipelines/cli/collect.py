@@ -388,7 +388,8 @@ def print_profile(summary: dict) -> None:
             "  ".join(f"{k} {'-' if v is None else v}" for k, v in sampling.items()),
         )
     table.add_row("rollouts / hour", _fmt(summary["rollouts_per_hour"]))
-    table.add_row("wall time", f"{summary['wall_s']:.1f} s, {summary['steps']} steps")
+    of = {"records": " (records: first start to last end)"}.get(summary.get("wall_of"), "")
+    table.add_row("wall time", f"{summary['wall_s']:.1f} s{of}, {summary['steps']} steps")
     table.add_row("time share", "  ".join(f"{k} {v:.0%}" for k, v in summary["time_share"].items()))
     m = summary["model_call_s"]
     table.add_row(

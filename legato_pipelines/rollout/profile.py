@@ -31,7 +31,9 @@ def summarize(
     Definitions: ``success_rate`` is the mean reward over the ``ok``+``truncated`` attempts
     with a valid reward (``graded`` of them; OSWorld's score convention: a reward is in
     [0, 1]; ``None`` only when none was graded); ``rollouts_per_hour`` counts those
-    attempts per hour of wall time; ``time_share`` is each phase's share of the summed phase
+    attempts per hour of wall time, ``wall_s`` (seconds), the session's when the caller gives
+    it, else the records' span from the first start to the last end (``wall_of``: ``session``
+    or ``records``); ``time_share`` is each phase's share of the summed phase
     seconds of executed attempts; ``model_call_s`` percentiles are over every model call;
     ``retried_calls`` are calls that needed more than one HTTP request, ``hung_calls`` the
     requests cut at ``step_timeout`` (in completed steps, and every request of a call that failed
@@ -71,7 +73,9 @@ def summarize(
             math.ceil(knobs.get("group", 0) * knobs.get("oversample", 0) - 1e-9)
         )
         scheduled = per_group * meta.get("n_tasks", 0) or len({r.logical_attempt for r in records})
+    wall_of = "session"
     if wall_s is None:
+        wall_of = "records"
         wall_s = (
             (max(r.ended_at for r in records) - min(r.started_at for r in records))
             if records
@@ -124,6 +128,7 @@ def summarize(
         "graded": len(rewards),
         "rollouts_per_hour": (len(final) / wall_s * 3600.0) if wall_s > 0 else None,
         "wall_s": round(wall_s, 6),
+        "wall_of": wall_of,
         "steps": len(steps),
         "time_share": {
             p[:-2]: (phase_totals[p] / phase_sum if phase_sum else 0.0) for p in TIME_PHASES
