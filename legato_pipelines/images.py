@@ -88,6 +88,8 @@ class Screenshot:
 
 #: Image modes :func:`encode_png` hands to libpng (every screenshot is RGB or RGBA).
 _LIBPNG_MODES = frozenset({"RGB", "RGBA", "L"})
+#: ``image.info`` keys Pillow's encoder writes as chunks (tRNS, iCCP): such an image keeps it.
+_PNG_INFO_KEPT = frozenset({"transparency", "icc_profile"})
 
 
 def encode_png(image, *, compress_level: int = 1) -> bytes:
@@ -98,11 +100,12 @@ def encode_png(image, *, compress_level: int = 1) -> bytes:
     the ``Up`` filter on every row. Pillow's own encoder tries four filters on each row and
     keeps the best: at 1280x704 that costs ~20 ms of CPU where libpng with ``Up`` costs ~7 ms,
     for the same size within a few percent on screenshots (their rows repeat; BENCHMARKS.md,
-    issue 18 part 8). Other modes go through Pillow's encoder. Raises ``ImportError`` when
+    issue 18 part 8). Other modes, and images whose ``info`` holds a transparent colour or an
+    ICC profile (chunks Pillow writes), go through Pillow's encoder. Raises ``ImportError`` when
     imagecodecs is not installed (a project dependency; the OSWorld worker, which may lack
     it, checks :func:`png_codecs` before it encodes).
     """
-    if image.mode in _LIBPNG_MODES:
+    if image.mode in _LIBPNG_MODES and not _PNG_INFO_KEPT.intersection(image.info):
         import numpy as np
         from imagecodecs import PNG, png_encode
 
@@ -114,9 +117,10 @@ def encode_png(image, *, compress_level: int = 1) -> bytes:
 
 def png_codecs() -> str:
     """What makes :func:`resized_png`'s bytes here: Pillow's version (the resize) and
-    imagecodecs' (the PNG encoder), e.g. ``"Pillow 13.0.0, imagecodecs 2026.3.6"``; a missing
-    one is named ``none``. Two interpreters with the same string make the same bytes from the
-    same pixels (the OSWorld worker resizes only when its string is the collector's)."""
+    imagecodecs' with the libpng and zlib it runs (the PNG encoder), e.g. ``"Pillow 13.0.0,
+    imagecodecs 2026.3.6 (libpng 1.6.55, zlib 1.2.13)"``; a missing one is named ``none``.
+    Two interpreters with the same string make the same bytes from the same pixels (the
+    OSWorld worker resizes only when its string is the collector's)."""
     try:
         import PIL
 
@@ -126,7 +130,9 @@ def png_codecs() -> str:
     try:
         import imagecodecs
 
-        codecs = imagecodecs.__version__
+        codecs = (
+            f"{imagecodecs.__version__} ({imagecodecs.png_version()}, {imagecodecs.zlib_version()})"
+        )
     except ImportError:
         codecs = "none"
     return f"Pillow {pillow}, imagecodecs {codecs}"

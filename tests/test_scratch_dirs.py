@@ -1,4 +1,4 @@
-"""Scratch directories (desktops/scratch.py): what a process killed with SIGKILL left in the
+"""Scratch directories (legato_pipelines/scratch.py): what a process killed with SIGKILL left in the
 temp folder is removed at the next start, and nothing of a live process or another program.
 Real processes, real directories, a real local desktop for the sweep at start."""
 
@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from legato_pipelines.desktops import DesktopConfig
-from legato_pipelines.desktops.scratch import OWNER_FILE, scratch_dir, sweep
+from legato_pipelines.scratch import OWNER_FILE, scratch_dir, sweep
 from tests.desktop_local_support import needs_xvfb
 
 MAKE_AND_WAIT = """
 import sys, time
-from legato_pipelines.desktops.scratch import scratch_dir
+from legato_pipelines.scratch import scratch_dir
 path = scratch_dir("legato-test-scratch-")
 open(path + "/state", "w").write("x")
 print(path, flush=True)
@@ -41,6 +41,15 @@ def killed_owner_dir(root: Path | None = None) -> Path:
     return path
 
 
+def owned(root: Path, name: str, pid: int, start: int, boot: str, ns: int) -> Path:
+    """A ``legato-*`` directory under ``root`` with an owner file of these fields."""
+    path = root / name
+    path.mkdir()
+    (path / OWNER_FILE).write_text(f"{pid} {start} {boot} {ns}\n")
+    (path / "state").write_text("x")
+    return path
+
+
 def test_a_killed_owners_directory_is_swept_a_live_ones_and_foreign_ones_are_kept(
     tmp_path, monkeypatch
 ):
@@ -48,19 +57,27 @@ def test_a_killed_owners_directory_is_swept_a_live_ones_and_foreign_ones_are_kep
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
     live = Path(scratch_dir("legato-test-scratch-"))  # this process: running
+    me, start, boot, ns = (live / OWNER_FILE).read_text().split()
     foreign = tmp_path / "legato-made-by-an-older-version"
     foreign.mkdir()
-    other = tmp_path / "not-legato"
-    other.mkdir()
-    (other / OWNER_FILE).write_text(f"{2**22 + 1} 1\n")  # a dead owner, not a legato- name
-    reused = tmp_path / "legato-pid-reused"
-    reused.mkdir()
+    # an ended owner, but not a legato- name
+    other = owned(tmp_path, "not-legato", 2**22 + 1, 1, boot, int(ns))
     # this process's pid with another start time: its owner was an earlier process, ended
-    (reused / OWNER_FILE).write_text(f"{os.getpid()} 1\n")
+    reused = owned(tmp_path, "legato-pid-reused", int(me), 1, boot, int(ns))
+    # ended owners this process cannot judge: another boot, another pid namespace
+    old_boot = owned(tmp_path, "legato-old-boot", 2**22 + 1, 1, "another-boot", int(ns))
+    container = owned(tmp_path, "legato-other-ns", 2**22 + 1, 1, boot, int(ns) + 1)
+    link = tmp_path / "legato-a-link"
+    link.symlink_to(dead)
+    fifo = tmp_path / "legato-fifo-owner"
+    fifo.mkdir()
+    os.mkfifo(fifo / OWNER_FILE)  # never waited on
 
     assert sorted(sweep()) == sorted([str(dead), str(reused)])
     assert not dead.exists() and not reused.exists()
-    assert live.is_dir() and foreign.is_dir() and other.is_dir()
+    for kept in (live, foreign, other, old_boot, container, fifo):
+        assert kept.is_dir(), kept
+    assert link.is_symlink()
     assert sweep(str(tmp_path)) == []
 
 
@@ -87,10 +104,10 @@ def test_prefix_must_be_legatos():
 async def test_opening_local_desktops_sweeps_what_a_killed_batch_left():
     """A batch killed with SIGKILL leaves its desktops' state directories; the next batch's
     first desktops remove them, and their own directories carry an owner."""
-    from legato_pipelines.desktops.local.backend import open_local_desktops
+    from legato_pipelines.desktops import open_desktops
 
     dead = killed_owner_dir()
-    [desktop] = await open_local_desktops(DesktopConfig(backend="local"), 1)
+    [desktop] = await open_desktops(DesktopConfig(backend="local"), 1)
     try:
         assert not dead.exists()
         state = desktop.server.state_dir

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import TYPE_CHECKING
 
@@ -54,7 +55,9 @@ async def open_desktops(config: DesktopConfig, n: int, first: int = 0) -> list[D
     ``first``: the number in the first desktop's name (``local-<first>``, ``fake-<first>``),
     for desktops opened after others of the same batch (spares that join late); only the
     ``fake`` and ``local`` backends starting their own desktops take it (``ConfigError``
-    otherwise). A cancelled opening of ``local`` desktops stops what it started."""
+    otherwise). A cancelled opening of ``local`` desktops stops what it started. The first
+    call of a batch (``first`` 0; not for ``fake``) removes the temp folder's directories that
+    killed legato processes left (:func:`.scratch.sweep`)."""
     if first and (config.backend not in ("fake", "local") or config.options.get("urls")):
         raise ConfigError(
             f"desktops: only fake and local desktops started here can be opened late (first={first})"
@@ -65,6 +68,10 @@ async def open_desktops(config: DesktopConfig, n: int, first: int = 0) -> list[D
         from .fake import FakeDesktop
 
         return [FakeDesktop(config, i) for i in range(first, first + n)]
+    if first == 0:  # a batch's first desktops: clear what killed processes left (scratch.py)
+        from ..scratch import sweep
+
+        await asyncio.to_thread(sweep)
     if config.backend == "local":
         try:
             from .local.backend import open_local_desktops

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DesktopError
-from .scratch import scratch_dir
+from ..scratch import scratch_dir
 
 
 class Spawned:

@@ -13,10 +13,10 @@ from typing import Any
 
 from ..osworld_format import evaluate_task_within, run_setup
 from ..osworld_format.sources import file_cache_dir
+from ..scratch import scratch_dir
 from ..tasks import Evaluation, Task
 from .base import DesktopConfig
 from .client import DesktopClient
-from .scratch import scratch_dir
 
 
 class ServerTasks:

@@ -21,12 +21,13 @@ so the engine recovers the desktop instead of grading a dead one.
 from __future__ import annotations
 
 import asyncio
-import tempfile
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import DesktopError
+from ..scratch import scratch_dir
 from ..tasks import Evaluation, Task
 from .controller import DesktopController
 from .file_notes import file_notes
@@ -157,10 +158,13 @@ async def evaluate_task(
             screen_size,
             client_password,
         )
-    with tempfile.TemporaryDirectory(prefix=f"legato-eval-{task.task_id[:8]}-") as tmp:
+    tmp = scratch_dir(f"legato-eval-{task.task_id[:8]}-")
+    try:
         return await _evaluate(
             task, controller, last_action_fail, cache_dir, Path(tmp), screen_size, client_password
         )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 async def _evaluate(

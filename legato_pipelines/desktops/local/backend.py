@@ -65,6 +65,7 @@ from ...images import Screenshot
 from ...osworld_format import needs_full_reset
 from ...osworld_format.ports import NETWORKS as PORT_NETWORKS
 from ...osworld_format.sources import file_cache_dir
+from ...scratch import scratch_dir
 from ...tasks import Evaluation, Task
 from ..base import DesktopConfig, WaitsByMode, check_options
 from ..child_env import desktop_server_env
@@ -72,7 +73,6 @@ from ..client import DesktopClient
 from ..osworld import template_started
 from ..popups import PopupGuard
 from ..processes import ForkRendezvous, PidfdProcess, Spawned, pdeathsig_guard, stop_early
-from ..scratch import scratch_dir, sweep
 from ..server_tasks import ServerTasks
 from .osworld_grader import OSWorldGrader
 from .server_template import (
@@ -493,9 +493,6 @@ async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> 
     """Start ``n`` desktop servers concurrently (or attach to ``options["urls"]``), named
     ``local-<first>`` on.
 
-    The first call of a batch (``first`` 0) removes the temp folder's directories that
-    killed legato processes left (:func:`~legato_pipelines.desktops.scratch.sweep`).
-
     When OSWorld's grader is used, each desktop's osworld worker is spawned and imports
     desktop_env (:meth:`.OSWorldGrader.spawn`) while its server starts, and is attached to it
     once the server is up: start-up is the longer of the two, not their sum.
@@ -513,8 +510,6 @@ async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> 
     if urls:
         return await _attach(config, list(urls), n, options.get("token_env", DEFAULT_TOKEN_ENV))
     python = _grader_python(options)
-    if first == 0:  # the batch's first desktops: clear what killed batches left (scratch.py)
-        await asyncio.to_thread(sweep)
     base_port = options.get("base_port")
     size = (config.screen_width, config.screen_height)
     servers, graders = [], []

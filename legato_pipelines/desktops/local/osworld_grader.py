@@ -31,9 +31,9 @@ from typing import Any
 from ...errors import DesktopError
 from ...osworld_format.files import cache_file_paths, task_files
 from ...osworld_format.sources import cache_dir_path, find_source
+from ...scratch import scratch_dir
 from ...tasks import Evaluation, Task
 from ..osworld import WorkerProcess, acquire_template, release_template, worker_env
-from ..scratch import scratch_dir
 
 VM_TOKEN_ENV = "LEGATO_OSWORLD_VM_TOKEN"
 START_TIMEOUT_S = 120.0

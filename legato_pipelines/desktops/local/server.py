@@ -57,7 +57,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..scratch import scratch_dir, sweep
+from ...scratch import scratch_dir, sweep
 from . import chrome
 from . import home as home_mod
 from .auth import TokenAuth

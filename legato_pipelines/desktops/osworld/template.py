@@ -25,9 +25,9 @@ import logging
 import shutil
 
 from ...errors import ConfigError, DesktopError
+from ...scratch import scratch_dir
 from ..child_env import SINGLE_THREADED, worker_env
 from ..processes import LoopShared, pdeathsig_guard, take_early
-from ..scratch import scratch_dir
 from .channel import WORKER_SCRIPT, WorkerProcess
 
 PRELOAD_TIMEOUT_S = 120.0  # the import under a loaded machine (the graders' own deadline)

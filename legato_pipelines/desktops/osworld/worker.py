@@ -788,9 +788,11 @@ def model_png(png: bytes, size, codecs: str | None = None) -> bytes:
     """The VM's screenshot at the model's ``size`` ([width, height]), resized here in the
     worker's process by the project's own ``images.resized_png`` (what the collector would
     do: decode, Pillow's default resize, encode). The VM's own bytes when it already has that
-    size, or when this interpreter lacks Pillow or imagecodecs, or its
-    ``images.png_codecs()`` (their versions) is not ``codecs`` (the collector's: the same
-    versions make the same bytes), so the collector resizes it."""
+    size, or when this interpreter's ``images.png_codecs()`` (Pillow's and imagecodecs'
+    versions, ``none`` for a missing one) is not ``codecs`` (the collector's: the same
+    versions make the same bytes) or no ``codecs`` was sent, so the collector resizes it. An
+    OSWorld venv usually differs (desktop-env pins its own Pillow; its numpy 1.26 pin keeps
+    the collector's imagecodecs out), so the collector resizes VM screenshots."""
     import io
 
     try:
@@ -799,8 +801,7 @@ def model_png(png: bytes, size, codecs: str | None = None) -> bytes:
         raise WorkerError(
             "protocol", f"observe: size must be [width, height], got {size!r}"
         ) from None
-    own = _images.png_codecs()
-    if "none" in own or (codecs is not None and own != codecs):
+    if codecs is None or _images.png_codecs() != codecs:
         return png
     from PIL import Image
 
