@@ -5,6 +5,7 @@ spawn when the template is gone, and the shared template of the local graders.""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -248,3 +249,84 @@ async def test_a_grader_close_cancelled_midway_still_stops_its_worker_and_ends_i
     finally:
         await template.release_template(probe)
         await grader.close()
+
+
+def pidfd_targets(pid: int) -> set[int]:
+    """The processes ``pid`` holds a pidfd of (``Pid:`` in /proc/<pid>/fdinfo of a pidfd)."""
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fdinfo"):
+        try:
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                for line in f:
+                    if line.startswith("Pid:"):
+                        found.add(int(line.split()[1]))
+        except OSError:
+            pass
+    return found
+
+
+async def test_spawned_and_forked_workers_watch_the_collector_they_serve(python, tmp_path):
+    """From op ``start`` on, each worker waits on its collector's pidfd (``end_with_client``):
+    a spawned one on its parent's, a forked one on its socket peer's (SO_PEERCRED), not on
+    the template's; the template itself never starts a DesktopEnv and watches nothing."""
+    tmpl = await preloaded(python, tmp_path)
+    a = worker(python, tmp_path, "a", tmpl)
+    b = worker(python, tmp_path, "b")
+    try:
+        await asyncio.gather(a.start(), b.start())
+        assert a.forked and not b.forked
+        for w in (a, b):
+            pid = w.pid
+            assert os.getpid() not in pidfd_targets(pid)
+            # no VM server at port 1: DesktopEnv waits for it, the watch has begun
+            starting = asyncio.create_task(w.call("start", 120, **PLAN))
+            deadline = time.monotonic() + 20
+            while os.getpid() not in pidfd_targets(pid) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert os.getpid() in pidfd_targets(pid)
+            assert tmpl.pid not in pidfd_targets(pid)
+            starting.cancel()  # the channel stops the worker
+            with pytest.raises(asyncio.CancelledError):
+                await starting
+        assert pidfd_targets(tmpl.pid) == set()
+    finally:
+        await asyncio.gather(a.stop(5), b.stop(5), tmpl.stop(5))
+
+
+def test_a_worker_whose_collector_was_killed_ends_though_its_pipe_stays_open(python):
+    """A collector killed with SIGKILL: its worker ends at once, without waiting for its
+    protocol to break (here another process still holds its stdin open, as DesktopEnv's retry
+    loops would keep it from reading for ~100 s)."""
+    import subprocess
+    import sys
+
+    read, write = os.pipe()  # this test keeps the write end: the worker's stdin never ends
+    request = {"id": 1, "op": "start", **PLAN}
+    os.write(write, json.dumps(request).encode() + b"\n")  # it fails, after the watch began
+    client = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            f"w = subprocess.Popen([{python!r}, '-I', {str(channel.WORKER_SCRIPT)!r}],"
+            f" stdin={read}, stdout=subprocess.DEVNULL)\n"
+            "print(w.pid, flush=True)\n"
+            "time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        pass_fds=(read,),
+        text=True,
+    )
+    try:
+        pid = int(client.stdout.readline())
+        deadline = time.monotonic() + 10
+        while client.pid not in pidfd_targets(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)  # until its watch runs
+        client.kill()
+        client.wait()
+        assert wait_gone(pid, 10)
+    finally:
+        os.close(read)
+        os.close(write)
+        if client.poll() is None:
+            client.kill()
