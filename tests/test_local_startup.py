@@ -198,3 +198,30 @@ async def test_warm_up_needs_nothing_for_the_own_grader_or_other_backends():
     with pytest.raises(ConfigError, match="osworld_python"):
         async with warm_up(missing):
             pass
+
+
+def test_a_server_whose_starter_is_gone_ends_quietly_and_leaves_nothing():
+    """A desktop server whose ready line finds no reader (the collector was interrupted while
+    its desktops started): it shuts its display down and exits 0, without the
+    ``BrokenPipeError`` traceback it used to print into the collector's terminal."""
+    import subprocess
+    import sys
+
+    from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV
+
+    import glob
+
+    env = {**os.environ, DEFAULT_TOKEN_ENV: "t" * 24}
+    cmd = [sys.executable, "-m", "legato_pipelines.desktops.local.server"]
+    states = set(glob.glob("/tmp/legato-desktop-*"))
+    proc = subprocess.Popen(
+        [*cmd, "--width", "320", "--height", "240"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    proc.stdout.close()  # nobody reads the ready line
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr.decode()[-2000:]
+    assert b"Traceback" not in stderr
+    assert set(glob.glob("/tmp/legato-desktop-*")) <= states  # its state directory removed

@@ -285,7 +285,12 @@ def main(argv: list[str] | None = None) -> None:
                     "host_home": str(session.home),
                     "ports": session.osworld_ports(),
                 }
-                print(f"{READY_LINE} {json.dumps(ready)}", flush=True)
+                try:
+                    print(f"{READY_LINE} {json.dumps(ready)}", flush=True)
+                except BrokenPipeError:  # whoever started this server is gone: end quietly
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+                    uv.should_exit = True
+                    return
                 os.dup2(2, 1)  # nothing else goes to stdout
 
         uv.startup = announce
