@@ -204,12 +204,11 @@ def test_a_server_whose_starter_is_gone_ends_quietly_and_leaves_nothing():
     """A desktop server whose ready line finds no reader (the collector was interrupted while
     its desktops started): it shuts its display down and exits 0, without the
     ``BrokenPipeError`` traceback it used to print into the collector's terminal."""
+    import glob
     import subprocess
     import sys
 
     from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV
-
-    import glob
 
     env = {**os.environ, DEFAULT_TOKEN_ENV: "t" * 24}
     cmd = [sys.executable, "-m", "legato_pipelines.desktops.local.server"]
