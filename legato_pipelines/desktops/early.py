@@ -22,8 +22,10 @@ starts its templates itself). Stdlib and the project's light modules only.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
+import sys
 from collections.abc import Sequence
 
 from .processes import early_processes, spawn_early
@@ -55,6 +57,10 @@ def start(argv: Sequence[str]) -> None:
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
+    """Say so on stderr (the CLI's own handlers do, later), then exit 128 + ``signum``."""
+    with contextlib.suppress(OSError, ValueError):
+        name = signal.Signals(signum).name
+        sys.stderr.write(f"legato: stopped by {name} (run the same command again to resume)\n")
     raise SystemExit(128 + signum)
 
 
