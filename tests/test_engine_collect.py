@@ -4,6 +4,7 @@ loopback, real run directories. Statuses, accounting, advantages, dedup, resume.
 from __future__ import annotations
 
 import io
+import json
 import math
 from collections import Counter
 from pathlib import Path
@@ -887,3 +888,32 @@ def test_profile_percentiles_are_numpys():
         values = sorted(rng.lognormvariate(0, 1) for _ in range(n))
         for q in (50, 95, 99):
             assert percentile(values, q) == float(np.percentile(values, q)), (n, q)
+
+
+def test_a_run_directory_without_records_starts_anew_whatever_its_settings(policy_server, tmp_path):
+    """A batch stopped before its first record (desktops that never started: the default
+    ``osworld`` backend without Docker) left only ``run.json``; the next ``collect`` with
+    other settings (another backend, version, group) starts there instead of refusing to
+    "resume" nothing. Once records exist, other settings are refused as before."""
+    tasks = load_tasks(fake_tasks(1))
+    collect(
+        tasks, policy(policy_server), tmp_path, desktops=1, desktop=fake(), group=1, max_steps=2
+    )
+    (tmp_path / "rollouts.jsonl").write_bytes(b"")  # as if no attempt had ended
+    meta = json.loads((tmp_path / "run.json").read_text())
+    meta["knobs"]["backend"] = "osworld"
+    (tmp_path / "run.json").write_text(json.dumps(meta))
+    collect(
+        tasks,
+        policy(policy_server, version="step-2"),
+        tmp_path,
+        desktops=1,
+        desktop=fake(),
+        group=2,
+        max_steps=2,
+    )
+    meta = json.loads((tmp_path / "run.json").read_text())
+    assert (meta["policy"]["version"], meta["knobs"]["group"]) == ("step-2", 2)
+    assert meta["knobs"]["backend"] == "fake"
+    with pytest.raises(ResumeError, match="policy version"):
+        collect(tasks, policy(policy_server), tmp_path, desktops=1, desktop=fake(), group=2)

@@ -93,7 +93,9 @@ class RunWriter:
         would be overwritten), or holds a run of another policy (version or model), task set,
         group or oversample, or of another load mode or checkpoint folder, or of a checkpoint
         whose fingerprint has changed since, or whose weights changed under it (``run.json``'s
-        ``checkpoint`` entry, ``after.changed``). Raises :class:`ResumeError` /
+        ``checkpoint`` entry, ``after.changed``). A run directory without records (a batch
+        stopped before its first attempt ended, e.g. at the policy check) is no run to resume:
+        any settings may start there anew. Raises :class:`ResumeError` /
         :class:`ConfigError`."""
         if self.root.exists() and not self.root.is_dir():
             raise ConfigError(
@@ -115,6 +117,8 @@ class RunWriter:
                     "directory, or the --out of an earlier collect to resume it)"
                 )
             return
+        if not self._has_records():
+            return  # a run that collected nothing (e.g. stopped at its preflight): start anew
         old = orjson.loads(meta_path.read_bytes())
         self._check_checkpoint(old, meta)
         old_knobs, knobs = old.get("knobs", {}), meta.get("knobs", {})
@@ -247,13 +251,21 @@ class RunWriter:
         self._messages_dir.mkdir(exist_ok=True)
         self._images_dir.mkdir(exist_ok=True)
         meta_path = self.root / RUN_META
-        if not meta_path.exists():
+        if not meta_path.exists() or not self._has_records():
             atomic_write(meta_path, orjson.dumps(meta, option=orjson.OPT_INDENT_2))
         records = read_records(self.root, repair=True)
         self._seen_messages = {p.stem for p in self._messages_dir.glob("*.json")}
         self._seen_images = {p.stem for p in self._images_dir.glob("*.png")}
         self._fh = open(self.root / RECORDS, "ab")
         return records
+
+    def _has_records(self) -> bool:
+        """Whether ``rollouts.jsonl`` holds anything (a run's ``run.json`` is written before
+        its first record: without records there is nothing to resume)."""
+        try:
+            return (self.root / RECORDS).stat().st_size > 0
+        except FileNotFoundError:
+            return False
 
     def previous_wall_s(self) -> float:
         """Wall seconds of the earlier sessions of this run (from ``summary.json``), so a
