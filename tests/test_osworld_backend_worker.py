@@ -518,3 +518,38 @@ def test_the_liveness_probe_asks_the_vm_server_for_no_screenshot():
         server.shutdown()
         server.server_close()
     assert seen == [("/cursor_position", "Bearer vm-token")]
+
+
+def test_installing_a_recipe_that_is_there_runs_no_pip(python, monkeypatch):
+    """``legato osworld install`` on a venv that has the recipe (its ``legato-recipe.json``,
+    written by the install that built it) runs no pip: a second pip run re-resolved the
+    recipes, printed pip's resolver complaints and swapped Pillow back and forth (~40 s).
+    A venv whose file names only the core recipe still gets the full one."""
+    import json
+
+    from legato_pipelines.desktops.osworld import install as install_mod
+
+    venv = Path(python).parents[1]
+    recipe = venv / install_mod.RECIPE_FILE
+    if not recipe.exists():
+        pytest.skip("this venv was built before legato-recipe.json (scripts/setup.sh writes it)")
+    pips = []
+    real_run = subprocess.run
+
+    def run(argv, *args, **kwargs):
+        if "pip" in argv:
+            pips.append(argv)
+            return subprocess.CompletedProcess(argv, 0)
+        return real_run(argv, *args, **kwargs)
+
+    monkeypatch.setattr(install_mod.subprocess, "run", run)
+    kept = recipe.read_text()
+    full = set(json.loads(kept)["packages"]) >= set(install_mod._recipe_packages(True))
+    try:
+        assert install_mod.install(venv, full=False)["recipe"] == ("full" if full else "core")
+        assert pips == []
+        recipe.write_text(json.dumps({"packages": install_mod._recipe_packages(False)}))
+        assert install_mod.install(venv, full=True)["recipe"] == "full"
+        assert [argv[-1] for argv in pips][-1] == install_mod.FULL_NO_DEPS[-1]  # the full steps
+    finally:
+        recipe.write_text(kept)

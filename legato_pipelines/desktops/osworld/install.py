@@ -16,6 +16,7 @@ The VM side (pyautogui inside the VM) is not part of this venv: OSWorld's VM ima
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -105,11 +106,23 @@ def is_installed(path: Path) -> bool:
 def install(path: Path | None = None, *, full: bool = False, quiet: bool = True) -> dict:
     """Create (or complete) the venv at ``path`` and install desktop-env plus a recipe.
 
-    Returns ``{"venv", "python", "recipe", "seconds", "size_mb"}``. Idempotent: pip skips what
-    is there. Raises ``RuntimeError`` naming the failing pip command when an install fails.
+    Returns ``{"venv", "python", "recipe", "seconds", "size_mb"}``. Idempotent: a venv whose
+    :data:`RECIPE_FILE` holds this recipe's packages (or the full recipe's, for ``core``) and
+    that imports desktop_env is left as it is, without running pip (a second run of pip
+    re-resolved the recipes, printed its resolver's complaints and swapped Pillow back and
+    forth: ~40 s). Raises ``RuntimeError`` naming the failing pip command when an install
+    fails.
     """
     path = Path(path or default_venv()).expanduser().resolve()
     t0 = time.perf_counter()
+    done_file = path / RECIPE_FILE
+    wanted = _recipe_packages(full)
+    try:
+        have = json.loads(done_file.read_text())["packages"]
+    except (OSError, ValueError, KeyError, TypeError):
+        have = None
+    if have is not None and set(wanted) <= set(have) and is_installed(path):
+        return _installed(path, "full" if set(_recipe_packages(True)) <= set(have) else "core", t0)
     if not venv_python(path).exists():
         venv.EnvBuilder(with_pip=True, clear=False).create(path)
     pip = [str(venv_python(path)), "-m", "pip", "install", "--disable-pip-version-check"]
@@ -124,11 +137,24 @@ def install(path: Path | None = None, *, full: bool = False, quiet: bool = True)
             raise RuntimeError(
                 f"osworld venv: `{' '.join(argv[2:])}` failed with {done.returncode}"
             )
+    done_file.write_text(json.dumps({"packages": sorted(set(wanted) | set(have or ()))}))
+    return _installed(path, "full" if full else "core", t0)
+
+
+#: In the venv: the packages of the recipe(s) ``install`` completed there (JSON).
+RECIPE_FILE = "legato-recipe.json"
+
+
+def _recipe_packages(full: bool) -> list[str]:
+    return [DESKTOP_ENV, *CORE, *((*FULL, *FULL_NO_DEPS) if full else ())]
+
+
+def _installed(path: Path, recipe: str, t0: float) -> dict:
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
     return {
         "venv": str(path),
         "python": str(venv_python(path)),
-        "recipe": "full" if full else "core",
+        "recipe": recipe,
         "seconds": round(time.perf_counter() - t0, 1),
         "size_mb": round(size / 2**20),
     }
