@@ -625,3 +625,62 @@ def test_heavy_starts_go_side_by_side_only_while_heavy_executions_are_a_minority
     assert starts(3, 6, group=2) == 1
     assert starts(5, 5) == 1  # half: one at a time
     assert starts(6, 5) == 2
+
+
+class LongCalc(FakeDesktop):
+    """A fake desktop shaped like the local suite's on a loaded machine: a Calc task's reset
+    takes 1.2 s (the cold start) and each of its actions 0.6 s (long attempts); a light
+    task's reset 0.5 s, longer than the rest of a Calc start begun earlier."""
+
+    async def reset(self, task, *, seed=0):
+        self.heavy = "libreoffice_calc" in task.config.get("related_apps", [])
+        await asyncio.sleep(1.2 if self.heavy else 0.5)
+        return await super().reset(task, seed=seed)
+
+    async def act(self, action):
+        if self.heavy:
+            await asyncio.sleep(0.6)
+        return await super().act(action)
+
+
+def test_an_idle_light_preparation_is_given_up_for_a_heavy_start_nothing_prepares(
+    policy_server, tmp_path, monkeypatch
+):
+    """The local suite's slow case (BENCHMARKS.md, issue 18 part 8): light attempts, then
+    three long Calc attempts, 2 runners + 2 spares, 2 heavy starts at once. The runners take
+    the spares' two Calc desktops, leaving their own desktops prepared for light attempts they
+    will not run for seconds; the third Calc's start then begins on one of those at once (its
+    light attempt goes back to the queue's front) instead of waiting for a Calc attempt to end
+    and then ending the batch alone."""
+    policy_server.latency = Latency(0.2)
+    monkeypatch.setattr(handout, "HEAVY_STARTS", 2)
+    entries = (
+        fake_tasks(6, success=1.0)
+        + [
+            {**t, "config": {**t["config"], "related_apps": ["libreoffice_calc"]}}
+            for t in fake_tasks(3, success=1.0, prefix="calc")
+        ]
+        + fake_tasks(6, success=1.0, prefix="late")
+    )
+    config = DesktopConfig(backend="fake")
+    out = tmp_path / "out"
+    summary = collect(
+        load_tasks(entries),
+        policy(policy_server),
+        out,
+        desktop_pool=[LongCalc(config, i) for i in range(4)],
+        spares=2,
+        group=1,
+        max_steps=2,
+    )
+    records = read_records(out)
+    assert_accounted(records, summary)
+    calc = sorted(
+        (r for r in records if r["task_id"].startswith("calc")), key=lambda r: r["started_at"]
+    )
+    first_calc_end = min(c["ended_at"] for c in calc[:2])
+    # its start began while the first two Calc attempts ran, not once one had ended
+    assert calc[2]["started_at"] < first_calc_end - 0.3
+    # the light attempt whose preparation was given up ran later, once, as every other
+    assert sorted(r["task_id"] for r in records) == sorted(e["task_id"] for e in entries)
+    assert all(r["status"] == "ok" for r in records)

@@ -30,6 +30,12 @@ the wall); when heavy executions are most of the batch (OSWorld's offline tasks:
 attempts), starting them side by side takes every spare away from the light minority, whose
 resets then sit on the critical path (1.07x the wall with a 1 s model).
 
+A light preparation that has ended and that no runner needs (the others cover every runner
+without a desktop) is given up for a queued heavy execution nothing prepares yet, while a
+heavy start may begin (:meth:`Handout._idle_for_heavy`): when the runners took the spares'
+heavy desktops while their own were being prepared for light attempts, the next heavy start
+otherwise waited seconds for a desktop to come back and ended the batch alone (part 8).
+
 Rules the hand-out keeps:
 
 - a desktop is handed out only once its preparation ended; one whose reset or setup failed
@@ -159,20 +165,65 @@ class Handout:
 
     def _fill(self) -> None:
         """Prepare every free desktop for the next queued execution (a spare: for the first
-        heavy one; module docstring)."""
-        while self.free:
-            ex = self._next()
-            if ex is None:
+        heavy one; module docstring); then give an idle light preparation up for a heavy
+        start that nothing prepares yet (:meth:`_idle_for_heavy`)."""
+        while True:
+            while self.free:
+                ex = self._next()
+                if ex is None:
+                    return
+                if ex.group.closed:
+                    self.on_skipped(ex)
+                    continue
+                handed = Handed(ex, self.free.popleft(), time.perf_counter())
+                handed.task = asyncio.create_task(
+                    self._prepare(handed), name=f"prepare-{handed.desktop.name}"
+                )
+                handed.task.add_done_callback(self._prepared)
+                self.prepared.append(handed)
+            if not self._idle_for_heavy():
                 return
-            if ex.group.closed:
-                self.on_skipped(ex)
-                continue
-            handed = Handed(ex, self.free.popleft(), time.perf_counter())
-            handed.task = asyncio.create_task(
-                self._prepare(handed), name=f"prepare-{handed.desktop.name}"
-            )
-            handed.task.add_done_callback(lambda _t: self._changed.set())
-            self.prepared.append(handed)
+
+    def _prepared(self, _task: asyncio.Task) -> None:
+        """A preparation ended: wake the runners waiting, and look again at what the free
+        heavy-start slots could do (an idle light preparation may be given up)."""
+        self._changed.set()
+        if self.sched.pending():
+            self._fill()
+
+    def _idle_for_heavy(self) -> bool:
+        """Give up one light preparation that has ended and that no runner needs (the other
+        preparations cover every runner without a desktop) when a heavy execution is queued
+        with no desktop and a heavy start may begin: its execution goes back to the queue's
+        front and its desktop is free again, for the heavy start. Without it, when both
+        runners' desktops were prepared for light attempts while the spares' heavy starts
+        were still under way (the runners then took the heavy ones), the next heavy start
+        waited for a desktop to come back ~4 s later and ended the batch alone: the local
+        suite's wall took 21 s instead of 17 s in one run of three (BENCHMARKS.md, issue 18
+        part 8). Returns whether it gave one up."""
+        starting = sum(1 for h in self.prepared if not h.task.done() and self._is_heavy(h.ex))
+        if starting >= self.heavy_starts():
+            return False
+        if self.runners - self.busy > len(self.prepared) - starting - 1:
+            return False  # every preparation left is a runner's next desktop
+        idle = [
+            h
+            for h in self.prepared
+            if h.task.done()
+            and not h.task.cancelled()
+            and h.task.result().ready
+            and not self._is_heavy(h.ex)
+        ]
+        if not idle or not any(
+            not ex.taken and not ex.group.closed and self._is_heavy(ex) for ex in self.sched.queue
+        ):
+            return False
+        handed = idle[-1]  # the last in queue order: the one needed last
+        self.prepared.remove(handed)
+        handed.ex.taken = False
+        self.sched.queue.appendleft(handed.ex)
+        self.free.append(handed.desktop)
+        return True
 
     @staticmethod
     async def _prepare(handed: Handed):
