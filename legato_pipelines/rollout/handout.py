@@ -32,9 +32,10 @@ resets then sit on the critical path (1.07x the wall with a 1 s model).
 
 A light preparation that has ended and that no runner needs (the others cover every runner
 without a desktop) is given up for a queued heavy execution nothing prepares yet, while a
-heavy start may begin (:meth:`Handout._idle_for_heavy`): when the runners took the spares'
-heavy desktops while their own were being prepared for light attempts, the next heavy start
-otherwise waited seconds for a desktop to come back and ended the batch alone (part 8).
+heavy start may begin and heavy executions are a minority of the batch
+(:meth:`Handout._idle_for_heavy`): when the runners took the spares' heavy desktops while
+their own were being prepared for light attempts, the next heavy start otherwise waited
+seconds for a desktop to come back and ended the batch alone (part 8).
 
 Rules the hand-out keeps:
 
@@ -151,6 +152,7 @@ class Handout:
         self.runners = runners or len(desktops)  # attempts at once
         self._heavy: dict[int, bool] = {}  # id(group) -> heavy_task(its task)
         self._heavy_starts: int | None = None  # heavy_starts(), fixed at its first use
+        self._heavy_minority = False  # heavy executions < half the batch (heavy_starts())
         self.on_skipped = on_skipped
         self.free: deque[Desktop] = deque(desktops)
         self.prepared: deque[Handed] = deque()
@@ -200,10 +202,13 @@ class Handout:
         were still under way (the runners then took the heavy ones), the next heavy start
         waited for a desktop to come back ~4 s later and ended the batch alone: the local
         suite's wall took 21 s instead of 17 s in one run of three (BENCHMARKS.md, issue 18
-        part 8). Returns whether it gave one up."""
+        part 8). Only while heavy executions are a minority of the batch: where they are most
+        of it (OSWorld's offline tasks) the light preparations are the scarce ones, and giving
+        them up put the ``os`` attempts' resets on the critical path (p50 0.97 s against 0.00 s).
+        Returns whether it gave one up."""
         starting = sum(1 for h in self.prepared if not h.task.done() and self._is_heavy(h.ex))
-        if starting >= self.heavy_starts():
-            return False
+        if starting >= self.heavy_starts() or not self._heavy_minority:
+            return False  # where heavy ones are most of the batch, light preparations are scarce
         if self.runners - self.busy > len(self.prepared) - starting - 1:
             return False  # every preparation left is a runner's next desktop
         idle = [
@@ -251,7 +256,8 @@ class Handout:
         if self._heavy_starts is None:
             queued = [ex for ex in self.sched.queue if not ex.taken]
             heavy = sum(self._is_heavy(ex) for ex in queued)
-            self._heavy_starts = HEAVY_STARTS if 2 * heavy < len(queued) else 1
+            self._heavy_minority = 2 * heavy < len(queued)
+            self._heavy_starts = HEAVY_STARTS if self._heavy_minority else 1
         return self._heavy_starts
 
     def _is_heavy(self, ex: Execution) -> bool:
