@@ -701,15 +701,15 @@ def test_an_idle_light_preparation_is_given_up_for_a_heavy_start_nothing_prepare
 async def test_the_give_up_rule_holds_only_while_heavy_executions_are_a_minority(monkeypatch):
     """:meth:`Handout._idle_for_heavy` on its own: one ended light preparation no runner needs
     (both runners busy) and a heavy execution queued with no desktop. It is given up when
-    heavy executions are a minority of the batch (the local suite: 3 of 15), never when they
-    are most of it (OSWorld's offline tasks: there the light preparations are the scarce ones;
+    heavy executions are a minority of the batch (the local suite: 3 of 15), never while a
+    runner waits (it may be the first preparation to end), never when they are most of it (OSWorld's offline tasks: there the light preparations are the scarce ones;
     on a real batch giving them up put the ``os`` resets on the critical path)."""
     from legato_pipelines.rollout.attempt import Prepared
     from legato_pipelines.rollout.scheduler import Scheduler
 
     monkeypatch.setattr(handout, "HEAVY_STARTS", 2)
 
-    async def given_up(light: int, heavy: int) -> bool:
+    async def given_up(light: int, heavy: int, waiting: bool = False) -> bool:
         entries = fake_tasks(light, success=1.0) + [
             {**t, "config": {**t["config"], "related_apps": ["libreoffice_calc"]}}
             for t in fake_tasks(heavy, success=1.0, prefix="calc")
@@ -724,7 +724,40 @@ async def test_the_give_up_rule_holds_only_while_heavy_executions_are_a_minority
         handed = handout.Handed(ex, FakeDesktop(DesktopConfig(backend="fake")), 0.0, done)
         h.prepared.append(handed)
         h.busy = 2  # both runners have a desktop: none needs this one
+        if waiting:  # ... unless a runner waits (for any preparation to end first)
+            h.busy = 1
+            h.waiting.append(object())
+            h.prepared.append(
+                handout.Handed(
+                    ex,
+                    FakeDesktop(DesktopConfig(backend="fake")),
+                    0.0,
+                    asyncio.get_running_loop().create_future(),
+                )
+            )
         return h._idle_for_heavy()
 
     assert await given_up(12, 3)
     assert not await given_up(3, 6)
+    assert not await given_up(12, 3, waiting=True)
+
+
+async def test_closing_the_hand_out_starts_no_preparation_on_a_free_desktop():
+    """``aclose`` cancels the preparations under way and puts their executions back; the
+    cancellations must not make a free desktop start preparing one of them (nobody would
+    cancel or await it: a reset on a desktop being closed, an execution taken off the queue
+    and never recorded)."""
+    from legato_pipelines.rollout.scheduler import Scheduler
+
+    sched = Scheduler()
+    engine._plan(sched, load_tasks(fake_tasks(2)), [], group=1, per_group=1, seed=0)
+    pool, _ = watched_pool(3, latency={"reset": 3.0})
+    h = handout.Handout(sched, pool, lambda ex: None, runners=2)
+    h._fill()  # two executions, three desktops: one stays free
+    assert len(h.prepared) == 2 and len(h.free) == 1
+    await asyncio.sleep(0.1)
+    await h.aclose()
+    await asyncio.sleep(0.1)  # the cancelled preparations' callbacks have run
+    running = [t for t in asyncio.all_tasks() if t.get_name().startswith("prepare-")]
+    assert running == [] and not h.prepared
+    assert sched.pending() == 2  # both back in the queue, not taken

@@ -520,19 +520,19 @@ def test_the_liveness_probe_asks_the_vm_server_for_no_screenshot():
     assert seen == [("/cursor_position", "Bearer vm-token")]
 
 
-def test_installing_a_recipe_that_is_there_runs_no_pip(python, monkeypatch):
-    """``legato osworld install`` on a venv that has the recipe (its ``legato-recipe.json``,
-    written by the install that built it) runs no pip: a second pip run re-resolved the
-    recipes, printed pip's resolver complaints and swapped Pillow back and forth (~40 s).
-    A venv whose file names only the core recipe still gets the full one."""
+def test_installing_a_recipe_that_is_there_runs_no_pip(python, monkeypatch, tmp_path):
+    """``legato osworld install`` on a venv whose ``legato-recipe.json`` holds the recipe's
+    pip steps exactly runs no pip: a second pip run re-resolved the recipes, printed pip's
+    resolver complaints and swapped Pillow back and forth (~40 s). The full recipe covers the
+    core one; a core-only venv asked for the full recipe, or a recipe whose pins changed,
+    runs its steps (pip is only recorded here: the real venv is not touched)."""
     import json
 
     from legato_pipelines.desktops.osworld import install as install_mod
 
     venv = Path(python).parents[1]
     recipe = venv / install_mod.RECIPE_FILE
-    if not recipe.exists():
-        pytest.skip("this venv was built before legato-recipe.json (scripts/setup.sh writes it)")
+    kept = recipe.read_text() if recipe.exists() else None
     pips = []
     real_run = subprocess.run
 
@@ -543,13 +543,22 @@ def test_installing_a_recipe_that_is_there_runs_no_pip(python, monkeypatch):
         return real_run(argv, *args, **kwargs)
 
     monkeypatch.setattr(install_mod.subprocess, "run", run)
-    kept = recipe.read_text()
-    full = set(json.loads(kept)["packages"]) >= set(install_mod._recipe_packages(True))
+    full, core = install_mod.recipe_steps(True), install_mod.recipe_steps(False)
     try:
-        assert install_mod.install(venv, full=False)["recipe"] == ("full" if full else "core")
-        assert pips == []
-        recipe.write_text(json.dumps({"packages": install_mod._recipe_packages(False)}))
+        recipe.write_text(json.dumps({"steps": full}))
+        assert install_mod.install(venv, full=False)["recipe"] == "full"
         assert install_mod.install(venv, full=True)["recipe"] == "full"
-        assert [argv[-1] for argv in pips][-1] == install_mod.FULL_NO_DEPS[-1]  # the full steps
+        assert pips == []
+        recipe.write_text(json.dumps({"steps": core}))
+        assert install_mod.install(venv, full=True)["recipe"] == "full"
+        assert [argv[-len(s) :] for argv, s in zip(pips, full, strict=True)] == full
+        assert json.loads(recipe.read_text())["steps"] == full
+        pips.clear()
+        monkeypatch.setattr(install_mod, "CORE", (*install_mod.CORE[:-1], "tqdm==4.66.0"))
+        assert install_mod.install(venv, full=False)["recipe"] == "core"  # a pin changed
+        assert len(pips) == 2
     finally:
-        recipe.write_text(kept)
+        if kept is None:
+            recipe.unlink(missing_ok=True)
+        else:
+            recipe.write_text(kept)

@@ -330,3 +330,34 @@ def test_a_worker_whose_collector_was_killed_ends_though_its_pipe_stays_open(pyt
         os.close(write)
         if client.poll() is None:
             client.kill()
+
+
+def test_a_collector_gone_while_a_vm_is_made_ends_the_worker_once_the_vm_is_there(python):
+    """While a VM provider's DesktopEnv is being made (docker: the container runs, DesktopEnv
+    waits for its server), the collector's end is only noted: exiting then would leave the
+    VM running. Once the construction ended, the worker SIGTERMs itself (its handler closes
+    DesktopEnv and exits). With the local provider (nothing of ours to leak) it ends at once."""
+    import subprocess
+
+    probe = f"""
+import runpy, signal
+w = runpy.run_path({str(channel.WORKER_SCRIPT)!r})
+got = []
+signal.signal(signal.SIGTERM, lambda *a: got.append("TERM"))
+worker = w["Worker"]()
+worker._making_vm = True
+worker.client_gone()
+signal.pthread_sigmask(signal.SIG_BLOCK, [])  # let a pending signal run its handler
+print("during", got, worker._orphaned)
+worker._vm_made()
+print("after", got)
+worker.client_gone()
+print("local", got)
+"""
+    done = subprocess.run([python, "-I", "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "during [] True",
+        "after ['TERM']",
+        "local ['TERM', 'TERM']",
+    ]

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
-import sys
 from collections.abc import Sequence
 
 from .processes import early_processes, spawn_early
@@ -41,16 +41,17 @@ def start(argv: Sequence[str]) -> None:
     (``--osworld-python``, option ``osworld_python``, else the default venv). Nothing for any
     other command, for ``--help``, or when the command line cannot be read. Never raises.
 
-    When it started one, SIGTERM and SIGHUP (unless ignored or handled already) end
-    ``legato`` through ``SystemExit`` from now on, so its exit handlers stop the templates
-    even when the signal comes during the CLI's imports (``legato collect`` turns SIGTERM into
+    When it started one, and for any ``collect``, SIGTERM and SIGHUP (unless ignored or
+    handled already) end ``legato`` through ``SystemExit`` with a line saying so from now on,
+    so its exit handlers stop the templates even when the signal comes during the CLI's
+    imports (``legato collect`` turns SIGTERM into
     Ctrl-C during a batch, and puts this back after)."""
     try:
         for argv_, env, own_dir in _templates_for(list(argv)):
             spawn_early(argv_, env, own_dir=own_dir)
     except Exception as exc:  # noqa: BLE001 - an optimisation: the warm-up starts its own
         log.debug("no template started early: %s", exc)
-    if early_processes():
+    if early_processes() or list(argv[:1]) == ["collect"]:
         for signum in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(signum) is signal.SIG_DFL:
                 signal.signal(signum, _exit_on_signal)
@@ -60,7 +61,7 @@ def _exit_on_signal(signum: int, frame: object) -> None:
     """Say so on stderr (the CLI's own handlers do, later), then exit 128 + ``signum``."""
     with contextlib.suppress(OSError, ValueError):
         name = signal.Signals(signum).name
-        sys.stderr.write(f"legato: stopped by {name} (run the same command again to resume)\n")
+        os.write(2, f"legato: stopped by {name} (run the same command again to resume)\n".encode())
     raise SystemExit(128 + signum)
 
 

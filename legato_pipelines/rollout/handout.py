@@ -153,6 +153,7 @@ class Handout:
         self._heavy: dict[int, bool] = {}  # id(group) -> heavy_task(its task)
         self._heavy_starts: int | None = None  # heavy_starts(), fixed at its first use
         self._heavy_minority = False  # heavy executions < half the batch (heavy_starts())
+        self._closing = False  # aclose() began: nothing is prepared any more
         self.on_skipped = on_skipped
         self.free: deque[Desktop] = deque(desktops)
         self.prepared: deque[Handed] = deque()
@@ -168,8 +169,9 @@ class Handout:
     def _fill(self) -> None:
         """Prepare every free desktop for the next queued execution (a spare: for the first
         heavy one; module docstring); then give an idle light preparation up for a heavy
-        start that nothing prepares yet (:meth:`_idle_for_heavy`)."""
-        while True:
+        start that nothing prepares yet (:meth:`_idle_for_heavy`). Nothing once
+        :meth:`aclose` began."""
+        while not self._closing:
             while self.free:
                 ex = self._next()
                 if ex is None:
@@ -186,11 +188,12 @@ class Handout:
             if not self._idle_for_heavy():
                 return
 
-    def _prepared(self, _task: asyncio.Task) -> None:
+    def _prepared(self, task: asyncio.Task) -> None:
         """A preparation ended: wake the runners waiting, and look again at what the free
-        heavy-start slots could do (an idle light preparation may be given up)."""
+        heavy-start slots could do (an idle light preparation may be given up); not for a
+        cancelled one (:meth:`aclose` cancels them and puts their executions back)."""
         self._changed.set()
-        if self.sched.pending():
+        if not task.cancelled() and not self._closing and self.sched.pending():
             self._fill()
 
     def _idle_for_heavy(self) -> bool:
@@ -206,6 +209,8 @@ class Handout:
         of it (OSWorld's offline tasks) the light preparations are the scarce ones, and giving
         them up put the ``os`` attempts' resets on the critical path (p50 0.97 s against 0.00 s).
         Returns whether it gave one up."""
+        if self.waiting:
+            return False  # a runner waits: every preparation may be the one it gets first
         starting = sum(1 for h in self.prepared if not h.task.done() and self._is_heavy(h.ex))
         if starting >= self.heavy_starts() or not self._heavy_minority:
             return False  # where heavy ones are most of the batch, light preparations are scarce
@@ -252,7 +257,7 @@ class Handout:
     def heavy_starts(self) -> int:
         """Heavy preparations a spare may have under way at once: :data:`HEAVY_STARTS` when
         heavy executions are fewer than half of the queued ones, else 1 (module docstring).
-        Counted once, at the first preparation ahead (~2 ms per task to classify, once)."""
+        Counted once, at its first use (~2 ms per task to classify, once)."""
         if self._heavy_starts is None:
             queued = [ex for ex in self.sched.queue if not ex.taken]
             heavy = sum(self._is_heavy(ex) for ex in queued)
@@ -378,6 +383,7 @@ class Handout:
         """Cancel and await every preparation and recovery still running (the batch ended or
         was cancelled); the executions prepared but never handed out go back to the queue's
         front, as not taken (the engine settles what is left in the queue)."""
+        self._closing = True
         tasks = [h.task for h in self.prepared] + list(self.recovering.values())
         tasks += list(self.draining)
         for handed in reversed(self.prepared):

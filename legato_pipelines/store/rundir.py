@@ -253,6 +253,7 @@ class RunWriter:
         meta_path = self.root / RUN_META
         if not meta_path.exists() or not self._has_records():
             atomic_write(meta_path, orjson.dumps(meta, option=orjson.OPT_INDENT_2))
+            (self.root / SUMMARY).unlink(missing_ok=True)  # a session that collected nothing
         records = read_records(self.root, repair=True)
         self._seen_messages = {p.stem for p in self._messages_dir.glob("*.json")}
         self._seen_images = {p.stem for p in self._images_dir.glob("*.png")}

@@ -288,8 +288,10 @@ def main(argv: list[str] | None = None) -> None:
                 try:
                     print(f"{READY_LINE} {json.dumps(ready)}", flush=True)
                 except BrokenPipeError:  # whoever started this server is gone: end quietly
-                    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-                    uv.should_exit = True
+                    null = os.open(os.devnull, os.O_WRONLY)
+                    os.dup2(null, 1)
+                    os.close(null)
+                    uv.should_exit = True  # uvicorn >= 0.46 then runs its shutdown
                     return
                 os.dup2(2, 1)  # nothing else goes to stdout
 

@@ -107,46 +107,53 @@ def install(path: Path | None = None, *, full: bool = False, quiet: bool = True)
     """Create (or complete) the venv at ``path`` and install desktop-env plus a recipe.
 
     Returns ``{"venv", "python", "recipe", "seconds", "size_mb"}``. Idempotent: a venv whose
-    :data:`RECIPE_FILE` holds this recipe's packages (or the full recipe's, for ``core``) and
-    that imports desktop_env is left as it is, without running pip (a second run of pip
-    re-resolved the recipes, printed its resolver's complaints and swapped Pillow back and
-    forth: ~40 s). Raises ``RuntimeError`` naming the failing pip command when an install
-    fails.
+    :data:`RECIPE_FILE` holds this recipe's pip steps exactly (the full recipe's steps begin
+    with the core's) and that imports desktop_env is left as it is, without running pip (a
+    second run of pip re-resolved the recipes, printed its resolver's complaints and swapped
+    Pillow back and forth: ~40 s); a changed pin, flag or package runs the steps again.
+    Delete the file to force it. Raises ``RuntimeError`` naming the failing pip command when
+    an install fails.
     """
     path = Path(path or default_venv()).expanduser().resolve()
     t0 = time.perf_counter()
     done_file = path / RECIPE_FILE
-    wanted = _recipe_packages(full)
+    wanted = recipe_steps(full)
     try:
-        have = json.loads(done_file.read_text())["packages"]
+        have = json.loads(done_file.read_text())["steps"]
     except (OSError, ValueError, KeyError, TypeError):
         have = None
-    if have is not None and set(wanted) <= set(have) and is_installed(path):
-        return _installed(path, "full" if set(_recipe_packages(True)) <= set(have) else "core", t0)
+    if have is not None and have[: len(wanted)] == wanted and is_installed(path):
+        recipe = "full" if have[:4] == recipe_steps(True) else "core"
+        return _installed(path, recipe, t0)
     if not venv_python(path).exists():
         venv.EnvBuilder(with_pip=True, clear=False).create(path)
     pip = [str(venv_python(path)), "-m", "pip", "install", "--disable-pip-version-check"]
     if quiet:
         pip.append("-q")
-    steps = [[*pip, "--no-deps", DESKTOP_ENV], [*pip, *CORE]]
-    if full:
-        steps += [[*pip, *FULL], [*pip, "--no-deps", *FULL_NO_DEPS]]
-    for argv in steps:
+    done_file.unlink(missing_ok=True)  # until every step has run
+    for step in wanted:
+        argv = [*pip, *step]
         done = subprocess.run(argv)
         if done.returncode != 0:
             raise RuntimeError(
                 f"osworld venv: `{' '.join(argv[2:])}` failed with {done.returncode}"
             )
-    done_file.write_text(json.dumps({"packages": sorted(set(wanted) | set(have or ()))}))
+    done_file.write_text(json.dumps({"steps": wanted}))
     return _installed(path, "full" if full else "core", t0)
 
 
-#: In the venv: the packages of the recipe(s) ``install`` completed there (JSON).
+#: In the venv: the pip steps (arguments after ``pip install``) the last ``install`` ran
+#: there to the end (JSON).
 RECIPE_FILE = "legato-recipe.json"
 
 
-def _recipe_packages(full: bool) -> list[str]:
-    return [DESKTOP_ENV, *CORE, *((*FULL, *FULL_NO_DEPS) if full else ())]
+def recipe_steps(full: bool) -> list[list[str]]:
+    """The pip steps of a recipe, arguments after ``pip install``: desktop-env without its
+    pins, the core packages, then (``full``) the full recipe's and easyocr without torch."""
+    steps = [["--no-deps", DESKTOP_ENV], list(CORE)]
+    if full:
+        steps += [list(FULL), ["--no-deps", *FULL_NO_DEPS]]
+    return steps
 
 
 def _installed(path: Path, recipe: str, t0: float) -> dict:

@@ -65,6 +65,7 @@ import select
 import signal
 import struct
 import sys
+import threading
 import time
 import traceback
 import types
@@ -379,7 +380,13 @@ class Worker:
         #: from ``start`` on (:func:`end_with_client`); a template never starts, so it keeps
         #: one thread (forks copy only the forking thread)
         self.client_pid = os.getppid()
+        self.client_is_parent = True
         self._watching = False
+        #: a VM provider's DesktopEnv is being made: an exit now would leave its VM running,
+        #: so the collector's end is only noted (``_orphaned``) and ``start`` ends the worker
+        self._making_vm = False
+        self._orphaned = False
+        self._orphan_lock = threading.Lock()
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -436,7 +443,9 @@ class Worker:
         kwargs = self.plan(req)["kwargs"]
         kwargs["screen_size"] = tuple(kwargs["screen_size"])
         if not self._watching:
-            end_with_client(self.client_pid)
+            if self.client_is_parent and os.getppid() != self.client_pid:
+                self.client_gone()  # the collector ended before the watch began
+            end_with_client(self.client_pid, self.client_gone)
             self._watching = True
         self.request = req
         t0 = time.perf_counter()
@@ -447,9 +456,11 @@ class Worker:
         if req.get("provider") == "local":
             self._use_local_provider(de, req)
         t1 = time.perf_counter()
+        self._making_vm = req.get("provider") != "local"  # local: nothing of ours to leak
         try:
             self.env = de.DesktopEnv(**kwargs)
         except Exception as exc:
+            self._vm_made()
             hint = ""
             if req.get("provider", "docker") == "docker" and "docker" in _describe(exc).lower():
                 hint = (
@@ -459,6 +470,7 @@ class Worker:
             raise WorkerError(
                 "vm", f"DesktopEnv could not start the VM: {_describe(exc)}{hint}"
             ) from None
+        self._vm_made()
         self.provider = self.env.provider
         self._watch_controllers()
         self.base_url = self.env.controller.http_server
@@ -479,6 +491,25 @@ class Worker:
             "import_s": import_s,
             "start_s": time.perf_counter() - t1,
         }
+
+    def client_gone(self) -> None:
+        """The collector ended (:func:`end_with_client`'s thread, or ``start``): SIGTERM to
+        this worker (:func:`install_terminate` stops the VM and exits), unless a VM
+        provider's DesktopEnv is being made: then ``start`` stops it once it is there."""
+        with self._orphan_lock:
+            if self._making_vm:
+                self._orphaned = True
+                return
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def _vm_made(self) -> None:
+        """DesktopEnv's construction ended (made or failed): end the worker now if the
+        collector ended meanwhile."""
+        with self._orphan_lock:
+            self._making_vm = False
+            orphaned = self._orphaned
+        if orphaned:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def _use_local_provider(self, de, req: dict) -> None:
         """Swap the factory DesktopEnv calls for one returning the project-local provider."""
@@ -887,7 +918,7 @@ def _forked_child(req: dict, protocol: tuple) -> None:
         install_terminate(worker)
         # the collector listens on the socket: its pid is the peer's (SO_PEERCRED: pid, uid, gid)
         peer = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        worker.client_pid = peer[0]
+        worker.client_pid, worker.client_is_parent = peer[0], False
         serve(sock.makefile("rb"), out, worker)
         code = 0
     except BaseException:
@@ -956,26 +987,27 @@ def install_terminate(worker: Worker) -> None:
     signal.signal(signal.SIGTERM, terminate)
 
 
-def end_with_client(pid: int) -> None:
-    """End this worker (SIGTERM to itself: :func:`install_terminate`'s handler stops the VM and
-    exits) as soon as process ``pid``, the collector it serves, ends: a thread waits on the
-    process's pidfd (started by op ``start``, so a template keeps one thread). Without it a worker whose collector was killed (SIGKILL, the OOM killer)
-    ran on until its next read or write of the protocol, which in one of DesktopEnv's retry
-    loops (SetupController: 20 x 5 s) is ~100 s later. Exits at once when ``pid`` already
-    ended; does nothing where there is no ``os.pidfd_open`` (Linux < 5.3)."""
-    import threading
-
+def end_with_client(pid: int, gone) -> None:
+    """Call ``gone()`` (:meth:`Worker.client_gone`: SIGTERM to this worker, whose handler
+    stops the VM and exits) as soon as process ``pid``, the collector it serves, ends: a
+    thread waits on the process's pidfd. Without it a worker whose collector was killed
+    (SIGKILL, the OOM killer) ran on until its next read or write of the protocol, which in
+    one of DesktopEnv's retry loops (SetupController: 20 x 5 s) is ~100 s later. Calls
+    ``gone()`` at once when ``pid`` already ended; does nothing where there is no
+    ``os.pidfd_open`` (Linux < 5.3)."""
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
-        os.kill(os.getpid(), signal.SIGTERM)
+        gone()
         return
     except (AttributeError, OSError):
         return
 
     def wait() -> None:
-        select.select([fd], [], [])  # readable once the process ended
-        os.kill(os.getpid(), signal.SIGTERM)
+        poll = select.poll()
+        poll.register(fd, select.POLLIN)  # readable once the process ended
+        poll.poll()
+        gone()
 
     threading.Thread(target=wait, name="end-with-client", daemon=True).start()
 
