@@ -903,6 +903,8 @@ def test_a_run_directory_without_records_starts_anew_whatever_its_settings(polic
     meta = json.loads((tmp_path / "run.json").read_text())
     meta["knobs"]["backend"] = "osworld"
     (tmp_path / "run.json").write_text(json.dumps(meta))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    (tmp_path / "summary.json").write_text(json.dumps({**summary, "wall_s": 1000.0}))
     collect(
         tasks,
         policy(policy_server, version="step-2"),
@@ -915,5 +917,7 @@ def test_a_run_directory_without_records_starts_anew_whatever_its_settings(polic
     meta = json.loads((tmp_path / "run.json").read_text())
     assert (meta["policy"]["version"], meta["knobs"]["group"]) == ("step-2", 2)
     assert meta["knobs"]["backend"] == "fake"
+    # the session that collected nothing is not counted in the wall (rollouts per hour)
+    assert json.loads((tmp_path / "summary.json").read_text())["wall_s"] < 100
     with pytest.raises(ResumeError, match="policy version"):
         collect(tasks, policy(policy_server), tmp_path, desktops=1, desktop=fake(), group=2)
