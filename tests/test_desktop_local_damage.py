@@ -186,7 +186,9 @@ def test_a_server_without_damage_falls_back_to_polling():
     """An Xvfb started with DAMAGE disabled: no drawing reports, the X context polls."""
     read, write = os.pipe()
     xvfb = subprocess.Popen(
-        ["Xvfb", "-displayfd", str(write), "-extension", "DAMAGE", "-nolisten", "tcp"],
+        # -noreset: the failed DAMAGE probe is the server's last client; without it Xvfb resets
+        # when it disconnects and the next connection can meet the reset (connection reset)
+        ["Xvfb", "-displayfd", str(write), "-extension", "DAMAGE", "-nolisten", "tcp", "-noreset"],
         pass_fds=(write,),
         stderr=subprocess.DEVNULL,
     )
