@@ -485,6 +485,19 @@ def test_a_batch_that_ends_before_its_spares_are_up_cancels_their_start(
     assert_accounted(read_records(tmp_path), summary)
 
 
+def light_and_calc(light: int, calc: int, late: int = 0) -> list[dict]:
+    """Task entries: ``light`` light tasks, ``calc`` LibreOffice Calc tasks (heavy: their
+    ``related_apps``), then ``late`` light ones (all succeed)."""
+    return (
+        fake_tasks(light, success=1.0)
+        + [
+            {**t, "config": {**t["config"], "related_apps": ["libreoffice_calc"]}}
+            for t in fake_tasks(calc, success=1.0, prefix="calc")
+        ]
+        + (fake_tasks(late, success=1.0, prefix="late") if late else [])
+    )
+
+
 class AppStarts(FakeDesktop):
     """A fake desktop whose reset takes as long as its task's app starts: 1.2 s for a task
     whose ``related_apps`` name LibreOffice Calc (a cold start), 0.1 s for the others."""
@@ -504,10 +517,7 @@ def test_a_spare_starts_a_heavy_app_early_and_light_attempts_keep_their_order(
     Without spares the queue order holds and each Calc start is waited for."""
     policy_server.latency = Latency(0.2)  # slack for a loaded machine: a Calc start fits twice
     monkeypatch.setattr(handout, "HEAVY_STARTS", 2)  # as on 2 CPUs, whatever this host has
-    entries = fake_tasks(24, success=1.0) + [
-        {**t, "config": {**t["config"], "related_apps": ["libreoffice_calc"]}}
-        for t in fake_tasks(2, success=1.0, prefix="calc")
-    ]
+    entries = light_and_calc(24, 2)
     runs = {}
     for spares in (2, 0):
         config = DesktopConfig(backend="fake")
@@ -547,10 +557,7 @@ def twelve_light_then_three_calc(policy_server, tmp_path, monkeypatch, spares: i
     host has): ``(all records, the Calc records by preparation start, the batch's start)``."""
     policy_server.latency = Latency(0.2)
     monkeypatch.setattr(handout, "HEAVY_STARTS", 2)
-    entries = fake_tasks(12, success=1.0) + [
-        {**t, "config": {**t["config"], "related_apps": ["libreoffice_calc"]}}
-        for t in fake_tasks(3, success=1.0, prefix="calc")
-    ]
+    entries = light_and_calc(12, 3)
     config = DesktopConfig(backend="fake")
     out = tmp_path / "out"
     summary = collect(
@@ -613,10 +620,7 @@ def test_heavy_starts_go_side_by_side_only_while_heavy_executions_are_a_minority
     monkeypatch.setattr(handout, "HEAVY_STARTS", 2)
 
     def starts(light: int, heavy: int, group: int = 1) -> int:
-        entries = fake_tasks(light, success=1.0) + [
-            {**t, "config": {**t["config"], "related_apps": ["libreoffice_calc"]}}
-            for t in fake_tasks(heavy, success=1.0, prefix="calc")
-        ]
+        entries = light_and_calc(light, heavy)
         sched = Scheduler()
         engine._plan(sched, load_tasks(entries), [], group=group, per_group=group, seed=0)
         return handout.Handout(sched, [], lambda ex: None, runners=2).heavy_starts()
@@ -653,14 +657,7 @@ def light_then_calc(policy_server, tmp_path, monkeypatch, light: int, calc: int)
     policy_server.latency = Latency(0.2)
     monkeypatch.setattr(handout, "HEAVY_STARTS", 2)
     monkeypatch.setattr(LongCalc, "resets", 0)
-    entries = (
-        fake_tasks(light, success=1.0)
-        + [
-            {**t, "config": {**t["config"], "related_apps": ["libreoffice_calc"]}}
-            for t in fake_tasks(calc, success=1.0, prefix="calc")
-        ]
-        + fake_tasks(light, success=1.0, prefix="late")
-    )
+    entries = light_and_calc(light, calc, late=light)
     config = DesktopConfig(backend="fake")
     out = tmp_path / "out"
     summary = collect(
@@ -710,10 +707,7 @@ async def test_the_give_up_rule_holds_only_while_heavy_executions_are_a_minority
     monkeypatch.setattr(handout, "HEAVY_STARTS", 2)
 
     async def given_up(light: int, heavy: int, waiting: bool = False) -> bool:
-        entries = fake_tasks(light, success=1.0) + [
-            {**t, "config": {**t["config"], "related_apps": ["libreoffice_calc"]}}
-            for t in fake_tasks(heavy, success=1.0, prefix="calc")
-        ]
+        entries = light_and_calc(light, heavy)
         sched = Scheduler()
         engine._plan(sched, load_tasks(entries), [], group=1, per_group=1, seed=0)
         h = handout.Handout(sched, [], lambda ex: None, runners=2)
