@@ -551,28 +551,40 @@ def test_a_spare_starts_a_heavy_app_early_and_light_attempts_keep_their_order(
     assert all(r["timing"]["reset_critical_s"] >= 1.1 for r in calc_off)
 
 
-def twelve_light_then_three_calc(policy_server, tmp_path, monkeypatch, spares: int):
-    """12 light tasks, then three Calc tasks, on 2 runners + ``spares`` :class:`AppStarts`
-    desktops, 2 heavy starts at once at most (``HEAVY_STARTS``, as on 2 CPUs, whatever this
-    host has): ``(all records, the Calc records by preparation start, the batch's start)``."""
+def heavy_batch(policy_server, tmp_path, monkeypatch, entries, pool, spares):
+    """``entries`` on ``pool`` (2 runners + ``spares``), 2 heavy starts at once at most
+    (``HEAVY_STARTS``, as on 2 CPUs, whatever this host has), model calls of 0.2 s: every
+    attempt ran once and ended ok; ``(all records, the Calc records by preparation start)``."""
     policy_server.latency = Latency(0.2)
     monkeypatch.setattr(handout, "HEAVY_STARTS", 2)
-    entries = light_and_calc(12, 3)
-    config = DesktopConfig(backend="fake")
     out = tmp_path / "out"
     summary = collect(
         load_tasks(entries),
         policy(policy_server),
         out,
-        desktop_pool=[AppStarts(config, i) for i in range(2 + spares)],
+        desktop_pool=pool,
         spares=spares,
         group=1,
         max_steps=2,
     )
     records = read_records(out)
     assert_accounted(records, summary)
+    assert sorted(r["task_id"] for r in records) == sorted(e["task_id"] for e in entries)
+    assert all(r["status"] == "ok" for r in records)
     calc = sorted(
         (r for r in records if r["task_id"].startswith("calc")), key=lambda r: r["started_at"]
+    )
+    return records, calc
+
+
+def twelve_light_then_three_calc(policy_server, tmp_path, monkeypatch, spares: int):
+    """12 light tasks, then three Calc tasks, on 2 runners + ``spares`` :class:`AppStarts`
+    desktops (:func:`heavy_batch`): ``(all records, the Calc records by preparation start,
+    the batch's start)``."""
+    config = DesktopConfig(backend="fake")
+    pool = [AppStarts(config, i) for i in range(2 + spares)]
+    records, calc = heavy_batch(
+        policy_server, tmp_path, monkeypatch, light_and_calc(12, 3), pool, spares
     )
     return records, calc, min(r["started_at"] for r in records)
 
@@ -652,31 +664,13 @@ class LongCalc(FakeDesktop):
 
 def light_then_calc(policy_server, tmp_path, monkeypatch, light: int, calc: int):
     """``light`` light tasks, ``calc`` long Calc tasks, ``light`` light ones again, on 2 runners
-    + 2 :class:`LongCalc` spares (2 heavy starts at once at most): ``(records by start, the
-    Calc records by start, resets done)``."""
-    policy_server.latency = Latency(0.2)
-    monkeypatch.setattr(handout, "HEAVY_STARTS", 2)
+    + 2 :class:`LongCalc` spares (:func:`heavy_batch`; whatever preparation was given up on
+    the way): ``(records, the Calc records by start, resets done)``."""
     monkeypatch.setattr(LongCalc, "resets", 0)
-    entries = light_and_calc(light, calc, late=light)
     config = DesktopConfig(backend="fake")
-    out = tmp_path / "out"
-    summary = collect(
-        load_tasks(entries),
-        policy(policy_server),
-        out,
-        desktop_pool=[LongCalc(config, i) for i in range(4)],
-        spares=2,
-        group=1,
-        max_steps=2,
-    )
-    records = read_records(out)
-    assert_accounted(records, summary)
-    # every attempt ran once and ended ok, whatever preparation was given up on the way
-    assert sorted(r["task_id"] for r in records) == sorted(e["task_id"] for e in entries)
-    assert all(r["status"] == "ok" for r in records)
-    calc_records = sorted(
-        (r for r in records if r["task_id"].startswith("calc")), key=lambda r: r["started_at"]
-    )
+    pool = [LongCalc(config, i) for i in range(4)]
+    entries = light_and_calc(light, calc, late=light)
+    records, calc_records = heavy_batch(policy_server, tmp_path, monkeypatch, entries, pool, 2)
     return records, calc_records, LongCalc.resets
 
 
