@@ -82,6 +82,7 @@ async def launch(request: Request) -> Response:
             },
             status_code=500,
         )
+    await s.window_after_launch(proc.pid)  # a terminal's or editor's window: up before we answer
     return PlainTextResponse(f"{shown} launched successfully")
 
 

@@ -7,7 +7,8 @@ processes (as their subreaper), and serves:
 OSWorld's base routes (request/response shapes of ``desktop_env/server/main.py``)
   GET  /screenshot                   PNG (with the cursor)
   POST /execute, /setup/execute      {command, shell[, timeout]} -> {status, output, error, returncode}
-  POST /setup/launch                 {command, shell} -> text; 500 {returncode} when it dies at once
+  POST /setup/launch                 {command, shell} -> text; 500 {returncode} when it dies at once;
+                                     a terminal's or the editor's answer waits for its window (<= 1 s)
   POST /setup/open_file              {path[, timeout]} -> text once a window titled with the file's name shows
   POST /setup/activate_window        {window_name, strict, by_class} (wmctrl -a semantics; 404: no match)
   POST /setup/close_window           {window_name, strict, by_class} (wmctrl -c semantics; 404: no match)

@@ -47,6 +47,10 @@ EXISTS_TIMEOUT_S = 10.0  # seconds for the ``test -e`` of an ``open`` step
 #: (a key pressed by a command the task runs, e.g. pyautogui through ``/execute``).
 HOTKEY_POLL_S = 0.1
 APP_WINDOW_POLL_S = 0.1  # seconds between looks for a launched app's main window
+#: At most this long (s) a launch of a quick windowed program (:data:`~.apps.QUICK_WINDOWED_PROGRAMS`)
+#: waits for its main window before answering; looked for every :data:`LAUNCH_WINDOW_POLL_S`.
+LAUNCH_WINDOW_S = 1.0
+LAUNCH_WINDOW_POLL_S = 0.02
 
 
 @dataclass
@@ -247,6 +251,32 @@ class DesktopServer:
         for app in waiting:
             app.settled = bool(app.pids & owners)
         return [app for app in waiting if not app.settled]
+
+    async def window_after_launch(self, pid: int) -> bool:
+        """Wait until the app launched as ``pid`` owns a managed main window (listed in
+        ``_NET_CLIENT_LIST``, as ``wmctrl -l`` shows it), when its program is one of
+        :data:`~.apps.QUICK_WINDOWED_PROGRAMS`; at most :data:`LAUNCH_WINDOW_S` seconds. Returns
+        whether the window is there (``False`` at once for other programs, when the app ended,
+        or when the X server cannot tell windows' processes). A window found settles the app
+        (the reset's ready wait does not wait for it again)."""
+        app = self.launched.get(pid)
+        if app is None or app.program not in apps.QUICK_WINDOWED_PROGRAMS:
+            return False
+        deadline = time.monotonic() + LAUNCH_WINDOW_S
+        while True:
+            table = await asyncio.to_thread(process_table)
+            self.launched_pids(table)
+            if not app.pids:
+                return False  # it ended: nothing will map a window
+            owners = await self.x.run(self.main_window_pids)
+            if owners is None:
+                return False
+            if app.pids & owners:
+                app.settled = True
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(LAUNCH_WINDOW_POLL_S)
 
     async def died_at_once(self, proc: subprocess.Popen, before: set[int]) -> int | None:
         """The exit status of a just-launched app that ended at once, either failing
