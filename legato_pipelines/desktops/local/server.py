@@ -74,18 +74,21 @@ from .wire import DEFAULT_TOKEN_ENV, READY_LINE, READY_SOURCES
 log = logging.getLogger("legato.desktop")
 
 
-def guarded(endpoint, *, read_only: bool = False):
+def guarded(endpoint, *, read_only: bool = False, resets: bool = False):
     """Errors become JSON answers here: bad input -> 400, anything else -> 500 with ``kind``
     ``crash`` when the display is gone. (Starlette's catch-all handler re-raises, and
     uvicorn then drops the keep-alive connection under the client's next request.) A route
     that is not ``read_only`` drops the desktop's quiet credit and prepared observation first
-    (``DesktopServer.quiet_mark``, ``DesktopServer.prepared``)."""
+    (``DesktopServer.quiet_mark``, ``DesktopServer.prepared``) and, unless it ``resets``
+    the desktop, marks it touched (``DesktopServer.untouched``)."""
 
     async def handler(request: Request) -> Response:
         if not read_only:
             desktop = desktop_of(request)
             desktop.quiet_mark = None
             desktop.prepared.drop()
+            if not resets:
+                desktop.untouched = False
         try:
             return await endpoint(request)
         except ValueError as exc:  # BadRequest, InputError, bad commands
@@ -116,7 +119,11 @@ def build_app(server: DesktopServer, token: str, *, manage_lifecycle: bool = Tru
                 await server.stop()
 
     routes = [
-        Route(path, guarded(endpoint, read_only=path in READ_ONLY_ROUTES), methods=methods)
+        Route(
+            path,
+            guarded(endpoint, read_only=path in READ_ONLY_ROUTES, resets=path == "/legato/reset"),
+            methods=methods,
+        )
         for path, endpoint, methods in OSWORLD_ROUTES + LEGATO_ROUTES
     ]
     app = Starlette(routes=routes, lifespan=lifespan)

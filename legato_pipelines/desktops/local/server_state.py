@@ -123,6 +123,10 @@ class DesktopServer:
         self.quiet_mark: tuple[float, float] | None = None
         #: the next observation, grabbed during a wait's quiet window (:mod:`.prepared_obs`)
         self.prepared = PreparedObservations(self.x)
+        #: only reads (:data:`READ_ONLY_ROUTES`) reached the desktop since it started or since
+        #: its last reset: a fast reset has nothing to undo (:meth:`reset`); cleared by any
+        #: other request
+        self.untouched = False
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -131,6 +135,7 @@ class DesktopServer:
         self.keyboard_baseline = await self.x.run(lambda: keyboard_state(self.x.ctx().display))
         self._reaper = asyncio.create_task(self._reap_forever())
         self._hotkey_watch = asyncio.create_task(self._watch_hotkey_forever())
+        self.untouched = True  # HOME is the baseline, the bus and the sandbox are new
 
     async def stop(self) -> None:
         for task in (self._reaper, self._hotkey_watch):
@@ -348,6 +353,13 @@ class DesktopServer:
             t0 = time.perf_counter()
             kind = "full" if full or not self.session.alive() else "fast"
             detail: dict = {}
+            if kind == "fast" and self.untouched and not await self.task_pids():
+                # nothing but reads since the start or the last reset: the state is the
+                # reset's already (HOME the baseline, no task process, the bus and keyboard
+                # as they were); only the pointer is parked where a reset parks it
+                await self.x.run(self._settle_input)
+                return {"kind": "fast", "reset_s": time.perf_counter() - t0, "untouched": True}
+            self.untouched = False
             if kind == "fast":
                 try:
                     detail = await self.x.run(self._fast_reset_sync)
@@ -361,6 +373,7 @@ class DesktopServer:
             self.launch_mark = self.before_action = None
             self.launched = {}
             self.hotkey_launched = False
+            self.untouched = True
             return {"kind": kind, "reset_s": time.perf_counter() - t0, **detail}
 
     def _fast_reset_sync(self) -> dict:
