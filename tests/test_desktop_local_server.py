@@ -7,6 +7,7 @@ import io
 import math
 import os
 import shutil
+import time
 
 import httpx
 import pytest
@@ -320,3 +321,33 @@ async def test_prebuilt_libreoffice_profile_is_in_the_baseline():
         await client.aclose()
     finally:
         server.stop()
+
+
+def test_an_unsandboxed_server_killed_with_sigkill_takes_its_session_bus_along():
+    """``kill -9`` of a desktop server without a sandbox (``--no-sandbox``): Xvfb and openbox
+    die with it (their parent-death signal), and so does its session bus now; before, the
+    bus was re-parented to init and ran on, one per killed server."""
+    from legato_pipelines.desktops.local.procs import descendants, process_table
+
+    server = RunningServer(320, 240, extra_args=("--no-sandbox",))
+    try:
+        table = process_table()
+        below = descendants(server.proc.pid, table)
+        watched = {(pid, table[pid].comm) for pid in below}
+        assert {"dbus-daemon", "Xvfb", "openbox"} <= {comm for _, comm in watched}, watched
+        server.proc.kill()
+        server.proc.wait()
+        deadline = time.monotonic() + 10
+        while True:
+            now = process_table()
+            alive = sorted(
+                (pid, comm)
+                for pid, comm in watched
+                if pid in now and now[pid].comm == comm and now[pid].state != "Z"
+            )
+            if not alive or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    finally:
+        server.stop()
+    assert alive == []

@@ -96,7 +96,10 @@ class SessionBus:
         ``runtime_dir`` is ``XDG_RUNTIME_DIR`` as the desktop's processes see it,
         ``host_runtime_dir`` the same directory on the host (where the socket is polled).
         ``run_as.env`` becomes the environment of every service the bus activates.
-        Raises :class:`SessionBusError` when the socket does not answer within 10 s.
+        Unsandboxed (no ``run_as.prefix``) the daemon gets SIGKILL when the calling thread
+        ends (``setpriv --pdeathsig``): call it from a thread that lives as long as the bus
+        should (the desktop server's X thread). Raises :class:`SessionBusError` when the socket
+        does not answer within 10 s.
         """
         t0 = time.perf_counter()
         self.stop()
@@ -112,6 +115,11 @@ class SessionBus:
             env=env, cwd=run_as.cwd, uid=run_as.uid, gid=run_as.gid, prefix=run_as.prefix
         )
         argv = ["dbus-daemon", "--session", "--nofork", "--nopidfile", f"--address={address}"]
+        if not run_as.prefix:
+            # unsandboxed: tied to the spawning thread (the server's X thread, which lives as
+            # long as the server), so a server killed with SIGKILL takes its bus along; inside
+            # a sandbox the sandbox's init does that (``tini -p SIGKILL``)
+            argv = ["setpriv", "--pdeathsig", "KILL", "--", *argv]
         with open(self.log_path, "ab") as log:
             self._proc = self.procs.spawn(argv, run_as, stdout=log, stderr=log)
         self._entered = bool(run_as.prefix)
