@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
@@ -33,18 +34,22 @@ __all__ = [
 ]
 
 
-def warm_up(config: DesktopConfig) -> contextlib.AbstractAsyncContextManager:
+def warm_up(
+    config: DesktopConfig, evaluators: Sequence[dict] = ()
+) -> contextlib.AbstractAsyncContextManager:
     """What every desktop of a batch on ``config`` shares, started when the block is entered
     so that it is ready when the desktops open (the engine enters it before its policy check
     and keeps it for the batch): the templates the ``local`` backend's desktop servers and
     OSWorld graders are forked from (``local/server_template.py``, ``osworld/template.py``);
-    nothing for the other backends. Raises
+    nothing for the other backends. ``evaluators``: the batch's tasks' evaluator objects
+    (OSWorld format), whose metric and getter modules the graders' template imports for the
+    workers forked after the first desktops'. Raises
     ``ConfigError`` when the local desktops' option ``grader``/``osworld_python`` names what is
     not there (as opening them would)."""
     if config.backend == "local":
         from .local.backend import warm_up_local
 
-        return warm_up_local(config)
+        return warm_up_local(config, evaluators)
     return contextlib.nullcontext()
 
 

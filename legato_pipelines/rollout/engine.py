@@ -199,7 +199,8 @@ async def collect_async(
             stack.enter_context(young_gc_threshold())
             if owned and peek.pending():
                 # e.g. the local graders' template: its import runs beside the checks below
-                await stack.enter_async_context(warm_up(desktop))
+                evaluators = [ex.group.task.evaluator for ex in peek.queue]
+                await stack.enter_async_context(warm_up(desktop, evaluators))
             client = await stack.enter_async_context(
                 PolicyClient(
                     policy,

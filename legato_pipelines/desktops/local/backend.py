@@ -56,6 +56,7 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -530,7 +531,9 @@ async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> 
         token = server.choose_token()
         servers.append(server)
         graders.append(
-            None if python is None else _grader(f"local-{i}", python, "", token, size, options)
+            None
+            if python is None
+            else _grader(f"local-{i}", python, "", token, size, options, late=first > 0)
         )
 
     async def stop_all() -> None:
@@ -596,11 +599,12 @@ async def _start(server: ServerProcess, grader: OSWorldGrader | None) -> None:
 
 
 @contextlib.asynccontextmanager
-async def warm_up_local(config: DesktopConfig):
+async def warm_up_local(config: DesktopConfig, evaluators: Sequence[dict] = ()):
     """``desktops.warm_up`` for local desktops: started in the background for the block, the
     template the desktop servers are forked from (:mod:`.server_template`; not for servers
     attached by URL) and, when option ``grader`` picks OSWorld's code, the OSWorld graders'
-    template (:func:`~legato_pipelines.desktops.osworld.template_started`); each takes over
+    template (:func:`~legato_pipelines.desktops.osworld.template_started`, given the batch's
+    ``evaluators`` to import before the workers forked late); each takes over
     the one ``legato`` started on its first line when there is one (``desktops/early.py``),
     and one started there that neither took is stopped. Raises ``ConfigError`` as
     :func:`_grader_python`."""
@@ -609,7 +613,7 @@ async def warm_up_local(config: DesktopConfig):
         if not config.options.get("urls"):  # servers started here: forked from their template
             await stack.enter_async_context(server_template_started())
         if python is not None:
-            await stack.enter_async_context(template_started(str(python)))
+            await stack.enter_async_context(template_started(str(python), evaluators))
         await asyncio.sleep(0)  # the starts take the templates legato began on its first line
         stop_early()  # ... and any other it began, read from the command line otherwise
         yield
@@ -631,9 +635,12 @@ def _grader(
     token: str,
     size: tuple[int, int],
     options: dict[str, Any],
+    late: bool = False,
 ) -> OSWorldGrader:
     """The osworld worker of desktop ``name`` (not started), forked from the template its
-    interpreter's graders share (``osworld/template.py``: desktop_env is imported once)."""
+    interpreter's graders share (``osworld/template.py``: desktop_env is imported once);
+    ``late``: a desktop opened after the batch's first ones (a spare), whose fork waits for
+    the template to import the tasks' metric modules (``WorkerTemplate.warm``)."""
     return OSWorldGrader(
         name=name,
         python=str(python),
@@ -642,6 +649,7 @@ def _grader(
         screen_size=size,
         cache_dir=file_cache_dir(options),
         template=True,
+        warm=late,
     )
 
 

@@ -41,6 +41,7 @@ DEADLINE_KIND = {
     "close": "vm",
     "plan": "transport",
     "fork": "transport",
+    "warm": "transport",
 }
 log = logging.getLogger(__name__)
 

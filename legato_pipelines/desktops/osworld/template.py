@@ -15,14 +15,23 @@ workers then (:class:`.channel.WorkerProcess` does so, with a warning, whenever 
 A batch starts the template before it opens any desktop (:func:`template_started`, entered
 by the engine through ``desktops.warm_up``): the import then runs beside the batch's policy
 check and run-directory work instead of after them (~0.4 s of start-up on 2 cores).
+
+The batch's tasks name their metrics and getters (:attr:`WorkerTemplate.evaluators`); each
+worker imported their modules at its first setup (pandas, openpyxl, lxml...: ~0.45 s of CPU
+for the local suite's tasks). The template imports them once (op ``warm``), after the batch's
+first workers are forked and before the first worker forked later (a spare's, a restarted
+desktop's: :meth:`WorkerTemplate.warm`): the first desktops' workers are not held back, the
+later ones find the modules imported (BENCHMARKS.md, issue 18 part 9).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import shutil
+from collections.abc import Sequence
 
 from ...errors import ConfigError, DesktopError
 from ...scratch import scratch_dir
@@ -31,6 +40,7 @@ from ..processes import LoopShared, pdeathsig_guard, take_early
 from .channel import WORKER_SCRIPT, WorkerProcess
 
 PRELOAD_TIMEOUT_S = 120.0  # the import under a loaded machine (the graders' own deadline)
+WARM_TIMEOUT_S = 120.0  # op warm (the metric modules' imports); passed, the template is stopped
 log = logging.getLogger(__name__)
 
 
@@ -43,6 +53,10 @@ class WorkerTemplate:
         self.users = 0
         self.worker: WorkerProcess | None = None
         self.failed = False  # it could not start: not retried
+        #: the batch's tasks' evaluator objects (distinct): what :meth:`warm` imports
+        self.evaluators: list[dict] = []
+        self._warmed = False
+        self.warmed: dict | None = None  # op warm's answer, once it ran
         self._dir: str | None = None
         self._lock = asyncio.Lock()
 
@@ -84,6 +98,23 @@ class WorkerTemplate:
             self.worker = worker
             return worker
 
+    async def warm(self) -> None:
+        """Import the modules of :attr:`evaluators` in the running template (op ``warm``), once;
+        the workers forked after it find them imported. Called before a late worker's fork
+        (:class:`~legato_pipelines.desktops.local.osworld_grader.OSWorldGrader` ``warm``);
+        concurrent callers go on at once (their forks queue behind the import in the
+        template). A failure is logged and left: warming is an optimisation."""
+        if self._warmed or not self.evaluators or self.worker is None:
+            return
+        self._warmed = True
+        try:
+            answer = await self.worker.call("warm", WARM_TIMEOUT_S, evaluators=self.evaluators)
+        except DesktopError as exc:
+            log.info("the osworld template did not import the tasks' metrics (%s)", exc)
+            return
+        self.warmed = answer
+        log.debug("the osworld template imported the tasks' metrics in %.2f s", answer["import_s"])
+
     async def close(self) -> None:
         """Stop the template (its forked workers live on) and remove its directory."""
         worker, self.worker = self.worker, None
@@ -123,9 +154,17 @@ async def release_template(template: WorkerTemplate) -> None:
     await _templates.release(template, template.python)
 
 
-def template_started(python: str) -> contextlib.AbstractAsyncContextManager:
+@contextlib.asynccontextmanager
+async def template_started(python: str, evaluators: Sequence[dict] = ()):
     """Hold a lease on the template of ``python`` for the block and start it now, in the
     background (:meth:`.LoopShared.started`): graders that spawn inside the block find it
     preloaded, or wait for the start under way. A template that cannot start is logged once,
-    as in :meth:`WorkerTemplate.ready`."""
-    return _templates.started(python)
+    as in :meth:`WorkerTemplate.ready`. ``evaluators``: the batch's tasks' evaluator objects,
+    for :meth:`WorkerTemplate.warm` (duplicates dropped)."""
+    async with _templates.started(python) as template:
+        distinct: dict[str, dict] = {}
+        for evaluator in evaluators:
+            if isinstance(evaluator, dict) and evaluator:
+                distinct.setdefault(json.dumps(evaluator, sort_keys=True, default=str), evaluator)
+        template.evaluators = list(distinct.values())
+        yield template

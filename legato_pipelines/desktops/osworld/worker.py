@@ -18,6 +18,10 @@ Operations (``result`` shapes):
   plan      the DesktopEnv keyword arguments ``start`` would use (nothing is constructed)
   preload   import desktop_env (its lazy evaluator packages first) before ``start`` is possible,
             e.g. while the desktop it will drive is still starting; {import_s, gc_frozen}
+  warm      {evaluators: [task evaluator objects]}: import the metric and getter modules they
+            name now (a template, for the workers it forks later); a name that does not import
+            is skipped (that task's setup says why); {import_s, names, failed, new_modules,
+            modules}
   start     construct DesktopEnv once (boots the VM); {vm, screen:[w,h], import_s, start_s}
   reset     {task_config, fast, domain?, kill?}: fast reset (kill the task's apps, verify, restore the
             baseline HOME) or snapshot revert, then the task's own setup through
@@ -436,6 +440,52 @@ class Worker:
         import desktop_env.desktop_env  # noqa: F401
 
         return {"import_s": time.perf_counter() - t0, "gc_frozen": gc.get_freeze_count()}
+
+    def warm(self, req: dict) -> dict:
+        """Import the metric and getter modules that ``req["evaluators"]`` (OSWorld evaluator
+        objects, as in a task's ``evaluator``) name, through the lazy packages
+        (:func:`install_lazy_evaluators`). On the graders' template, after the batch's first
+        workers are forked: the workers forked later (spares, restarts) then find pandas,
+        openpyxl and the metric modules imported instead of importing them each (~0.45 s of
+        CPU per worker for the local suite's tasks; issue 18). Failures are counted, not
+        raised: :func:`check_evaluator` reports them for the task that needs the module.
+        ``{import_s, names, failed, new_modules, modules}``: ``new_modules`` how many modules
+        this call imported (0 in a worker forked after a template's ``warm``), ``modules``
+        the evaluator modules imported now (``desktop_env.evaluators.metrics.table``, ...)."""
+        evaluators = req.get("evaluators")
+        if not isinstance(evaluators, list):
+            raise WorkerError("protocol", "warm: evaluators must be a list of evaluator objects")
+        t0 = time.perf_counter()
+        before = len(sys.modules)
+        install_lazy_evaluators()
+        from desktop_env.evaluators import getters, metrics
+
+        packages = {"metrics": metrics, "getters": getters}
+        names = {
+            name
+            for evaluator in evaluators
+            if isinstance(evaluator, dict)
+            for name in evaluator_names({"evaluator": evaluator})
+        }
+        failed = 0
+        for package, name in sorted(names):
+            try:
+                getattr(packages[package], name)
+            except Exception:  # noqa: BLE001 - the task that needs it reports it (check_evaluator)
+                failed += 1
+        return {
+            "import_s": time.perf_counter() - t0,
+            "names": len(names),
+            "failed": failed,
+            "new_modules": len(sys.modules) - before,
+            "modules": sorted(
+                m
+                for m in list(sys.modules)
+                if m.startswith(
+                    ("desktop_env.evaluators.metrics.", "desktop_env.evaluators.getters.")
+                )
+            ),
+        }
 
     def start(self, req: dict) -> dict:
         if self.env is not None:
@@ -874,6 +924,7 @@ def _describe(exc: BaseException) -> str:
 OPS = (
     "plan",
     "preload",
+    "warm",
     "start",
     "reset",
     "setup",
