@@ -138,7 +138,17 @@ async def test_gimp_launched_by_the_setup_is_up_at_the_first_screenshot_and_no_p
         await desktop.close()
 
 
-async def test_a_terminal_launch_answers_once_its_window_is_managed(client):
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["xterm", "-title", "Held"],
+        # its window is gnome-terminal-server's, a process the session bus starts: not in
+        # the launch's process tree (the wait is for a new window, not for the launch's pids)
+        pytest.param(["gnome-terminal", "--title", "Held"], marks=needs_terminal),
+    ],
+    ids=["xterm", "gnome-terminal"],
+)
+async def test_a_terminal_launch_answers_once_its_window_is_managed(client, command):
     """OSWorld's setups launch a terminal or the editor, then poll ``wmctrl -l`` until its
     window is listed, sleeping 0.3 s between polls (``SetupController._execute_setup``'s
     ``until``). On a busy machine the launch was answered while the window manager had not yet
@@ -152,7 +162,7 @@ async def test_a_terminal_launch_answers_once_its_window_is_managed(client):
     try:
         resumed = asyncio.get_running_loop().call_later(0.4, os.kill, wm, signal.SIGCONT)
         t0 = time.monotonic()
-        await client.launch(["xterm", "-title", "Held"])
+        await client.launch(command)
         answered = time.monotonic() - t0
     finally:
         resumed.cancel()

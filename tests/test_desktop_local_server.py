@@ -221,26 +221,55 @@ async def test_fast_reset_kills_every_task_process_and_restores_home(server, cli
     assert (await client.health())["ok"]
 
 
-async def test_a_reset_with_nothing_to_undo_is_skipped_until_the_desktop_is_touched(client):
+async def test_a_reset_with_nothing_to_undo_is_skipped_until_the_desktop_is_touched():
     """A desktop that had only reads since it started or since its last reset is in the reset's
     state already: the next fast reset only parks the pointer (a fresh desktop's first reset
     took 0.17-0.22 s of the first attempts' critical path, issue 18). Any other request
-    (a command, an action, a launch) makes the next reset a real one."""
-    await client.screenshot()
-    await client.observe()
-    await client.windows()
-    skipped = await client.reset()
-    assert skipped.get("untouched") is True and skipped["kind"] == "fast", skipped
-    assert await client.cursor_position() == (1024 - 2, 768 - 2)  # where a reset parks it
+    (a command, an action) makes the next reset a real one, and so does one still under way
+    when a reset ends (it may act after it)."""
+    fresh = RunningServer(320, 240)
+    client = fresh.client()
+    try:
+        assert await client.cursor_position() != (320 - 2, 240 - 2)  # Xvfb's: the middle
+        await client.screenshot()
+        await client.observe()
+        await client.windows()
+        skipped = await client.reset()
+        assert skipped.get("untouched") is True and skipped["kind"] == "fast", skipped
+        assert await client.cursor_position() == (320 - 2, 240 - 2)  # where a reset parks it
 
-    await client.execute("echo junk > ~/junk.txt", shell=True)
-    real = await client.reset()
-    assert "untouched" not in real and "killed" in real, real
-    assert await client.file("~/junk.txt") is None
+        await client.execute("echo junk > ~/junk.txt", shell=True)
+        real = await client.reset()
+        assert "untouched" not in real and "killed" in real, real
+        assert await client.file("~/junk.txt") is None
 
-    await client.act(Action("mouse_move", x=10, y=10))
-    assert "untouched" not in await client.reset()
-    assert (await client.reset()).get("untouched") is True  # the real one left it clean
+        await client.act(Action("mouse_move", x=10, y=10))
+        assert "untouched" not in await client.reset()
+        assert (await client.reset()).get("untouched") is True  # the real one left it clean
+
+        # a command whose request is still coming in while a reset runs, and acts after it
+        body = b'{"command": "echo late > ~/late.txt", "shell": true}'
+        host, port = fresh.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /execute HTTP/1.1\r\nHost: desktop\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {fresh.token}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body[:20]
+        )
+        await writer.drain()
+        await asyncio.sleep(0.3)  # the server has the request and waits for the rest of it
+        assert "untouched" not in await client.reset()  # under way: not skipped
+        writer.write(body[20:])
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head  # it wrote ~/late.txt after the reset
+        writer.close()
+        after = await client.reset()
+        assert "untouched" not in after, after  # the late write is undone
+        assert await client.file("~/late.txt") is None
+    finally:
+        await client.aclose()
+        fresh.stop()
 
 
 async def test_full_reset_restarts_the_display(client):

@@ -237,7 +237,7 @@ WINDOWED_PROGRAMS = frozenset(app.command[0] for app in DESKTOP_APPS) | {
 
 #: Windowed programs whose main window is up well under a second after the launch (a terminal,
 #: the text editor, the file manager, the PDF viewer: ~0.1-0.4 s on 2 cores). ``/setup/launch``
-#: answers once their main window is managed (:data:`~.server_state.LAUNCH_WINDOW_S` at most):
+#: answers once a new main window is managed (:data:`~.server_state.LAUNCH_WINDOW_S` at most):
 #: OSWorld's setups poll for it with ``wmctrl -l`` and sleep 0.3 s between polls
 #: (``SetupController._execute_setup``'s ``until``), which a launch answered while the window
 #: was still being mapped paid once in three launches (issue 18). Heavy apps (LibreOffice,

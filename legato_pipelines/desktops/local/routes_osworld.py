@@ -69,6 +69,7 @@ async def launch(request: Request) -> Response:
         proc = await s.x.run(s._spawn_app, argv, shell)
     except OSError as exc:
         return error_response(500, f"cannot launch {argv!r}: {exc}")
+    known = s.launch_mark.windows if s.launch_mark is not None else frozenset()
     shown = argv if isinstance(argv, str) else " ".join(argv)
     code = await s.died_at_once(proc, before)
     if code is not None:
@@ -82,7 +83,8 @@ async def launch(request: Request) -> Response:
             },
             status_code=500,
         )
-    await s.window_after_launch(proc.pid)  # a terminal's or editor's window: up before we answer
+    # a terminal's or the editor's window: managed before the answer
+    await s.window_after_launch(apps.program_of(argv), known)
     return PlainTextResponse(f"{shown} launched successfully")
 
 

@@ -23,7 +23,8 @@ Project routes
   POST /legato/wait      {mode: action|launch|reset|eval|apps, source?: damage|poll, stable_s?, quiet_s?,
                           timeout_s?, interval_s?, tick_s?, app_window_s?} -> {ready_s, source, ...}
   GET|POST /legato/observe   PNG; headers X-Screen-Width, X-Screen-Height
-  POST /legato/reset     {full: bool} -> {kind: fast|full, reset_s, ...}
+  POST /legato/reset     {full: bool} -> {kind: fast|full, reset_s, ...}; {untouched: true} when
+                         nothing but reads came since the start or the last reset (skipped)
   GET  /legato/health    {ok, display, user, home, host_home, sandbox, session_bus, width, height,
                           pid, gc_frozen, generation}
   GET  /legato/processes {server_pid, task: [{pid, comm, state}], infra: [...]}
@@ -80,15 +81,18 @@ def guarded(endpoint, *, read_only: bool = False, resets: bool = False):
     uvicorn then drops the keep-alive connection under the client's next request.) A route
     that is not ``read_only`` drops the desktop's quiet credit and prepared observation first
     (``DesktopServer.quiet_mark``, ``DesktopServer.prepared``) and, unless it ``resets``
-    the desktop, marks it touched (``DesktopServer.untouched``)."""
+    the desktop, marks it touched while and after it runs (``DesktopServer.untouched``,
+    ``DesktopServer.changing``)."""
 
     async def handler(request: Request) -> Response:
+        changing = not read_only and not resets
         if not read_only:
             desktop = desktop_of(request)
             desktop.quiet_mark = None
             desktop.prepared.drop()
-            if not resets:
+            if changing:
                 desktop.untouched = False
+                desktop.changing += 1
         try:
             return await endpoint(request)
         except ValueError as exc:  # BadRequest, InputError, bad commands
@@ -97,6 +101,9 @@ def guarded(endpoint, *, read_only: bool = False, resets: bool = False):
             log.exception("%s %s failed", request.method, request.url.path)
             kind = "crash" if not desktop_of(request).session.alive() else "server"
             return error_response(500, f"{type(exc).__name__}: {exc}", kind)
+        finally:
+            if changing:
+                desktop.changing -= 1
 
     return handler
 

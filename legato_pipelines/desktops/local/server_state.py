@@ -127,6 +127,9 @@ class DesktopServer:
         #: its last reset: a fast reset has nothing to undo (:meth:`reset`); cleared by any
         #: other request
         self.untouched = False
+        #: requests other than reads (and resets) under way: one still running when a reset
+        #: ends may act after it, so that reset leaves the desktop touched
+        self.changing = 0
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -257,27 +260,28 @@ class DesktopServer:
             app.settled = bool(app.pids & owners)
         return [app for app in waiting if not app.settled]
 
-    async def window_after_launch(self, pid: int) -> bool:
-        """Wait until the app launched as ``pid`` owns a managed main window (listed in
-        ``_NET_CLIENT_LIST``, as ``wmctrl -l`` shows it), when its program is one of
-        :data:`~.apps.QUICK_WINDOWED_PROGRAMS`; at most :data:`LAUNCH_WINDOW_S` seconds. Returns
-        whether the window is there (``False`` at once for other programs, when the app ended,
-        or when the X server cannot tell windows' processes). A window found settles the app
-        (the reset's ready wait does not wait for it again)."""
-        app = self.launched.get(pid)
-        if app is None or app.program not in apps.QUICK_WINDOWED_PROGRAMS:
+    async def window_after_launch(self, program: str, known: frozenset[int]) -> bool:
+        """Wait until a main window that was not managed at the launch (``known``: the
+        ``_NET_CLIENT_LIST`` then) is managed, as ``wmctrl -l`` lists it, when ``program`` is
+        one of :data:`~.apps.QUICK_WINDOWED_PROGRAMS`; at most :data:`LAUNCH_WINDOW_S` seconds,
+        one X query every :data:`LAUNCH_WINDOW_POLL_S`. By window, not by process:
+        gnome-terminal's window belongs to ``gnome-terminal-server``, which the session bus
+        starts, and nautilus or evince may hand a launch to an instance already running.
+        Returns whether such a window came (``False`` at once for other programs)."""
+        if program not in apps.QUICK_WINDOWED_PROGRAMS:
             return False
+
+        def new_main_window() -> bool:
+            ctx = self.x.ctx()
+            return any(
+                is_main_window(ctx.display, wid)
+                for wid in ctx.windows.client_ids()
+                if wid not in known
+            )
+
         deadline = time.monotonic() + LAUNCH_WINDOW_S
         while True:
-            table = await asyncio.to_thread(process_table)
-            self.launched_pids(table)
-            if not app.pids:
-                return False  # it ended: nothing will map a window
-            owners = await self.x.run(self.main_window_pids)
-            if owners is None:
-                return False
-            if app.pids & owners:
-                app.settled = True
+            if await self.x.run(new_main_window):
                 return True
             if time.monotonic() >= deadline:
                 return False
@@ -348,16 +352,15 @@ class DesktopServer:
         """Fast reset (kill the task's processes, restore HOME, restore the keyboard layout the
         desktop started with), or a full restart when asked, when the display died, or when
         the fast reset failed. ``keyboard_restored`` in the answer says what a task had changed
-        about the keyboard (:mod:`.keymap`)."""
+        about the keyboard (:mod:`.keymap`). A fast reset of a desktop that is in the reset's
+        state already (:meth:`_nothing_to_undo`) only parks the pointer and answers
+        ``untouched: true``."""
         async with self.reset_lock:
             t0 = time.perf_counter()
             kind = "full" if full or not self.session.alive() else "fast"
             detail: dict = {}
-            if kind == "fast" and self.untouched and not await self.task_pids():
-                # nothing but reads since the start or the last reset: the state is the
-                # reset's already (HOME the baseline, no task process, the bus and keyboard
-                # as they were); only the pointer is parked where a reset parks it
-                await self.x.run(self._settle_input)
+            if kind == "fast" and await self._nothing_to_undo():
+                await self.x.run(self._settle_input)  # parked where a reset parks it
                 return {"kind": "fast", "reset_s": time.perf_counter() - t0, "untouched": True}
             self.untouched = False
             if kind == "fast":
@@ -373,8 +376,25 @@ class DesktopServer:
             self.launch_mark = self.before_action = None
             self.launched = {}
             self.hotkey_launched = False
-            self.untouched = True
+            self.untouched = self.changing == 0
             return {"kind": kind, "reset_s": time.perf_counter() - t0, **detail}
+
+    async def _nothing_to_undo(self) -> bool:
+        """Whether the desktop is in a fast reset's state already: only reads reached it since
+        it started or since its last reset ended with no other request under way
+        (:attr:`untouched`), no task process runs (a read such as ``/accessibility`` may
+        start the AT-SPI services; Ctrl+Alt+T pressed by hand opens a terminal), and its
+        sandbox and session bus are alive (a fast reset would revert or restart them). A
+        fresh desktop's first reset took 0.17-0.22 s of the first attempts' critical path
+        (issue 18)."""
+        if not self.untouched or self.changing:
+            return False
+        session = self.session
+        if session.sandbox is not None and not session.sandbox.alive():
+            return False
+        if session.bus is not None and not session.bus.alive():
+            return False
+        return not await self.task_pids()
 
     def _fast_reset_sync(self) -> dict:
         detail = self.session.fast_reset()
