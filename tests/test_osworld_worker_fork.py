@@ -251,45 +251,39 @@ async def test_a_grader_close_cancelled_midway_still_stops_its_worker_and_ends_i
         await grader.close()
 
 
-async def test_the_template_imports_the_tasks_metrics_once_before_the_late_forks(python):
+async def test_the_template_imports_the_tasks_metrics_before_its_first_fork(python):
     """The batch's tasks name their metrics and getters; each worker imported their modules
-    (pandas, openpyxl...) at its first setup. The template imports them once (op ``warm``),
-    not before the first desktops' forks (they would wait for it) but before the first late
-    one's (a spare's): that worker and later ones find them imported."""
+    (pandas, openpyxl...) at its first setup, on the first attempts' critical path. The
+    template imports them once (op ``warm``), before its first fork: every worker comes
+    with them."""
     table = {"func": "compare_table", "result": {"type": "vm_file"}}
     evaluators = [table, dict(table), {"func": "no_such_metric"}]
-
-    def grader(name: str, warm: bool) -> OSWorldGrader:
-        return OSWorldGrader(
-            name=name,
-            python=python,
-            url="http://127.0.0.1:1",
-            token="t",
-            screen_size=(1024, 768),
-            template=True,
-            warm=warm,
-        )
-
-    first, late = grader("first", False), grader("late", True)
+    grader = OSWorldGrader(
+        name="warm",
+        python=python,
+        url="http://127.0.0.1:1",
+        token="t",
+        screen_size=(1024, 768),
+        template=True,
+    )
     try:
         async with template.template_started(python, evaluators) as shared:
             assert shared.evaluators == [table, {"func": "no_such_metric"}]  # duplicates dropped
-            await first.spawn()
-            assert shared.warmed is None  # a first desktop's fork did not wait for the import
-            await late.spawn()
+            await grader.spawn()
             warmed = shared.warmed
             assert warmed is not None and warmed["names"] == 3 and warmed["failed"] == 1
+            assert warmed["new_modules"] > 50  # pandas, openpyxl, the metric modules
             assert "desktop_env.evaluators.metrics.table" in warmed["modules"]
             assert "desktop_env.evaluators.getters.file" in warmed["modules"]
-            # the late worker came with them; the first one imports them itself
-            again = await late.worker.call("warm", 30, evaluators=evaluators)
+            # the forked worker came with them: nothing left to import
+            again = await grader.worker.call("warm", 30, evaluators=evaluators)
             assert again["new_modules"] == 0 and again["modules"] == warmed["modules"]
-            own = await first.worker.call("warm", 60, evaluators=evaluators)
-            assert own["new_modules"] > 50  # pandas, openpyxl, the metric modules
             with pytest.raises(DesktopError, match="evaluators must be a list"):
-                await first.worker.call("warm", 10, evaluators="compare_table")
+                await grader.worker.call("warm", 10, evaluators="compare_table")
+            with open(f"/proc/{shared.worker.pid}/status") as status:
+                assert "Threads:\t1\n" in status.read()  # still safe to fork
     finally:
-        await asyncio.gather(first.close(), late.close())
+        await grader.close()
 
 
 def pidfd_targets(pid: int) -> set[int]:

@@ -42,8 +42,8 @@ def warm_up(
     and keeps it for the batch): the templates the ``local`` backend's desktop servers and
     OSWorld graders are forked from (``local/server_template.py``, ``osworld/template.py``);
     nothing for the other backends. ``evaluators``: the batch's tasks' evaluator objects
-    (OSWorld format), whose metric and getter modules the graders' template imports for the
-    workers forked after the first desktops'. Raises
+    (OSWorld format), whose metric and getter modules the graders' template imports before
+    it forks the workers. Raises
     ``ConfigError`` when the local desktops' option ``grader``/``osworld_python`` names what is
     not there (as opening them would)."""
     if config.backend == "local":

@@ -531,9 +531,7 @@ async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> 
         token = server.choose_token()
         servers.append(server)
         graders.append(
-            None
-            if python is None
-            else _grader(f"local-{i}", python, "", token, size, options, late=first > 0)
+            None if python is None else _grader(f"local-{i}", python, "", token, size, options)
         )
 
     async def stop_all() -> None:
@@ -604,7 +602,7 @@ async def warm_up_local(config: DesktopConfig, evaluators: Sequence[dict] = ()):
     template the desktop servers are forked from (:mod:`.server_template`; not for servers
     attached by URL) and, when option ``grader`` picks OSWorld's code, the OSWorld graders'
     template (:func:`~legato_pipelines.desktops.osworld.template_started`, given the batch's
-    ``evaluators`` to import before the workers forked late); each takes over
+    ``evaluators``, whose modules it imports before its first fork); each takes over
     the one ``legato`` started on its first line when there is one (``desktops/early.py``),
     and one started there that neither took is stopped. Raises ``ConfigError`` as
     :func:`_grader_python`."""
@@ -635,12 +633,9 @@ def _grader(
     token: str,
     size: tuple[int, int],
     options: dict[str, Any],
-    late: bool = False,
 ) -> OSWorldGrader:
     """The osworld worker of desktop ``name`` (not started), forked from the template its
-    interpreter's graders share (``osworld/template.py``: desktop_env is imported once);
-    ``late``: a desktop opened after the batch's first ones (a spare), whose fork waits for
-    the template to import the tasks' metric modules (``WorkerTemplate.warm``)."""
+    interpreter's graders share (``osworld/template.py``: desktop_env is imported once)."""
     return OSWorldGrader(
         name=name,
         python=str(python),
@@ -649,7 +644,6 @@ def _grader(
         screen_size=size,
         cache_dir=file_cache_dir(options),
         template=True,
-        warm=late,
     )
 
 

@@ -102,11 +102,9 @@ class OSWorldGrader:
         screen_size: tuple[int, int],
         cache_dir: Any = None,
         template: bool = False,
-        warm: bool = False,
     ):
         self.name, self.python, self.url, self.token = name, python, url, token
         self.template = template
-        self.warm = warm  # the template imports the tasks' metrics before this fork
         self._lease = None  # the shared template (osworld/template.py), from the first spawn
         self.screen_size = screen_size
         #: the server's host ports of the desktop's CDP bridge and VLC (``{"chromium", "vlc"}``,
@@ -137,15 +135,12 @@ class OSWorldGrader:
 
         With ``template`` the worker is forked from the shared template (started by the first
         grader that spawns), its ``preload`` then finds desktop_env imported; it is spawned
-        when there is no template to fork from. With ``warm`` (a desktop opened after the
-        batch's first ones) the template first imports the batch's metric and getter modules
-        (``WorkerTemplate.warm``, once), which this worker and every later one then share."""
+        when there is no template to fork from (and the batch's metric and getter modules,
+        when the template imported them: ``WorkerTemplate.evaluators``)."""
         await self.stop()
         if self.template and self._lease is None:
             self._lease = acquire_template(self.python)
         template = await self._lease.ready() if self._lease is not None else None
-        if template is not None and self.warm:
-            await self._lease.warm()  # once per template: later forks find the modules
         self.worker = WorkerProcess(
             self.python,
             env=worker_env({VM_TOKEN_ENV: self.token}, provider="local"),  # no credential

@@ -18,10 +18,12 @@ check and run-directory work instead of after them (~0.4 s of start-up on 2 core
 
 The batch's tasks name their metrics and getters (:attr:`WorkerTemplate.evaluators`); each
 worker imported their modules at its first setup (pandas, openpyxl, lxml...: ~0.45 s of CPU
-for the local suite's tasks). The template imports them once (op ``warm``), after the batch's
-first workers are forked and before the first worker forked later (a spare's, a restarted
-desktop's: :meth:`WorkerTemplate.warm`): the first desktops' workers are not held back, the
-later ones find the modules imported (BENCHMARKS.md, issue 18 part 9).
+for the local suite's tasks), on the first attempts' critical path and beside the other
+workers' same imports. The template imports them once (op ``warm``) right after its
+``preload``, before its first fork: every worker is forked with them. The first forks wait
+for it, in the shadow of the desktop servers' start (BENCHMARKS.md, issue 18 part 9: 0.93x
+the suite's wall against importing them in the template after the first desktops' forks,
+where the template's import ran beside the first two workers' own).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from ..processes import LoopShared, pdeathsig_guard, take_early
 from .channel import WORKER_SCRIPT, WorkerProcess
 
 PRELOAD_TIMEOUT_S = 120.0  # the import under a loaded machine (the graders' own deadline)
-WARM_TIMEOUT_S = 120.0  # op warm (the metric modules' imports); passed, the template is stopped
+WARM_TIMEOUT_S = 30.0  # op warm (the metric modules' imports); passed, the template is stopped
 log = logging.getLogger(__name__)
 
 
@@ -55,7 +57,6 @@ class WorkerTemplate:
         self.failed = False  # it could not start: not retried
         #: the batch's tasks' evaluator objects (distinct): what :meth:`warm` imports
         self.evaluators: list[dict] = []
-        self._warmed = False
         self.warmed: dict | None = None  # op warm's answer, once it ran
         self._dir: str | None = None
         self._lock = asyncio.Lock()
@@ -85,6 +86,7 @@ class WorkerTemplate:
                     await worker.start()
                 # a template started with --preload answers once its import has ended
                 await worker.call("preload", PRELOAD_TIMEOUT_S)
+                await self._warm(worker)
             except (ConfigError, DesktopError) as exc:
                 log.warning("the osworld template worker did not start (%s); spawning each", exc)
                 self.failed = True
@@ -98,22 +100,17 @@ class WorkerTemplate:
             self.worker = worker
             return worker
 
-    async def warm(self) -> None:
-        """Import the modules of :attr:`evaluators` in the running template (op ``warm``), once;
-        the workers forked after it find them imported. Called before a late worker's fork
-        (:class:`~legato_pipelines.desktops.local.osworld_grader.OSWorldGrader` ``warm``);
-        concurrent callers go on at once (their forks queue behind the import in the
-        template). A failure is logged and left: warming is an optimisation."""
-        if self._warmed or not self.evaluators or self.worker is None:
+    async def _warm(self, worker: WorkerProcess) -> None:
+        """Import the modules of :attr:`evaluators` in the preloaded template (op ``warm``),
+        before its first fork; the answer is kept in :attr:`warmed`. A failure is logged and
+        left (warming is an optimisation); one that passed :data:`WARM_TIMEOUT_S` stopped
+        the template (each grader then spawns its worker)."""
+        if not self.evaluators:
             return
-        self._warmed = True
         try:
-            answer = await self.worker.call("warm", WARM_TIMEOUT_S, evaluators=self.evaluators)
+            self.warmed = await worker.call("warm", WARM_TIMEOUT_S, evaluators=self.evaluators)
         except DesktopError as exc:
             log.info("the osworld template did not import the tasks' metrics (%s)", exc)
-            return
-        self.warmed = answer
-        log.debug("the osworld template imported the tasks' metrics in %.2f s", answer["import_s"])
 
     async def close(self) -> None:
         """Stop the template (its forked workers live on) and remove its directory."""
@@ -160,7 +157,8 @@ async def template_started(python: str, evaluators: Sequence[dict] = ()):
     background (:meth:`.LoopShared.started`): graders that spawn inside the block find it
     preloaded, or wait for the start under way. A template that cannot start is logged once,
     as in :meth:`WorkerTemplate.ready`. ``evaluators``: the batch's tasks' evaluator objects,
-    for :meth:`WorkerTemplate.warm` (duplicates dropped)."""
+    whose modules the template imports before its first fork (duplicates dropped; a template
+    already started by another lease keeps what it imported)."""
     async with _templates.started(python) as template:
         distinct: dict[str, dict] = {}
         for evaluator in evaluators:

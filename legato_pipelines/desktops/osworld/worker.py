@@ -444,10 +444,10 @@ class Worker:
     def warm(self, req: dict) -> dict:
         """Import the metric and getter modules that ``req["evaluators"]`` (OSWorld evaluator
         objects, as in a task's ``evaluator``) name, through the lazy packages
-        (:func:`install_lazy_evaluators`). On the graders' template, after the batch's first
-        workers are forked: the workers forked later (spares, restarts) then find pandas,
-        openpyxl and the metric modules imported instead of importing them each (~0.45 s of
-        CPU per worker for the local suite's tasks; issue 18). Failures are counted, not
+        (:func:`install_lazy_evaluators`). On the graders' template, before its first fork:
+        every worker then comes with pandas, openpyxl and the metric modules imported instead
+        of importing them at its first setup (~0.45 s of CPU per worker for the local suite's
+        tasks; issue 18). Failures are counted, not
         raised: :func:`check_evaluator` reports them for the task that needs the module.
         ``{import_s, names, failed, new_modules, modules}``: ``new_modules`` how many modules
         this call imported (0 in a worker forked after a template's ``warm``), ``modules``
@@ -855,6 +855,11 @@ class Worker:
         signal.signal(
             signal.SIGCHLD, _reaping.reap_children
         )  # before the fork: a child may end at once
+        threads = threading.active_count()
+        if threads > 1:  # an import (warm) started one: the child could inherit its locks held
+            raise WorkerError(
+                "protocol", f"fork: this worker runs {threads} Python threads; only one may fork"
+            )
         sys.stdout.flush()
         sys.stderr.flush()
         gc.freeze()  # desktop_env's objects: never scanned (and copied) by a child's collections
