@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from legato_pipelines.desktops.child_env import SINGLE_THREADED
 from legato_pipelines.desktops.local.osworld_grader import OSWorldGrader
 from legato_pipelines.desktops.osworld import channel, template
 from legato_pipelines.desktops.osworld.options import worker_env
@@ -51,7 +52,8 @@ def wait_gone(pid: int, timeout: float = 10.0) -> bool:
 def worker(python: str, path, name: str, tmpl=None) -> channel.WorkerProcess:
     return channel.WorkerProcess(
         python,
-        env=worker_env({"LEGATO_TEST_NAME": name}, provider="local"),
+        # one BLAS thread, as the graders' template: only a single-threaded worker forks
+        env=worker_env({"LEGATO_TEST_NAME": name, **SINGLE_THREADED}, provider="local"),
         cwd=str(path / name),
         name=name,
         log_path=str(path / f"{name}.log"),
@@ -87,6 +89,35 @@ async def test_a_forked_worker_answers_as_a_spawned_one(python, tmp_path):
         assert forked.alive()
     finally:
         await asyncio.gather(spawned.stop(5), forked.stop(5), tmpl.stop(5))
+
+
+async def test_a_template_running_threads_refuses_to_fork_and_the_worker_is_spawned(
+    python, tmp_path
+):
+    """A forked child gets only the forking thread, with whatever locks the others held: a
+    template with more than one thread (OpenBLAS's pool without ``OPENBLAS_NUM_THREADS=1``)
+    refuses op ``fork``, and the worker is spawned instead (with a warning)."""
+    tmpl = channel.WorkerProcess(
+        python,
+        env=worker_env({"OPENBLAS_NUM_THREADS": "2"}, provider="local"),
+        cwd=str(tmp_path / "threaded"),
+        name="threaded",
+        log_path=str(tmp_path / "threaded.log"),
+    )
+    await tmpl.start()
+    await tmpl.call("preload", 120)
+    with open(f"/proc/{tmpl.pid}/status") as status:
+        assert "Threads:\t1\n" not in status.read()  # numpy's BLAS pool
+    a = worker(python, tmp_path, "a", tmpl)
+    try:
+        with pytest.raises(DesktopError, match="threads; only one may fork"):
+            await tmpl.call(
+                "fork", 10, socket="/nonexistent", env={"A": "1"}, cwd="/", log_path="/dev/null"
+            )
+        await a.start()
+        assert not a.forked and a.alive()  # spawned instead
+    finally:
+        await asyncio.gather(a.stop(5), tmpl.stop(5))
 
 
 async def test_two_forks_are_separate_processes_in_their_own_directories(python, tmp_path):

@@ -135,8 +135,9 @@ class OSWorldGrader:
 
         With ``template`` the worker is forked from the shared template (started by the first
         grader that spawns), its ``preload`` then finds desktop_env imported; it is spawned
-        when there is no template to fork from (and the batch's metric and getter modules,
-        when the template imported them: ``WorkerTemplate.evaluators``)."""
+        when there is no template to fork from. A forked worker also comes with the batch's
+        metric and getter modules imported (the template imported them before its first
+        fork: ``WorkerTemplate.evaluators``); a spawned one imports them at its first setup."""
         await self.stop()
         if self.template and self._lease is None:
             self._lease = acquire_template(self.python)

@@ -66,10 +66,9 @@ async def launch(request: Request) -> Response:
     argv = apps.command_argv(param(p, "command", (str, list)), shell, s.home)
     before = await s.task_pids()
     try:
-        proc = await s.x.run(s._spawn_app, argv, shell)
+        proc, known = await s.x.run(s._launch_app, argv, shell)
     except OSError as exc:
         return error_response(500, f"cannot launch {argv!r}: {exc}")
-    known = s.launch_mark.windows if s.launch_mark is not None else frozenset()
     shown = argv if isinstance(argv, str) else " ".join(argv)
     code = await s.died_at_once(proc, before)
     if code is not None:

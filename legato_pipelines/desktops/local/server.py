@@ -93,6 +93,7 @@ def guarded(endpoint, *, read_only: bool = False, resets: bool = False):
             if changing:
                 desktop.untouched = False
                 desktop.changing += 1
+                desktop.changes += 1
         try:
             return await endpoint(request)
         except ValueError as exc:  # BadRequest, InputError, bad commands

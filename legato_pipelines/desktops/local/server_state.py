@@ -48,7 +48,8 @@ EXISTS_TIMEOUT_S = 10.0  # seconds for the ``test -e`` of an ``open`` step
 HOTKEY_POLL_S = 0.1
 APP_WINDOW_POLL_S = 0.1  # seconds between looks for a launched app's main window
 #: At most this long (s) a launch of a quick windowed program (:data:`~.apps.QUICK_WINDOWED_PROGRAMS`)
-#: waits for its main window before answering; looked for every :data:`LAUNCH_WINDOW_POLL_S`.
+#: waits for a new managed main window before answering; looked for every
+#: :data:`LAUNCH_WINDOW_POLL_S` (:meth:`DesktopServer.window_after_launch`).
 LAUNCH_WINDOW_S = 1.0
 LAUNCH_WINDOW_POLL_S = 0.02
 
@@ -127,9 +128,11 @@ class DesktopServer:
         #: its last reset: a fast reset has nothing to undo (:meth:`reset`); cleared by any
         #: other request
         self.untouched = False
-        #: requests other than reads (and resets) under way: one still running when a reset
-        #: ends may act after it, so that reset leaves the desktop touched
+        #: requests other than reads (and resets) under way, and how many began so far: one
+        #: under way at any moment of a reset may act after it, so that reset leaves the
+        #: desktop touched
         self.changing = 0
+        self.changes = 0
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -213,6 +216,13 @@ class DesktopServer:
             )
         self.launched[proc.pid] = LaunchedApp(program, {proc.pid})
         return proc
+
+    def _launch_app(self, argv, shell: bool) -> tuple[subprocess.Popen, frozenset[int]]:
+        """:meth:`_spawn_app` and the managed windows just before it (one X-thread job, so no
+        other launch's mark comes in between): ``(proc, windows)``."""
+        proc = self._spawn_app(argv, shell)
+        assert self.launch_mark is not None
+        return proc, self.launch_mark.windows
 
     def launched_pids(self, table: dict) -> set[int]:
         """Host pids of the live processes of the apps launched since the reset
@@ -363,6 +373,8 @@ class DesktopServer:
                 await self.x.run(self._settle_input)  # parked where a reset parks it
                 return {"kind": "fast", "reset_s": time.perf_counter() - t0, "untouched": True}
             self.untouched = False
+            quiet = self.changing == 0  # nothing else under way as the reset begins ...
+            changes = self.changes  # ... and nothing else begins until it ends
             if kind == "fast":
                 try:
                     detail = await self.x.run(self._fast_reset_sync)
@@ -376,12 +388,12 @@ class DesktopServer:
             self.launch_mark = self.before_action = None
             self.launched = {}
             self.hotkey_launched = False
-            self.untouched = self.changing == 0
+            self.untouched = quiet and self.changing == 0 and self.changes == changes
             return {"kind": kind, "reset_s": time.perf_counter() - t0, **detail}
 
     async def _nothing_to_undo(self) -> bool:
         """Whether the desktop is in a fast reset's state already: only reads reached it since
-        it started or since its last reset ended with no other request under way
+        it started or since its last reset, during which no other request ran
         (:attr:`untouched`), no task process runs (a read such as ``/accessibility`` may
         start the AT-SPI services; Ctrl+Alt+T pressed by hand opens a terminal), and its
         sandbox and session bus are alive (a fast reset would revert or restart them). A

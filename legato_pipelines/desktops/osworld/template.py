@@ -55,7 +55,7 @@ class WorkerTemplate:
         self.users = 0
         self.worker: WorkerProcess | None = None
         self.failed = False  # it could not start: not retried
-        #: the batch's tasks' evaluator objects (distinct): what :meth:`warm` imports
+        #: the batch's tasks' evaluator objects (distinct): what :meth:`_warm` imports
         self.evaluators: list[dict] = []
         self.warmed: dict | None = None  # op warm's answer, once it ran
         self._dir: str | None = None
@@ -87,6 +87,10 @@ class WorkerTemplate:
                 # a template started with --preload answers once its import has ended
                 await worker.call("preload", PRELOAD_TIMEOUT_S)
                 await self._warm(worker)
+                if not worker.alive():
+                    raise DesktopError(
+                        "it ended while importing the tasks' metric modules", kind="transport"
+                    )
             except (ConfigError, DesktopError) as exc:
                 log.warning("the osworld template worker did not start (%s); spawning each", exc)
                 self.failed = True
@@ -104,13 +108,14 @@ class WorkerTemplate:
         """Import the modules of :attr:`evaluators` in the preloaded template (op ``warm``),
         before its first fork; the answer is kept in :attr:`warmed`. A failure is logged and
         left (warming is an optimisation); one that passed :data:`WARM_TIMEOUT_S` stopped
-        the template (each grader then spawns its worker)."""
+        the template, which :meth:`ready` then treats as one that did not start (each grader
+        spawns its worker)."""
         if not self.evaluators:
             return
         try:
             self.warmed = await worker.call("warm", WARM_TIMEOUT_S, evaluators=self.evaluators)
         except DesktopError as exc:
-            log.info("the osworld template did not import the tasks' metrics (%s)", exc)
+            log.warning("the osworld template did not import the tasks' metrics (%s)", exc)
 
     async def close(self) -> None:
         """Stop the template (its forked workers live on) and remove its directory."""

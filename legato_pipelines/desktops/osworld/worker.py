@@ -855,10 +855,10 @@ class Worker:
         signal.signal(
             signal.SIGCHLD, _reaping.reap_children
         )  # before the fork: a child may end at once
-        threads = threading.active_count()
-        if threads > 1:  # an import (warm) started one: the child could inherit its locks held
+        threads = len(os.listdir("/proc/self/task"))  # native ones too (BLAS, an import's)
+        if threads > 1:  # the child could inherit a lock another thread held
             raise WorkerError(
-                "protocol", f"fork: this worker runs {threads} Python threads; only one may fork"
+                "protocol", f"fork: this worker runs {threads} threads; only one may fork"
             )
         sys.stdout.flush()
         sys.stderr.flush()
