@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import orjson
@@ -136,3 +137,21 @@ def zombie_children(pid: int) -> list[int]:
             if fields[0] == "Z" and int(fields[1]) == pid:
                 found.append(int(name))
     return found
+
+
+def still_alive(watched: set[tuple[int, str]], timeout: float = 10.0) -> list[tuple[int, str]]:
+    """Which of ``watched`` (pid, comm) still run (not zombies) after up to ``timeout``
+    seconds of waiting for them all to end; ``[]`` as soon as none does."""
+    from legato_pipelines.desktops.local.procs import process_table
+
+    deadline = time.monotonic() + timeout
+    while True:
+        now = process_table()
+        alive = sorted(
+            (pid, comm)
+            for pid, comm in watched
+            if pid in now and now[pid].comm == comm and now[pid].state != "Z"
+        )
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)

@@ -7,7 +7,6 @@ import io
 import math
 import os
 import shutil
-import time
 
 import httpx
 import pytest
@@ -22,6 +21,7 @@ from tests.desktop_local_support import (
     needs_xvfb,
     proc_state,
     server_fixture,
+    still_alive,
     zombie_children,
 )
 
@@ -366,17 +366,7 @@ def test_an_unsandboxed_server_killed_with_sigkill_takes_its_session_bus_along()
         assert {"dbus-daemon", "Xvfb", "openbox"} <= {comm for _, comm in watched}, watched
         server.proc.kill()
         server.proc.wait()
-        deadline = time.monotonic() + 10
-        while True:
-            now = process_table()
-            alive = sorted(
-                (pid, comm)
-                for pid, comm in watched
-                if pid in now and now[pid].comm == comm and now[pid].state != "Z"
-            )
-            if not alive or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        alive = still_alive(watched)
     finally:
         server.stop()
     assert alive == []

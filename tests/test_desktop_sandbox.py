@@ -19,7 +19,7 @@ from legato_pipelines.desktops.local.backend import open_local_desktops
 from legato_pipelines.errors import DesktopError
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from legato_pipelines.rollout.profile import profile
-from tests.desktop_local_support import RunningServer, needs_xvfb
+from tests.desktop_local_support import RunningServer, needs_xvfb, still_alive
 from tests.desktop_sandbox_support import osworld_task
 
 pytestmark = [needs_xvfb, pytest.mark.desktop]
@@ -457,17 +457,7 @@ def test_a_server_killed_with_sigkill_leaves_no_sandbox_process_nor_session_bus(
         }
         server.proc.kill()
         server.proc.wait()
-        deadline = time.monotonic() + 10
-        while True:
-            now = process_table()
-            alive = sorted(
-                (pid, comm)
-                for pid, comm in watched
-                if pid in now and now[pid].comm == comm and now[pid].state != "Z"
-            )
-            if not alive or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        alive = still_alive(watched)
     finally:
         server.stop()  # its state directory (the process is gone already)
     assert alive == []

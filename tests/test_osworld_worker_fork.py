@@ -252,18 +252,24 @@ async def test_stopping_a_fork_during_a_call_ends_when_it_ended_not_after_the_gr
         await asyncio.gather(a.stop(5), tmpl.stop(5))
 
 
-async def test_a_grader_close_cancelled_midway_still_stops_its_worker_and_ends_its_lease(python):
-    """A batch cancelled while its desktops close: the grader's close, cancelled while its
-    worker answers ``close``, still stops the worker and ends its lease (the last lease
-    stops the template); else the template outlives every desktop."""
-    grader = OSWorldGrader(
-        name="cancelled",
+def forked_grader(python: str, name: str) -> OSWorldGrader:
+    """A local desktop's grader (not started) whose worker is forked from the shared template,
+    pointed at no desktop."""
+    return OSWorldGrader(
+        name=name,
         python=python,
         url="http://127.0.0.1:1",
         token="t",
         screen_size=(1024, 768),
         template=True,
     )
+
+
+async def test_a_grader_close_cancelled_midway_still_stops_its_worker_and_ends_its_lease(python):
+    """A batch cancelled while its desktops close: the grader's close, cancelled while its
+    worker answers ``close``, still stops the worker and ends its lease (the last lease
+    stops the template); else the template outlives every desktop."""
+    grader = forked_grader(python, "cancelled")
     probe = template.acquire_template(python)  # the grader's template, watched from here
     try:
         await grader.spawn()
@@ -289,14 +295,7 @@ async def test_the_template_imports_the_tasks_metrics_before_its_first_fork(pyth
     with them."""
     table = {"func": "compare_table", "result": {"type": "vm_file"}}
     evaluators = [table, dict(table), {"func": "no_such_metric"}]
-    grader = OSWorldGrader(
-        name="warm",
-        python=python,
-        url="http://127.0.0.1:1",
-        token="t",
-        screen_size=(1024, 768),
-        template=True,
-    )
+    grader = forked_grader(python, "warm")
     try:
         async with template.template_started(python, evaluators) as shared:
             assert shared.evaluators == [table, {"func": "no_such_metric"}]  # duplicates dropped
