@@ -445,7 +445,8 @@ def test_sigterm_mid_batch_says_how_to_resume(policy_server, tmp_path, signum):
     proc.send_signal(signum)
     stderr = proc.communicate(timeout=60)[1]
     assert proc.returncode == 128 + signum
-    assert "interrupted: finished records are kept in" in stderr and "to resume" in stderr
+    said = f"interrupted by {signal.Signals(signum).name}: finished records are kept in"
+    assert said in stderr and "to resume" in stderr
     assert "Traceback" not in stderr
     assert 4 <= len(read_records(out)) < 24, "the signal must land mid-batch"
     done = legato(*args, "--json")

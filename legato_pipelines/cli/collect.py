@@ -237,8 +237,10 @@ def collect_command(
     except OSError as exc:
         fail(f"--out {out}: {exc.strerror or exc} (fix: a writable directory)")
     except KeyboardInterrupt:
+        by = f" by {signal.Signals(terminated[0]).name}" if terminated else ""
         fail(
-            f"interrupted: finished records are kept in {out}; run the same command again to resume",
+            f"interrupted{by}: finished records are kept in {out}; "
+            "run the same command again to resume",
             code=128 + terminated[0] if terminated else 130,
         )
     if json_out:
