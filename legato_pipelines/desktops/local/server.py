@@ -81,8 +81,8 @@ def guarded(endpoint, *, read_only: bool = False, resets: bool = False):
     uvicorn then drops the keep-alive connection under the client's next request.) A route
     that is not ``read_only`` drops the desktop's quiet credit and prepared observation first
     (``DesktopServer.quiet_mark``, ``DesktopServer.prepared``) and, unless it ``resets``
-    the desktop, marks it touched while and after it runs (``DesktopServer.untouched``,
-    ``DesktopServer.changing``)."""
+    the desktop, is counted as a change (``DesktopServer.changes``, ``.changing`` while it
+    runs: the next reset is then a real one)."""
 
     async def handler(request: Request) -> Response:
         changing = not read_only and not resets
@@ -91,7 +91,6 @@ def guarded(endpoint, *, read_only: bool = False, resets: bool = False):
             desktop.quiet_mark = None
             desktop.prepared.drop()
             if changing:
-                desktop.untouched = False
                 desktop.changing += 1
                 desktop.changes += 1
         try:

@@ -124,15 +124,14 @@ class DesktopServer:
         self.quiet_mark: tuple[float, float] | None = None
         #: the next observation, grabbed during a wait's quiet window (:mod:`.prepared_obs`)
         self.prepared = PreparedObservations(self.x)
-        #: only reads (:data:`READ_ONLY_ROUTES`) reached the desktop since it started or since
-        #: its last reset: a fast reset has nothing to undo (:meth:`reset`); cleared by any
-        #: other request
-        self.untouched = False
-        #: requests other than reads (and resets) under way, and how many began so far: one
-        #: under way at any moment of a reset may act after it, so that reset leaves the
-        #: desktop touched
+        #: requests other than reads (:data:`READ_ONLY_ROUTES`) and resets under way, and how
+        #: many began so far (``server.guarded`` counts them)
         self.changing = 0
         self.changes = 0
+        #: :attr:`changes` when the desktop was last in a reset's state (its start, a reset
+        #: no such request ran during); ``None``: not since. Equal to :attr:`changes`: only
+        #: reads came since, a fast reset has nothing to undo (:meth:`_nothing_to_undo`)
+        self.clean_at: int | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -141,7 +140,7 @@ class DesktopServer:
         self.keyboard_baseline = await self.x.run(lambda: keyboard_state(self.x.ctx().display))
         self._reaper = asyncio.create_task(self._reap_forever())
         self._hotkey_watch = asyncio.create_task(self._watch_hotkey_forever())
-        self.untouched = True  # HOME is the baseline, the bus and the sandbox are new
+        self.clean_at = self.changes  # HOME is the baseline, the bus and the sandbox are new
 
     async def stop(self) -> None:
         for task in (self._reaper, self._hotkey_watch):
@@ -372,7 +371,7 @@ class DesktopServer:
             if kind == "fast" and await self._nothing_to_undo():
                 await self.x.run(self._settle_input)  # parked where a reset parks it
                 return {"kind": "fast", "reset_s": time.perf_counter() - t0, "untouched": True}
-            self.untouched = False
+            self.clean_at = None
             quiet = self.changing == 0  # nothing else under way as the reset begins ...
             changes = self.changes  # ... and nothing else begins until it ends
             if kind == "fast":
@@ -388,18 +387,19 @@ class DesktopServer:
             self.launch_mark = self.before_action = None
             self.launched = {}
             self.hotkey_launched = False
-            self.untouched = quiet and self.changing == 0 and self.changes == changes
+            if quiet and self.changing == 0 and self.changes == changes:
+                self.clean_at = changes
             return {"kind": kind, "reset_s": time.perf_counter() - t0, **detail}
 
     async def _nothing_to_undo(self) -> bool:
         """Whether the desktop is in a fast reset's state already: only reads reached it since
         it started or since its last reset, during which no other request ran
-        (:attr:`untouched`), no task process runs (a read such as ``/accessibility`` may
+        (:attr:`clean_at`), no task process runs (a read such as ``/accessibility`` may
         start the AT-SPI services; Ctrl+Alt+T pressed by hand opens a terminal), and its
         sandbox and session bus are alive (a fast reset would revert or restart them). A
         fresh desktop's first reset took 0.17-0.22 s of the first attempts' critical path
         (issue 18)."""
-        if not self.untouched or self.changing:
+        if self.clean_at != self.changes or self.changing:
             return False
         session = self.session
         if session.sandbox is not None and not session.sandbox.alive():

@@ -211,6 +211,16 @@ def evaluator_names(task: dict) -> list[tuple[str, str]]:
     return names
 
 
+def evaluator_function(package: str, name: str):
+    """The metric or getter ``name`` of ``package`` (``"metrics"`` | ``"getters"``), imported
+    now through the lazy packages (:func:`install_lazy_evaluators`: only its module is
+    imported). Raises ``AttributeError`` for a name desktop-env does not have, ``ImportError``
+    when its module needs what the venv lacks."""
+    from desktop_env import evaluators
+
+    return getattr(getattr(evaluators, package), name)
+
+
 def check_evaluator(task: dict) -> None:
     """Import the task's metrics and getters now (lazily, as DesktopEnv.reset would).
 
@@ -218,12 +228,9 @@ def check_evaluator(task: dict) -> None:
     the module a function's file needs (fix: ``legato osworld install --full``), before the
     task's setup runs rather than at the end of the attempt.
     """
-    from desktop_env.evaluators import getters, metrics
-
-    packages = {"metrics": metrics, "getters": getters}
     for package, name in evaluator_names(task):
         try:
-            getattr(packages[package], name)
+            evaluator_function(package, name)
         except AttributeError:
             raise WorkerError(
                 "evaluator",
@@ -458,9 +465,6 @@ class Worker:
         t0 = time.perf_counter()
         before = len(sys.modules)
         install_lazy_evaluators()
-        from desktop_env.evaluators import getters, metrics
-
-        packages = {"metrics": metrics, "getters": getters}
         names = {
             name
             for evaluator in evaluators
@@ -470,7 +474,7 @@ class Worker:
         failed = 0
         for package, name in sorted(names):
             try:
-                getattr(packages[package], name)
+                evaluator_function(package, name)
             except Exception:  # noqa: BLE001 - the task that needs it reports it (check_evaluator)
                 failed += 1
         return {
