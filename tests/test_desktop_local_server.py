@@ -332,13 +332,15 @@ async def test_a_dead_display_is_restarted_by_the_next_reset(client):
 
 
 @pytest.mark.skipif(shutil.which("soffice") is None, reason="libreoffice not installed")
-async def test_prebuilt_libreoffice_profile_is_in_the_baseline():
-    server = RunningServer(width=640, height=480, prebuild=("libreoffice",))
+async def test_a_prebuilt_libreoffice_profile_is_in_the_baseline_by_default():
+    """No ``--prebuild``: LibreOffice's profile, built once per machine by soffice itself, is in
+    the baseline HOME with the baseline's settings merged in, and a reset brings it back."""
+    server = RunningServer(width=640, height=480)
     try:
         client = server.client()
         registry = await client.file("~/.config/libreoffice/4/user/registrymodifications.xcu")
         assert b'"ShowTipOfTheDay"' in registry and b'"FirstRun"' in registry
-        # soffice ran on the baseline (it writes these itself), keeping the baseline's settings
+        # soffice built it (it writes these itself), and the baseline's settings were kept
         assert b'"ooSetupInstCompleted"' in registry and b'"AutoPilot"' in registry
         assert await client.file("~/.config/libreoffice/4/user/extensions/buildid")
         await client.execute("rm -rf ~/.config/libreoffice", shell=True)
@@ -347,6 +349,19 @@ async def test_prebuilt_libreoffice_profile_is_in_the_baseline():
             await client.file("~/.config/libreoffice/4/user/registrymodifications.xcu") == registry
         )
         assert (await client.processes())["task"] == []  # the headless soffice is gone
+        await client.aclose()
+    finally:
+        server.stop()
+
+
+@pytest.mark.skipif(shutil.which("soffice") is None, reason="libreoffice not installed")
+async def test_prebuild_none_leaves_only_the_baselines_libreoffice_settings():
+    server = RunningServer(width=640, height=480, prebuild=("none",))
+    try:
+        client = server.client()
+        registry = await client.file("~/.config/libreoffice/4/user/registrymodifications.xcu")
+        assert b'"FirstRun"' in registry and b'"ooSetupInstCompleted"' not in registry
+        assert await client.file("~/.config/libreoffice/4/user/extensions/buildid") is None
         await client.aclose()
     finally:
         server.stop()

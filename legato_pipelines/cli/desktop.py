@@ -102,7 +102,12 @@ def serve(
     ] = "legato-desktop",
     prebuild: Annotated[
         list[str] | None,
-        typer.Option(help="Build this app's profile into each baseline HOME (libreoffice)."),
+        typer.Option(
+            help=(
+                "Copy this app's pre-built profile into each baseline HOME: libreoffice (the"
+                " default when installed; built once per machine), or none."
+            )
+        ),
     ] = None,
     token_file: Annotated[
         Path,
@@ -130,7 +135,7 @@ def serve(
                 width,
                 height,
                 user,
-                tuple(prebuild or ()),
+                _prebuild(prebuild),
                 token,
                 written,
                 sandbox,
@@ -142,6 +147,17 @@ def serve(
         fail(str(exc), code=1)
 
 
+def _prebuild(apps: list[str] | None) -> tuple[str, ...] | None:
+    """``--prebuild`` as :class:`ServerProcess` takes it: ``None`` (not given: the server's
+    default), ``()`` for ``none``; exits naming the flag on an unknown app."""
+    if apps is None:
+        return None
+    unknown = sorted(set(apps) - {"libreoffice", "none"})
+    if unknown:
+        fail(f"--prebuild must be libreoffice or none, got {', '.join(unknown)}")
+    return tuple(a for a in apps if a != "none")
+
+
 async def _serve(
     count: int,
     host: str,
@@ -149,7 +165,7 @@ async def _serve(
     width: int,
     height: int,
     user: str,
-    prebuild: tuple[str, ...],
+    prebuild: tuple[str, ...] | None,
     token: str,
     written: Path | None,
     sandbox: bool = True,

@@ -36,7 +36,8 @@ one (or ``grader=own``) the project's own subset runs them (``osworld_format.run
                 forwarded from free host ports: desktops running Chrome at once do not collide)
   user          desktop user of unsandboxed servers run as root (default legato-desktop)
   template      directory copied into each baseline HOME (pre-built app profiles)
-  prebuild      apps whose profile each server builds into its baseline HOME: ["libreoffice"]
+  prebuild      apps whose pre-built profile goes into each baseline HOME (default
+                ["libreoffice"] when LibreOffice is installed: built once per machine; [] none)
   cache_dir     read-only file cache for ``download`` steps and ``cloud_file`` getters
                 (default: ``legato osworld cache``'s ``~/.cache/legato/osworld-files``;
                 ``""``: none)
@@ -128,7 +129,7 @@ class ServerProcess:
         port: int = 0,
         user: str | None = None,
         template: str | None = None,
-        prebuild: tuple[str, ...] = (),
+        prebuild: tuple[str, ...] | None = None,
         start_timeout: float = 30.0,
         token: str | None = None,
         sandbox: bool = True,
@@ -140,7 +141,7 @@ class ServerProcess:
         self.sandbox, self.network = sandbox, network
         self.ready_source = ready_source  # the server's --ready-source: damage | poll
         self.user, self.template, self.start_timeout = user, template, start_timeout
-        self.prebuild = tuple(prebuild)
+        self.prebuild = None if prebuild is None else tuple(prebuild)
         self.fork = fork
         self.forked = False
         self.url: str | None = None
@@ -195,8 +196,9 @@ class ServerProcess:
         argv += ["--ready-source", self.ready_source]
         if self.template:
             argv += ["--template", str(self.template)]
-        for app in self.prebuild:
-            argv += ["--prebuild", app]
+        if self.prebuild is not None:  # None: the server's default
+            for app in self.prebuild or ("none",):
+                argv += ["--prebuild", app]
         return argv
 
     async def start(self) -> str:
@@ -511,6 +513,7 @@ async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> 
     if urls:
         return await _attach(config, list(urls), n, options.get("token_env", DEFAULT_TOKEN_ENV))
     python = _grader_python(options)
+    prebuild = _prebuild(options.get("prebuild"))
     base_port = options.get("base_port")
     size = (config.screen_width, config.screen_height)
     servers, graders = [], []
@@ -522,7 +525,7 @@ async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> 
             port=(int(base_port) + i) if base_port else 0,
             user=options.get("user"),
             template=options.get("template"),
-            prebuild=tuple(options.get("prebuild", ())),
+            prebuild=prebuild,
             start_timeout=float(options.get("start_timeout", 30.0)),
             sandbox=sandbox,
             network=network,
@@ -615,6 +618,22 @@ async def warm_up_local(config: DesktopConfig, evaluators: Sequence[dict] = ()):
         await asyncio.sleep(0)  # the starts take the templates legato began on its first line
         stop_early()  # ... and any other it began, read from the command line otherwise
         yield
+
+
+def _prebuild(value: Any) -> tuple[str, ...] | None:
+    """Desktop option ``prebuild``: ``None`` (absent: the server's default, LibreOffice's
+    profile when it is installed) or a list of apps (:data:`.session.PREBUILD_APPS`; ``[]``:
+    none). Raises ``ConfigError`` naming the option."""
+    from .session import PREBUILD_APPS
+
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or any(app not in PREBUILD_APPS for app in value):
+        raise ConfigError(
+            f"desktop option 'prebuild' must be a list of {', '.join(PREBUILD_APPS)} "
+            f"(e.g. prebuild='[\"libreoffice\"]', or [] for none), got {value!r}"
+        )
+    return tuple(value)
 
 
 def _grader_python(options: dict[str, Any]):

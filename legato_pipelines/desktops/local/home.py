@@ -16,6 +16,7 @@ import re
 import shutil
 import stat
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 #: VLC's Lua HTTP interface as OSWorld's getters read it (desktop_env/evaluators/getters/vlc.py
@@ -102,18 +103,19 @@ BASELINE_DIRS: tuple[str, ...] = (
 
 
 def build_baseline(
-    baseline: Path, *, uid: int | None, gid: int | None, template: Path | None = None
+    baseline: Path, *, uid: int | None, gid: int | None, templates: Sequence[Path] = ()
 ) -> None:
     """Create the baseline HOME at ``baseline`` (replacing what is there), owned by uid/gid.
 
-    ``template``: a directory copied in first (e.g. pre-built app profiles); the files of
-    :data:`BASELINE_FILES` are written over it and the LibreOffice settings merged into its
-    profile (:func:`add_libreoffice_settings`).
+    ``templates``: directories copied in first, in order, a later one's files over an earlier
+    one's (e.g. a pre-built LibreOffice profile, :mod:`.app_profiles`, then the user's
+    ``template``); the files of :data:`BASELINE_FILES` are written over them and the
+    LibreOffice settings merged into the profile (:func:`add_libreoffice_settings`).
     """
     if baseline.exists():
         shutil.rmtree(baseline)
-    if template is not None:
-        shutil.copytree(template, baseline, symlinks=True)
+    for template in templates:
+        shutil.copytree(template, baseline, symlinks=True, dirs_exist_ok=True)
     baseline.mkdir(parents=True, exist_ok=True)
     for rel in BASELINE_DIRS:
         (baseline / rel).mkdir(parents=True, exist_ok=True)

@@ -192,9 +192,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--prebuild",
         action="append",
-        default=[],
-        choices=["libreoffice"],
-        help="build this app's profile into the baseline HOME at start (repeatable)",
+        default=None,
+        choices=["libreoffice", "none"],
+        help=(
+            "copy this app's pre-built profile into the baseline HOME (repeatable; default:"
+            " libreoffice when installed; none: no profile)"
+        ),
     )
     parser.add_argument(
         "--sandbox",
@@ -255,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
         state_dir=state,
         user=args.user,
         template=args.template,
-        prebuild=tuple(args.prebuild),
+        prebuild=None if args.prebuild is None else tuple(a for a in args.prebuild if a != "none"),
         sandbox=args.sandbox,
         network=args.network == "host",
         forward=own_network_forward() if args.network == "own" else None,

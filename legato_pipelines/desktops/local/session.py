@@ -35,7 +35,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import accessibility, chrome, dbus_session
+from . import accessibility, app_profiles, chrome, dbus_session
 from . import home as home_mod
 from .leftovers import empty_dir
 from .procs import ProcessTable, RunAs, descendants, process_table
@@ -128,8 +128,9 @@ class Session:
       state_dir      the directory laid out as in the module docstring (created if missing)
       user           desktop user when running as root (``None``: run everything as ourselves)
       template       a directory copied into the baseline HOME (e.g. pre-built app profiles)
-      prebuild       apps whose profile is built into the baseline at start (``libreoffice``:
-                     ~0.3 s once; a GUI launch then skips creating its profile)
+      prebuild       apps whose pre-built profile goes into the baseline (``libreoffice``: built
+                     once per machine, :mod:`.app_profiles`; a GUI start then skips creating
+                     it); ``None`` (the default): LibreOffice's when it is installed
       sandbox        run the task's processes in the desktop's own namespaces (:mod:`.sandbox`);
                      ``False`` runs them on the host as ``user`` (no isolation)
       network        sandboxed only: ``True`` the host's network, ``False`` none (own loopback)
@@ -145,11 +146,13 @@ class Session:
         state_dir: Path,
         user: str | None = DESKTOP_USER,
         template: Path | None = None,
-        prebuild: tuple[str, ...] = (),
+        prebuild: tuple[str, ...] | None = None,
         sandbox: bool = True,
         network: bool = True,
         forward: dict[int, int] | None = None,
     ):
+        if prebuild is None:
+            prebuild = ("libreoffice",) if app_profiles.libreoffice_installed() else ()
         unknown = set(prebuild) - set(PREBUILD_APPS)
         if unknown:
             raise SessionError(
@@ -303,9 +306,10 @@ class Session:
         self.wm_home.mkdir(exist_ok=True)
         (self.wm_home / ".config" / "openbox").mkdir(parents=True, exist_ok=True)
         (self.wm_home / ".config" / "openbox" / "rc.xml").write_text(openbox_config())
-        home_mod.build_baseline(self.baseline, uid=self.uid, gid=self.gid, template=self.template)
-        if "libreoffice" in self.prebuild:
-            self._prebuild_libreoffice()
+        templates = [self._libreoffice_profile()] if "libreoffice" in self.prebuild else []
+        if self.template is not None:
+            templates.append(self.template)
+        home_mod.build_baseline(self.baseline, uid=self.uid, gid=self.gid, templates=templates)
         self._baseline_settings()
         home_mod.restore(self.baseline, self.home)
         self.start_x()
@@ -528,31 +532,13 @@ class Session:
         except SandboxError as exc:
             raise SessionError(str(exc)) from None
 
-    def _prebuild_libreoffice(self) -> None:
-        """Create a LibreOffice profile in the baseline (headless, no display needed)."""
-        if shutil.which("soffice") is None:
-            raise SessionError(
-                "prebuild libreoffice: soffice is not installed (apt-get install libreoffice-calc)"
-            )
-        base = str(self.baseline)
-        env = self._baseline_env() | {"GSETTINGS_BACKEND": "memory"}
-        env.pop("DBUS_SESSION_BUS_ADDRESS", None)
-        run_as = RunAs(env=env, cwd=base, uid=self.uid, gid=self.gid)
+    def _libreoffice_profile(self) -> Path:
+        """The machine's pre-built LibreOffice profile (:func:`.app_profiles.libreoffice_profile`),
+        built now if this LibreOffice has none yet."""
         try:
-            self.procs.run(
-                ["soffice", "--headless", "--norestore", "--terminate_after_init"],
-                run_as,
-                timeout=120,
-            )
-        except subprocess.TimeoutExpired:
-            raise SessionError(
-                "prebuild libreoffice: soffice did not finish within 120 s"
-            ) from None
-        self.kill_task_processes()
-        try:
-            home_mod.add_libreoffice_settings(self.baseline)
-        except FileNotFoundError:
-            raise SessionError("prebuild libreoffice: soffice did not create a profile") from None
+            return app_profiles.libreoffice_profile(self._baseline_env())
+        except app_profiles.ProfileError as exc:
+            raise SessionError(f"prebuild libreoffice: {exc}") from None
 
     def _baseline_env(self) -> dict[str, str]:
         """The task environment with HOME and the XDG folders in the baseline, no display."""
