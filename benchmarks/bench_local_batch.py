@@ -175,6 +175,12 @@ def main() -> None:
     ap.add_argument("--script", type=Path, default=SUITE / "scripts" / "correct.json")
     ap.add_argument("--osworld", type=Path, help="directory of OSWorld task configs")
     ap.add_argument("--before", type=Path, help="--compare before: the other checkout")
+    ap.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="file cache of the download steps (desktop option cache_dir), e.g. one holding"
+        " benchmarks/thunderbird_standin.py's profile tarball",
+    )
     args = ap.parse_args()
     if args.compare == "before" and not (
         args.before and (args.before / "legato_pipelines").is_dir()
@@ -219,6 +225,11 @@ def main() -> None:
                     str(args.group),
                     "--json",
                     *(["--osworld", str(args.osworld)] if args.osworld else []),
+                    *(
+                        ["--desktop-option", f"cache_dir={args.cache_dir.resolve()}"]
+                        if args.cache_dir
+                        else []
+                    ),
                     *modes[mode],
                 ]
                 # ``python -m`` in the other checkout imports its package (and its desktop
