@@ -4,7 +4,7 @@ Every OSWorld Thunderbird config downloads a used profile from Hugging Face
 (``thunderbird-profile.tar.gz``: ``.thunderbird/`` with the profile ``t5q2a5hp.default-release``
 and its mail account), unpacks it over HOME and launches Thunderbird. This machine has no
 internet, so for the benchmarks this builds a tarball of the same shape: the same profile
-folder, made a used one by a real Thunderbird start (headless, ~3 s), with a Local Folders
+folder, made a used one by a real Thunderbird start (headless; 10-35 s in all here), with a Local Folders
 account and the first-start windows off (the baseline HOME's ``user.js`` prefs,
 ``legato_pipelines/desktops/local/home.py``) instead of OSWorld's Outlook account. It is written
 under the URL's own file name into a file cache directory, where the local backend's
@@ -85,19 +85,32 @@ def build(cache_dir: Path) -> Path:
                 time.sleep(0.2)
             time.sleep(2.0)  # let it finish its first-start writes
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)  # Mozilla apps quit cleanly on SIGTERM
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            _stop(proc)
         for lock in ("lock", ".parentlock"):
             (profile / lock).unlink(missing_ok=True)
         cache_dir.mkdir(parents=True, exist_ok=True)
         out = cache_dir / TARBALL
-        with tarfile.open(out, "w:gz") as tar:
+        partial = cache_dir / f".{TARBALL}.partial"  # a killed run leaves no truncated tarball
+        with tarfile.open(partial, "w:gz") as tar:
             tar.add(root, arcname=".thunderbird")
+        os.replace(partial, out)
     return out
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to Thunderbird's process group (the profile's files, prefs.js included, are
+    written by then), SIGKILL after 20 s."""
+    for signum, wait_s in ((signal.SIGTERM, 20.0), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    proc.wait()
 
 
 def main() -> None:

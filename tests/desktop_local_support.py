@@ -76,10 +76,11 @@ class RunningServer:
         height: int = 768,
         prebuild: tuple[str, ...] = (),
         extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ):
         self.token = secrets.token_urlsafe(16)
         self.state = tempfile.mkdtemp(prefix="legato-test-desktop-")
-        env = dict(os.environ, **{DEFAULT_TOKEN_ENV: self.token})
+        env = dict(os.environ, **(env or {}), **{DEFAULT_TOKEN_ENV: self.token})
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -101,6 +102,7 @@ class RunningServer:
         line = self.proc.stdout.readline()
         if not line.startswith(READY_LINE):
             self.proc.kill()
+            shutil.rmtree(self.state, ignore_errors=True)
             raise RuntimeError(f"desktop server did not start (exit {self.proc.wait()})")
         self.info = json.loads(line[len(READY_LINE) :])
         self.url = self.info["url"]

@@ -4,8 +4,10 @@ servers start side by side, and the desktop option naming it checked."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import stat
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -79,3 +81,87 @@ def test_the_prebuild_option_is_checked_naming_it():
     for bad in ("libreoffice", ["gimp"], 1):
         with pytest.raises(ConfigError, match="desktop option 'prebuild'"):
             _prebuild(bad)
+
+
+def fake_soffice(bin_dir, body: str):
+    """A ``soffice`` script on ``bin_dir`` running ``body`` (sh), for what the real one rarely does."""
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "soffice"
+    script.write_text("#!/bin/sh\n" + body)
+    script.chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+def test_soffice_writes_only_inside_the_build(tmp_path):
+    """HOME, the XDG folders, the runtime folder and TMPDIR of the build are all inside the
+    cache's build directory (the host's /run/user/1000 and /tmp are never written)."""
+    env = fake_soffice(
+        tmp_path / "bin",
+        'mkdir -p "$HOME/.config/libreoffice/4/user"\n'
+        'env > "$HOME/.config/libreoffice/4/user/registrymodifications.xcu"\n',
+    )
+    root = tmp_path / "profiles"
+    seen = (
+        app_profiles.libreoffice_profile(
+            {**env, "XDG_RUNTIME_DIR": "/run/user/1000", "TMPDIR": "/tmp"}, root
+        )
+        / LIBREOFFICE_REGISTRY
+    )
+    values = dict(line.split("=", 1) for line in seen.read_text().splitlines() if "=" in line)
+    for name in (
+        "HOME",
+        "XDG_CONFIG_HOME",
+        "XDG_CACHE_HOME",
+        "XDG_DATA_HOME",
+        "XDG_STATE_HOME",
+        "XDG_RUNTIME_DIR",
+        "TMPDIR",
+    ):
+        assert values[name].startswith(str(root / ".build-")), (name, values[name])
+    assert "DISPLAY" not in values and "DBUS_SESSION_BUS_ADDRESS" not in values
+
+
+def test_a_soffice_that_hangs_is_killed_with_what_it_started(tmp_path, monkeypatch):
+    marker = f"30{os.getpid() % 1000:03d}7"
+    env = fake_soffice(tmp_path / "bin", f"sleep {marker} &\nsleep {marker}\n")
+    monkeypatch.setattr(app_profiles, "BUILD_TIMEOUT_S", 0.5)
+    with pytest.raises(app_profiles.ProfileError, match="did not build its profile within"):
+        app_profiles.libreoffice_profile(env, tmp_path / "profiles")
+    left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
+    assert left.stdout == ""
+    assert [p.name for p in (tmp_path / "profiles").iterdir()] == ["build.lock"]
+
+
+def test_entries_it_cannot_trust_are_refused_and_an_unfinished_one_is_rebuilt(tmp_path):
+    env = fake_soffice(
+        tmp_path / "bin",
+        'mkdir -p "$HOME/.config/libreoffice/4/user"\n'
+        'echo built > "$HOME/.config/libreoffice/4/user/registrymodifications.xcu"\n',
+    )
+    root = tmp_path / "profiles"
+    profile = app_profiles.libreoffice_profile(env, root)
+    (profile / LIBREOFFICE_REGISTRY).unlink()  # an entry without its registry: built again
+    assert (app_profiles.libreoffice_profile(env, root) / LIBREOFFICE_REGISTRY).is_file()
+    shutil.rmtree(profile)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(tmp_path / "bin", elsewhere)
+    profile.symlink_to(elsewhere)  # a link: never followed
+    with pytest.raises(app_profiles.ProfileError, match="is a link, another user's"):
+        app_profiles.libreoffice_profile(env, root)
+    profile.unlink()
+    profile.write_text("")
+    with pytest.raises(app_profiles.ProfileError, match="is not a directory"):
+        app_profiles.libreoffice_profile(env, root)
+    profile.unlink()
+    profile.mkdir()
+    profile.chmod(0o777)  # writable by anyone: not used
+    with pytest.raises(app_profiles.ProfileError, match="writable by others"):
+        app_profiles.libreoffice_profile(env, root)
+
+
+def test_a_cache_that_cannot_be_written_names_the_fix(tmp_path):
+    (tmp_path / "file").write_text("")
+    env = fake_soffice(tmp_path / "bin", "exit 0\n")
+    with pytest.raises(app_profiles.ProfileError, match="prebuild=\\[\\]") as failure:
+        app_profiles.libreoffice_profile(env, tmp_path / "file" / "profiles")
+    assert "XDG_CACHE_HOME" in str(failure.value)

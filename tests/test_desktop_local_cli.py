@@ -177,3 +177,24 @@ def test_a_second_serve_reuses_the_generated_token(tmp_path, monkeypatch):
     assert first == second and (path.stat().st_mode & 0o777) == 0o600
     monkeypatch.setenv(DEFAULT_TOKEN_ENV, "from-env")
     assert _token(tmp_path / "t" / "desktop.token") == ("from-env", None)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (("--prebuild", "gimp"), "--prebuild must be libreoffice or none, got gimp"),
+        (
+            ("--prebuild", "none", "--prebuild", "libreoffice"),
+            "--prebuild none cannot be combined with an app",
+        ),
+    ],
+)
+def test_a_bad_prebuild_is_refused_naming_the_flag(flags, message):
+    bad = subprocess.run(
+        [sys.executable, "-m", "legato_pipelines", "desktop", "serve", *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode != 0
+    assert message in bad.stdout + bad.stderr

@@ -332,11 +332,14 @@ async def test_a_dead_display_is_restarted_by_the_next_reset(client):
 
 
 @pytest.mark.skipif(shutil.which("soffice") is None, reason="libreoffice not installed")
-async def test_a_prebuilt_libreoffice_profile_is_in_the_baseline_by_default():
-    """No ``--prebuild``: LibreOffice's profile, built once per machine by soffice itself, is in
-    the baseline HOME with the baseline's settings merged in, and a reset brings it back."""
-    server = RunningServer(width=640, height=480)
+async def test_a_prebuilt_libreoffice_profile_is_in_the_baseline_by_default(tmp_path):
+    """No ``--prebuild``: LibreOffice's profile, built by soffice itself into the server user's
+    cache, is in the baseline HOME with the baseline's settings merged in, and a reset brings
+    it back."""
+    server = RunningServer(width=640, height=480, env={"XDG_CACHE_HOME": str(tmp_path)})
     try:
+        built = list((tmp_path / "legato" / "app-profiles").glob("libreoffice-*"))
+        assert len(built) == 1 and (built[0] / ".config/libreoffice/4/user").is_dir()
         client = server.client()
         registry = await client.file("~/.config/libreoffice/4/user/registrymodifications.xcu")
         assert b'"ShowTipOfTheDay"' in registry and b'"FirstRun"' in registry
@@ -352,6 +355,26 @@ async def test_a_prebuilt_libreoffice_profile_is_in_the_baseline_by_default():
         await client.aclose()
     finally:
         server.stop()
+
+
+@pytest.mark.skipif(shutil.which("soffice") is None, reason="libreoffice not installed")
+async def test_a_profile_cache_that_cannot_be_written_fails_only_an_explicit_prebuild(tmp_path):
+    """The profile is a default: a cache the server cannot write (here below a regular file)
+    leaves the desktop without it, and the server starts; asked for with ``--prebuild
+    libreoffice``, the server refuses to start instead."""
+    (tmp_path / "file").write_text("")
+    broken = {"XDG_CACHE_HOME": str(tmp_path / "file" / "cache")}
+    server = RunningServer(width=640, height=480, env=broken)
+    try:
+        client = server.client()
+        assert await client.file("~/.config/libreoffice/4/user/extensions/buildid") is None
+        registry = await client.file("~/.config/libreoffice/4/user/registrymodifications.xcu")
+        assert b'"FirstRun"' in registry  # the baseline's settings are still there
+        await client.aclose()
+    finally:
+        server.stop()
+    with pytest.raises(RuntimeError, match="did not start"):
+        RunningServer(width=640, height=480, prebuild=("libreoffice",), env=broken)
 
 
 @pytest.mark.skipif(shutil.which("soffice") is None, reason="libreoffice not installed")

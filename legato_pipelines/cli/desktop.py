@@ -105,7 +105,7 @@ def serve(
         typer.Option(
             help=(
                 "Copy this app's pre-built profile into each baseline HOME: libreoffice (the"
-                " default when installed; built once per machine), or none."
+                " default when installed; built once and cached), or none."
             )
         ),
     ] = None,
@@ -155,6 +155,8 @@ def _prebuild(apps: list[str] | None) -> tuple[str, ...] | None:
     unknown = sorted(set(apps) - {"libreoffice", "none"})
     if unknown:
         fail(f"--prebuild must be libreoffice or none, got {', '.join(unknown)}")
+    if "none" in apps and len(set(apps)) > 1:
+        fail("--prebuild none cannot be combined with an app (drop one of them)")
     return tuple(a for a in apps if a != "none")
 
 

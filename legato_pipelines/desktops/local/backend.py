@@ -37,7 +37,7 @@ one (or ``grader=own``) the project's own subset runs them (``osworld_format.run
   user          desktop user of unsandboxed servers run as root (default legato-desktop)
   template      directory copied into each baseline HOME (pre-built app profiles)
   prebuild      apps whose pre-built profile goes into each baseline HOME (default
-                ["libreoffice"] when LibreOffice is installed: built once per machine; [] none)
+                ["libreoffice"] when LibreOffice is installed: built once and cached; [] none)
   cache_dir     read-only file cache for ``download`` steps and ``cloud_file`` getters
                 (default: ``legato osworld cache``'s ``~/.cache/legato/osworld-files``;
                 ``""``: none)

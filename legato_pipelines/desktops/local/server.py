@@ -223,7 +223,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         " when the server lacks it) or frame polling only (docs/local-desktop.md §6)",
     )
     parser.add_argument("--log-level", default="warning")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.prebuild is not None and "none" in args.prebuild and len(set(args.prebuild)) > 1:
+        parser.error("--prebuild none cannot be combined with an app (drop one of them)")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,6 +26,7 @@ openbox ready ~50 ms, kill + verify ~40 ms, ``rm -rf`` + ``cp -a`` ~13 ms.
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import re
@@ -40,6 +41,8 @@ from . import home as home_mod
 from .leftovers import empty_dir
 from .procs import ProcessTable, RunAs, descendants, process_table
 from .sandbox import SANDBOX_HOME, SANDBOX_UID, SANDBOX_USER, Sandbox, SandboxError
+
+log = logging.getLogger(__name__)
 
 DESKTOP_USER = "legato-desktop"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -129,8 +132,9 @@ class Session:
       user           desktop user when running as root (``None``: run everything as ourselves)
       template       a directory copied into the baseline HOME (e.g. pre-built app profiles)
       prebuild       apps whose pre-built profile goes into the baseline (``libreoffice``: built
-                     once per machine, :mod:`.app_profiles`; a GUI start then skips creating
-                     it); ``None`` (the default): LibreOffice's when it is installed
+                     once and cached, :mod:`.app_profiles`; a GUI start then skips creating
+                     it); ``None`` (the default): LibreOffice's when it is installed, and
+                     without one (a warning) when it cannot be built or cached
       sandbox        run the task's processes in the desktop's own namespaces (:mod:`.sandbox`);
                      ``False`` runs them on the host as ``user`` (no isolation)
       network        sandboxed only: ``True`` the host's network, ``False`` none (own loopback)
@@ -151,8 +155,11 @@ class Session:
         network: bool = True,
         forward: dict[int, int] | None = None,
     ):
+        #: the profiles were asked for (a build that fails is then an error, not a warning)
+        self.prebuild_asked = prebuild is not None
         if prebuild is None:
-            prebuild = ("libreoffice",) if app_profiles.libreoffice_installed() else ()
+            installed = app_profiles.libreoffice_installed(SYSTEM_PATH)
+            prebuild = ("libreoffice",) if installed else ()
         unknown = set(prebuild) - set(PREBUILD_APPS)
         if unknown:
             raise SessionError(
@@ -309,6 +316,7 @@ class Session:
         templates = [self._libreoffice_profile()] if "libreoffice" in self.prebuild else []
         if self.template is not None:
             templates.append(self.template)
+        templates = [t for t in templates if t is not None]
         home_mod.build_baseline(self.baseline, uid=self.uid, gid=self.gid, templates=templates)
         self._baseline_settings()
         home_mod.restore(self.baseline, self.home)
@@ -532,13 +540,18 @@ class Session:
         except SandboxError as exc:
             raise SessionError(str(exc)) from None
 
-    def _libreoffice_profile(self) -> Path:
-        """The machine's pre-built LibreOffice profile (:func:`.app_profiles.libreoffice_profile`),
-        built now if this LibreOffice has none yet."""
+    def _libreoffice_profile(self) -> Path | None:
+        """The cached pre-built LibreOffice profile (:func:`.app_profiles.libreoffice_profile`),
+        built now if this LibreOffice has none yet. When it cannot be built or cached: raises
+        ``SessionError`` if ``prebuild`` asked for it, else logs a warning and answers ``None``
+        (LibreOffice then creates its profile at each start, as without the option)."""
         try:
             return app_profiles.libreoffice_profile(self._baseline_env())
         except app_profiles.ProfileError as exc:
-            raise SessionError(f"prebuild libreoffice: {exc}") from None
+            if self.prebuild_asked:
+                raise SessionError(f"prebuild libreoffice: {exc}") from None
+            log.warning("no pre-built LibreOffice profile in the baseline HOME: %s", exc)
+            return None
 
     def _baseline_env(self) -> dict[str, str]:
         """The task environment with HOME and the XDG folders in the baseline, no display."""
