@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -114,6 +115,9 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def main() -> None:
+    # SIGTERM (``timeout``, a killed benchmark) ends through the clean-up below like Ctrl-C:
+    # Thunderbird's process group is stopped and the temporary HOME removed
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

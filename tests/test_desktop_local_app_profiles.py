@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from legato_pipelines.desktops.local import app_profiles
-from legato_pipelines.desktops.local.backend import _prebuild
+from legato_pipelines.desktops.local.backend import prebuild_option
 from legato_pipelines.desktops.local.home import LIBREOFFICE_REGISTRY, build_baseline
 from legato_pipelines.errors import ConfigError
 
@@ -75,12 +75,12 @@ def test_the_baseline_takes_the_profile_and_merges_its_own_settings_in(tmp_path)
 
 
 def test_the_prebuild_option_is_checked_naming_it():
-    assert _prebuild(None) is None  # the server's default
-    assert _prebuild([]) == ()
-    assert _prebuild(["libreoffice"]) == ("libreoffice",)
+    assert prebuild_option(None) is None  # the server's default
+    assert prebuild_option([]) == ()
+    assert prebuild_option(["libreoffice"]) == ("libreoffice",)
     for bad in ("libreoffice", ["gimp"], 1):
         with pytest.raises(ConfigError, match="desktop option 'prebuild'"):
-            _prebuild(bad)
+            prebuild_option(bad)
 
 
 def fake_soffice(bin_dir, body: str):

@@ -464,3 +464,20 @@ def test_view_of_an_unknown_version_lists_the_lakes_versions(policy_server, tmp_
     text = " ".join(res.stderr.split())
     assert res.returncode == 2 and "--version 'nope': no such version in the lake" in text
     assert "(versions: step-3;" in text and "not a legato run directory" not in text
+
+
+def test_a_file_error_names_the_path_it_is_about(tmp_path):
+    """An OSError that ends a collect is blamed on --out only when it is about the run
+    directory (or names no path); a read-only cache elsewhere is named as itself."""
+    from legato_pipelines.cli.collect import _os_error_message
+
+    out = tmp_path / "run"
+    inside = PermissionError(13, "Permission denied", str(out / "rollouts.jsonl"))
+    assert _os_error_message(inside, out) == (
+        f"--out {out}: Permission denied (fix: a writable directory)"
+    )
+    assert _os_error_message(OSError("disk gone"), out).startswith(f"--out {out}: ")
+    elsewhere = OSError(30, "Read-only file system", "/ro/cache/legato")
+    assert _os_error_message(elsewhere, out) == (
+        "/ro/cache/legato: Read-only file system (fix: make it writable, or move it)"
+    )

@@ -42,6 +42,19 @@ def test_desktop_envs_names_come_from_the_venv_and_are_cached(tmp_path, monkeypa
     installed_grader.cache_clear()
 
 
+def test_a_names_cache_that_cannot_be_written_is_skipped(tmp_path, monkeypatch):
+    """The stored names only save the next start an interpreter run: a cache directory that
+    cannot be written (here below a regular file) leaves the names uncached, not an error."""
+    python = osworld_python()
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file" / "cache"))
+    installed_grader.cache_clear()
+    try:
+        assert "infeasible" in installed_grader(python).metrics
+    finally:
+        installed_grader.cache_clear()
+
+
 def test_grader_choice(tmp_path, monkeypatch):
     assert local_grader({"grader": "own"}) == (OWN_GRADER, None)
     names, python = local_grader({"osworld_python": osworld_python()})

@@ -358,3 +358,13 @@ def test_collect_refuses_a_bad_network_and_a_shared_port_before_anything_runs(
     with pytest.raises(TaskListError, match="all 2 desktops share"):
         collect(tasks, policy, out, desktops=1, spares=1, desktop=DesktopConfig(backend="local"))
     assert not out.exists()
+
+
+def test_a_bad_prebuild_option_is_refused_before_anything_runs():
+    """Desktop option prebuild is checked with the other local options (collect's preflight
+    uses the same check, before its run directory is written)."""
+    bad = legato("examples/tasks/local/tasks.json", "--backend", "local",
+                 "--desktop-option", 'prebuild="gimp"')  # fmt: skip
+    assert bad.returncode == 2
+    assert "desktop option 'prebuild' must be a list of libreoffice" in bad.stdout + bad.stderr
+    assert "or [] for none" in bad.stdout + bad.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -235,7 +236,7 @@ def collect_command(
     except LegatoError as exc:
         fail(str(exc))
     except OSError as exc:
-        fail(f"--out {out}: {exc.strerror or exc} (fix: a writable directory)")
+        fail(_os_error_message(exc, out))
     except KeyboardInterrupt:
         by = f" by {signal.Signals(terminated[0]).name}" if terminated else ""
         fail(
@@ -252,6 +253,15 @@ def collect_command(
     problem = incomplete_message(summary)  # groups left open: exit 1, the same command resumes
     if problem:
         fail(problem, code=1)
+
+
+def _os_error_message(exc: OSError, out: Path) -> str:
+    """The message of a file error that ended a collect: about ``--out`` when it names a path
+    in the run directory (or none), else about the path it names (a cache, a task file)."""
+    where = exc.filename
+    if where is None or Path(os.fsdecode(where)).resolve().is_relative_to(Path(out).resolve()):
+        return f"--out {out}: {exc.strerror or exc} (fix: a writable directory)"
+    return f"{os.fsdecode(where)}: {exc.strerror or exc} (fix: make it writable, or move it)"
 
 
 @contextlib.contextmanager

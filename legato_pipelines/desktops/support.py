@@ -38,11 +38,11 @@ def backend_support(
     (``osworld_format/ports.py``); ``osworld``: the installed desktop-env's names when its
     interpreter exists; every backend: the file cache of option ``cache_dir``, by default
     ``legato osworld cache``'s directory (``osworld_format.sources.file_cache_dir``).
-    Raises ``ConfigError`` for a bad ``grader``, ``cache_dir``, ``sandbox`` or ``network``
-    option, naming the option and its allowed values.
+    Raises ``ConfigError`` for a bad ``grader``, ``cache_dir``, ``sandbox``, ``network`` or
+    (local) ``prebuild`` option, naming the option and its allowed values.
     """
     from .local.apps import DESKTOP_APPS
-    from .local.backend import sandbox_options
+    from .local.backend import prebuild_option, sandbox_options
     from .osworld import installed_grader, local_grader, osworld_python
 
     options = dict(options or {})
@@ -51,6 +51,7 @@ def backend_support(
     if backend in ("local", "osworld") and {"sandbox", "network"} & options.keys():
         _, network = sandbox_options(options)  # osworld: its provider local's servers
     if backend == "local":
+        prebuild_option(options.get("prebuild"))  # checked before anything is written
         fields["local_network"] = None if options.get("urls") else network
         fields["local_desktops"] = max(1, desktops)
         if options.get("urls"):

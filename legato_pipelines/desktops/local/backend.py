@@ -513,7 +513,7 @@ async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> 
     if urls:
         return await _attach(config, list(urls), n, options.get("token_env", DEFAULT_TOKEN_ENV))
     python = _grader_python(options)
-    prebuild = _prebuild(options.get("prebuild"))
+    prebuild = prebuild_option(options.get("prebuild"))
     base_port = options.get("base_port")
     size = (config.screen_width, config.screen_height)
     servers, graders = [], []
@@ -620,7 +620,7 @@ async def warm_up_local(config: DesktopConfig, evaluators: Sequence[dict] = ()):
         yield
 
 
-def _prebuild(value: Any) -> tuple[str, ...] | None:
+def prebuild_option(value: Any) -> tuple[str, ...] | None:
     """Desktop option ``prebuild``: ``None`` (absent: the server's default, LibreOffice's
     profile when it is installed) or a list of apps (:data:`.session.PREBUILD_APPS`; ``[]``:
     none). Raises ``ConfigError`` naming the option."""

@@ -88,10 +88,13 @@ def installed_grader(python: str) -> GraderNames:
             "(fix: `legato osworld install`, or desktop option grader=own)"
         )
     if stored is not None:
-        stored.parent.mkdir(parents=True, exist_ok=True)
-        tmp = stored.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(names))
-        tmp.replace(stored)
+        try:
+            stored.parent.mkdir(parents=True, exist_ok=True)
+            tmp = stored.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(names))
+            tmp.replace(stored)
+        except OSError:  # a cache that cannot be written (read-only): asked again next time
+            pass
     return osworld_grader(names, str(path))
 
 
