@@ -91,27 +91,37 @@ def build(cache_dir: Path) -> Path:
             (profile / lock).unlink(missing_ok=True)
         cache_dir.mkdir(parents=True, exist_ok=True)
         out = cache_dir / TARBALL
-        partial = cache_dir / f".{TARBALL}.partial"  # a killed run leaves no truncated tarball
-        with tarfile.open(partial, "w:gz") as tar:
-            tar.add(root, arcname=".thunderbird")
-        os.replace(partial, out)
+        # written under a name of its own, then renamed: no truncated tarball, even killed
+        fd, partial = tempfile.mkstemp(prefix=f".{TARBALL}.", dir=cache_dir)
+        try:
+            with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
+                tar.add(root, arcname=".thunderbird")
+            os.chmod(partial, 0o644)
+            os.replace(partial, out)
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
     return out
 
 
 def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM to Thunderbird's process group (the profile's files, prefs.js included, are
-    written by then), SIGKILL after 20 s."""
-    for signum, wait_s in ((signal.SIGTERM, 20.0), (signal.SIGKILL, None)):
+    written by then), then SIGKILL to whatever of the group is left, 20 s later at most;
+    another SIGTERM meanwhile does not cut this short."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
         try:
-            os.killpg(proc.pid, signum)
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    proc.wait()
+            pass
+        proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def main() -> None:

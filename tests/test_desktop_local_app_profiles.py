@@ -4,7 +4,8 @@ servers start side by side, and the desktop option naming it checked."""
 
 from __future__ import annotations
 
-import os
+import fcntl
+import random
 import shutil
 import stat
 import subprocess
@@ -122,14 +123,50 @@ def test_soffice_writes_only_inside_the_build(tmp_path):
 
 
 def test_a_soffice_that_hangs_is_killed_with_what_it_started(tmp_path, monkeypatch):
-    marker = f"30{os.getpid() % 1000:03d}7"
+    """A build past its time is killed with its whole process group, and the failure is
+    remembered: the servers starting next go on without the profile at once."""
+    marker = str(random.randrange(10**8, 10**9))  # a sleep no other process runs
     env = fake_soffice(tmp_path / "bin", f"sleep {marker} &\nsleep {marker}\n")
     monkeypatch.setattr(app_profiles, "BUILD_TIMEOUT_S", 0.5)
+    root = tmp_path / "profiles"
     with pytest.raises(app_profiles.ProfileError, match="did not build its profile within"):
-        app_profiles.libreoffice_profile(env, tmp_path / "profiles")
+        app_profiles.libreoffice_profile(env, root)
     left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
     assert left.stdout == ""
-    assert [p.name for p in (tmp_path / "profiles").iterdir()] == ["build.lock"]
+    (failed,) = root.glob("libreoffice-*.failed")
+    assert sorted(p.name for p in root.iterdir()) == ["build.lock", failed.name]
+    with pytest.raises(app_profiles.ProfileError, match="its build failed 0 s ago: soffice did"):
+        app_profiles.libreoffice_profile(env, root)
+    assert sorted(p.name for p in root.iterdir()) == ["build.lock", failed.name]  # not retried
+    failed.unlink()  # as the message says: removed, the next start builds again
+    with pytest.raises(app_profiles.ProfileError, match="did not build its profile within"):
+        app_profiles.libreoffice_profile(env, root)
+
+
+def test_a_build_held_by_another_server_is_waited_for_only_so_long(tmp_path, monkeypatch):
+    env = fake_soffice(tmp_path / "bin", "exit 0\n")
+    root = tmp_path / "profiles"
+    root.mkdir()
+    monkeypatch.setattr(app_profiles, "LOCK_WAIT_S", 0.3)
+    with open(root / "build.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another server building (or stuck)
+        with pytest.raises(app_profiles.ProfileError, match="another build has held .* 0 s"):
+            app_profiles.libreoffice_profile(env, root)
+
+
+def test_a_group_writable_cache_directory_of_this_users_is_taken_and_tightened(tmp_path):
+    """A umask of 002 leaves the cache directory group-writable: it is this user's, so it is
+    used and its group write bit cleared (nobody else may add entries)."""
+    env = fake_soffice(
+        tmp_path / "bin",
+        'mkdir -p "$HOME/.config/libreoffice/4/user"\n'
+        'echo built > "$HOME/.config/libreoffice/4/user/registrymodifications.xcu"\n',
+    )
+    root = tmp_path / "profiles"
+    root.mkdir()
+    root.chmod(0o775)
+    assert app_profiles.libreoffice_profile(env, root).is_dir()
+    assert stat.S_IMODE(root.stat().st_mode) == 0o755
 
 
 def test_entries_it_cannot_trust_are_refused_and_an_unfinished_one_is_rebuilt(tmp_path):
@@ -146,7 +183,7 @@ def test_entries_it_cannot_trust_are_refused_and_an_unfinished_one_is_rebuilt(tm
     elsewhere = tmp_path / "elsewhere"
     shutil.copytree(tmp_path / "bin", elsewhere)
     profile.symlink_to(elsewhere)  # a link: never followed
-    with pytest.raises(app_profiles.ProfileError, match="is a link, another user's"):
+    with pytest.raises(app_profiles.ProfileError, match="is a link: not used"):
         app_profiles.libreoffice_profile(env, root)
     profile.unlink()
     profile.write_text("")

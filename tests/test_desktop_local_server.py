@@ -7,6 +7,8 @@ import io
 import math
 import os
 import shutil
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -373,8 +375,15 @@ async def test_a_profile_cache_that_cannot_be_written_fails_only_an_explicit_pre
         await client.aclose()
     finally:
         server.stop()
-    with pytest.raises(RuntimeError, match="did not start"):
-        RunningServer(width=640, height=480, prebuild=("libreoffice",), env=broken)
+    refused = subprocess.run(
+        [sys.executable, "-m", "legato_pipelines.desktops.local.server", "--width", "640",
+         "--height", "480", "--state-dir", str(tmp_path / "state"), "--prebuild", "libreoffice"],
+        env=dict(os.environ, **broken, LEGATO_DESKTOP_TOKEN="t"),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "LEGATO_DESKTOP_READY" not in refused.stdout
+    assert "prebuild libreoffice: cannot use the profile cache" in refused.stderr
+    assert "--prebuild none" in refused.stderr  # the way to go on without it
 
 
 @pytest.mark.skipif(shutil.which("soffice") is None, reason="libreoffice not installed")

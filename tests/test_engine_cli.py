@@ -481,3 +481,7 @@ def test_a_file_error_names_the_path_it_is_about(tmp_path):
     assert _os_error_message(elsewhere, out) == (
         "/ro/cache/legato: Read-only file system (fix: make it writable, or move it)"
     )
+    assert _os_error_message(ConnectionResetError(104, "Connection reset by peer"), out) == (
+        "Connection reset by peer"
+    )
+    assert _os_error_message(TimeoutError(), out) == "TimeoutError"

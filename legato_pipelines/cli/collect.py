@@ -256,12 +256,26 @@ def collect_command(
 
 
 def _os_error_message(exc: OSError, out: Path) -> str:
-    """The message of a file error that ended a collect: about ``--out`` when it names a path
-    in the run directory (or none), else about the path it names (a cache, a task file)."""
+    """The message of an ``OSError`` that ended a collect: about ``--out`` when it names a path
+    in the run directory, about the path it names otherwise (a cache, a task file), and as
+    itself when it names none (e.g. a connection error)."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
     where = exc.filename
-    if where is None or Path(os.fsdecode(where)).resolve().is_relative_to(Path(out).resolve()):
-        return f"--out {out}: {exc.strerror or exc} (fix: a writable directory)"
-    return f"{os.fsdecode(where)}: {exc.strerror or exc} (fix: make it writable, or move it)"
+    if where is None:
+        return (
+            reason
+            if isinstance(exc, ConnectionError | TimeoutError)
+            else (f"--out {out}: {reason} (fix: a writable directory)")
+        )
+    path = os.fsdecode(where)
+    try:
+        inside = Path(path).resolve().is_relative_to(Path(out).resolve())
+    except (OSError, RuntimeError):  # a link loop: say it as it is
+        inside = False
+    if inside:
+        return f"--out {out}: {reason} (fix: a writable directory)"
+    also = f" -> {os.fsdecode(exc.filename2)}" if exc.filename2 is not None else ""
+    return f"{path}{also}: {reason} (fix: make it writable, or move it)"
 
 
 @contextlib.contextmanager

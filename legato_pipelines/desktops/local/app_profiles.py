@@ -14,9 +14,13 @@ the user the desktop servers run as and kept in their ``$XDG_CACHE_HOME/legato/a
 (else ``~/.cache``): a server copies it into its baseline instead of running soffice at its
 start. soffice runs with everything it may write (HOME, the XDG folders, ``XDG_RUNTIME_DIR``,
 ``TMPDIR``) inside a build directory of the cache, so nothing lands on the host, and its
-process group is killed when it ends. Servers starting at once build it once (a lock file);
-the build lands by an atomic rename, so a killed build leaves nothing a later start would take.
-Entries that are links, not the user's own or writable by others are not used.
+process group is killed when it ends. Servers starting at once build it once (a lock file,
+waited for :data:`LOCK_WAIT_S` seconds at most); the build lands by an atomic rename, so a
+killed build leaves nothing a later start would take; a failed one is remembered for
+:data:`FAILED_FOR_S` seconds (``<entry>.failed``), so the servers starting meanwhile do not
+wait for soffice again. Entries that are links, not the user's own or writable by others are
+not used. Every failure is a :class:`ProfileError`; a desktop server then starts without the
+profile (a warning) unless it was asked for (:class:`.session.Session`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import signal
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -41,8 +46,14 @@ LIBREOFFICE_VERSIONRC = Path("/usr/lib/libreoffice/program/versionrc")
 LIBREOFFICE_MAIN_XCD = Path("/usr/lib/libreoffice/share/registry/main.xcd")
 #: Bumped when the way the profile is built changes, so older cache entries are not used.
 RECIPE_VERSION = "1"
-#: Seconds soffice may take (~0.3 s on an idle machine); well under a server's start timeout.
-BUILD_TIMEOUT_S = 20.0
+#: Seconds soffice may take (~0.3 s on an idle machine): with :data:`LOCK_WAIT_S`, well under
+#: a desktop server's start timeout (30 s), so a hanging soffice costs a start, not the start.
+BUILD_TIMEOUT_S = 10.0
+#: Seconds a server waits for another's build before going on without the profile.
+LOCK_WAIT_S = BUILD_TIMEOUT_S + 2.0
+#: Seconds a failed build is remembered (``<entry>.failed``): servers starting meanwhile go on
+#: without the profile at once instead of each waiting for soffice again.
+FAILED_FOR_S = 600.0
 
 
 class ProfileError(RuntimeError):
@@ -71,8 +82,10 @@ def libreoffice_profile(env: Mapping[str, str], root: Path | None = None) -> Pat
     as one of the ``templates`` of :func:`.home.build_baseline`); never write into it.
 
     Raises :class:`ProfileError` when soffice is not installed, fails or runs longer than
-    :data:`BUILD_TIMEOUT_S` seconds, or when the cache cannot be used (not writable, a link,
-    another user's): the message names the directory and the fix.
+    :data:`BUILD_TIMEOUT_S` seconds (or did so in the last :data:`FAILED_FOR_S` seconds),
+    when another build holds the cache longer than :data:`LOCK_WAIT_S` seconds, or when the
+    cache cannot be used (not writable, a link, another user's): the message names the
+    directory and the fix.
     """
     soffice = shutil.which("soffice", path=env.get("PATH"))
     if soffice is None:
@@ -83,43 +96,96 @@ def libreoffice_profile(env: Mapping[str, str], root: Path | None = None) -> Pat
         if _usable(target):
             return target
         root.mkdir(mode=0o755, parents=True, exist_ok=True)
-        _check_owned(root)
+        _own_directory(root)
         lock_fd = os.open(root / "build.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)  # a server starting beside us may be building it
+            _lock(lock_fd, root)  # a server starting beside us may be building it
             if not _usable(target):
                 _build(soffice, env, root, target)
         finally:
             os.close(lock_fd)
+    except ProfileError as exc:
+        raise ProfileError(f"{exc}; {OFF}") from None
     except OSError as exc:
         raise ProfileError(
-            f"cannot use the profile cache {root}: {exc} (fix: make it writable by this user, "
-            "set XDG_CACHE_HOME to a directory that is, or turn the profile off: --prebuild "
-            "none, desktop option prebuild=[])"
+            f"cannot use the profile cache {root}: {exc} (fix: make it writable by this user "
+            f"or set XDG_CACHE_HOME to a directory that is); {OFF}"
         ) from None
     return target
 
 
+OFF = "or go without the profile: --prebuild none, desktop option prebuild=[]"
+
+
+def _lock(fd: int, root: Path) -> None:
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise ProfileError(
+                    f"another build has held {root / 'build.lock'} for over {LOCK_WAIT_S:.0f} s"
+                ) from None
+            time.sleep(0.05)
+
+
 def _usable(target: Path) -> bool:
     """``target`` is a finished build this user can trust: a real directory (not a link) of
-    its own, writable by no one else, holding the profile's registry."""
+    its own, writable by no one else, holding the profile's registry. Raises
+    :class:`ProfileError` for an entry it must not use, or one whose build failed lately."""
+    failed = target.with_name(target.name + ".failed")
+    try:
+        since = time.time() - os.lstat(failed).st_mtime
+    except FileNotFoundError:
+        since = None
+    if since is not None and since < FAILED_FOR_S:
+        raise ProfileError(
+            f"its build failed {since:.0f} s ago: {_read_note(failed)} (retried "
+            f"{FAILED_FOR_S - since:.0f} s from now, or at once when {failed} is removed)"
+        )
     try:
         st = os.lstat(target)
     except FileNotFoundError:
         return False
-    _check_owned(target, st)
+    problem = _trust_problem(st)
+    if problem:
+        raise ProfileError(f"{target} is {problem}: not used (fix: remove it)")
     if not stat.S_ISDIR(st.st_mode):
         raise ProfileError(f"{target} is not a directory (fix: remove it)")
     return (target / LIBREOFFICE_REGISTRY).is_file()
 
 
-def _check_owned(path: Path, st: os.stat_result | None = None) -> None:
-    st = st or os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+def _trust_problem(st: os.stat_result) -> str | None:
+    """Why an entry with this ``lstat`` must not be used, or ``None``."""
+    if stat.S_ISLNK(st.st_mode):
+        return "a link"
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not this user's"
+    if st.st_mode & 0o022:
+        return "writable by others"
+    return None
+
+
+def _own_directory(root: Path) -> None:
+    """The cache directory is this user's real directory; its group and world write bits
+    (a umask of 002 leaves them) are cleared, as nobody else may add entries."""
+    st = os.lstat(root)
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or not stat.S_ISDIR(st.st_mode):
         raise ProfileError(
-            f"{path} is a link, another user's, or writable by others: not used (fix: remove "
-            "it, or set XDG_CACHE_HOME to a directory of this user's)"
+            f"{root} is a link, not a directory or another user's: not used (fix: remove it, "
+            "or set XDG_CACHE_HOME to a directory of this user's)"
         )
+    if st.st_mode & 0o022:
+        os.chmod(root, stat.S_IMODE(st.st_mode) & ~0o022, follow_symlinks=False)
+
+
+def _read_note(path: Path) -> str:
+    try:
+        return path.read_text()[:300]
+    except OSError:
+        return "no reason kept"
 
 
 def _build_key(soffice: str, env: Mapping[str, str]) -> str:
@@ -142,7 +208,8 @@ def _build_key(soffice: str, env: Mapping[str, str]) -> str:
 
 def _build(soffice: str, env: Mapping[str, str], root: Path, target: Path) -> None:
     """Build into a fresh directory of ``root`` and rename it to ``target`` (called with the
-    lock held, so any other build directory is one a killed build left)."""
+    lock held, so any other build directory is one a killed build left). A build that fails
+    leaves ``<target>.failed`` with its reason (:data:`FAILED_FOR_S`)."""
     for stale in root.glob(".build-*"):
         shutil.rmtree(stale, ignore_errors=True)
     if os.path.lexists(target):  # an unfinished entry (no registry): replaced
@@ -165,9 +232,15 @@ def _build(soffice: str, env: Mapping[str, str], root: Path, target: Path) -> No
             "TMPDIR": str(folders["tmp"]),
             "GSETTINGS_BACKEND": "memory",
         }
-        stderr = _run_soffice(soffice, build_env, home)
-        if not (home / LIBREOFFICE_REGISTRY).is_file():
-            raise ProfileError(f"soffice did not create a profile: {stderr or 'no output'}")
+        try:
+            stderr = _run_soffice(soffice, build_env, home, work / "soffice.err")
+            if not (home / LIBREOFFICE_REGISTRY).is_file():
+                raise ProfileError(f"soffice did not create a profile: {stderr or 'no output'}")
+        except ProfileError as exc:
+            failed = target.with_name(target.name + ".failed")
+            failed.unlink(missing_ok=True)
+            failed.write_text(str(exc))
+            raise
         for path in [home, *home.rglob("*")]:  # readable by every desktop user; copies are chowned
             if not path.is_symlink():
                 os.chmod(path, 0o755 if path.is_dir() else 0o644)
@@ -176,28 +249,32 @@ def _build(soffice: str, env: Mapping[str, str], root: Path, target: Path) -> No
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _run_soffice(soffice: str, env: dict[str, str], home: Path) -> str:
+def _run_soffice(soffice: str, env: dict[str, str], home: Path, err: Path) -> str:
     """Run soffice's first start headless in its own process group, killed whole when it
-    ends or times out; answers the tail of its stderr."""
-    proc = subprocess.Popen(
-        [soffice, "--headless", "--norestore", "--terminate_after_init"],
-        env=env,
-        cwd=home,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    ends or times out (before the leader is reaped, so the group's id cannot have been
+    reused); answers the tail of its stderr (kept in ``err``)."""
+    with open(err, "wb") as err_file:
+        proc = subprocess.Popen(
+            [soffice, "--headless", "--norestore", "--terminate_after_init"],
+            env=env,
+            cwd=home,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err_file,
+            start_new_session=True,
+        )
     try:
-        _, err = proc.communicate(timeout=BUILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise ProfileError(
-            f"soffice did not build its profile within {BUILD_TIMEOUT_S:.0f} s"
-        ) from None
+        deadline = time.monotonic() + BUILD_TIMEOUT_S
+        while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            if time.monotonic() > deadline:
+                raise ProfileError(
+                    f"soffice did not build its profile within {BUILD_TIMEOUT_S:.0f} s"
+                )
+            time.sleep(0.02)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # oosplash's soffice.bin and anything it left
         except ProcessLookupError:
             pass
         proc.wait()
-    return err.decode(errors="replace").strip()[-300:]
+    return err.read_bytes().decode(errors="replace").strip()[-300:]
