@@ -134,27 +134,35 @@ def _lock(fd: int, root: Path) -> None:
 def _usable(target: Path) -> bool:
     """``target`` is a finished build this user can trust: a real directory (not a link) of
     its own, writable by no one else, holding the profile's registry. Raises
-    :class:`ProfileError` for an entry it must not use, or one whose build failed lately."""
-    failed = target.with_name(target.name + ".failed")
+    :class:`ProfileError` for an entry it must not use, or when there is none and its build
+    failed lately."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        problem = _trust_problem(st)
+        if problem:
+            raise ProfileError(f"{target} is {problem}: not used (fix: remove it)")
+        if not stat.S_ISDIR(st.st_mode):
+            raise ProfileError(f"{target} is not a directory (fix: remove it)")
+        if (target / LIBREOFFICE_REGISTRY).is_file():
+            return True
+    failed = _failed_note(target)
     try:
         since = time.time() - os.lstat(failed).st_mtime
     except FileNotFoundError:
-        since = None
-    if since is not None and since < FAILED_FOR_S:
+        return False
+    if since < FAILED_FOR_S:
         raise ProfileError(
             f"its build failed {since:.0f} s ago: {_read_note(failed)} (retried "
             f"{FAILED_FOR_S - since:.0f} s from now, or at once when {failed} is removed)"
         )
-    try:
-        st = os.lstat(target)
-    except FileNotFoundError:
-        return False
-    problem = _trust_problem(st)
-    if problem:
-        raise ProfileError(f"{target} is {problem}: not used (fix: remove it)")
-    if not stat.S_ISDIR(st.st_mode):
-        raise ProfileError(f"{target} is not a directory (fix: remove it)")
-    return (target / LIBREOFFICE_REGISTRY).is_file()
+    return False
+
+
+def _failed_note(target: Path) -> Path:
+    return target.with_name(target.name + ".failed")
 
 
 def _trust_problem(st: os.stat_result) -> str | None:
@@ -237,7 +245,7 @@ def _build(soffice: str, env: Mapping[str, str], root: Path, target: Path) -> No
             if not (home / LIBREOFFICE_REGISTRY).is_file():
                 raise ProfileError(f"soffice did not create a profile: {stderr or 'no output'}")
         except ProfileError as exc:
-            failed = target.with_name(target.name + ".failed")
+            failed = _failed_note(target)
             failed.unlink(missing_ok=True)
             failed.write_text(str(exc))
             raise
@@ -245,6 +253,7 @@ def _build(soffice: str, env: Mapping[str, str], root: Path, target: Path) -> No
             if not path.is_symlink():
                 os.chmod(path, 0o755 if path.is_dir() else 0o644)
         os.rename(home, target)
+        _failed_note(target).unlink(missing_ok=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
