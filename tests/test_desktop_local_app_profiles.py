@@ -167,6 +167,11 @@ def test_a_group_writable_cache_directory_of_this_users_is_taken_and_tightened(t
     root.chmod(0o775)
     assert app_profiles.libreoffice_profile(env, root).is_dir()
     assert stat.S_IMODE(root.stat().st_mode) == 0o755
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "linked").symlink_to(elsewhere)  # a cache directory that is a link: refused
+    with pytest.raises(app_profiles.ProfileError, match="linked is a link: not used"):
+        app_profiles.libreoffice_profile(env, tmp_path / "linked")
 
 
 def test_entries_it_cannot_trust_are_refused_and_an_unfinished_one_is_rebuilt(tmp_path):

@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from ..errors import ConfigError
+from ..user_cache import legato_cache
 from .unsupported import UnsupportedStep
 
 
@@ -32,8 +33,7 @@ def default_cache_dir() -> Path:
     ``~/.cache/legato/osworld-files``). ``legato osworld cache`` fills it when given no
     ``--cache-dir``, and the local backend, ``legato tasks check`` and ``legato collect`` read
     it when given no ``cache_dir`` (:func:`file_cache_dir`): the one place it is defined."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "legato" / "osworld-files"
+    return legato_cache("osworld-files")
 
 
 def file_cache_dir(options: Mapping[str, Any]) -> Path | None:

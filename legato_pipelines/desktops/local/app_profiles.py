@@ -37,6 +37,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from ...user_cache import legato_cache
+
 #: Where LibreOffice keeps its user profile inside HOME (``-env:UserInstallation`` default).
 LIBREOFFICE_PROFILE = ".config/libreoffice"
 LIBREOFFICE_REGISTRY = f"{LIBREOFFICE_PROFILE}/4/user/registrymodifications.xcu"
@@ -63,8 +65,7 @@ class ProfileError(RuntimeError):
 def cache_root() -> Path:
     """``$XDG_CACHE_HOME/legato/app-profiles`` (else ``~/.cache/legato/app-profiles``) of the
     user this process runs as."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "legato" / "app-profiles"
+    return legato_cache("app-profiles")
 
 
 def libreoffice_installed(path: str | None = None) -> bool:
@@ -180,13 +181,14 @@ def _own_directory(root: Path) -> None:
     """The cache directory is this user's real directory; its group and world write bits
     (a umask of 002 leaves them) are cleared, as nobody else may add entries."""
     st = os.lstat(root)
-    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or not stat.S_ISDIR(st.st_mode):
-        raise ProfileError(
-            f"{root} is a link, not a directory or another user's: not used (fix: remove it, "
-            "or set XDG_CACHE_HOME to a directory of this user's)"
-        )
-    if st.st_mode & 0o022:
+    problem = _trust_problem(st)
+    if problem == "writable by others" and stat.S_ISDIR(st.st_mode):
         os.chmod(root, stat.S_IMODE(st.st_mode) & ~0o022, follow_symlinks=False)
+    elif problem or not stat.S_ISDIR(st.st_mode):
+        raise ProfileError(
+            f"{root} is {problem or 'not a directory'}: not used (fix: remove it, or set "
+            "XDG_CACHE_HOME to a directory of this user's)"
+        )
 
 
 def _read_note(path: Path) -> str:

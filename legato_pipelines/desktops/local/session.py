@@ -313,10 +313,8 @@ class Session:
         self.wm_home.mkdir(exist_ok=True)
         (self.wm_home / ".config" / "openbox").mkdir(parents=True, exist_ok=True)
         (self.wm_home / ".config" / "openbox" / "rc.xml").write_text(openbox_config())
-        templates = [self._libreoffice_profile()] if "libreoffice" in self.prebuild else []
-        if self.template is not None:
-            templates.append(self.template)
-        templates = [t for t in templates if t is not None]
+        profile = self._libreoffice_profile() if "libreoffice" in self.prebuild else None
+        templates = [t for t in (profile, self.template) if t is not None]  # the user's last
         home_mod.build_baseline(self.baseline, uid=self.uid, gid=self.gid, templates=templates)
         self._baseline_settings()
         home_mod.restore(self.baseline, self.home)

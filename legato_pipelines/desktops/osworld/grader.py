@@ -26,6 +26,7 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...osworld_format.grader_names import OWN_GRADER, GraderNames, osworld_grader
+from ...user_cache import legato_cache
 from .channel import WORKER_SCRIPT
 from .install import osworld_python
 from .options import worker_env
@@ -46,8 +47,7 @@ def _names_key(python: Path) -> str | None:
 
 
 def _names_dir() -> Path:
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "legato" / "osworld-names"
+    return legato_cache("osworld-names")
 
 
 @functools.lru_cache(maxsize=8)

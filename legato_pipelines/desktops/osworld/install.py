@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
+from ...user_cache import legato_cache
 
 DESKTOP_ENV = "desktop-env==1.0.2"
 #: docs/osworld.md §8 "core", plus pandas and PyPDF2 (``getters/file.py`` — vm_file,
@@ -85,8 +86,7 @@ def default_venv() -> Path:
     """``$LEGATO_OSWORLD_VENV``, else ``$XDG_CACHE_HOME/legato/osworld-venv`` (``~/.cache/...``)."""
     if os.environ.get("LEGATO_OSWORLD_VENV"):
         return Path(os.environ["LEGATO_OSWORLD_VENV"]).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "legato" / "osworld-venv"
+    return legato_cache("osworld-venv")
 
 
 def venv_python(path: Path) -> Path:

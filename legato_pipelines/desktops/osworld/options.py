@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ...errors import ConfigError
+from ...user_cache import legato_cache
 from ..base import DesktopConfig, check_options
 from ..child_env import PASS_ENV, worker_env  # noqa: F401 - the workers' environment
 from .install import default_venv, venv_python
@@ -46,8 +47,7 @@ LOCAL_VM_BASELINE = "$TMPDIR/legato-home-baseline"
 
 def default_cache_root() -> Path:
     """``$XDG_CACHE_HOME/legato/osworld-cache`` (``~/.cache/...``): DesktopEnv cache dirs."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "legato" / "osworld-cache"
+    return legato_cache("osworld-cache")
 
 
 def claim_cache_dir(cache_dir: str | Path) -> IO[str]:
