@@ -63,6 +63,7 @@ from ...scratch import scratch_dir, sweep
 from . import chrome
 from . import home as home_mod
 from .auth import TokenAuth
+from .limits import Caps, parse_caps
 from .procs import become_subreaper
 from .route_params import error_response
 from .routes_legato import LEGATO_ROUTES
@@ -156,6 +157,15 @@ def own_network_forward() -> dict[int, int]:
             sock.close()
 
 
+def _limits_arg(text: str) -> Caps | None:
+    try:
+        return parse_caps(json.loads(text))
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(f"not JSON: {text!r}") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m legato_pipelines.desktops.local.server",
@@ -216,6 +226,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         " desktops running Chrome or VLC at once do not collide (the ready line's 'ports')",
     )
     parser.add_argument(
+        "--limits",
+        type=_limits_arg,
+        default=Caps(),
+        help="sandboxed desktops' resource caps (limits.py): true (the defaults: memory 4g,"
+        " pids 4096, disk 8g, cpu_weight 100, io_weight 100), a JSON object overriding some,"
+        ' e.g. \'{"pids": 512, "memory": "1g"}\', or false (no caps: a fork bomb or memory'
+        " hog inside then reaches the host)",
+    )
+    parser.add_argument(
         "--ready-source",
         choices=READY_SOURCES,
         default="damage",
@@ -265,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
         sandbox=args.sandbox,
         network=args.network == "host",
         forward=own_network_forward() if args.network == "own" else None,
+        limits=args.limits if args.sandbox else None,
     )
     server = DesktopServer(
         session, remove_state=own_state or args.remove_state, ready_source=args.ready_source

@@ -404,6 +404,8 @@ class DesktopServer:
         session = self.session
         if session.sandbox is not None and not session.sandbox.alive():
             return False
+        if session.limit_hit() is not None:  # the reset must revert the sandbox
+            return False
         if session.bus is not None and not session.bus.alive():
             return False
         return not await self.task_pids()
