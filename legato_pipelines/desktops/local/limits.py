@@ -458,7 +458,7 @@ class DesktopLimits:
 
     def describe(self) -> dict[str, Any]:
         """For ``/legato/health``: the caps, the cgroup, the disk's free bytes, any hit."""
-        found: dict[str, Any] = {"caps": self.caps.to_json(), "hit": self.tripped}
+        found: dict[str, Any] = {"caps": self.caps.to_json(), "hit": self.check()}
         if self.cgroup is not None:
             found |= self.cgroup.describe()
         if self.disk.mounted:

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from .app_windows import window_pids
 from .limits import RESOURCE_LIMIT
-from .procs import process_table
+from .procs import own_process_table
 from .route_params import BadRequest, error_response, param, parse_action, request_params
 from .screen import model_png
 from .server_state import desktop_of
@@ -159,7 +159,7 @@ async def processes(request: Request) -> Response:
     s = desktop_of(request)
 
     def collect() -> dict:
-        table = process_table()
+        table = own_process_table()
         rows = lambda pids: [  # noqa: E731
             {"pid": pid, "comm": table[pid].comm, "state": table[pid].state}
             for pid in sorted(pids)
@@ -181,7 +181,7 @@ async def windows(request: Request) -> Response:
     app launched since the reset (``/setup/launch``, ``/setup/open_file``, Ctrl+Alt+T), so
     the popup guard takes the window for the app's, never for a popup."""
     s = desktop_of(request)
-    table = await asyncio.to_thread(process_table)
+    table = await asyncio.to_thread(own_process_table)
     launched = s.launched_pids(table)
 
     def collect():

@@ -39,7 +39,7 @@ from pathlib import Path
 from . import accessibility, app_profiles, chrome, dbus_session
 from . import home as home_mod
 from .leftovers import empty_dir
-from .procs import ProcessTable, RunAs, descendants, process_table
+from .procs import ProcessTable, RunAs, descendants, own_process_table
 from .sandbox import SANDBOX_HOME, SANDBOX_UID, SANDBOX_USER, Sandbox, SandboxError
 
 log = logging.getLogger(__name__)
@@ -498,7 +498,7 @@ class Session:
 
     def task_pids(self, table=None) -> set[int]:
         """Every process of the task: the server's descendants minus the infrastructure."""
-        table = table if table is not None else process_table()
+        table = table if table is not None else own_process_table()
         return descendants(os.getpid(), table) - self.infra_pids(table)
 
     def kill_task_processes(self) -> int:
