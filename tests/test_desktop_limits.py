@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -240,3 +241,75 @@ def test_v1_join_places_a_process_before_it_runs(tmp_path):
         assert out.stdout.count(f"legato-{limits.name}") >= 2  # pids and memory
     finally:
         limits.close()
+
+
+def test_own_process_table_is_this_process_subtree_only():
+    """A desktop server's scans read its own processes (children made by any thread, their
+    children, zombies), not the host's: the cost of a scan no longer grows with another
+    desktop's fork bomb."""
+    import subprocess
+
+    from legato_pipelines.desktops.local.procs import descendants, own_process_table
+
+    class ProcInfo:  # a process not (yet) in the table
+        state = ""
+
+    box: list = []
+    thread = threading.Thread(
+        target=lambda: box.append(subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"]))
+    )
+    thread.start()
+    thread.join()
+    (shell,) = box
+    done = subprocess.Popen(["true"])
+    sleeps: set[int] = set()
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            table = own_process_table()
+            below = [table[p].comm for p in descendants(shell.pid, table)]
+            if below == ["sleep", "sleep"] and table.get(done.pid, ProcInfo).state == "Z":
+                break
+            time.sleep(0.02)
+        assert os.getpid() in table and shell.pid in table
+        sleeps = descendants(shell.pid, table)
+        assert [table[p].comm for p in sleeps] == ["sleep", "sleep"]
+        assert table[done.pid].state == "Z"  # not reaped yet: still listed
+        assert 1 not in table and os.getppid() not in table
+    finally:
+        for pid in sleeps:
+            os.kill(pid, 9)
+        shell.kill()
+        shell.wait()
+        done.wait()
+
+
+@needs_xvfb
+@needs_root
+@pytest.mark.desktop
+async def test_a_killed_servers_disk_and_cgroup_do_not_outlive_it():
+    """SIGKILL leaves the server no chance to unmount its disk image or remove its cgroup:
+    the one who removes its state directory unmounts the image first (``release_disk``:
+    the loop device is freed), and the next server removes the empty cgroup of an ended one."""
+    import subprocess
+
+    server = RunningServer(320, 240, extra_args=("--limits", json.dumps(SMALL)))
+    client = server.client()
+    paths = (await client.health())["limits"]["paths"]
+    await client.aclose()
+    mountpoint = Path(server.state) / "sandbox"
+    assert os.path.ismount(mountpoint)
+    server.proc.kill()
+    server.proc.wait()
+    server.stop()
+    assert not os.path.ismount(mountpoint)
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    assert server.state not in loops
+    assert all(Path(p).exists() for p in paths)  # nobody removed it yet
+    deadline = time.monotonic() + 10
+    while any(Path(p, "cgroup.procs").read_text().strip() for p in paths):
+        assert time.monotonic() < deadline, "the killed server's sandbox lives on"
+        time.sleep(0.1)
+    second = RunningServer(320, 240, extra_args=("--limits", json.dumps(SMALL)))
+    second.stop()
+    assert not any(Path(p).exists() for p in paths)

@@ -319,6 +319,9 @@ class ServerProcess:
                     await proc.wait()
         finally:
             if self.state_dir is not None:
+                from .limits import release_disk
+
+                release_disk(self.state_dir)  # a killed server's disk image (limits.py)
                 shutil.rmtree(self.state_dir, ignore_errors=True)
                 self.state_dir = None
             lease, self._lease = self._lease, None

@@ -246,6 +246,7 @@ def _make_v2(name: str, caps: Caps, root: Path) -> Cgroup:
         todo = [c for c in wanted if c not in enabled]
         if todo:
             (level / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in todo))
+    _remove_stale(parent, "")
     path = parent / name
     path.mkdir(exist_ok=True)
     _write(path / "pids.max", caps.pids)
@@ -269,6 +270,7 @@ def _make_v1(name: str, caps: Caps, root: Path, self_cgroup: Path) -> Cgroup:
                 raise LimitsError(f"cgroup v1 hierarchy {base} is not mounted: {_FIX}")
             continue
         path = base / own.get(ctl, "/").lstrip("/") / f"legato-{name}"
+        _remove_stale(path.parent, "legato-")
         path.mkdir(exist_ok=True)
         paths[ctl] = path
     _write(paths["pids"] / "pids.max", caps.pids)
@@ -296,6 +298,33 @@ def _own_v1(self_cgroup: Path) -> dict[str, str]:
             if ctl:
                 found[ctl] = path
     return found
+
+
+def _remove_stale(parent: Path, prefix: str) -> None:
+    """Remove the empty cgroups ``<prefix>...-<pid>`` below ``parent`` whose server (``pid``,
+    the name's last part) has ended: a server killed with SIGKILL cannot remove its own."""
+    try:
+        entries = [e for e in os.scandir(parent) if e.is_dir() and e.name.startswith(prefix)]
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        try:
+            if not Path(entry.path, "cgroup.procs").read_text().strip():
+                os.rmdir(entry.path)
+        except OSError:
+            pass
+
+
+def release_disk(state_dir: Path) -> None:
+    """Unmount a desktop's disk image left mounted on ``state_dir/sandbox`` by a server that
+    was killed (SIGKILL: it could not unmount it), so that removing the state directory
+    frees the loop device too. Call it once the server has ended."""
+    mountpoint = Path(state_dir) / "sandbox"
+    if os.path.ismount(mountpoint):
+        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
 
 
 def _write(path: Path, value: Any) -> None:

@@ -119,7 +119,12 @@ def build_app(server: DesktopServer, token: str, *, manage_lifecycle: bool = Tru
     @contextlib.asynccontextmanager
     async def lifespan(app):
         if manage_lifecycle:
-            await server.start()
+            try:
+                await server.start()
+            except BaseException:  # what started is stopped: X, the sandbox, its cgroup and disk
+                with contextlib.suppress(Exception):
+                    await server.stop()
+                raise
         try:
             yield
         finally:
