@@ -21,6 +21,7 @@ from pydantic import Field
 from .. import export_steps, profile
 from ..errors import ConfigError
 from ..resources import LakeResource
+from ..store.export import incomplete_groups
 from ..store.lake import Lake
 from ..store.lake_tables import Lineage, profile_table, rollouts_table, samples_table, steps_table
 from ..store.rundir import SUMMARY, read_meta, read_typed_records
@@ -124,7 +125,7 @@ class SamplesConfig(dg.Config):
     group_name=GROUP,
     kinds={"parquet", "duckdb"},
     check_specs=[checks.LOGPROBS_COVERAGE, checks.ADVANTAGES_CENTERED],
-    description="Lake table `samples`: one training row per step of ok/truncated rollouts (token ids, logprobs, reward, GRPO advantage).",
+    description="Lake table `samples`: one training row per step of ok/truncated rollouts (token ids, logprobs, reward, GRPO advantage; null with group_complete false for a group short of attempts).",
 )
 def training_samples(
     context: dg.AssetExecutionContext, config: SamplesConfig, lake: LakeResource
@@ -152,6 +153,8 @@ def training_samples(
                 ],
             ),
             "rollouts": len(set(table.column("rollout_id").to_pylist())),
+            # groups with fewer graded attempts than collected for: no advantage in their rows
+            "incomplete_groups": incomplete_groups(table),
             "logprobs_share": number(with_logprobs / table.num_rows if table.num_rows else None),
             **training_signal(read_typed_records(batch.run_dir), table),
             "duckdb": dg.MetadataValue.path(str(store.duckdb_path)),
