@@ -233,3 +233,103 @@ def test_a_lock_held_elsewhere_names_the_holder_and_parquet_answers(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def _materialize(instance, server, tmp_path: Path, selection=None):
+    import dagster as dg
+
+    from legato_pipelines.assets import ASSETS
+    from legato_pipelines.resources import DesktopPoolResource, LakeResource, PolicyResource
+    from tests.engine_support import fake_tasks
+
+    tasks = tmp_path / "tasks.json"
+    tasks.write_text(orjson.dumps(fake_tasks(2, success=0.5)).decode())
+    return dg.materialize(
+        ASSETS,
+        partition_key="step-1",
+        instance=instance,
+        resources={
+            "policy": PolicyResource(base_url=server.url, model=server.model),
+            "desktops": DesktopPoolResource(backend="fake", desktops=2),
+            "lake": LakeResource(root=str(tmp_path / "lake")),
+        },
+        run_config={
+            "ops": {"rollout_batch": {"config": {"tasks": str(tasks), "group": 2, "max_steps": 2}}}
+        }
+        if selection is None
+        else None,
+        selection=selection,
+        raise_on_error=False,
+    )
+
+
+def _logged(instance, run_id: str) -> str:
+    return "\n".join(e.user_message for e in instance.all_logs(run_id))
+
+
+def test_a_partition_deleted_while_collecting_keeps_the_records_and_names_lake_drop(
+    tmp_path, monkeypatch
+):
+    import dagster as dg
+
+    from legato_pipelines.assets import policy_versions
+    from legato_pipelines.desktops.fake import FakeDesktop
+    from legato_pipelines.policy.scripted import ScriptedPolicyServer
+
+    graded = FakeDesktop.evaluate
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(policy_versions.name, ["step-1"])
+
+        async def evaluate(self, *args, **kwargs):  # the UI's "delete partition", mid-batch
+            if instance.has_dynamic_partition(policy_versions.name, "step-1"):
+                instance.delete_dynamic_partition(policy_versions.name, "step-1")
+            return await graded(self, *args, **kwargs)
+
+        monkeypatch.setattr(FakeDesktop, "evaluate", evaluate)
+        with ScriptedPolicyServer() as server:
+            result = _materialize(instance, server, tmp_path)
+        run = instance.get_run_by_id(result.run_id)
+        logged = _logged(instance, result.run_id)
+    assert result.success and not result.get_step_failure_events()
+    assert not result.get_asset_materialization_events()
+    assert {e.step_key for e in result.all_events if e.event_type_value == "STEP_SKIPPED"} == {
+        "rollouts",
+        "training_samples",
+        "profile_summary",
+    }
+    lake = Lake(tmp_path / "lake")
+    records = (lake.run_dir("step-1") / "rollouts.jsonl").read_text().splitlines()
+    assert len(records) >= 4  # what was collected is kept
+    assert f"What was collected is kept: {len(records)} records" in logged
+    assert "`legato lake drop step-1`" in logged and "Traceback" not in logged
+    assert run.tags["legato/partition"] == "deleted mid-run"
+    assert lake.versions("rollouts") == [] and lake.versions("samples") == []
+
+
+def test_a_partition_deleted_before_a_table_is_written_writes_nothing(tmp_path, monkeypatch):
+    import dagster as dg
+
+    from legato_pipelines.assets import policy_versions, rollouts, tables
+    from legato_pipelines.policy.scripted import ScriptedPolicyServer
+
+    with dg.instance_for_test() as instance, ScriptedPolicyServer() as server:
+        instance.add_dynamic_partitions(policy_versions.name, ["step-1"])
+        first = _materialize(instance, server, tmp_path)
+        assert first.success
+        lake = Lake(tmp_path / "lake")
+        lake.drop("step-1")  # the lake without the version; its run directory stays
+        found = tables.find_batch
+
+        def find_then_delete(*args, **kwargs):
+            batch = found(*args, **kwargs)
+            instance.delete_dynamic_partition(policy_versions.name, "step-1")
+            return batch
+
+        monkeypatch.setattr(tables, "find_batch", find_then_delete)
+        again = _materialize(instance, server, tmp_path, selection=[rollouts])
+    assert not again.success
+    failure = again.get_step_failure_events()[0].step_failure_data
+    assert failure.user_failure_data is not None  # a dagster.Failure, not an internal error
+    assert "`legato lake drop step-1`" in failure.user_failure_data.description
+    assert "Nothing was written" in failure.user_failure_data.description
+    assert lake.versions("rollouts") == [] and lake.versions("steps") == []
