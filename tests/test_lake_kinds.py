@@ -96,6 +96,15 @@ def test_readers_get_every_column_of_a_lake_written_by_two_releases(tmp_path):
     with pytest.raises(FileNotFoundError, match="step-9"):
         read_samples(lake.root, ["step-9"])
 
+    # the README's snippet for a trainer without legato-pipelines installed
+    folder = str(lake.root / "samples")
+    files = ds.dataset(folder, format="parquet", partitioning=None)
+    schema = pa.unify_schemas(
+        [f.physical_schema for f in files.get_fragments()], promote_options="permissive"
+    )
+    plain = ds.dataset(folder, format="parquet", schema=schema).to_table()
+    assert set(NEWER) <= set(plain.column_names) and plain.num_rows == table.num_rows
+
     # the views union by name: the newer columns are there, null for the old file's rows
     got = lake.query(
         "SELECT policy_version, count(logprobs_valid) AS n FROM samples GROUP BY 1 ORDER BY 1"
@@ -189,7 +198,9 @@ def test_legato_duckdb_is_written_for_duckdb_1x(tmp_path):
     assert header[8:12] == b"DUCK"
     # DuckDB's storage version 64 is what DuckDB 1.0-1.1 read (2.x's default writes 999)
     assert struct.unpack("<Q", header[12:20])[0] == 64
-    old = os.environ.get("LEGATO_DUCKDB1_PYTHON")  # a python with duckdb 1.x (docs/architecture.md)
+    # opened by DuckDB 1.x itself when LEGATO_DUCKDB1_PYTHON names a python that has it
+    # (python3 -m venv /tmp/duck1 && /tmp/duck1/bin/pip install duckdb==1.1.3)
+    old = os.environ.get("LEGATO_DUCKDB1_PYTHON")
     if not old:
         return
     script = (

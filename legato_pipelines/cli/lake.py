@@ -126,9 +126,7 @@ def drop_command(
     ] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
 ) -> None:
-    """Remove a policy version's rows from the lake: its partition of every table and its
-    charts (with --run, its run directory), then rebuild the views. Dagster keeps its own
-    record of the partition: delete the partition there too if it should go."""
+    """Remove a policy version from the lake (partitions, charts; --run: run directory)."""
     from ..errors import LegatoError
     from ..store.lake import RECORDS_FILE, RUNS_DIR, TABLES
 
@@ -152,5 +150,6 @@ def drop_command(
     except (LegatoError, OSError) as exc:
         fail(str(exc))
     console.print(
-        f"removed policy_version {version!r}: {what} ({len(removed)} folders); views rebuilt"
+        f"removed policy_version {version!r}: {what} ({len(removed)} folders); views rebuilt. "
+        "Dagster's partition is not touched: delete it in the UI if it should go too."
     )

@@ -521,11 +521,9 @@ class Lake:
         partition) has today's schema."""
         if table not in TABLES:
             raise ConfigError(f"lake: unknown table {table!r} (one of {', '.join(TABLES)})")
-        names = (
-            self.versions(table) if versions is None else [check_version_key(v) for v in versions]
-        )
-        present = set(self.versions(table)) if versions is not None else set(names)
-        missing = [v for v in names if v not in present]
+        held = self.versions(table)
+        names = held if versions is None else [check_version_key(v) for v in versions]
+        missing = [v for v in names if v not in held]
         if missing:
             raise FileNotFoundError(
                 f"lake: no {table} partition for policy_version {', '.join(map(repr, missing))} "
