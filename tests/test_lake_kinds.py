@@ -344,3 +344,21 @@ def test_a_partition_deleted_before_a_table_is_written_writes_nothing(tmp_path, 
     assert "`legato lake drop step-1`" in failure.user_failure_data.description
     assert "Nothing was written" in failure.user_failure_data.description
     assert lake.versions("rollouts") == [] and lake.versions("steps") == []
+
+
+def test_a_url_lake_reads_the_union_and_drops_a_version(tmp_path, monkeypatch):
+    # fsspec's memory filesystem: the URL path of Lake (s3:// in production, test_scale_out_lake)
+    monkeypatch.setenv("LEGATO_LAKE_CACHE", str(tmp_path / "cache"))
+    lake = Lake(f"memory://legato-kinds/{tmp_path.name}")
+    old = _samples(tmp_path, "step-1").select(OLD_COLUMNS)
+    sink = pa.BufferOutputStream()
+    pq.write_table(old, sink)
+    lake.fs.pipe_file(lake.partition_file("samples", "step-1"), sink.getvalue().to_pybytes())
+    lake.write("samples", "step-2", _samples(tmp_path, "step-2"))
+    table = read_samples(lake)
+    assert set(NEWER) <= set(table.column_names)
+    assert set(table.column("policy_version").to_pylist()) == {"step-1", "step-2"}
+    assert lake.query("SELECT count(logprobs_valid) AS n FROM samples", parquet=True).to_pylist()
+    lake.drop("step-1")
+    assert lake.versions("samples") == ["step-2"]
+    assert read_samples(lake).column("policy_version").unique().to_pylist() == ["step-2"]
