@@ -2,9 +2,10 @@
 disk fill, against the same desktops with that one idle (issue 30 item 5: within 1.5x).
 
     python benchmarks/bench_limits.py [--width 1280 --height 720] [--n 20] [--victims 2]
-                                      [--limits '{"cpu_weight": 100}']
+                                      [--limits '{"cpu_weight": 10}']
                                       [--attacker-limits '{"memory": "1g", "disk": "2g"}']
                                       [--json out.json]
+    python benchmarks/bench_limits.py --footprint      (a busy desktop's use, for the defaults)
 
 Starts 1 + ``--victims`` sandboxed local desktops (each with its own resource caps,
 limits.py; the victims with the defaults). Every victim is reset to a terminal task (xterm),
@@ -100,6 +101,63 @@ async def bench(width: int, height: int, n: int, victims: int, limits, attacker_
     return results
 
 
+#: Apps a busy desktop holds open at once for ``--footprint`` (OSWorld's heavy ones).
+BUSY_APPS = (
+    ["libreoffice", "--calc"],
+    ["libreoffice", "--writer"],
+    ["google-chrome", "https://example.com", "about:blank", "chrome://version"],
+    ["gimp"],
+    ["thunderbird"],
+)
+
+
+def cgroup_pss(pids: list[int]) -> int:
+    """Sum of ``Pss:`` of ``/proc/PID/smaps_rollup`` (bytes) over ``pids``."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                total += sum(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
+        except OSError:
+            pass
+    return total
+
+
+async def footprint(width: int, height: int, seconds: float = 60.0) -> dict:
+    """One desktop with :data:`BUSY_APPS` open: the peak PSS of its cgroup's processes, its
+    peak task count (``pids.current``: threads too), the memory cgroup's peak (page cache
+    included; v1 ``memory.max_usage_in_bytes``, v2 ``memory.peak``) and its disk's use."""
+    desktop = await open_one(width, height, True)
+    try:
+        limits = (await desktop.client.health())["limits"]
+        by_name = {
+            p.split("/")[4] if limits["cgroup"] == "v1" else "all": p for p in limits["paths"]
+        }
+        pids_dir = by_name.get("pids", by_name.get("all"))
+        mem_dir = by_name.get("memory", by_name.get("all"))
+        for argv in BUSY_APPS:
+            await desktop.client.launch(argv)
+        peak = {"pss": 0, "tasks": 0}
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            await asyncio.sleep(2)
+            with open(f"{pids_dir}/cgroup.procs") as f:
+                members = [int(p) for p in f.read().split()]
+            with open(f"{pids_dir}/pids.current") as f:
+                peak["tasks"] = max(peak["tasks"], int(f.read()))
+            peak["pss"] = max(peak["pss"], cgroup_pss(members))
+        name = "memory.max_usage_in_bytes" if limits["cgroup"] == "v1" else "memory.peak"
+        with open(f"{mem_dir}/{name}") as f:
+            peak["memory_cgroup"] = int(f.read())
+        health = await desktop.client.health()
+        peak["disk_used"] = health["limits"]["caps"]["disk"] - health["limits"]["disk_free"]
+        peak["windows"] = [w["class"] for w in await desktop.client.windows()]
+        peak["hit"] = health["limits"]["hit"]
+        return peak
+    finally:
+        await desktop.close()
+
+
 def show(results: dict) -> None:
     table = Table(
         title=f"victims' step time (act + ready wait + observe), {results['victims']} victims"
@@ -122,6 +180,12 @@ def main() -> None:
     parser = screen_parser(__doc__)
     parser.add_argument("--victims", type=int, default=2)
     parser.add_argument(
+        "--footprint",
+        action="store_true",
+        help="instead: one desktop with LibreOffice Calc and Writer, Chromium, GIMP and"
+        " Thunderbird open for 60 s; its peak PSS, tasks, memory cgroup and disk use",
+    )
+    parser.add_argument(
         "--limits", default="{}", help="every desktop's desktop option limits (JSON object)"
     )
     parser.add_argument(
@@ -131,6 +195,10 @@ def main() -> None:
         " disk caps than the defaults, so the hog and the fill reach them in seconds)",
     )
     args = parser.parse_args()
+    if args.footprint:
+        found = asyncio.run(footprint(args.width, args.height))
+        print(json.dumps(found, indent=2))
+        return
     results = asyncio.run(
         bench(
             args.width,

@@ -68,15 +68,20 @@ class LimitsError(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class Caps:
     """One desktop's caps. ``memory``, ``disk``: bytes; ``pids``: processes and threads;
-    ``cpu_weight``, ``io_weight``: cgroup v2's scale (1..10000, 100 the kernel's default and
-    every desktop's; v1's ``cpu.shares`` and ``blkio`` weight are derived). Defaults sized for
-    OSWorld's apps with room: a busy desktop (LibreOffice, Chromium with tabs, GIMP,
-    Thunderbird) stays well under 2 GiB of PSS and 1000 threads (docs/local-desktop.md)."""
+    ``cpu_weight``, ``io_weight``: cgroup v2's scale (1..10000, 100 the kernel's default; v1's
+    ``cpu.shares`` = weight x 10.24 and the ``blkio`` weight are derived). Defaults sized for
+    OSWorld's apps with room: a busy desktop (LibreOffice Calc and Writer, Chromium with
+    tabs, GIMP, Thunderbird) held ~1.05 GiB PSS and 247 tasks (docs/local-desktop.md §8).
+    ``cpu_weight`` 10: a desktop's task processes yield the CPU to what serves every desktop's
+    steps (X servers, desktop servers, the collector: each a weight-1024 task of the root
+    cgroup on v1); measured on v1 with one desktop running a fork bomb or a memory hog, the
+    other desktops' steps were 1.50x and 1.43x slower at weight 100, 0.99x and 1.00x at 10
+    (BENCHMARKS.md, issue 30). Idle CPU is lent whatever the weight."""
 
     memory: int = 4 * GIB
     pids: int = 4096
     disk: int = 8 * GIB
-    cpu_weight: int = 100
+    cpu_weight: int = 10
     io_weight: int = 100
 
     def to_json(self) -> dict[str, int]:
