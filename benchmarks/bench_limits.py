@@ -150,7 +150,7 @@ async def footprint(width: int, height: int, seconds: float = 60.0) -> dict:
         with open(f"{mem_dir}/{name}") as f:
             peak["memory_cgroup"] = int(f.read())
         health = await desktop.client.health()
-        peak["disk_used"] = health["limits"]["caps"]["disk"] - health["limits"]["disk_free"]
+        peak["disk_used"] = health["limits"]["disk_used"]
         peak["windows"] = [w["class"] for w in await desktop.client.windows()]
         peak["hit"] = health["limits"]["hit"]
         return peak

@@ -400,6 +400,11 @@ class DiskImage:
         st = os.statvfs(self.mountpoint)
         return st.f_bavail * st.f_frsize, st.f_favail
 
+    def used(self) -> int:
+        """Bytes in use (``df``'s Used: data and directories, not ext4's own metadata)."""
+        st = os.statvfs(self.mountpoint)
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
     def full(self) -> bool:
         """Less than :func:`disk_margin` bytes, or no inode, left."""
         if not self.mounted:
@@ -496,7 +501,7 @@ class DesktopLimits:
         if self.cgroup is not None:
             found |= self.cgroup.describe()
         if self.disk.mounted:
-            found["disk_free"] = self.disk.free()[0]
+            found["disk_free"], found["disk_used"] = self.disk.free()[0], self.disk.used()
         return found
 
 

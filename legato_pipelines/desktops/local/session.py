@@ -462,11 +462,13 @@ class Session:
         """Kill every process of the desktop (tasks and infrastructure)."""
         me = os.getpid()
         self.stop_x()
-        if self.sandbox is not None:
-            self.sandbox.close()
-        self.procs.kill(lambda table: descendants(me, table))
-        if self.sandbox is not None and self.sandbox.limits is not None:
-            self.sandbox.limits.close()
+        try:
+            if self.sandbox is not None:
+                self.sandbox.close()
+            self.procs.kill(lambda table: descendants(me, table))
+        finally:  # the disk image and the cgroup go whatever survived (they cannot be reused)
+            if self.sandbox is not None and self.sandbox.limits is not None:
+                self.sandbox.limits.close()
 
     def limit_hit(self) -> str | None:
         """The resource cap the desktop hit since its last reset (``pids``, ``memory``,
