@@ -71,7 +71,7 @@ class Caps:
     ``cpu_weight``, ``io_weight``: cgroup v2's scale (1..10000, 100 the kernel's default; v1's
     ``cpu.shares`` = weight x 10.24 and the ``blkio`` weight are derived). Defaults sized for
     OSWorld's apps with room: a busy desktop (LibreOffice Calc and Writer, Chromium with
-    tabs, GIMP, Thunderbird) held ~1.05 GiB PSS and 247 tasks (docs/local-desktop.md §8).
+    tabs, GIMP, Thunderbird) held ~1.05 GiB PSS and ~250 tasks (docs/local-desktop.md §8).
     ``cpu_weight`` 10: a desktop's task processes yield the CPU to what serves every desktop's
     steps (X servers, desktop servers, the collector: each a weight-1024 task of the root
     cgroup on v1); measured on v1 with one desktop running a fork bomb or a memory hog, the
