@@ -313,3 +313,25 @@ async def test_a_killed_servers_disk_and_cgroup_do_not_outlive_it():
     second = RunningServer(320, 240, extra_args=("--limits", json.dumps(SMALL)))
     second.stop()
     assert not any(Path(p).exists() for p in paths)
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ('{"pid": 3}', "unknown key(s) ['pid']"),
+        ('{"memory": "lots"}', "memory must be bytes or a size such as 4g"),
+        ("maybe", "--limits"),
+    ],
+)
+def test_legato_desktop_serve_refuses_bad_limits_naming_the_key(value, message):
+    import subprocess
+    import sys
+
+    bad = subprocess.run(
+        [sys.executable, "-m", "legato_pipelines", "desktop", "serve", "--limits", value],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode != 0
+    assert message in bad.stdout + bad.stderr

@@ -232,7 +232,8 @@ _FIX = (
     "run the desktop server as root where it may create cgroups (cgroup v2: pids, memory and"
     " cpu listed in /sys/fs/cgroup/cgroup.controllers; in a container, a writable"
     " /sys/fs/cgroup, e.g. docker --cgroupns=private), or pass --desktop-option limits=false"
-    " to run desktops without resource caps (a fork bomb or memory hog then reaches the host)"
+    " (legato desktop serve --limits false) to run desktops without resource caps (a fork"
+    " bomb or memory hog then reaches the host)"
 )
 
 

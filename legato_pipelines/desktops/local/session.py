@@ -523,7 +523,9 @@ class Session:
         anything else outside HOME (:meth:`.Sandbox.dirty`: a non-empty overlay upper layer,
         a file under ``/root``, a System V semaphore...) or the sandbox died, the sandbox is
         reverted instead: ``reverted`` lists what was left (``etc/x``, ...) and ``revert_s``
-        what it cost.
+        what it cost. A desktop that hit a resource cap (:meth:`limit_hit`) is reverted first
+        of all (``reverted``: ``(resource cap hit: pids)``): dropping the pid namespace ends a
+        fork bomb at once, where killing its processes one by one races its forks.
         """
         t0 = time.perf_counter()
         detail: dict = {}
