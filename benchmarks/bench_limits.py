@@ -2,7 +2,7 @@
 disk fill, against the same desktops with that one idle (issue 30 item 5: within 1.5x).
 
     python benchmarks/bench_limits.py [--width 1280 --height 720] [--n 20] [--victims 2]
-                                      [--limits '{"cpu_weight": 10}']
+                                      [--limits '{"cpus": 1}']
                                       [--attacker-limits '{"memory": "1g", "disk": "2g"}']
                                       [--json out.json]
     python benchmarks/bench_limits.py --footprint      (a busy desktop's use, for the defaults)

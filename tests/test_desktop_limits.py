@@ -159,7 +159,8 @@ def test_without_limits_option_the_server_runs_uncapped_only_when_asked():
     assert parse_caps(False) is None
     assert parse_caps(True) == Caps()
     assert parse_caps({"pids": 64, "memory": "1.5g"}) == Caps(memory=3 << 29, pids=64)
-    for bad in ({"pid": 1}, {"memory": "lots"}, {"cpu_weight": 0}, "yes"):
+    assert parse_caps({"cpus": 1}) == Caps(cpus=1.0)
+    for bad in ({"pid": 1}, {"memory": "lots"}, {"cpu_weight": 0}, {"cpus": -1}, "yes"):
         with pytest.raises(ValueError, match="limits"):
             parse_caps(bad)
 
@@ -181,7 +182,7 @@ def test_v2_files_in_a_fake_cgroup_tree(tmp_path, monkeypatch):
     (parent / "cgroup.subtree_control").write_text("\n")
     for name in ("memory.swap.max", "io.weight"):
         (path / name).write_text("max\n")
-    caps = Caps(memory=1 << 30, pids=300, cpu_weight=50, io_weight=200)
+    caps = Caps(memory=1 << 30, pids=300, cpu_weight=50, io_weight=200, cpus=1.5)
     assert cgroup_version(root) == 2
     group = make_cgroup("d1", caps, root)
     assert (root / "cgroup.subtree_control").read_text().split() == [
@@ -194,6 +195,7 @@ def test_v2_files_in_a_fake_cgroup_tree(tmp_path, monkeypatch):
     assert (path / "memory.max").read_text() == f"{1 << 30}\n"
     assert (path / "memory.swap.max").read_text() == "0\n"
     assert (path / "cpu.weight").read_text() == "50\n"
+    assert (path / "cpu.max").read_text() == "150000 100000\n"
     assert (path / "io.weight").read_text() == "default 200\n"
     assert group.procs == [path / "cgroup.procs"]
     (path / "pids.events").write_text("max 0\n")

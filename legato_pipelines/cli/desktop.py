@@ -93,7 +93,7 @@ def serve(
         str,
         typer.Option(
             help="Sandboxed desktops' resource caps (JSON): true (memory 4g, pids 4096, disk 8g,"
-            " cpu_weight 10, io_weight 100), an object overriding some ('{\"pids\": 1024}'), or"
+            " cpus half the host's, cpu_weight and io_weight 100), an object overriding some ('{\"pids\": 1024}'), or"
             " false (uncapped: a fork bomb or memory hog inside reaches the host)."
         ),
     ] = "true",

@@ -44,7 +44,7 @@ import os
 import re
 import subprocess
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,8 @@ CAPS = ("pids", "memory", "disk")
 #: The desktop server's error kind when a cap was hit (the record's ``error.type``).
 RESOURCE_LIMIT = "resource_limit"
 GIB = 1 << 30
+#: The CPU cap's accounting period (µs): ``cpus`` x this much CPU time per period.
+CPU_PERIOD_US = 100_000
 MIB = 1 << 20
 
 # The host's sh writes its pid into each cgroup.procs given before "--", then becomes argv.
@@ -68,21 +70,25 @@ class LimitsError(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class Caps:
     """One desktop's caps. ``memory``, ``disk``: bytes; ``pids``: processes and threads;
-    ``cpu_weight``, ``io_weight``: cgroup v2's scale (1..10000, 100 the kernel's default; v1's
-    ``cpu.shares`` = weight x 10.24 and the ``blkio`` weight are derived). Defaults sized for
-    OSWorld's apps with room: a busy desktop (LibreOffice Calc and Writer, Chromium with
-    tabs, GIMP, Thunderbird) held ~1.05 GiB PSS and ~250 tasks (docs/local-desktop.md §8).
-    ``cpu_weight`` 10: a desktop's task processes yield the CPU to what serves every desktop's
-    steps (X servers, desktop servers, the collector: each a weight-1024 task of the root
-    cgroup on v1); measured on v1 with one desktop running a fork bomb or a memory hog, the
-    other desktops' steps were 1.50x and 1.43x slower at weight 100, 0.99x and 1.00x at 10
-    (BENCHMARKS.md, issue 30). Idle CPU is lent whatever the weight."""
+    ``cpu_weight``, ``io_weight``: cgroup v2's scale (1..10000, 100 the kernel's default and
+    every desktop's; v1's ``cpu.shares`` = weight x 10.24 and the ``blkio`` weight are
+    derived); ``cpus``: CPU time the desktop's processes may use at most, in CPUs (v2
+    ``cpu.max``, v1 ``cpu.cfs_quota_us`` per 100 ms; 0: no such cap), by default half the
+    host's CPUs and at least one, so one desktop's fork bomb or memory hog leaves the rest of
+    the machine to the X servers, desktop servers and other desktops (measured on 2 cores:
+    the other desktops' steps 1.50x / 1.43x slower than idle without it, 0.78x / 0.93x with
+    one CPU, in runs whose idle row differed; a CPU weight of 10 instead made them 0.99x / 1.00x
+    but starved every desktop's own apps behind the host's other processes: reset -> ready of
+    a terminal 3-4x slower on the loaded machine; BENCHMARKS.md, issue 30). Defaults sized
+    for OSWorld's apps with room: a busy desktop (LibreOffice Calc and Writer, Chromium with
+    tabs, GIMP, Thunderbird) held ~1.05 GiB PSS and ~250 tasks (docs/local-desktop.md §8)."""
 
     memory: int = 4 * GIB
     pids: int = 4096
     disk: int = 8 * GIB
-    cpu_weight: int = 10
+    cpu_weight: int = 100
     io_weight: int = 100
+    cpus: float = field(default_factory=lambda: max(1.0, (os.cpu_count() or 2) / 2))
 
     def to_json(self) -> dict[str, int]:
         return asdict(self)
@@ -90,6 +96,7 @@ class Caps:
 
 #: ``--desktop-option limits=...`` keys and what each takes (errors name them).
 CAP_KEYS = {
+    "cpus": "CPUs the desktop may use at most, e.g. 1 or 1.5 (0: no such cap)",
     "memory": "bytes or a size such as 4g, 512m",
     "pids": "a number of processes",
     "disk": "bytes or a size such as 8g",
@@ -129,6 +136,11 @@ def parse_caps(value: Any) -> Caps | None:
     for key, raw in value.items():
         if key in ("memory", "disk"):
             caps = replace(caps, **{key: parse_size(raw, key)})
+            continue
+        if key == "cpus":
+            if not isinstance(raw, int | float) or isinstance(raw, bool) or raw < 0:
+                raise ValueError(f"limits: cpus must be {CAP_KEYS[key]}, got {raw!r}")
+            caps = replace(caps, cpus=float(raw))
             continue
         top = 10000 if key.endswith("weight") else 1 << 22
         if not isinstance(raw, int) or isinstance(raw, bool) or not 1 <= raw <= top:
@@ -260,6 +272,10 @@ def _make_v2(name: str, caps: Caps, root: Path) -> Cgroup:
     if (path / "memory.swap.max").exists():
         _write(path / "memory.swap.max", 0)
     _write(path / "cpu.weight", caps.cpu_weight)
+    _write(
+        path / "cpu.max",
+        f"{int(caps.cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}" if caps.cpus else "max",
+    )
     io = "io" in wanted and (path / "io.weight").exists()
     if io:
         _write(path / "io.weight", f"default {caps.io_weight}")
@@ -285,6 +301,9 @@ def _make_v1(name: str, caps: Caps, root: Path, self_cgroup: Path) -> Cgroup:
         _write(paths["memory"] / "memory.memsw.limit_in_bytes", caps.memory)
     if "cpu" in paths:
         _write(paths["cpu"] / "cpu.shares", max(2, caps.cpu_weight * 1024 // 100))
+        _write(paths["cpu"] / "cpu.cfs_period_us", CPU_PERIOD_US)
+        quota = int(caps.cpus * CPU_PERIOD_US) if caps.cpus else -1
+        _write(paths["cpu"] / "cpu.cfs_quota_us", quota)
     io = False
     for weight in ("blkio.bfq.weight", "blkio.weight"):  # 1..1000 (BFQ), 10..1000 (CFQ)
         if "blkio" in paths and (paths["blkio"] / weight).exists():
