@@ -145,6 +145,10 @@ async def test_caps_are_set_on_the_sandbox_and_read_only_inside(tmp_path):
         sizes = [int(w) for w in out["output"].split() if w.isdigit()]
         assert sizes and all(s < 96 << 20 for s in sizes[-2:])  # HOME and /tmp: the disk cap
         assert Path(pids_path, "pids.max").read_text().strip() == "128"
+        cpu_path = next(p for p in limits["paths"] if p.startswith("/sys/fs/cgroup/cpu/"))
+        quota = int(max(1.0, (os.cpu_count() or 2) / 2) * 100_000)  # half the CPUs, at least 1
+        assert Path(cpu_path, "cpu.cfs_quota_us").read_text().strip() == str(quota)
+        assert Path(cpu_path, "cpu.shares").read_text().strip() == "1024"
         sudo = f"echo password | sudo -S sh -c 'echo max > {pids_path}/pids.max' 2>&1"
         out = await client.execute(sudo, shell=True)
         assert "Read-only file system" in out["output"], out

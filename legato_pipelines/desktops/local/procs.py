@@ -67,7 +67,7 @@ def process_table() -> dict[int, ProcInfo]:
     return table
 
 
-def own_process_table(root: int | None = None) -> dict[int, ProcInfo]:
+def own_process_table(root: int | None = None, depth: int | None = None) -> dict[int, ProcInfo]:
     """``root`` (default: this process) and every process below it, by pid: what a desktop
     server's scans need (its task's and its infrastructure's processes are all its
     descendants: it is their subreaper). Found through ``/proc/PID/task/TID/children`` from
@@ -75,13 +75,14 @@ def own_process_table(root: int | None = None) -> dict[int, ProcInfo]:
     bomb in another desktop (thousands of processes, up to that desktop's pids cap) made every
     server's scans, and so every desktop's steps, several times slower (issue 30). The
     kernel's children lists may miss a process forked or re-parented during the walk; the
-    callers that kill re-scan until nothing is left."""
+    callers that kill re-scan until nothing is left. ``depth``: how many generations below
+    ``root`` to read (``1``: its children only; ``None``: all)."""
     root = os.getpid() if root is None else root
     table: dict[int, ProcInfo] = {}
-    stack = [root]
+    stack = [(root, 0)]
     while stack:
-        pid = stack.pop()
-        if pid in table or not _add_stat(table, pid):
+        pid, level = stack.pop()
+        if pid in table or not _add_stat(table, pid) or level == depth:
             continue
         try:
             tids = os.listdir(f"/proc/{pid}/task")
@@ -93,7 +94,7 @@ def own_process_table(root: int | None = None) -> dict[int, ProcInfo]:
             except OSError:
                 continue
             try:
-                stack.extend(int(c) for c in _read_all(fd).split())
+                stack.extend((int(c), level + 1) for c in _read_all(fd).split())
             except OSError:
                 pass
             finally:
@@ -277,7 +278,9 @@ class ProcessTable:
                 if proc.poll() is not None:
                     del self._popens[pid]
             me = os.getpid()
-            for info in own_process_table(me).values():
+            # its children only: the reaper runs every second, and a desktop holding thousands
+            # of processes (a fork bomb at its pids cap) made each whole-tree walk cost ~0.1 s
+            for info in own_process_table(me, depth=1).values():
                 if info.ppid == me and info.state == "Z" and info.pid not in self._popens:
                     try:
                         os.waitpid(info.pid, os.WNOHANG)
