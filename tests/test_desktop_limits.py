@@ -309,12 +309,14 @@ async def test_a_killed_servers_disk_and_cgroup_do_not_outlive_it():
     server.proc.wait()
     server.stop()
     assert not os.path.ismount(mountpoint)
-    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
-    assert server.state not in loops
     assert all(Path(p).exists() for p in paths)  # nobody removed it yet
     deadline = time.monotonic() + 10
     while any(Path(p, "cgroup.procs").read_text().strip() for p in paths):
         assert time.monotonic() < deadline, "the killed server's sandbox lives on"
+        time.sleep(0.1)
+    # unmounted lazily: the loop device goes once the dying sandbox lets go of the filesystem
+    while server.state in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout:
+        assert time.monotonic() < deadline, "the killed server's loop device is still attached"
         time.sleep(0.1)
     second = RunningServer(320, 240, extra_args=("--limits", json.dumps(SMALL)))
     second.stop()

@@ -92,7 +92,7 @@ def serve(
     limits: Annotated[
         str,
         typer.Option(
-            help="Sandboxed desktops' resource caps (JSON): true (memory 4g, pids 4096, disk 8g,"
+            help="Sandboxed desktops' resource caps (JSON): true (memory 4g, pids 2048, disk 8g,"
             " cpus half the host's, cpu_weight and io_weight 100), an object overriding some ('{\"pids\": 1024}'), or"
             " false (uncapped: a fork bomb or memory hog inside reaches the host)."
         ),

@@ -35,7 +35,7 @@ one (or ``grader=own``) the project's own subset runs them (``osworld_format.run
                 (a network of its own with a route out and OSWorld's Chrome and VLC ports
                 forwarded from free host ports: desktops running Chrome at once do not collide)
   limits        sandboxed desktops' resource caps (:mod:`.limits`: a cgroup and a disk image
-                per desktop): true (default: memory 4g, pids 4096, disk 8g, cpus half the
+                per desktop): true (default: memory 4g, pids 2048, disk 8g, cpus half the
                 host's CPUs and at least 1, cpu_weight and io_weight 100), an object overriding some (``limits='{"pids": 512}'``), or
                 false (uncapped: explicit opt-out where no cgroup can be made). A hit cap ends
                 the attempt as a desktop failure of type ``resource_limit``

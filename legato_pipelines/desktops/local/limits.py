@@ -84,7 +84,7 @@ class Caps:
     tabs, GIMP, Thunderbird) held ~1.05 GiB PSS and ~250 tasks (docs/local-desktop.md §8)."""
 
     memory: int = 4 * GIB
-    pids: int = 4096
+    pids: int = 2048
     disk: int = 8 * GIB
     cpu_weight: int = 100
     io_weight: int = 100

@@ -235,7 +235,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=_limits_arg,
         default=Caps(),
         help="sandboxed desktops' resource caps (limits.py): true (the defaults: memory 4g,"
-        " pids 4096, disk 8g, cpus half the host's, cpu_weight and io_weight 100), a JSON object overriding some,"
+        " pids 2048, disk 8g, cpus half the host's, cpu_weight and io_weight 100), a JSON object overriding some,"
         ' e.g. \'{"pids": 512, "memory": "1g"}\', or false (no caps: a fork bomb or memory'
         " hog inside then reaches the host)",
     )
