@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD python3 benchmarks/bench_vllm_client.py [--prompts 24] [--images 2] [--concurrency 4]
 
-Serves the tests' tiny random-weight Qwen2.5-VL (``tests/vllm_tiny_models.py``) with PyPI's
+Serves the tests' tiny random-weight Qwen3-VL (``tests/vllm_tiny_models.py``) with PyPI's
 vLLM CPU build (``scripts/vllm_venv.sh``; prefix caching off, so a repeated prompt costs the
 same prefill each time), then sends the same prompts (``bench_policy.episode_messages``: system
 text, ``--images`` screenshots of 448x252 with the model's answers between them) two ways, each

