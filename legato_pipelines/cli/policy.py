@@ -41,12 +41,22 @@ def _verdict_table(report) -> Table:
     if report.token_ids_source:
         ids += f" ({report.token_ids_source})"
     table.add_row("token ids", ids)
-    table.add_row("cached tokens reported", yes(report.cached_tokens_reported))
+    cached = yes(report.cached_tokens_reported)
+    if report.cached_tokens is not None:
+        cached += f" ({report.cached_tokens} on the repeated prompt)"
+    table.add_row("cached tokens reported", cached)
+    table.add_row(
+        "cache block",
+        "[dim]not reported[/]"
+        if report.cache_block_size is None
+        else f"{report.cache_block_size} tokens",
+    )
     table.add_row(
         "images per prompt",
         "[dim]unknown[/]" if report.max_images_ok is None else str(report.max_images_ok),
     )
     table.add_row("reasoning field", report.reasoning_field or "[dim]none[/]")
+    table.add_row("answer arrives in", report.answer_field or "[dim]nothing[/]")
     table.add_row(
         "latency",
         "[dim]unknown[/]" if report.latency_s is None else f"{report.latency_s * 1000:.0f} ms",
