@@ -166,6 +166,7 @@ class PolicyClient:
             **config.extra_body,
         }
         self.logprobs_mode: str | None = None  # as the server reports it (/v1/models), if it does
+        self.max_model_len: int | None = None  # [tokens] as /v1/models reports it (vLLM does)
         # optional fields a 400 naming one drops for the batch: token id requests, cache_salt
         self._id_fields: dict[str, Any] = (
             {"return_token_ids": True} if config.request_token_ids else {}
@@ -264,8 +265,12 @@ class PolicyClient:
             data = orjson.loads(resp.content).get("data") or []
             ids = [str(entry["id"]) for entry in data]
             for entry in data:
-                if entry.get("id") == self.config.model and entry.get("logprobs_mode"):
+                if entry.get("id") != self.config.model:
+                    continue
+                if entry.get("logprobs_mode"):
                     self.logprobs_mode = str(entry["logprobs_mode"])
+                if isinstance(entry.get("max_model_len"), int):
+                    self.max_model_len = entry["max_model_len"]
             return ids
         except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
             raise PolicyConfigError(f"GET {url} did not return an OpenAI model list") from None

@@ -128,6 +128,13 @@ class PolicyConfig(BaseModel):
         }
 
     @property
+    def output_limit(self) -> int:
+        """[tokens] the most tokens one answer may have: ``extra_body.max_completion_tokens``
+        when set (servers take it over ``max_tokens``), else ``max_tokens``."""
+        limit = self.extra_body.get("max_completion_tokens")
+        return limit if isinstance(limit, int) and limit > 0 else self.max_tokens
+
+    @property
     def api_base(self) -> str:
         """The ``.../v1`` root requests go to."""
         return self.base_url if self.base_url.endswith("/v1") else self.base_url + "/v1"

@@ -206,9 +206,16 @@ async def server_block_size(client: PolicyClient) -> int | None:
     return None
 
 
+_WORDS = (
+    "the river flows past a quiet town where people walk along the green park and read old "
+    "books under tall trees while children play near the small bridge"
+).split()
+
+
 def _cache_prompt(shots: list[Screenshot], words: int) -> list[dict[str, Any]]:
-    """The cache check's prompt: ``words`` numbered words of text, then the images."""
-    filler = " ".join(f"w{i:04d}" for i in range(words))
+    """The cache check's prompt: ``words`` common words of text (about a token each), then
+    the images."""
+    filler = " ".join(_WORDS[i % len(_WORDS)] for i in range(words))
     messages = _image_prompt(shots)
     messages[0]["content"][0]["text"] += " Context: " + filler
     return messages
@@ -220,9 +227,11 @@ async def _probe_cache(client: PolicyClient, report: ProbeReport) -> None:
     read from the first answer's ``usage.prompt_tokens`` and the prompt grown once if short."""
     block = report.cache_block_size = await server_block_size(client)
     want = 2 * (block or DEFAULT_BLOCK) + 8  # [tokens]
+    if client.max_model_len:  # room for the answer in the server's context
+        want = max(min(want, client.max_model_len - PROBE_MAX_TOKENS - 64), 1)
     shots = probe_images(2)
     images = {s.sha: s for s in shots}
-    words = want // 2
+    words = want
 
     async def twice(use: list[Screenshot]) -> PolicyResponse:
         nonlocal words

@@ -13,11 +13,10 @@ exception an attempt raises that is not one of the project's own (a truncated PN
 desktop, a plain ``OSError``, a bug in a backend) ends that attempt as a desktop failure of
 kind ``unexpected`` (retried per ``env_retries``, then ``error`` kind ``env``, with the
 exception's type, redacted message and the line that raised it) and the batch goes on. A
-context-length 400, or an
-output the server shortened to fit its context (HTTP 200, ``finish_reason: length``, fewer
-tokens than ``max_tokens``: vLLM >= 0.32), ends the attempt as ``truncated`` (graded,
-``truncation`` says why; the cut step is recorded, flagged ``truncated``, its actions not run); an evaluator that gives no valid
-reward (``None``, NaN, +-inf) is a desktop failure of kind ``invalid_reward`` (retried, then
+context-length 400, or an output the server shortened to fit its context (HTTP 200,
+``finish_reason: length``, fewer tokens than ``max_tokens``: vLLM >= 0.32), ends the attempt
+as ``truncated`` (graded, ``truncation`` says why; the cut step is recorded, flagged
+``truncated``, its actions not run); an evaluator that gives no valid reward (``None``, NaN, +-inf) is a desktop failure of kind ``invalid_reward`` (retried, then
 ``error``), never a reward.
 """
 
@@ -283,7 +282,7 @@ async def _run(
             timing.policy_s += time.perf_counter() - t
             # the answer wherever the server's parsers put it (content, tool_calls, reasoning)
             answer, answer_field = response.answer()
-            cut = response.cut(ctx.policy.config.max_tokens)
+            cut = response.cut(ctx.policy.config.output_limit)
             parsed = episode.parse(answer, response.finish_reason)
             episode.record(answer, parsed)
             step_record = Step(
@@ -314,7 +313,7 @@ async def _run(
                 record.truncation = (
                     f"the output was cut at the model's context (HTTP 200, finish_reason "
                     f"length after {response.completion_tokens} of max_tokens "
-                    f"{ctx.policy.config.max_tokens} tokens, prompt {response.prompt_tokens} "
+                    f"{ctx.policy.config.output_limit} tokens, prompt {response.prompt_tokens} "
                     "tokens) (fix: lower --image-max or --max-tokens, or raise the server's "
                     "--max-model-len)"
                 )
