@@ -3,8 +3,8 @@
     PYTHONPATH=$PWD python3 benchmarks/bench_vllm_client.py [--prompts 24] [--images 2] [--concurrency 4]
 
 Serves the tests' tiny random-weight Qwen3-VL (``tests/vllm_tiny_models.py``) with PyPI's
-vLLM CPU build (``scripts/vllm_venv.sh``; prefix caching off, so a repeated prompt costs the
-same prefill each time), then sends the same prompts (``bench_policy.episode_messages``: system
+vLLM CPU build (``scripts/vllm_venv.sh``; prefix caching and the multimodal processor cache
+off, so a repeated prompt costs the same each time), then sends the same prompts (``bench_policy.episode_messages``: system
 text, ``--images`` screenshots of 448x252 with the model's answers between them) two ways, each
 prompt both ways in alternating order, seeded so both generate the same tokens:
 
@@ -13,9 +13,10 @@ prompt both ways in alternating order, seeded so both generate the same tokens:
   direct   one ``httpx.AsyncClient.post(json=body)`` with the same fields, images inlined as
            data URLs, the answer parsed with ``resp.json()``
 
-Prints one JSON line per mode (sequential, then ``--concurrency`` in flight): median and p90
-seconds per request both ways, the ratio client/direct of the medians (and of the total wall
-time when concurrent), and the added milliseconds per request.
+Prints one JSON line per mode (sequential, then ``--concurrency`` in flight, each way twice in
+the order client, direct, direct, client): median and p90 seconds per request both ways, the
+ratio client/direct of the medians (and of the total wall time when concurrent), and the added
+milliseconds per request.
 """
 
 from __future__ import annotations
@@ -153,18 +154,25 @@ async def run(server: VllmServer, args) -> None:
             async with sem:
                 return await coro
 
-        walls, per = [], []
-        for kind in ("client", "direct"):
+        walls, per = {"client": 0.0, "direct": 0.0}, {"client": [], "direct": []}
+        for kind in ("client", "direct", "direct", "client"):  # ABBA: no order advantage
             t0 = time.perf_counter()
             if kind == "client":
                 coros = [one_client(client, m, imgs) for m, imgs in prompts]
             else:
                 coros = [one_direct(http, url, b) for b in bodies]
             results = await asyncio.gather(*(bounded(c) for c in coros))
-            walls.append(time.perf_counter() - t0)
-            per.append([s for s, _ in results])
+            walls[kind] += time.perf_counter() - t0
+            per[kind] += [s for s, _ in results]
         print(
-            json.dumps(summary(f"concurrent_{args.concurrency}", per[0], per[1], walls)),
+            json.dumps(
+                summary(
+                    f"concurrent_{args.concurrency}",
+                    per["client"],
+                    per["direct"],
+                    (walls["client"], walls["direct"]),
+                )
+            ),
             flush=True,
         )
 
@@ -180,9 +188,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="legato-bench-vllm-") as tmp:
         root = Path(tmp)
         model = build_model(root / "model")
-        server = VllmServer(
-            model, root / "vllm.log", extra_args=("--no-enable-prefix-caching",)
-        ).start()
+        # no prefix cache, no multimodal processor cache: the second sending of a prompt costs
+        # what the first did
+        flags = ("--no-enable-prefix-caching", "--mm-processor-cache-gb", "0")
+        server = VllmServer(model, root / "vllm.log", extra_args=flags).start()
         try:
             asyncio.run(run(server, args))
         finally:
