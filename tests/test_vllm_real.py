@@ -500,10 +500,10 @@ def test_kind_the_answer_in_the_reasoning_field_is_read(parser_server, tmp_path)
     summary = fake_collect(parser_server, out, max_steps=2, image_max=2, harness="qwen25vl")
     (record,) = read_records(out)
     for step in record["steps"]:
-        # before: every step "empty response", the text never parsed
-        assert step["answer_field"] == "reasoning"
         assert step["response"]["content"] is None and step["response"]["reasoning"]
+        # before: every step "empty response", the answer never parsed
         assert not (step["parse_error"] or "").startswith("empty response")
+        assert step["answer_field"] == "reasoning"
     assert summary["quality"]["answers_outside_content"] == len(record["steps"])
     report = asyncio.run(probe(policy(parser_server)))
     assert report.answer_field == "reasoning"
