@@ -182,10 +182,10 @@ def assert_stored_is_what_vllm_answers(server, out) -> int:
 
 def test_collect_fake_desktops_stores_exactly_what_vllm_answers(vllm_server, tmp_path):
     out = tmp_path / "run"
-    summary = fake_collect(vllm_server, out, tasks=2, group=2, max_steps=3, image_max=2)
-    assert summary["missing"] == 0 and summary["counts"]["ok"] == 4, summary["counts"]
+    summary = fake_collect(vllm_server, out, group=2, max_steps=3, image_max=2)
+    assert summary["missing"] == 0 and summary["counts"]["ok"] == 2, summary["counts"]
     assert summary["logprobs_share"] == 1.0 and summary["token_ids_share"] == 1.0
-    assert assert_stored_is_what_vllm_answers(vllm_server, out) >= 4
+    assert assert_stored_is_what_vllm_answers(vllm_server, out) >= 2
 
 
 @pytest.fixture(scope="module")
