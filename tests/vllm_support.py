@@ -119,6 +119,8 @@ class VllmServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
+        self._deadline = 0.0  # time.monotonic() by which it must answer
+        self._ready = False
 
     def command(self) -> list[str]:
         python = vllm_python()
@@ -155,7 +157,8 @@ class VllmServer:
         )
         return env
 
-    def start(self) -> VllmServer:
+    def launch(self) -> VllmServer:
+        """Start the process and return at once (:meth:`wait_ready` waits for it)."""
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 self.command(),
@@ -165,18 +168,31 @@ class VllmServer:
                 cwd=self.log.parent,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
+        self._deadline = time.monotonic() + START_TIMEOUT
+        self._ready = False
+        return self
+
+    def wait_ready(self) -> VllmServer:
+        """Wait until ``/v1/models`` answers 200 (at once when it did before); raises
+        ``RuntimeError`` with the log's tail when the process exits or the start times out."""
+        assert self.proc is not None, "launch() first"
+        while not self._ready and time.monotonic() < self._deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"vLLM exited ({self.proc.returncode}):\n{self.tail()}")
             try:
-                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
-                    return self
+                self._ready = httpx.get(self.url + "/v1/models", timeout=2).status_code == 200
             except httpx.HTTPError:
                 pass
-            time.sleep(1.0)
-        self.stop()
-        raise RuntimeError(f"vLLM not ready in {START_TIMEOUT:.0f} s:\n{self.tail()}")
+            if not self._ready:
+                time.sleep(1.0)
+        if not self._ready:
+            self.stop()
+            raise RuntimeError(f"vLLM not ready in {START_TIMEOUT:.0f} s:\n{self.tail()}")
+        return self
+
+    def start(self) -> VllmServer:
+        """:meth:`launch`, then :meth:`wait_ready`."""
+        return self.launch().wait_ready()
 
     def tail(self, lines: int = 40) -> str:
         try:
