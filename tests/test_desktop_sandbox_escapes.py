@@ -126,6 +126,13 @@ async def test_what_root_inside_plants_runs_in_no_entered_process_with_more_than
         await client.aclose()
 
 
+async def test_an_entered_process_gets_the_ordinary_signal_dispositions(server):
+    """The host's Python that enters the sandbox ignores SIGPIPE and SIGXFSZ, as every Python
+    does; the command it runs must not inherit that (``yes | head -1`` ends quietly)."""
+    out = await sh(server, "yes | head -1; grep SigIgn /proc/self/status")
+    assert out["output"].split() == ["y", "SigIgn:", "0000000000000000"], out
+
+
 async def test_masks_over_proc_are_read_only_so_the_hosts_dev_null_cannot_be_changed(server):
     """/proc/keys and /proc/timer_list are masked with /dev/null: root inside chmods the mask
     (to the mode it has: harmless had it gone through), and the host's /dev/null keeps its

@@ -179,7 +179,7 @@ async def _serve(
     token: str,
     written: Path | None,
     sandbox: bool = True,
-    network: str = "host",
+    network: str = "own",
     ready_source: str = "damage",
 ) -> None:
     servers = [

@@ -41,6 +41,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import signal
 import sys
 
 #: Capability numbers (linux/capability.h) of the names in :data:`.sandbox.CAPS_DROPPED`.
@@ -97,6 +98,13 @@ def init_argv(python: str, caps: tuple[str, ...]) -> list[str]:
     return [python, "-I", "-S", __file__, "init", drop]
 
 
+def _default_signals() -> None:
+    """Back to the default action for the signals Python ignores at start (an ignored signal
+    stays ignored across exec: ``yes | head`` would print "Broken pipe" instead of ending)."""
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+
+
 def _fail(message: str, code: int = 125) -> None:
     os.write(2, f"legato enter: {message}\n".encode(errors="replace"))
     os._exit(code)
@@ -145,6 +153,7 @@ def _enter(args: list[str]) -> None:
         os.chdir(cwd)
     except OSError as exc:
         _fail(f"cannot change directory to {cwd!r}: {exc.strerror}")
+    _default_signals()
     _execvpe(command, dict(os.environ))
 
 
@@ -195,6 +204,7 @@ def _init(args: list[str]) -> None:
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.close(null)
+    _default_signals()
     os.execve("/usr/bin/tini", ["tini", "-s", "-p", "SIGKILL", "--", "/bin/sleep", "infinity"], {})
 
 
