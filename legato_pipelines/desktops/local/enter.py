@@ -70,7 +70,8 @@ CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 PR_CAPBSET_DROP = 24
 MNT_DETACH = 2
-SYS_PIVOT_ROOT = 155  # x86_64
+#: ``pivot_root``'s syscall number per machine (glibc has no wrapper).
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "i686": 217, "ppc64le": 203}
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -194,7 +195,10 @@ def _wait(child: int) -> None:
 def _init(args: list[str]) -> None:
     (drop,) = args
     sys.path[:] = []
-    _check(_libc.syscall(SYS_PIVOT_ROOT, b".", b".old"), "pivot_root")
+    number = SYS_PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        _fail(f"pivot_root's syscall number on {os.uname().machine} is not known (enter.py)")
+    _check(_libc.syscall(number, b".", b".old"), "pivot_root")
     os.chdir("/")
     _check(_libc.umount2(b"/.old", MNT_DETACH), "umount /.old")
     os.rmdir("/.old")
