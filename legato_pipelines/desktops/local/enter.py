@@ -159,8 +159,9 @@ def _enter(args: list[str]) -> None:
 
 
 def _execvpe(command: list[str], env: dict[str, str]) -> None:
-    """``execvpe`` as the shell's: ``command[0]`` looked up on ``env``'s ``PATH`` (by the
-    unprivileged user: :func:`os.execvpe` would import ``warnings`` from the sandbox)."""
+    """``execvpe`` as glibc's: ``command[0]`` looked up on ``env``'s ``PATH`` (by the
+    unprivileged user: :func:`os.execvpe` would import ``warnings`` from the sandbox), a file
+    without a known header run by ``/bin/sh`` (``ENOEXEC``)."""
     name = command[0]
     dirs = [""] if "/" in name else env.get("PATH", "/usr/bin:/bin").split(":")
     error = errno.ENOENT
@@ -169,6 +170,11 @@ def _execvpe(command: list[str], env: dict[str, str]) -> None:
         try:
             os.execve(path, command, env)
         except OSError as exc:
+            if exc.errno == errno.ENOEXEC:
+                try:
+                    os.execve("/bin/sh", ["/bin/sh", path, *command[1:]], env)
+                except OSError as sh_exc:
+                    exc = sh_exc
             if exc.errno != errno.ENOENT or error == errno.ENOENT:
                 error = exc.errno if exc.errno is not None else error
     _fail(f"{name!r}: {os.strerror(error)}", 127 if error == errno.ENOENT else 126)
