@@ -5,10 +5,10 @@ an earlier commit's, in one run, taking turns every iteration (machine load hits
     PYTHONPATH=$PWD:$PWD/benchmarks python3 benchmarks/bench_sandbox_paired.py \
         --before /tmp/before [--n 30] [--width 1280 --height 720] [--json out.json]
 
-Desktops (all sandboxed, same screen): ``before`` (the earlier code's server, started with
-``PYTHONPATH=<before>`` on the network its default had, ``host``; attached by URL), ``host``
-(this code on the host's network: the same network, so only the code differs) and ``default``
-(this code on the network ``auto`` gives a terminal task, ``none``). Per iteration and desktop:
+Desktops (all sandboxed, same screen, every server spawned alike with ``PYTHONPATH`` of its
+code and attached by URL): ``before`` (the earlier code, on the network its default had,
+``host``), ``host`` (this code on the host's network: only the code differs) and ``default``
+(this code's server default, ``none``: what ``auto`` gives a terminal task). Per iteration and desktop:
 a fast reset -> ready (LocalDesktop.reset + wait_after_reset) and, after the task wrote /etc
 through sudo, a revert -> ready; then ``POST /execute`` of ``true``. Medians (min-max).
 Needs root, Xvfb, openbox, xterm.
@@ -24,6 +24,7 @@ import secrets
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from bench_local_desktop import TERMINAL, fmt, summary
 
@@ -34,16 +35,17 @@ from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV, READY_LINE
 WRITE_ETC = "echo password | sudo -S sh -c 'echo x > /etc/legato-bench'"
 
 
-def start_before(before: str, width: int, height: int, token: str) -> tuple[subprocess.Popen, str]:
-    """The earlier code's server (its own default network then: host), and its URL."""
-    env = dict(os.environ, PYTHONPATH=before, **{DEFAULT_TOKEN_ENV: token})
+def start_server(code: str, width: int, height: int, token: str, *network: str):
+    """A desktop server of the code in ``code`` (``PYTHONPATH``), spawned alike for every
+    code under test, and its URL. ``network``: ``--network X``, or nothing for the default."""
+    env = dict(os.environ, PYTHONPATH=code, **{DEFAULT_TOKEN_ENV: token})
     argv = [sys.executable, "-m", "legato_pipelines.desktops.local.server"]
-    argv += ["--width", str(width), "--height", str(height), "--network", "host"]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True, cwd=before)
+    argv += ["--width", str(width), "--height", str(height), *network]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True, cwd=code)
     line = proc.stdout.readline()
     if not line.startswith(READY_LINE):
         proc.kill()
-        raise SystemExit(f"the earlier server did not start (exit {proc.wait()})")
+        raise SystemExit(f"the server of {code} did not start (exit {proc.wait()})")
     return proc, json.loads(line[len(READY_LINE) :])["url"]
 
 
@@ -56,17 +58,22 @@ async def to_ready(desktop) -> tuple[float, str]:
 
 async def bench(before: str, width: int, height: int, n: int) -> dict:
     token = secrets.token_urlsafe(16)
-    proc, url = start_before(before, width, height, token)
+    here = str(Path(__file__).resolve().parents[1])
+    specs = {
+        "before": (before, "--network", "host"),  # the earlier code's default network
+        "host": (here, "--network", "host"),
+        "default": (here,),
+    }
     os.environ[DEFAULT_TOKEN_ENV] = token
-    desktops = {}
+    procs, desktops = [], {}
     try:
-        for name, options in (("before", {"urls": [url]}), ("host", {"network": "host"})):
+        for name, (code, *network) in specs.items():
+            proc, url = start_server(code, width, height, token, *network)
+            procs.append(proc)
             config = DesktopConfig(
-                backend="local", screen_width=width, screen_height=height, options=options
+                backend="local", screen_width=width, screen_height=height, options={"urls": [url]}
             )
             (desktops[name],) = await open_local_desktops(config, 1)
-        config = DesktopConfig(backend="local", screen_width=width, screen_height=height)
-        (desktops["default"],) = await open_local_desktops(config, 1)  # auto, no task: none
         rows = {name: {"fast": [], "revert": [], "execute": []} for name in desktops}
         order = list(desktops)
         for i in range(n):
@@ -99,8 +106,9 @@ async def bench(before: str, width: int, height: int, n: int) -> dict:
     finally:
         for desktop in desktops.values():
             await desktop.close()
-        proc.terminate()
-        proc.wait(10)
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
 
 
 def main() -> None:
