@@ -248,22 +248,31 @@ async def test_root_inside_cannot_make_the_x_server_read_a_host_shm_segment(serv
         await client.aclose()
 
 
-#: An app's own use of MIT-SHM: a segment of its own, attached by the X server.
+#: An app's own use of MIT-SHM: a segment of its own holding a pattern, attached and read
+#: by the X server; prints ``same`` when the X server read back the app's own bytes.
 SHM_OWN = r"""
-import ctypes
+import ctypes, subprocess, sys
 libc = ctypes.CDLL(None)
+libc.shmat.restype = ctypes.c_void_p
 shmid = libc.shmget(0, 4096, 0o1000 | 0o600)
-""" + SHM_READ.replace("int(sys.argv[1])", "shmid")
+ctypes.memmove(libc.shmat(shmid, None, 0), bytes(range(101, 165)), 64)
+out = subprocess.run([sys.executable, "-c", sys.argv[1], str(shmid)], capture_output=True, text=True).stdout
+last = out.strip().splitlines()[-1]
+data = bytes.fromhex(last.split()[1]) if last.startswith("read ") else b""
+same = len(data) == 64 and all(data[i] == 101 + i for i in range(64) if i % 4 != 3)
+print("same" if same else "differs: " + last)
+"""
 
 
 @needs_root
 async def test_apps_inside_can_still_use_mit_shm(server):
-    """An X client inside attaching a segment of its own: the X server sees it (it shares
-    the sandbox's ipc namespace), so MIT-SHM works for the desktop's apps."""
+    """An X client inside attaching a segment of its own: the X server sees that very segment
+    (it shares the sandbox's ipc namespace), so MIT-SHM works for the desktop's apps. (Before,
+    the X server looked the id up among the host's segments.)"""
     client = server.client()
     try:
-        out = await client.execute(py(SHM_OWN), shell=True)
-        assert out["output"].strip().splitlines()[-1].startswith("read "), out
+        out = await client.execute(py(SHM_OWN, args=shlex.quote(SHM_READ)), shell=True)
+        assert out["output"].strip().splitlines()[-1] == "same", out
     finally:
         await client.reset(full=False)
         await client.aclose()

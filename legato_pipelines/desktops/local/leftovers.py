@@ -10,9 +10,10 @@ by the session; this module covers the rest of the sandbox's writable places, ea
 - **reported** (:func:`written`), so that the reset reverts the whole sandbox (rare, and
   only root inside can write there): the overlays' upper layers (``/etc /usr /var /opt``),
   the sandbox's own tmpfs root and its ``/root``, ``/mnt``, ``/media``, ``/srv``, new
-  entries in ``/dev``, and System V semaphores, message queues and shared memory segments
-  left in the sandbox's ipc namespace (segments die with their last process, as the setup
-  sets ``kernel.shm_rmid_forced``; semaphores and queues would live on).
+  entries in ``/dev``, and System V semaphores and message queues left in the sandbox's ipc
+  namespace (:func:`ipc_objects`; shared memory segments die with their last attach, as
+  ``kernel.shm_rmid_forced`` is on). A sandboxed desktop's ipc namespace is its X server's,
+  which outlives the sandbox: a revert empties it (:func:`clear_ipc`).
 
 Mounts made inside need no check: no process in the sandbox holds ``CAP_SYS_ADMIN``
 (:data:`.sandbox.CAPS_DROPPED`), so none can mount. Paths are read through ``/proc/<init>/root`` (the

@@ -4,7 +4,9 @@ Every process of the task (apps, setup and evaluator commands, whatever the poli
 runs in the desktop's own user, mount, pid and ipc namespaces (and optionally its own network
 namespace: nothing but a loopback, or connected by passt's ``pasta`` with a route out and
 per-desktop host ports forwarded to its Chrome and VLC ports), built with util-linux's
-``unshare`` and entered with ``nsenter``; no home-made container runtime. Inside (docs/sandbox.md has the whole picture):
+``unshare`` and entered with ``nsenter``; no home-made container runtime. The ipc namespace
+is, for a desktop's sandboxes (``Sandbox.start(ipc_ns=)``), its X server's, which they all
+join, so that MIT-SHM works and the X server sees no host segment. Inside (docs/sandbox.md has the whole picture):
 
 - account ``user`` (uid 1000), HOME ``/home/user``, password ``password`` (OSWorld's
   ``{CLIENT_PASSWORD}``), ``sudo -S`` accepting it: root *inside the sandbox only*;
