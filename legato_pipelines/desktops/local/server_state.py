@@ -140,7 +140,7 @@ class DesktopServer:
     async def start(self) -> None:
         await self.x.run(self.session.start)
         self.keyboard_baseline = await self.x.run(lambda: keyboard_state(self.x.ctx().display))
-        self.x_baseline = await self.x.run(lambda: snapshot(self.x.ctx().display))
+        self.x_baseline = await self.x.run(lambda: snapshot(self.x.ctx().state))
         self._reaper = asyncio.create_task(self._reap_forever())
         self._hotkey_watch = asyncio.create_task(self._watch_hotkey_forever())
         self.clean_at = self.changes  # HOME is the baseline, the bus and the sandbox are new
@@ -444,7 +444,7 @@ class DesktopServer:
         ``XStateError`` when it cannot be (a fast reset then falls back to a full restart)."""
         if self.x_baseline is None:
             return {}
-        restored = restore(self.x.ctx().display, self.x_baseline)
+        restored = restore(self.x.ctx().state, self.x_baseline)
         return {"x_restored": restored} if restored else {}
 
     def _settle_input(self) -> None:
