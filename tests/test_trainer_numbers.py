@@ -193,7 +193,10 @@ def test_nan_reward_is_an_evaluator_error_never_a_sample(tmp_path):
     assert "NaN" not in raw
     rows = _samples(tmp_path / "run", tmp_path)
     assert {r["attempt"] for r in rows} == {0}  # only the validly graded attempt trains
-    assert all(r["reward"] == 1.0 and r["advantage"] == 0.0 and r["reward_valid"] for r in rows)
+    assert all(r["reward"] == 1.0 and r["reward_valid"] for r in rows)
+    # 1 graded attempt of a group of 4: marked incomplete, no advantage from part of a group
+    assert all(r["advantage"] is None and r["group_complete"] is False for r in rows)
+    assert {(r["group_size"], r["group_size_expected"]) for r in rows} == {(1, 4)}
     assert summary["success_rate"] == 1.0 and summary["graded"] == 1
     assert summary["quality"]["invalid_rewards"] == 6  # 3 attempts x (1 + env_retries 1)
     assert profile(tmp_path / "run")["success_rate"] == 1.0
