@@ -59,6 +59,7 @@ print(json.dumps({
     "clipboard": int(getattr(owner, "id", owner) or 0),
     "font_path": d.get_font_path(),
     "access": d.list_hosts().mode,
+    "top_windows": len(root.query_tree().children),
 }))
 """
 
@@ -86,6 +87,13 @@ ATTACKS = {
         "w = r.create_window(0, 0, 1, 1, 0, 0)\n"
         "d.set_close_down_mode(X.RetainPermanent)\n"
         "w.set_selection_owner(d.intern_atom('CLIPBOARD'), X.CurrentTime); d.sync()"
+    ),
+    # a client that keeps a window over the screen after its process ended
+    "retained_window": py(
+        "from Xlib import X\nfrom Xlib.display import Display\n"
+        "d = Display(); s = d.screen()\n"
+        "w = s.root.create_window(0, 0, 200, 200, 0, s.root_depth, override_redirect=True)\n"
+        "w.map(); d.set_close_down_mode(X.RetainPermanent); d.sync()"
     ),
     "font_path": py(
         "import sys\nfrom Xlib.display import Display\n"

@@ -16,10 +16,12 @@ to a full restart, whose new X server starts in the default state.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from Xlib import X
 from Xlib.display import Display
+from Xlib.ext import res
 from Xlib.protocol import request, rq
 
 #: Root-window properties restored to their value at start (deleted when they had none):
@@ -168,23 +170,56 @@ def snapshot(display: Display) -> XState:
 def restore(display: Display, baseline: XState) -> list[str]:
     """Bring ``display``'s X server back to ``baseline`` (:func:`snapshot` at start); call
     it once the task's clients are gone. Returns the names of what differed and was set back
-    (``["pointer_mapping", "xkb_state"]``; ``[]`` when nothing had changed). Always ends a
-    screen saver that is on and the resources of clients that set their close-down mode to
-    ``RetainTemporary``. Raises :class:`XStateError` naming what still differs afterwards."""
+    (``["pointer_mapping", "xkb_state"]``; ``[]`` when nothing had changed;
+    ``retained_clients`` when clients were killed, below). Always ends a screen saver that is
+    on and the resources of clients that set their close-down mode to ``RetainTemporary``,
+    and kills every client whose process is gone (:func:`kill_retained`: windows and
+    resources kept by ``RetainPermanent``). Raises :class:`XStateError` naming what still
+    differs afterwards."""
     request.KillClient(display=display.display, resource=X.AllTemporary)
+    killed = kill_retained(display)
     display.force_screen_saver(X.ScreenSaverReset)
     now = snapshot(display)
     changed = [name for name in XState.__slots__ if getattr(now, name) != getattr(baseline, name)]
+    changed += ["retained_clients"] if killed else []
     for name in changed:
         _SETTERS.get(name, _cannot)(display, now, baseline)
     if not changed:
         return []
+    if changed == ["retained_clients"]:
+        return changed
     display.sync()
     after = snapshot(display)
     left = [name for name in XState.__slots__ if getattr(after, name) != getattr(baseline, name)]
     if left:
         raise XStateError(f"the X server's {', '.join(left)} still differ from the desktop's start")
     return changed
+
+
+def kill_retained(display: Display) -> int:
+    """Kill the X clients whose process no longer runs: a client that set its close-down mode
+    to ``RetainPermanent`` keeps its windows (a mapped override-redirect window over the whole
+    screen, say) after its process ends, until the server restarts. The X-Resource
+    extension's ``QueryClientIds`` tells each client's host pid (kept for a retained client);
+    the server's own entry (resource base 0) and clients without a pid are left alone.
+    Returns how many were killed (0 without X-Resource)."""
+    try:
+        reply = display.res_query_client_ids([{"client": 0, "mask": res.LocalClientPIDMask}])
+    except AttributeError:  # no X-Resource extension
+        return 0
+    killed = 0
+    for entry in reply.ids:
+        base = entry.spec.client
+        if not base or not entry.spec.mask & res.LocalClientPIDMask or not entry.value:
+            continue
+        try:
+            os.kill(int(entry.value[0]), 0)
+        except ProcessLookupError:
+            request.KillClient(display=display.display, resource=base)
+            killed += 1
+        except PermissionError:  # alive, another user's
+            pass
+    return killed
 
 
 def _cannot(display: Display, now: XState, baseline: XState) -> None:
