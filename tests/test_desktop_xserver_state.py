@@ -284,3 +284,31 @@ async def test_apps_inside_can_still_use_mit_shm(server):
     finally:
         await client.reset(full=False)
         await client.aclose()
+
+
+#: Opens (``create``: creates) the POSIX message queue ``/legato-attempt``; prints ``ok`` or
+#: the error.
+MQ_OPEN = r"""
+import ctypes, os, sys
+rt = ctypes.CDLL("librt.so.1", use_errno=True)
+flags = os.O_RDWR | (os.O_CREAT if sys.argv[1] == "create" else 0)
+fd = rt.mq_open(b"/legato-attempt", flags, 0o600, None)
+print("ok" if fd >= 0 else os.strerror(ctypes.get_errno()))
+"""
+
+
+@needs_root
+async def test_posix_queues_and_semaphores_of_an_attempt_are_gone_after_the_reset(server):
+    """The sandbox's ipc namespace is the X server's, which outlives the sandbox: a POSIX
+    message queue is emptied by the fast reset, a System V semaphore by the revert."""
+    client = server.client()
+    try:
+        await client.reset(full=False)
+        out = await client.execute(py(MQ_OPEN, args="create") + "; ipcmk -S 1", shell=True)
+        assert out["output"].splitlines()[0] == "ok", out
+        reset = await client.reset(full=False)
+        assert reset["kind"] == "revert" and "ipc/sem" in reset["reverted"], reset
+        out = await client.execute(py(MQ_OPEN, args="open") + "; ipcs -s | grep -c 0x", shell=True)
+        assert out["output"].split() == ["No", "such", "file", "or", "directory", "0"], out
+    finally:
+        await client.aclose()
