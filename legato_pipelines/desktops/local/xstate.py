@@ -5,8 +5,9 @@ lives on until Xvfb restarts (a full reset): a locked Caps Lock, a swapped point
 map, a screen saver, ``RESOURCE_MANAGER`` (an ``xrdb``-planted xterm translation would run a
 command on Return in the next attempt), cut buffers and selections held by a surviving
 window, a font path naming host directories, ``xhost +``. The keyboard layout has its own
-module (:mod:`.keymap`). Everything here goes through the X protocol on the desktop's own
-connection (one round trip or so each; no ``xset``/``xrdb`` process per reset).
+module (:mod:`.keymap`). Everything here goes through the X protocol, from the desktop's X
+thread on a connection of its own (:class:`.xthread.XContext` ``state``; one round trip or so
+each, no ``xset``/``xrdb`` process per reset).
 
 :func:`snapshot` reads the baseline; :func:`restore` compares and sets back what differs,
 reads it again, and raises :class:`XStateError` when something still differs (or cannot be
@@ -131,7 +132,7 @@ class XState:
 
 
 def snapshot(display: Display) -> XState:
-    """The state of ``display``'s X server now (one reply each; ~2 ms on a local Xvfb)."""
+    """The state of ``display``'s X server now (a dozen replies: ~1 ms on a quiet local Xvfb)."""
     keyboard = display.get_keyboard_control()
     pointer = display.get_pointer_control()
     saver = display.get_screen_saver()
