@@ -21,7 +21,8 @@ Why not util-linux alone (measured on kernel 6.x, util-linux 2.38):
   could open ``/proc/PID/root`` of it (same uid, capabilities a subset of its own).
 
 So this script does, in order, with everything it needs loaded first: open the namespace
-files, ``setns`` user, ipc, [net], pid, mnt; drop :data:`.sandbox.CAPS_DROPPED` from the
+files, ``setns`` ipc, [net], pid, mnt (as host root: the ipc namespace may be owned by the
+host's user namespace), then user; drop :data:`.sandbox.CAPS_DROPPED` from the
 bounding set; fork (the pid namespace is the child's); in the child ``setgroups([])``,
 ``setresgid``, ``setresuid`` (which clears every capability), ``chdir`` and only then
 ``execvpe`` the command, found on the task's ``PATH`` as the unprivileged user. The parent
@@ -125,10 +126,12 @@ def _enter(args: list[str]) -> None:
     init_pid, drop, net, uid, gid, cwd, sep, *command = args
     if sep != "--" or not command:
         _fail("usage: enter PID CAPS NET UID GID CWD -- COMMAND...")
-    kinds = [("user", CLONE_NEWUSER), ("ipc", CLONE_NEWIPC)]
+    # as nsenter: every other namespace first, as host root (the ipc namespace may be the X
+    # server's, owned by the host's user namespace), the user namespace last
+    kinds = [("ipc", CLONE_NEWIPC)]
     if net == "1":
         kinds.append(("net", CLONE_NEWNET))
-    kinds += [("pid", CLONE_NEWPID), ("mnt", CLONE_NEWNS)]
+    kinds += [("pid", CLONE_NEWPID), ("mnt", CLONE_NEWNS), ("user", CLONE_NEWUSER)]
     try:
         fds = [(os.open(f"/proc/{init_pid}/ns/{name}", os.O_RDONLY), kind) for name, kind in kinds]
     except OSError as exc:
