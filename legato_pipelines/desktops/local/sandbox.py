@@ -4,9 +4,11 @@ Every process of the task (apps, setup and evaluator commands, whatever the poli
 runs in the desktop's own user, mount, pid and ipc namespaces (and optionally its own network
 namespace: nothing but a loopback, or connected by passt's ``pasta`` with a route out and
 per-desktop host ports forwarded to its Chrome and VLC ports), built with util-linux's
-``unshare`` and entered with ``nsenter``; no home-made container runtime. The ipc namespace
+``unshare``, and entered through :mod:`.enter` (the host's Python: ``setns``, bounding set and
+user set before anything of the sandbox's root runs); no container runtime. The ipc namespace
 is, for a desktop's sandboxes (``Sandbox.start(ipc_ns=)``), its X server's, which they all
-join, so that MIT-SHM works and the X server sees no host segment. Inside (docs/sandbox.md has the whole picture):
+join, so that MIT-SHM works and the X server sees no host segment. Inside (docs/sandbox.md has
+the whole picture):
 
 - account ``user`` (uid 1000), HOME ``/home/user``, password ``password`` (OSWorld's
   ``{CLIENT_PASSWORD}``), ``sudo -S`` accepting it: root *inside the sandbox only*;
@@ -54,8 +56,10 @@ from __future__ import annotations
 
 import os
 import select
+import shlex
 import shutil
 import subprocess
+import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -79,7 +83,10 @@ ID_MAP = "0 0 65536\n"
 START_TIMEOUT_S = 10.0
 #: passt's ``pasta`` (Debian package ``passt``): connects a sandbox's own network namespace.
 PASTA = "pasta"
-TOOLS = ("unshare", "nsenter", "setpriv", "findmnt", "mount", "pivot_root", "tini", "sudo")
+TOOLS = ("unshare", "nsenter", "setpriv", "findmnt", "mount", "tini", "sudo")
+#: The host's interpreter (an absolute path) that runs ``enter.py`` to enter a sandbox or start
+#: its init: host code drops every privilege before anything of the sandbox's root runs.
+HOST_PYTHON = os.path.realpath(sys.executable)
 #: Capabilities dropped from the bounding set of the sandbox's init and of every process
 #: entered, so that not even root inside (``sudo``) can hold them. ``sys_admin``: no mount or
 #: remount (``/proc/sys``, ``/sys`` stay read-only, nothing mounted inside outlives a reset);
@@ -154,7 +161,10 @@ for p in $PROC_READONLY; do
 done
 for p in $PROC_MASKED; do
   if [ -d "$R/proc/$p" ]; then mount -t tmpfs -o ro,mode=0555 legato-masked "$R/proc/$p"
-  elif [ -e "$R/proc/$p" ]; then mount --bind /dev/null "$R/proc/$p"; fi
+  elif [ -e "$R/proc/$p" ]; then
+    # read-only: a writable bind of the host's /dev/null would let root inside chmod it
+    mount --bind /dev/null "$R/proc/$p"; mount -o remount,bind,ro,nosuid,noexec "$R/proc/$p"
+  fi
 done
 mount --rbind /sys "$R/sys"
 for p in $SYS_MASKED; do
@@ -190,12 +200,9 @@ if [ -n "$X_SOCKET" ]; then
 fi
 if [ "$OWN_NET" = 1 ]; then ip link set lo up; fi
 cd "$R"
-pivot_root . .old
-cd /
-umount -n -l /.old  # -n: no /run/mount/utab in the new /run
-rmdir /.old
-echo ready
-exec setpriv --bounding-set "$CAPS_DROPPED" -- env -i /usr/bin/tini -s -p SIGKILL -- /bin/sleep infinity </dev/null >/dev/null 2>&1
+# the host's Python (enter.py): pivot_root, old root detached, bounding set dropped, and only
+# then tini from the new root (nothing of it runs or is loaded with more than that set)
+eval "exec $INIT_ARGV"
 """
 
 
@@ -538,13 +545,12 @@ class Sandbox:
         """
         if self._active is None:
             raise SandboxError("the desktop's sandbox is not running")
-        argv = ["nsenter", "-t", str(self._active.init_pid), "--user", "--mount", "--pid"]
-        argv.append("--ipc")
-        if not self.network:
-            argv.append("--net")
-        argv += ["--root", "--", "setpriv", "--bounding-set", _bounding_drop()]
-        argv += ["--reuid", str(uid), "--regid", str(uid), "--clear-groups"]
-        return argv + ["--", "env", "-C", cwd, "--"]
+        from . import enter
+
+        net = not self.network
+        return enter.enter_argv(
+            HOST_PYTHON, self._active.init_pid, CAPS_DROPPED, net, uid, uid, cwd
+        )
 
     def dirty(self) -> list[str]:
         """What the task left that only a revert undoes (:func:`.leftovers.written`: the
@@ -667,7 +673,7 @@ class Sandbox:
                 (layers / kind / name).mkdir(parents=True)
         _fresh_dirs(layers, x_socket)
         (layers / "root").mkdir(exist_ok=True)
-        from . import chrome
+        from . import chrome, enter
 
         env = {
             "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
@@ -683,7 +689,7 @@ class Sandbox:
             "PROC_READONLY": " ".join(PROC_READONLY),
             "PROC_MASKED": " ".join(PROC_MASKED),
             "SYS_MASKED": " ".join(SYS_MASKED),
-            "CAPS_DROPPED": _bounding_drop(),
+            "INIT_ARGV": shlex.join(enter.init_argv(HOST_PYTHON, CAPS_DROPPED)),
             # host file -> mount point in the seed layer ("src:dst" words; chrome.py)
             "BINDS": " ".join(f"{src}:{dst}" for src, dst in chrome.bind_mounts(self.dir / "seed")),
         }
@@ -749,11 +755,6 @@ def _fresh_dirs(layers: Path, x_socket: str | None) -> None:
             0o644,
         )
         os.close(fd)
-
-
-def _bounding_drop() -> str:
-    """``setpriv --bounding-set`` argument dropping :data:`CAPS_DROPPED`."""
-    return ",".join(f"-{cap}" for cap in CAPS_DROPPED)
 
 
 def _write_id_maps(proc: subprocess.Popen) -> None:

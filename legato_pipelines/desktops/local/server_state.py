@@ -311,8 +311,8 @@ class DesktopServer:
         only passes its arguments to an instance already running also ends with 0 and
         leaves nothing new: it is reported too (setups carry on after it)."""
         t0 = time.monotonic()
-        # processes below ``proc`` that are not the app's children: sandboxed, proc is nsenter
-        # and the app its child
+        # processes below ``proc`` that are not the app's children: sandboxed, proc is the
+        # enter helper and the app its child
         wrappers = 1 if self.session.sandbox is not None else 0
         seen: set[int] = set()  # live below proc at the last look (a child must stay alive)
         while proc.poll() is None and time.monotonic() < t0 + LAUNCH_CHECK_S:
