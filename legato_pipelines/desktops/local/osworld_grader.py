@@ -18,6 +18,13 @@ task's setup it is emptied and every file the task references that the read-only
 (option ``cache_dir``) or a ``file://`` URL holds is copied in (copied, not linked: a getter
 writing a file of the same name must never change the cache). DesktopEnv never downloads then,
 unless the preflight let an uncached URL through (it does not).
+
+Confinement (``osworld/confine.py``, docs/sandbox.md §6): the worker reads what the desktop
+returns (a policy with ``sudo`` inside can make ``gsettings`` print Python that a metric
+``eval``s), so it runs in namespaces of its own as the grader user, forked or spawned alike.
+Its work directory and ``cache/`` are root's with the grader's group (0750: it reads them and
+replaces nothing in them); each task's ``cache/<task_id>/`` is handed to it once staged (its
+getters write there), and is the only host path it can write.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from ...osworld_format.sources import cache_dir_path, find_source
 from ...scratch import scratch_dir
 from ...tasks import Evaluation, Task
 from ..osworld import WorkerProcess, acquire_template, release_template, worker_env
+from ..osworld.confine import GRADER_GID, GRADER_UID, hand_over, prepare_dir
 
 VM_TOKEN_ENV = "LEGATO_OSWORLD_VM_TOKEN"
 START_TIMEOUT_S = 120.0
@@ -81,6 +89,20 @@ def stage_task_files(task: Task, cache_dir: Path | None, task_dir: Path) -> list
     return written
 
 
+def grader_confinement() -> dict[str, Any]:
+    """The ``confine`` request of a grading worker (``WorkerProcess(confine=)``): the grader
+    user, nothing writable beyond its working directory. Raises ``DesktopError`` (kind
+    ``transport``) when this process is not root: only root makes the namespaces and changes
+    the user (local desktops need root anyway, docs/sandbox.md §5)."""
+    if os.geteuid() != 0:
+        raise DesktopError(
+            "the OSWorld grader runs confined (its own namespaces and user), which needs root: "
+            "run the collector as root, as local desktops need",
+            kind="transport",
+        )
+    return {"uid": GRADER_UID, "gid": GRADER_GID, "writable": []}
+
+
 class OSWorldGrader:
     """One osworld worker attached to the local desktop server at ``url`` (``token``).
 
@@ -112,6 +134,10 @@ class OSWorldGrader:
         self.ports: dict[str, int] = {}
         self.cache_dir = cache_dir_path(cache_dir)
         self.work_dir = Path(scratch_dir(f"legato-{name}-osworld-"))
+        (self.work_dir / "cache").mkdir()
+        if os.geteuid() == 0:  # else spawn refuses (grader_confinement)
+            for path in (self.work_dir, self.work_dir / "cache"):
+                prepare_dir(path, writable=False)
         self.worker: WorkerProcess | None = None
         self.last_start: dict[str, Any] | None = None
         self.last_preload: dict[str, Any] | None = None
@@ -149,6 +175,7 @@ class OSWorldGrader:
             name=f"{self.name}-osworld",
             log_path=str(self.work_dir / "worker.log"),
             template=template,
+            confine=grader_confinement(),
         )
         self._spawned_with = self.token
         await self.worker.start()
@@ -189,7 +216,9 @@ class OSWorldGrader:
         when it is not running (it died, or a deadline stopped it)."""
         if not self.alive():
             await self.start()
-        stage_task_files(task, self.cache_dir, self.work_dir / "cache" / task.task_id)
+        task_dir = self.work_dir / "cache" / task.task_id
+        stage_task_files(task, self.cache_dir, task_dir)
+        hand_over(task_dir)  # the grader's getters write there
         task_config = {**task.config, "id": task.task_id}
         if not task.evaluator:  # DesktopEnv needs one to set up; LocalDesktop grades it not
             task_config["evaluator"] = {"func": "infeasible"}

@@ -80,7 +80,10 @@ class WorkerProcess:
     working directory. :meth:`call` sends one request and waits at most ``timeout`` seconds.
     ``template``: a started worker that ran ``preload``; :meth:`start` then forks the worker
     from it (module docstring) and spawns one only when that fails. ``forked``: whether the
-    running worker came from the template.
+    running worker came from the template. ``confine``: ``{uid, gid, writable}`` for a worker
+    that reads a desktop's data (``confine.py``: it runs in namespaces of its own as user
+    ``uid``, writing only ``cwd`` and the ``writable`` paths), forked or spawned alike;
+    ``None``: as this process's user (a VM provider's worker, which needs its credentials).
     """
 
     def __init__(
@@ -92,8 +95,10 @@ class WorkerProcess:
         name: str = "osworld",
         log_path: str | None = None,
         template: WorkerProcess | None = None,
+        confine: dict[str, Any] | None = None,
     ):
         self.python, self.env, self.cwd, self.name = python, env, cwd, name
+        self.confine = confine
         self.log_path, self.template = log_path, template
         self.forked = False
         self._proc: _Spawned | _Forked | None = None
@@ -158,6 +163,7 @@ class WorkerProcess:
                     env=self.env,
                     cwd=os.path.abspath(self.cwd),
                     log_path=os.path.abspath(self.log_path or os.path.join(self.cwd, "worker.log")),
+                    **({"confine": self.confine} if self.confine else {}),
                 )
                 pid = int(answer["pid"])
                 conn = await meeting.accept(pid, FORK_TIMEOUT_S, f"{self.name}: the forked worker")
@@ -186,10 +192,12 @@ class WorkerProcess:
     async def _spawn(self) -> asyncio.subprocess.Process:
         log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
         try:
+            confine = ["--confine", json.dumps(self.confine)] if self.confine else []
             return await asyncio.create_subprocess_exec(
                 self.python,
                 "-I",
                 str(WORKER_SCRIPT),
+                *confine,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 env=self.env,
