@@ -164,3 +164,16 @@ def test_a_planted_gsettings_runs_confined_in_the_local_backends_grader(tmp_path
         "--desktop-option", f"osworld_python={json.dumps(osworld_python())}",
     )  # fmt: skip
     assert_confined(report)
+
+
+def test_a_planted_gsettings_runs_confined_in_the_osworld_backends_worker(tmp_path):
+    """The ``osworld`` backend over a local desktop runs DesktopEnv (and so the same metric)
+    in its own worker: confined the same way."""
+    report = attack(
+        tmp_path,
+        "--backend", "osworld", "--osworld-provider", "local",
+        "--osworld-python", osworld_python(),
+        "--desktop-option", f"cache_dir={json.dumps(str(tmp_path / 'osworld-cache'))}",
+        "--desktop-option", f"work_dir={json.dumps(str(tmp_path / 'work'))}",
+    )  # fmt: skip
+    assert_confined(report)

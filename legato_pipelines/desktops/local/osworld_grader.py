@@ -41,7 +41,8 @@ from ...osworld_format.sources import cache_dir_path, find_source
 from ...scratch import scratch_dir
 from ...tasks import Evaluation, Task
 from ..osworld import WorkerProcess, acquire_template, release_template, worker_env
-from ..osworld.confine import GRADER_GID, GRADER_UID, hand_over, prepare_dir
+from ..osworld.channel import confinement
+from ..osworld.confine import hand_over, prepare_dir
 
 VM_TOKEN_ENV = "LEGATO_OSWORLD_VM_TOKEN"
 START_TIMEOUT_S = 120.0
@@ -89,20 +90,6 @@ def stage_task_files(task: Task, cache_dir: Path | None, task_dir: Path) -> list
     return written
 
 
-def grader_confinement() -> dict[str, Any]:
-    """The ``confine`` request of a grading worker (``WorkerProcess(confine=)``): the grader
-    user, nothing writable beyond its working directory. Raises ``DesktopError`` (kind
-    ``transport``) when this process is not root: only root makes the namespaces and changes
-    the user (local desktops need root anyway, docs/sandbox.md §5)."""
-    if os.geteuid() != 0:
-        raise DesktopError(
-            "the OSWorld grader runs confined (its own namespaces and user), which needs root: "
-            "run the collector as root, as local desktops need",
-            kind="transport",
-        )
-    return {"uid": GRADER_UID, "gid": GRADER_GID, "writable": []}
-
-
 class OSWorldGrader:
     """One osworld worker attached to the local desktop server at ``url`` (``token``).
 
@@ -135,7 +122,7 @@ class OSWorldGrader:
         self.cache_dir = cache_dir_path(cache_dir)
         self.work_dir = Path(scratch_dir(f"legato-{name}-osworld-"))
         (self.work_dir / "cache").mkdir()
-        if os.geteuid() == 0:  # else spawn refuses (grader_confinement)
+        if os.geteuid() == 0:  # else spawn refuses (channel.confinement)
             for path in (self.work_dir, self.work_dir / "cache"):
                 prepare_dir(path, writable=False)
         self.worker: WorkerProcess | None = None
@@ -175,7 +162,7 @@ class OSWorldGrader:
             name=f"{self.name}-osworld",
             log_path=str(self.work_dir / "worker.log"),
             template=template,
-            confine=grader_confinement(),
+            confine=confinement(),
         )
         self._spawned_with = self.token
         await self.worker.start()

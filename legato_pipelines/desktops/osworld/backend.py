@@ -76,7 +76,8 @@ from ..domains import REVERT_DOMAINS
 from ..local import ServerProcess, sandbox_options
 from ..popups import PopupGuard, WmctrlWindows
 from ..ready import ScreenshotReady
-from .channel import WorkerProcess
+from .channel import WorkerProcess, confinement
+from .confine import hand_over
 from .options import (
     claim_cache_dir,
     default_cache_root,
@@ -160,12 +161,19 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
             request["vm_token_env"] = VM_TOKEN_ENV
             extra[VM_TOKEN_ENV] = self.vm_server.token
             headers["Authorization"] = f"Bearer {self.vm_server.token}"
+        confine = None
+        if self.vm_server is not None:  # a local desktop's data: the worker runs confined
+            cache = Path(request["cache_dir"])
+            cache.mkdir(parents=True, exist_ok=True)
+            hand_over(cache)  # DesktopEnv's downloads and getters write there
+            confine = confinement([str(cache)])
         self.worker = WorkerProcess(
             self.python,
             env=worker_env(extra, provider=request["provider"]),
             cwd=self.work_dir,
             name=self.name,
             log_path=os.path.join(self.work_dir, f"{self.name}.log"),
+            confine=confine,
         )
         await self.worker.start()
         try:

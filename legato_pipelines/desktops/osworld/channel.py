@@ -20,11 +20,13 @@ import json
 import logging
 import os
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, DesktopError
 from ..processes import AdoptedProcess, ForkRendezvous, PidfdProcess, Spawned
+from .confine import GRADER_GID, GRADER_UID
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 PROTOCOL_LINE_LIMIT = 64 * 2**20  # bytes: a base64 screenshot fits on one line
@@ -66,6 +68,21 @@ class _Forked(PidfdProcess):
     def _closed(self) -> None:
         super()._closed()
         self.stdin.close()
+
+
+def confinement(writable: Sequence[str] = ()) -> dict[str, Any]:
+    """The ``confine`` of a worker that reads a desktop's data (``WorkerProcess(confine=)``,
+    ``confine.py``): the grader user; writable: its working directory and ``writable``.
+    Raises ``DesktopError`` (kind ``transport``) when this process is not root: only root
+    makes the namespaces and changes the user (local desktops need root anyway,
+    docs/sandbox.md §5)."""
+    if os.geteuid() != 0:
+        raise DesktopError(
+            "an OSWorld worker grading a local desktop runs confined (namespaces and a user of "
+            "its own), which needs root: run the collector as root, as local desktops need",
+            kind="transport",
+        )
+    return {"uid": GRADER_UID, "gid": GRADER_GID, "writable": [str(p) for p in writable]}
 
 
 def _exit_text(code: int | None) -> str:

@@ -175,8 +175,8 @@ def enter(writable: list[str], *, uid: int = GRADER_UID, gid: int = GRADER_GID) 
     :func:`spawned_in_pid_namespace`) as the module docstring says: new mount, IPC and UTS
     namespaces, a new root with ``writable`` (absolute host paths, each bound at its own path)
     as the only writable host paths, a new ``/proc``, then user ``uid``/``gid`` with no
-    capability and ``no_new_privs``. The working directory is kept (it must be below one of
-    ``writable`` or a read-only path). Open descriptors stay open (the protocol's socket or
+    capability and ``no_new_privs``. The working directory is kept (it must be one of
+    ``writable``, below one, or below a read-only path). Open descriptors stay open (the protocol's socket or
     pipes, the log). Raises :class:`ConfineError` when any step fails, or when a capability is
     left afterwards."""
     if os.getpid() != 1:
@@ -224,8 +224,8 @@ def enter(writable: list[str], *, uid: int = GRADER_UID, gid: int = GRADER_GID) 
     _check(_libc.umount2(b".", MNT_DETACH), "detaching the host's root")
     os.chdir("/")
     _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir(cwd)  # as root: a directory the grader may not enter is kept all the same
     drop_privileges(uid, gid)
-    os.chdir(cwd)
     os.environ.update(HOME="/tmp/home", TMPDIR="/tmp", USER=GRADER_USER, LOGNAME=GRADER_USER)
 
 
