@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import orjson
 import pytest
@@ -177,3 +178,74 @@ def test_a_planted_gsettings_runs_confined_in_the_osworld_backends_worker(tmp_pa
         "--desktop-option", f"work_dir={json.dumps(str(tmp_path / 'work'))}",
     )  # fmt: skip
     assert_confined(report)
+
+
+COLLECTOR = """
+import asyncio, os, sys, time
+from legato_pipelines.desktops.child_env import SINGLE_THREADED, worker_env
+from legato_pipelines.desktops.osworld.channel import WorkerProcess, confinement
+from legato_pipelines.desktops.osworld.confine import prepare_dir
+
+PLAN = {"provider": "local", "vm_url": "http://127.0.0.1:1", "cache_dir": "/tmp/unused"}
+
+async def main(python, work):
+    def worker(name, template=None, confine=None):
+        os.makedirs(f"{work}/{name}")
+        prepare_dir(f"{work}/{name}", writable=False)
+        env = worker_env(SINGLE_THREADED, provider="local")
+        return WorkerProcess(python, env=env, cwd=f"{work}/{name}", name=name,
+                             log_path=f"{work}/{name}.log", template=template, confine=confine)
+    template = worker("template")
+    await template.start()
+    await template.call("preload", 120)
+    forked, spawned = worker("forked", template, confinement()), worker("spawned", None, confinement())
+    for w in (forked, spawned):
+        await w.start()
+        # no server there: DesktopEnv waits for it, the watch has begun
+        asyncio.create_task(w.call("start", 120, **PLAN))
+    await asyncio.sleep(3)
+    print(forked.forked, forked.pid, spawned.pid, flush=True)
+    time.sleep(120)
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody reaped yet does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_confined_worker_ends_with_its_killed_collector(tmp_path):
+    """A confined worker cannot see its collector's pid (another pid namespace): it ends when
+    its protocol's input hangs up, forked or spawned, when the collector is SIGKILLed."""
+    os.chmod(tmp_path, 0o755)
+    collector = subprocess.Popen(
+        [sys.executable, "-c", COLLECTOR, osworld_python(), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    try:
+        forked, *pids = collector.stdout.readline().split()
+        assert forked == "True"
+        pids = [int(p) for p in pids]
+        with open(f"/proc/{pids[1]}/task/{pids[1]}/children") as f:
+            pids += [int(c) for c in f.read().split()]  # the spawned worker's pid 1
+        assert len(pids) == 3
+        for pid in pids[::2]:
+            with open(f"/proc/{pid}/status") as f:
+                assert f"Uid:\t{65537}" in f.read()
+        collector.kill()
+        collector.wait()
+        deadline = time.monotonic() + 20
+        while any(running(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in pids if running(p)]
+    finally:
+        if collector.poll() is None:
+            collector.kill()
