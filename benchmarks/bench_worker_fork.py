@@ -13,7 +13,9 @@ printed once. Needs the OSWorld venv (``legato osworld install``).
 Each side also runs confined (``confine.py``, as every grader's worker runs since issue 30:
 its own pid, mount, IPC and UTS namespaces, the grader user), interleaved with the plain one
 (plain, confined, plain, ...); a confined spawned worker's CPU counts its pid-1 child's too.
-Needs root for the confined rows.
+Needs root for the confined rows. ``forward (pasta)``: connecting a confined forked worker's
+network namespace to three host ports (``WorkerProcess.forward``; its worker CPU is not
+counted: pasta's is its own process's).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import asyncio
 import os
 import resource
+import socket
 import statistics
 import sys
 import tempfile
@@ -94,6 +97,8 @@ async def run(python: str, n: int) -> None:
     await template.start()
     await template.call("preload", 120)
     template_wall, template_cpu = time.perf_counter() - t0, worker_cpu_s(template.pid)
+    rows["forward (pasta)"] = []
+    service = socket.create_server(("127.0.0.1", 0))
     for i in range(n):
         for label, confine in sides:
             w = worker(f"forked{label.strip()}-{i}", template, confine)
@@ -105,8 +110,13 @@ async def run(python: str, n: int) -> None:
                 sys.exit("the worker was spawned, not forked: see the warning above")
             cost = worker_cpu_s(w.pid) + worker_cpu_s(template.pid) - before
             rows[f"fork{label}"].append((time.perf_counter() - t0, cost, own_cpu_s() - cpu0))
+            if confine is not None:  # its network namespace connected to three host ports
+                cpu0, t0 = own_cpu_s(), time.perf_counter()
+                await w.forward([service.getsockname()[1], 9222, 8080])
+                rows["forward (pasta)"].append((time.perf_counter() - t0, 0.0, own_cpu_s() - cpu0))
             await w.stop(5)
     await template.stop(5)
+    service.close()
     for name, measured in rows.items():
         wall, cpu, client = (sorted(c) for c in zip(*measured, strict=True))
         print(

@@ -21,6 +21,7 @@ import base64
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -40,8 +41,13 @@ pytestmark = [needs_xvfb, needs_apps, needs_vm_python, pytest.mark.desktop, pyte
 FAKE_KEY = "sk-legato-fake-key-4b1d"
 #: runs inside the grader's ``eval``; reports as the metric's exception (the attempt's error)
 PAYLOAD = """
-import json, os
+import json, os, socket
 r = {"uid": os.getuid(), "euid": os.geteuid(), "key": None, "wrote": [], "others": 0}
+try:
+    socket.create_connection(("127.0.0.1", LOOPBACK_PORT), 3).close()
+    r["loopback"] = True
+except OSError:
+    r["loopback"] = False
 for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
     if int(pid) != os.getpid():
         r["others"] += 1
@@ -67,10 +73,11 @@ def qwen(arguments: dict) -> str:
     return f"Action: {arguments['action']}.\n<tool_call>\n{call}\n</tool_call>"
 
 
-def planting_line(host_files: list[str]) -> str:
+def planting_line(host_files: list[str], loopback_port: int) -> str:
     """One shell line typed into the terminal: write the fake ``gsettings`` (it prints a
     Python expression that runs :data:`PAYLOAD`) and install it with ``sudo``."""
     code = PAYLOAD.replace("KEYNAME", API_KEY_ENV).replace("HOST_FILES", repr(host_files))
+    code = code.replace("LOOPBACK_PORT", str(loopback_port))
     expression = (
         f"exec(__import__('base64').b64decode('{base64.b64encode(code.encode()).decode()}'))"
     )
@@ -120,8 +127,10 @@ def attack(tmp_path, *backend: str) -> dict:
             [{"task_id": "grader-attack", "domain": "os", "config": task_config(instruction)}]
         )
     )
+    service = socket.create_server(("127.0.0.1", 0))  # a host loopback service
+    service.listen(8)
     steps = [
-        qwen({"action": "type", "text": planting_line(host_files)}),
+        qwen({"action": "type", "text": planting_line(host_files, service.getsockname()[1])}),
         qwen({"action": "wait", "time": 2}),
         qwen({"action": "terminate", "status": "success"}),
     ]
@@ -136,6 +145,7 @@ def attack(tmp_path, *backend: str) -> dict:
             ],
             capture_output=True, text=True, timeout=900, cwd=REPO_ROOT, env=env,
         )  # fmt: skip
+    service.close()
     assert proc.returncode == 0, proc.stderr[-3000:]
     (record,) = read_records(tmp_path / "run")
     error = record.get("eval_error") or ""
@@ -155,6 +165,7 @@ def assert_confined(report: dict) -> None:
     assert report["key"] is None, "the payload read the collector's policy key"
     assert report["others"] == 0, report  # no process but its own in its /proc
     assert report["host_files"] == [], report
+    assert report["loopback"] is False, report  # only its desktop's ports are in reach
 
 
 def test_a_planted_gsettings_runs_confined_in_the_local_backends_grader(tmp_path):

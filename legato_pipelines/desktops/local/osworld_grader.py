@@ -41,7 +41,7 @@ from ...osworld_format.sources import cache_dir_path, find_source
 from ...scratch import scratch_dir
 from ...tasks import Evaluation, Task
 from ..osworld import WorkerProcess, acquire_template, release_template, worker_env
-from ..osworld.channel import confinement
+from ..osworld.channel import confinement, desktop_ports
 from ..osworld.confine import hand_over, prepare_dir
 
 VM_TOKEN_ENV = "LEGATO_OSWORLD_VM_TOKEN"
@@ -192,6 +192,7 @@ class OSWorldGrader:
         }
         self._attached = True
         try:
+            await self.worker.forward(desktop_ports(self.url, self.ports))
             self.last_start = await self.worker.call("start", START_TIMEOUT_S, **request)
         except DesktopError:
             await self.stop()

@@ -76,7 +76,7 @@ from ..domains import REVERT_DOMAINS
 from ..local import ServerProcess, sandbox_options
 from ..popups import PopupGuard, WmctrlWindows
 from ..ready import ScreenshotReady
-from .channel import WorkerProcess, confinement
+from .channel import WorkerProcess, confinement, desktop_ports
 from .confine import hand_over
 from .options import (
     claim_cache_dir,
@@ -177,6 +177,8 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
         )
         await self.worker.start()
         try:
+            if confine is not None:  # its network reaches its desktop's ports alone
+                await self.worker.forward(desktop_ports(request["vm_url"], request.get("ports")))
             self.last_start = await self.worker.call("start", self.start_timeout, **request)
         except DesktopError:
             await self.worker.stop()

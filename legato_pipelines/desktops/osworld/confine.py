@@ -15,13 +15,16 @@ anything from a desktop:
   DesktopEnv's getters write what they fetch). ``/root``, ``/home``, ``/run``, ``/var``, the
   run directories and other desktops' directories are not there;
 - an **IPC and UTS namespace** of its own;
-- and then the user :data:`GRADER_UID` / :data:`GRADER_GID` (not root, not the sandbox's
+- the user :data:`GRADER_UID` / :data:`GRADER_GID` (not root, not the sandbox's
   uid 1000, outside the sandboxes' uid map ``0..65535``), no supplementary group, an empty
   capability bounding set and ``no_new_privs`` (a set-uid ``sudo`` gives nothing).
 
+- and a **network namespace** of its own (``network`` ``own``, where ``pasta`` is installed)
+  that the collector connects to its desktop's host loopback ports alone (the server's,
+  Chromium's CDP bridge, VLC's: ``channel.WorkerProcess.forward``); no route out.
+
 Its environment is the collector's :func:`..child_env.worker_env` (no credential, no policy
-key), with ``HOME`` in its own ``/tmp``. The network stays the host's: the worker reaches its
-desktop server, Chromium's CDP and VLC through host loopback ports (docs/sandbox.md §6).
+key), with ``HOME`` in its own ``/tmp`` (docs/sandbox.md §6).
 
 This module runs in two interpreters: the collector imports it for :func:`prepare_dir` and
 :func:`hand_over` (the host side: which host paths the grader user may write), and the
@@ -47,6 +50,7 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
@@ -114,13 +118,14 @@ class PidNamespaces:
         setns(self._own, CLONE_NEWPID)
 
 
-def spawned_in_pid_namespace() -> None:
-    """For a worker started by the collector (not forked): fork into a new pid namespace.
-    Returns in the child (pid 1 there, which then calls :func:`enter`); the parent stays
-    outside, runs nothing of the desktop's, passes SIGTERM/SIGINT/SIGHUP on to the child and
-    ends with its status (the collector's pipes are the child's alone). Raises
-    :class:`ConfineError`."""
-    unshare(CLONE_NEWPID)
+def spawned_in_pid_namespace(own_network: bool) -> None:
+    """For a worker started by the collector (not forked): fork into a new pid namespace
+    (and, with ``own_network``, a new network namespace, which the parent shares: the
+    collector connects it by the pid it knows, the parent's). Returns in the child (pid 1
+    there, which then calls :func:`enter` without ``own_network``); the parent stays outside,
+    runs nothing of the desktop's, passes SIGTERM/SIGINT/SIGHUP on to the child and ends with
+    its status (the collector's pipes are the child's alone). Raises :class:`ConfineError`."""
+    unshare(CLONE_NEWPID | (CLONE_NEWNET if own_network else 0))
     pid = os.fork()
     if pid == 0:
         return
@@ -170,19 +175,26 @@ def _bind(source: str, target: str, *, writable: bool, devices: bool = False) ->
     _mount(None, target, None, flags | (0 if writable else MS_RDONLY))
 
 
-def enter(writable: list[str], *, uid: int = GRADER_UID, gid: int = GRADER_GID) -> None:
+def enter(
+    writable: list[str],
+    *,
+    uid: int = GRADER_UID,
+    gid: int = GRADER_GID,
+    own_network: bool = False,
+) -> None:
     """Confine this process (root, pid 1 of a new pid namespace: :class:`PidNamespaces` or
     :func:`spawned_in_pid_namespace`) as the module docstring says: new mount, IPC and UTS
     namespaces, a new root with ``writable`` (absolute host paths, each bound at its own path)
     as the only writable host paths, a new ``/proc``, then user ``uid``/``gid`` with no
     capability and ``no_new_privs``. The working directory is kept (it must be one of
-    ``writable``, below one, or below a read-only path). Open descriptors stay open (the protocol's socket or
-    pipes, the log). Raises :class:`ConfineError` when any step fails, or when a capability is
+    ``writable``, below one, or below a read-only path). Open descriptors stay open (the
+    protocol's socket or pipes, the log). ``own_network``: a new network namespace too (a
+    loopback, down, until the collector connects it: ``channel.WorkerProcess.forward``). Raises :class:`ConfineError` when any step fails, or when a capability is
     left afterwards."""
     if os.getpid() != 1:
         raise ConfineError(0, "confining the grader: not pid 1 of a pid namespace of its own")
     cwd = os.getcwd()
-    unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS)
+    unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | (CLONE_NEWNET if own_network else 0))
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     new = NEW_ROOT
     if not os.path.isdir(new):

@@ -47,10 +47,11 @@ Operations (``result`` shapes):
             listens), writes ``{"pid": <pid>}`` and serves this protocol there with a new
             worker, never returning to the template's requests; {pid}. The template reaps its
             children (a SIGCHLD handler, so their CPU counts in its RUSAGE_CHILDREN).
-            ``confine`` ({uid, gid, writable}): the child is pid 1 of a pid namespace of its
-            own and confines itself (``confine.py``: mount namespace, user ``uid``, no
-            capability; writable: ``cwd`` and ``writable``) after connecting, before it
-            says hello with its host pid.
+            ``confine`` ({uid, gid, writable, network}): the child is pid 1 of a pid
+            namespace of its own and confines itself (``confine.py``: mount namespace, user
+            ``uid``, no capability; writable: ``cwd`` and ``writable``; ``network`` ``own``:
+            a network namespace the collector connects to its desktop's ports) after
+            connecting, before it says hello with its host pid.
 
 ``worker.py --confine JSON`` (a spawned worker, the same JSON as ``confine``): the worker
 forks into a pid namespace of its own and confines itself before reading its first request.
@@ -1078,11 +1079,14 @@ def install_terminate(worker: Worker) -> None:
     signal.signal(signal.SIGTERM, terminate)
 
 
-def confined(spec: dict, cwd: str) -> None:
+def confined(spec: dict, cwd: str, *, spawned: bool = False) -> None:
     """Confine this worker (pid 1 of a pid namespace of its own) by ``spec`` ({uid, gid,
-    writable}): ``confine.enter`` with ``cwd`` and ``writable`` as its writable paths."""
+    writable, network}): ``confine.enter`` with ``cwd`` and ``writable`` as its writable
+    paths, in a network namespace of its own when ``network`` is ``own`` (a spawned worker's
+    was made with its pid namespace: ``confine.spawned_in_pid_namespace``)."""
     writable = [cwd, *(spec.get("writable") or [])]
-    _confine.enter(writable, uid=int(spec["uid"]), gid=int(spec["gid"]))
+    own = spec.get("network") == "own" and not spawned
+    _confine.enter(writable, uid=int(spec["uid"]), gid=int(spec["gid"]), own_network=own)
 
 
 def end_with_input(fd: int, gone) -> None:
@@ -1137,8 +1141,10 @@ def main() -> None:
         print(json.dumps(installed_names()))
         return
     if sys.argv[1:2] == ["--confine"]:  # before anything reads the collector's pipes
-        _confine.spawned_in_pid_namespace()  # the parent waits there, outside, and ends
-        confined(json.loads(sys.argv[2]), os.getcwd())
+        spec = json.loads(sys.argv[2])
+        # the parent waits there, outside, and ends
+        _confine.spawned_in_pid_namespace(spec.get("network") == "own")
+        confined(spec, os.getcwd(), spawned=True)
         _confine.prctl(_confine.PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
