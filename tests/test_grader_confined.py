@@ -41,8 +41,10 @@ pytestmark = [needs_xvfb, needs_apps, needs_vm_python, pytest.mark.desktop, pyte
 FAKE_KEY = "sk-legato-fake-key-4b1d"
 #: runs inside the grader's ``eval``; reports as the metric's exception (the attempt's error)
 PAYLOAD = """
-import json, os, socket
+import json, os, socket, sys
 r = {"uid": os.getuid(), "euid": os.geteuid(), "key": None, "wrote": [], "others": 0}
+r["persisted"] = hasattr(sys, "_legato_attack")  # left by an earlier attempt's answer?
+sys._legato_attack = True
 try:
     socket.create_connection(("127.0.0.1", LOOPBACK_PORT), 3).close()
     r["loopback"] = True
@@ -115,8 +117,9 @@ def task_config(instruction: str) -> dict:
     }
 
 
-def attack(tmp_path, *backend: str) -> dict:
-    """Collect one attempt of the attack with ``backend`` (CLI flags); the payload's report."""
+def attack(tmp_path, *backend: str, group: int = 1) -> list[dict]:
+    """Collect ``group`` attempts of the attack on one desktop with ``backend`` (CLI flags);
+    the payload's reports, in the attempts' order."""
     host_files = [str(tmp_path / "pwned"), f"/tmp/legato-grader-attack-{os.getpid()}"]
     for path in host_files:
         if os.path.exists(path):
@@ -141,22 +144,24 @@ def attack(tmp_path, *backend: str) -> dict:
                 sys.executable, "-m", "legato_pipelines", "collect", *backend,
                 "--tasks", str(tmp_path / "tasks.json"), "--policy-url", server.url,
                 "--model", server.model, "--out", str(tmp_path / "run"), "--desktops", "1",
-                "--group", "1", "--max-steps", "4", "--json",
+                "--group", str(group), "--max-steps", "4", "--json",
             ],
             capture_output=True, text=True, timeout=900, cwd=REPO_ROOT, env=env,
         )  # fmt: skip
     service.close()
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (record,) = read_records(tmp_path / "run")
-    error = record.get("eval_error") or ""
-    found = re.search(r"PAYLOAD (\{.*\})", error)
-    assert found, f"the planted gsettings did not run: {record.get('status')} {error!r}"
-    report = json.loads(found.group(1))
-    report["host_files"] = [p for p in host_files if os.path.exists(p)]
-    for path in report["host_files"]:
+    reports = []
+    for record in sorted(read_records(tmp_path / "run"), key=lambda r: r["started_at"]):
+        error = record.get("eval_error") or ""
+        found = re.search(r"PAYLOAD (\{.*\})", error)
+        assert found, f"the planted gsettings did not run: {record.get('status')} {error!r}"
+        reports.append(json.loads(found.group(1)))
+        assert record["reward"] == 0.0
+    reports[-1]["host_files"] = [p for p in host_files if os.path.exists(p)]
+    for path in reports[-1]["host_files"]:
         os.unlink(path)
-    assert record["reward"] == 0.0
-    return report
+    assert len(reports) == group
+    return reports
 
 
 def assert_confined(report: dict) -> None:
@@ -169,19 +174,23 @@ def assert_confined(report: dict) -> None:
 
 
 def test_a_planted_gsettings_runs_confined_in_the_local_backends_grader(tmp_path):
-    report = attack(
+    """Two attempts on one desktop: each payload finds itself confined, and the second finds
+    nothing the first left in its process (every attempt is graded by a fresh worker)."""
+    reports = attack(
         tmp_path,
         "--backend", "local",
         "--desktop-option", "grader=\"osworld\"",
         "--desktop-option", f"osworld_python={json.dumps(osworld_python())}",
+        group=2,
     )  # fmt: skip
-    assert_confined(report)
+    assert_confined(reports[-1])
+    assert [r["persisted"] for r in reports] == [False, False]
 
 
 def test_a_planted_gsettings_runs_confined_in_the_osworld_backends_worker(tmp_path):
     """The ``osworld`` backend over a local desktop runs DesktopEnv (and so the same metric)
     in its own worker: confined the same way."""
-    report = attack(
+    (report,) = attack(
         tmp_path,
         "--backend", "osworld", "--osworld-provider", "local",
         "--osworld-python", osworld_python(),

@@ -29,6 +29,7 @@ getters write there), and is the only host path it can write.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -130,6 +131,8 @@ class OSWorldGrader:
         self.last_preload: dict[str, Any] | None = None
         self._spawned_with: str | None = None  # the token the running worker was given
         self._attached = False  # the running worker's DesktopEnv was started
+        #: the next attempt's worker, being started since the last evaluation (:meth:`_renew`)
+        self._renewal: asyncio.Task | None = None
         #: seconds of the last setup / evaluation inside the worker (DesktopEnv's own work)
         self.last_setup_s: float | None = None
         self.last_eval_s: float | None = None
@@ -177,6 +180,10 @@ class OSWorldGrader:
         server was restarted). A worker from :meth:`spawn` that is alive, not attached yet and
         holds this token is used; any other is replaced by a new one. Nothing on the desktop
         is reset."""
+        await self._drop_renewal()
+        await self._start(url, token)
+
+    async def _start(self, url: str | None = None, token: str | None = None) -> None:
         self.url, self.token = url or self.url, token or self.token
         fresh = self.alive() and not self._attached and self._spawned_with == self.token
         if not fresh:
@@ -201,9 +208,14 @@ class OSWorldGrader:
     async def setup(self, task: Task, timeout: float = SETUP_TIMEOUT_S) -> list[dict[str, Any]]:
         """The task's setup by OSWorld's SetupController; the steps it carried on after
         (``setup_facts.py``: ``[{step, type, exit_status, error}]``). Starts the worker first
-        when it is not running (it died, or a deadline stopped it)."""
+        when it is not running (it died, or a deadline stopped it); a worker started after the
+        last evaluation (:meth:`_renew`) is waited for."""
+        renewal, self._renewal = self._renewal, None
+        if renewal is not None:
+            with contextlib.suppress(DesktopError):  # else started again here, and raised
+                await renewal
         if not self.alive():
-            await self.start()
+            await self._start()
         task_dir = self.work_dir / "cache" / task.task_id
         stage_task_files(task, self.cache_dir, task_dir)
         hand_over(task_dir)  # the grader's getters write there
@@ -219,11 +231,41 @@ class OSWorldGrader:
         exception is a reward 0 with its reason; ``notes`` are facts about the files compared."""
         if not self.alive():
             raise DesktopError(f"{self.name}: the OSWorld grader is not running", kind="evaluator")
-        result = await self.worker.call("evaluate", timeout, last_action_fail=last_action_fail)
+        try:
+            result = await self.worker.call("evaluate", timeout, last_action_fail=last_action_fail)
+        finally:
+            self._renew()
         self.last_eval_s = result.get("eval_s")
         return Evaluation(
             float(result["reward"]), result.get("error"), tuple(result.get("notes") or ())
         )
+
+    def _renew(self) -> None:
+        """Retire the worker that just graded and start its successor in the background (in
+        the shadow of the next reset; :meth:`setup` waits for it). The retired one ran
+        OSWorld's code on this attempt's answers, which may have changed anything in its
+        process (a metric replaced, a thread left running): it grades nothing more, so a
+        crafted answer changes its own attempt's reward at most. Stopping it (SIGTERM; its
+        DesktopEnv's ``close`` leaves the desktop alone) ends every process of its pid
+        namespace."""
+        old, self.worker = self.worker, None
+        self._attached, self._spawned_with = False, None
+
+        async def renewed() -> None:
+            if old is not None:
+                await old.stop(grace=5.0)
+            await self._start()
+
+        self._renewal = asyncio.get_running_loop().create_task(renewed())
+
+    async def _drop_renewal(self) -> None:
+        """Cancel a renewal under way (its worker, if any, is stopped by :meth:`stop`)."""
+        renewal, self._renewal = self._renewal, None
+        if renewal is not None and not renewal.done():
+            renewal.cancel()
+        if renewal is not None:
+            with contextlib.suppress(asyncio.CancelledError, DesktopError):
+                await renewal
 
     async def stop(self) -> None:
         """Stop the worker (its DesktopEnv's ``close`` leaves the desktop alone: provider local);
@@ -243,6 +285,7 @@ class OSWorldGrader:
         """Stop the worker, end its lease on the template and remove its work directory (all
         three even when cancelled midway: the last lease stops the shared template)."""
         try:
+            await self._drop_renewal()
             await self.stop()
         finally:
             lease, self._lease = self._lease, None
