@@ -7,10 +7,11 @@ whose ``DesktopEnv`` drives that desktop's server through provider ``local`` (by
 token). The local backend keeps owning reset, observe, act and the ready waits; the worker
 runs only the task's setup (OSWorld's ``SetupController``: ``chrome_open_tabs`` over CDP,
 ``download`` from the cache, ``open``, ``execute``...) and ``DesktopEnv.evaluate`` (every
-metric and getter of desktop-env, FAIL as the last action for infeasible tasks). The worker
-lives as long as the desktop, so its start-up (importing desktop_env) is paid once; with
-``template=True`` (the local backend's graders) it is paid once for all desktops: the worker
-is forked from one preloaded template worker shared by the graders (``osworld/template.py``).
+metric and getter of desktop-env, FAIL as the last action for infeasible tasks). With
+``template=True`` (the local backend's graders) importing desktop_env is paid once for all
+desktops: the worker is forked from one preloaded template worker shared by the graders
+(``osworld/template.py``). Each worker grades one attempt: after its evaluation it is
+retired and the next one forked in the background (:meth:`OSWorldGrader._renew`).
 
 Files: DesktopEnv reads a task's files from ``<cache>/<task_id>/`` under OSWorld's names and
 writes what its getters fetch there too. Each desktop has its own such directory; before a
