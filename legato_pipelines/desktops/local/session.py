@@ -195,6 +195,10 @@ class Session:
         self.wm_home = self.state / "wm"
         self.display: str | None = None
         self._xvfb: subprocess.Popen | None = None
+        #: sandboxed: open descriptors of Xvfb's own ipc namespace, which the sandboxes join,
+        #: and of that namespace's POSIX message queue directory (an ``mqueue`` mount)
+        self.ipc_ns: int | None = None
+        self.mqueue: int | None = None
         self._wm: subprocess.Popen | None = None
         self.generation = 0  # bumped on every X (re)start; X clients reconnect when it changes
         # the session D-Bus with dconf (dbus_session.py), when Debian's packages are there
@@ -326,7 +330,7 @@ class Session:
         if self.sandbox is None:
             return
         try:
-            self.sandbox.start(self.x_socket)
+            self.sandbox.start(self.x_socket, self.ipc_ns, self.mqueue)
         except SandboxError as exc:
             raise SessionError(str(exc)) from None
 
@@ -356,6 +360,7 @@ class Session:
                         "--pdeathsig",
                         "KILL",
                         "--",
+                        *self._ipc_prefix(),
                         "Xvfb",
                         f":{number}",
                         "-screen",
@@ -378,6 +383,11 @@ class Session:
                     break
                 number += 1
         self.display = f":{number}"
+        if self.sandbox is not None:
+            pid = self._xvfb.pid
+            self.ipc_ns = os.open(f"/proc/{pid}/ns/ipc", os.O_RDONLY | os.O_CLOEXEC)
+            mqueue = f"/proc/{pid}/root{self.state.resolve() / 'mqueue'}"
+            self.mqueue = os.open(mqueue, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         with open(self.state / "wm.log", "ab") as wm_log:
             self._wm = self.procs.spawn(
                 [
@@ -414,7 +424,32 @@ class Session:
         if xvfb is not None and number is not None:
             _remove_display_files(int(number[1:]), xvfb.pid)
         self._wm = self._xvfb = None
+        for fd in (self.ipc_ns, self.mqueue):
+            if fd is not None:
+                os.close(fd)
+        self.ipc_ns = self.mqueue = None
         self.procs.reap()
+
+    def _ipc_prefix(self) -> list[str]:
+        """Sandboxed: the argv prefix giving Xvfb an ipc namespace of its own, with
+        ``kernel.shm_rmid_forced`` on (as in the sandbox). Xvfb runs as host root: in the
+        host's namespace MIT-SHM would let a client (root inside a sandbox is uid 0 to it)
+        make it attach, read and overwrite any host System V segment by id. The desktop's
+        sandboxes join this namespace (:meth:`.Sandbox.start`), so their apps' segments are
+        the ones Xvfb sees and MIT-SHM works for them. Only an owner of the namespace (host
+        root) may mount its ``mqueue`` file system, so Xvfb's own mount namespace (a private
+        copy of the host's) has it on ``<state>/mqueue``, where the server empties it through
+        ``/proc/<Xvfb>/root``. Unsandboxed: none (the host's namespace)."""
+        if self.sandbox is None:
+            return []
+        mqueue = self.state.resolve() / "mqueue"
+        mqueue.mkdir(mode=0o700, exist_ok=True)
+        script = (
+            "echo 1 > /proc/sys/kernel/shm_rmid_forced"
+            ' && mount -t mqueue legato-mqueue "$1" && shift && exec "$@"'
+        )
+        unshare = ["unshare", "--ipc", "--mount", "--propagation", "private", "--"]
+        return [*unshare, "sh", "-c", script, "sh", str(mqueue)]
 
     def alive(self) -> bool:
         """True while Xvfb and the window manager both run."""
