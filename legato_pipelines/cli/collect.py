@@ -435,7 +435,9 @@ def print_profile(summary: dict) -> None:
     table.add_row("retried / hung calls", f"{summary['retried_calls']} / {summary['hung_calls']}")
     table.add_row(
         "errors",
-        f"policy {summary['policy_errors']}  env {summary['env_errors']}  (desktop failures {summary['env_failures']})",
+        f"policy {summary['policy_errors']}  request {summary.get('request_errors', 0)}  "
+        f"config {summary.get('config_errors', 0)}  env {summary['env_errors']}  "
+        f"(desktop failures {summary['env_failures']})",
     )
     kinds = summary.get("env_failure_kinds") or {}
     if kinds:

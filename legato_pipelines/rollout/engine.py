@@ -20,6 +20,7 @@ from typing import Any
 
 from ..desktops import open_desktops, warm_up
 from ..desktops.base import Desktop, DesktopConfig
+from ..desktops.network import resolve_network
 from ..errors import DesktopError, LoadError, PolicyConfigError, TaskListError
 from ..policy.config import PolicyConfig
 from ..policy.loading import (
@@ -133,6 +134,10 @@ async def collect_async(
     updates = settings.overrides(OVERRIDES_DESKTOP)
     if updates:
         desktop = DesktopConfig.model_validate(desktop.model_dump() | updates)
+    if desktop_pool is None:  # the desktops' network, fixed when they start: per batch
+        desktop, network = resolve_network(desktop, task_set.tasks)
+    else:
+        network = {}
     effective = settings.model_copy(
         update={
             **{name: getattr(policy, name) for name in OVERRIDES_POLICY},
@@ -150,20 +155,23 @@ async def collect_async(
         spares = min(settings.spares or 0, len(desktop_pool) - 1)
         desktops = len(desktop_pool) - spares
     effective = effective.model_copy(update={"spares": spares})
-    knobs = effective.knobs(backend=desktop.backend, desktops=desktops)
+    knobs = effective.knobs(backend=desktop.backend, desktops=desktops) | network
     group, oversample, seed = settings.group, settings.oversample, settings.seed
     harness_obj = Harness(
         variant=settings.harness, history=settings.history, image_max=settings.image_max
     )
     plan = await plan_load(load, policy) if load is not None else None
     if plan is not None:
-        policy = policy.model_copy(update={"model": plan.model})
+        # every request salted by the checkpoint: no prefix-cache hit on other weights' KV
+        policy = policy.model_copy(update={"model": plan.model, "cache_salt": plan.cache_salt})
     policy_info = PolicyRef(model=policy.model, version=policy.version)
     if plan is not None:
         policy_info.load = plan.spec.mode
         if plan.checkpoint is not None:
             policy_info.checkpoint = plan.checkpoint
             policy_info.fingerprint = plan.fingerprint["digest"]
+        if plan.cache_salt is not None:
+            policy_info.cache_salt = plan.cache_salt
     meta = {
         "format": FORMAT,
         "policy": policy_info.to_json_dict(),
@@ -372,6 +380,10 @@ async def _run_workers(
     for failure in results:
         if isinstance(failure, BaseException) and not isinstance(failure, DesktopError):
             raise failure
+    if ctx.abort is not None:
+        # the server refused the batch's settings mid-batch: every attempt that ran is
+        # recorded; the queued ones stay unrecorded (a resume runs them once fixed)
+        raise ctx.abort
     while (ex := sched.next()) is not None:
         record = settled_record(ctx, ex, ERROR)
         record.error = ErrorInfo(
@@ -389,12 +401,17 @@ async def _worker(
     while True:
         if asyncio.current_task().cancelling():  # a cancel something below swallowed
             raise asyncio.CancelledError
+        if ctx.abort is not None:  # the server refused the batch's settings: no new attempt
+            return
         got = await handout.take(asked)
         if got is None:
             return
         handed, prepared, waited, ahead = got
         ex = handed.ex
-        # cancelled or aborted (PolicyConfigError) here: the batch ends, the desktop with it
+        if ctx.abort is not None:  # refused while this runner waited: leave it queued
+            handout.release(handed.desktop, ran=True)
+            return
+        # cancelled here: the batch ends, the desktop with it
         record = await run_attempt(
             ctx, ex, handed.desktop, prepared, reset_critical_s=waited, reset_ahead=ahead
         )

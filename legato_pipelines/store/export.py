@@ -69,7 +69,8 @@ def sample_schema() -> pa.Schema:
             ("logprob_sentinels", pa.int32()),
             ("logprobs_valid", pa.bool_()),
             ("reward_valid", pa.bool_()),
-            # sampling settings of the run (run.json's sampling; None: not recorded)
+            # sampling settings of the run (run.json's sampling; None: not recorded);
+            # sampling_seed: the seed the step's request carried (Step.seed), else the run's
             ("temperature", pa.float64()),
             ("top_p", pa.float64()),
             ("max_tokens", pa.int64()),
@@ -304,6 +305,8 @@ def export_steps(run_dir: str | Path, *, inline_images: bool = False) -> pa.Tabl
             rows["reward_valid"].append(True)
             for column, key in SAMPLING_COLUMNS.items():
                 rows[column].append(sampling.get(key))
+            if step.seed is not None:  # the seed this step's request carried (issue 31)
+                rows["sampling_seed"][-1] = step.seed
             for column in WEIGHTS_COLUMNS:
                 rows[column].append(weights[column])
             size = sizes[record.group_id]

@@ -45,7 +45,7 @@ HOME, docs/osworld.md §6), and the first reset after a failure.
   reset_timeout   seconds for a reset with the task's setup (default 300)
   user, template  provider local: the desktop servers' user (unsandboxed) and HOME template
   sandbox, network provider local: the desktop servers' sandbox (default true) and network
-                  ("host", "none" or "own"), as the local backend's options; DesktopEnv's
+                  ("auto", the default, "host", "none" or "own"), as the local backend's options; DesktopEnv's
                   chromium_port and vlc_port are the server's (its ready line's ``ports``)
   log_level       the worker's logging level (default WARNING)
 
@@ -74,9 +74,11 @@ from ..base import DesktopConfig, WaitsByMode, act_facts, osworld_code, screensh
 from ..client import DesktopClient
 from ..domains import REVERT_DOMAINS
 from ..local import ServerProcess, sandbox_options
+from ..local.backend import server_network
 from ..popups import PopupGuard, WmctrlWindows
 from ..ready import ScreenshotReady
-from .channel import WorkerProcess
+from .channel import WorkerProcess, confinement, desktop_ports
+from .confine import hand_over
 from .options import (
     claim_cache_dir,
     default_cache_root,
@@ -160,15 +162,24 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
             request["vm_token_env"] = VM_TOKEN_ENV
             extra[VM_TOKEN_ENV] = self.vm_server.token
             headers["Authorization"] = f"Bearer {self.vm_server.token}"
+        confine = None
+        if self.vm_server is not None:  # a local desktop's data: the worker runs confined
+            cache = Path(request["cache_dir"])
+            cache.mkdir(parents=True, exist_ok=True)
+            hand_over(cache)  # DesktopEnv's downloads and getters write there
+            confine = confinement([str(cache)])
         self.worker = WorkerProcess(
             self.python,
             env=worker_env(extra, provider=request["provider"]),
             cwd=self.work_dir,
             name=self.name,
             log_path=os.path.join(self.work_dir, f"{self.name}.log"),
+            confine=confine,
         )
         await self.worker.start()
         try:
+            if confine is not None:  # its network reaches its desktop's ports alone
+                await self.worker.forward(desktop_ports(request["vm_url"], request.get("ports")))
             self.last_start = await self.worker.call("start", self.start_timeout, **request)
         except DesktopError:
             await self.worker.stop()
@@ -402,7 +413,7 @@ async def open_osworld_desktops(config: DesktopConfig, n: int) -> list[OSWorldDe
                 user=opts.get("user"),
                 template=opts.get("template"),
                 sandbox=sandbox,
-                network=network,
+                network=server_network(network),
             )
         desktops.append(
             OSWorldDesktop(
