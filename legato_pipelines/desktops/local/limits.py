@@ -26,7 +26,7 @@ The kernel's own mechanisms, nothing home-made:
 
 Processes join the cgroup before they execute anything: :meth:`DesktopLimits.join_argv`
 prefixes an argv with the host's ``/bin/sh`` writing its own pid into the cgroup's
-``cgroup.procs`` and then ``exec``-ing the rest (``unshare`` of the sandbox, ``nsenter`` of
+``cgroup.procs`` and then ``exec``-ing the rest (``unshare`` of the sandbox, the entry (:mod:`.enter`) of
 every process entered), so the sandbox's init and whatever is entered, and all their
 children, are in it. The cgroup files cannot be written from inside: the sandbox sees ``/sys``
 (and every cgroup mount below it) read-only and holds no ``sys_admin`` to remount it.
