@@ -126,7 +126,8 @@ class DesktopError(LegatoError):
     """A desktop failed: reset, setup, action, observation, crash, hung evaluator, transport.
 
     ``kind`` says which (``reset``, ``setup``, ``act``, ``observe``, ``crash``, ``evaluator``,
-    ``vm``, ``transport``, ``timeout``). The engine records the attempt as ``retried`` and runs
+    ``vm``, ``transport``, ``timeout``; ``resource_limit``: a local desktop hit one of its
+    resource caps, its message names which: ``pids``, ``memory`` or ``disk``). The engine records the attempt as ``retried`` and runs
     it again on a recovered desktop (up to ``env_retries``), else as ``error`` kind ``env``.
     """
 

@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from legato_pipelines.desktops.client import DesktopClient
+from legato_pipelines.desktops.local.limits import release_disk
 from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV, READY_LINE
 
 needs_xvfb = pytest.mark.skipif(
@@ -114,6 +115,7 @@ class RunningServer:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(10)
+        release_disk(Path(self.state))  # the disk image of a server killed with SIGKILL
         shutil.rmtree(self.state, ignore_errors=True)
 
 

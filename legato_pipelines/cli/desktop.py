@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import os
 import secrets
 import signal
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from ..desktops.local.backend import NETWORKS, ServerProcess
+from ..desktops.local.backend import NETWORKS, ServerProcess, limits_option
 from ..desktops.local.wire import DEFAULT_TOKEN_ENV, READY_SOURCES
-from ..errors import LegatoError
+from ..errors import ConfigError, LegatoError
 from .console import console, fail
 from .console import err as _err
 from .root import app
@@ -90,6 +91,15 @@ def serve(
             " a warning is printed). Unsandboxed desktops are on the host's network."
         ),
     ] = None,
+    limits: Annotated[
+        str,
+        typer.Option(
+            help="Sandboxed desktops' resource caps (JSON): true (memory 4g, pids 2048, disk 8g,"
+            " cpus half the host's, cpu_weight and io_weight 100), an object overriding some"
+            " ('{\"pids\": 1024}'), or false (uncapped: a fork bomb or memory hog inside reaches"
+            " the host)."
+        ),
+    ] = "true",
     ready_source: Annotated[
         str,
         typer.Option(
@@ -129,6 +139,10 @@ def serve(
         _err.print(f"[yellow]warning: {HOST_WARNING}[/]")
     if ready_source not in READY_SOURCES:
         fail(f"--ready-source must be one of {', '.join(READY_SOURCES)}, got {ready_source!r}")
+    try:
+        caps = limits_option(json.loads(limits))
+    except (json.JSONDecodeError, ConfigError) as exc:
+        fail(f"--limits: {exc}")
     token, written = _token(token_file)
     if not _is_loopback(host):
         _err.print(
@@ -149,6 +163,7 @@ def serve(
                 sandbox,
                 network,
                 ready_source,
+                caps,
             )
         )
     except LegatoError as exc:  # e.g. a server that could not start (port taken, no Xvfb)
@@ -181,6 +196,7 @@ async def _serve(
     sandbox: bool = True,
     network: str = "own",
     ready_source: str = "damage",
+    limits: Any = True,
 ) -> None:
     servers = [
         ServerProcess(
@@ -194,6 +210,7 @@ async def _serve(
             sandbox=sandbox,
             network=network,
             ready_source=ready_source,
+            limits=limits,
         )
         for i in range(count)
     ]

@@ -36,6 +36,12 @@ one (or ``grader=own``) the project's own subset runs them (``osworld_format.run
                 "own" (a network of its own with a route out and OSWorld's Chrome and VLC ports
                 forwarded from free host ports: desktops running Chrome at once do not collide)
                 or "host" (the host's, its loopback services included: logged as a warning)
+  limits        sandboxed desktops' resource caps (:mod:`.limits`: a cgroup and a disk image
+                per desktop): true (default: memory 4g, pids 2048, disk 8g, cpus half the
+                host's CPUs and at least 1, cpu_weight and io_weight 100), an object
+                overriding some (``limits='{"pids": 512}'``), or false (uncapped: the explicit
+                opt-out where no cgroup can be made). A hit cap ends the attempt as a desktop
+                failure of type ``resource_limit``
   user          desktop user of unsandboxed servers run as root (default legato-desktop)
   template      directory copied into each baseline HOME (pre-built app profiles)
   prebuild      apps whose pre-built profile goes into each baseline HOME (default
@@ -97,6 +103,7 @@ OPTION_NAMES = frozenset(
         "user",
         "sandbox",
         "network",
+        "limits",
         "template",
         "prebuild",
         "cache_dir",
@@ -138,6 +145,7 @@ class ServerProcess:
         network: str = "none",
         ready_source: str = "damage",
         fork: bool = False,
+        limits: Any = True,
     ):
         self.width, self.height, self.host, self.port = width, height, host, port
         self.sandbox, self.network = sandbox, network
@@ -145,6 +153,7 @@ class ServerProcess:
         self.user, self.template, self.start_timeout = user, template, start_timeout
         self.prebuild = None if prebuild is None else tuple(prebuild)
         self.fork = fork
+        self.limits = limits  # desktop option ``limits`` as given (JSON value)
         self.forked = False
         self.url: str | None = None
         self.ports: dict[str, int] = {}
@@ -196,6 +205,8 @@ class ServerProcess:
             argv += ["--user", self.user]
         argv += ["--sandbox", "--network", self.network] if self.sandbox else ["--no-sandbox"]
         argv += ["--ready-source", self.ready_source]
+        if self.sandbox and self.limits is not True:
+            argv += ["--limits", json.dumps(self.limits)]
         if self.template:
             argv += ["--template", str(self.template)]
         if self.prebuild is not None:  # None: the server's default
@@ -311,6 +322,9 @@ class ServerProcess:
                     await proc.wait()
         finally:
             if self.state_dir is not None:
+                from .limits import release_disk
+
+                release_disk(self.state_dir)  # a killed server's disk image (limits.py)
                 shutil.rmtree(self.state_dir, ignore_errors=True)
                 self.state_dir = None
             lease, self._lease = self._lease, None
@@ -544,6 +558,7 @@ async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> 
             start_timeout=float(options.get("start_timeout", 30.0)),
             sandbox=sandbox,
             network=server_network(network),
+            limits=limits_option(options.get("limits", True)),
             fork=True,  # from the template all servers of this event loop share
         )
         token = server.choose_token()
@@ -633,6 +648,18 @@ async def warm_up_local(config: DesktopConfig, evaluators: Sequence[dict] = ()):
         await asyncio.sleep(0)  # the starts take the templates legato began on its first line
         stop_early()  # ... and any other it began, read from the command line otherwise
         yield
+
+
+def limits_option(value: Any) -> Any:
+    """Desktop option ``limits`` checked (:func:`.limits.parse_caps`) and returned as given.
+    Raises ``ConfigError`` naming the option and the fix."""
+    from .limits import parse_caps
+
+    try:
+        parse_caps(value)
+    except ValueError as exc:
+        raise ConfigError(f"desktop option {exc}") from None
+    return value
 
 
 def prebuild_option(value: Any) -> tuple[str, ...] | None:

@@ -32,7 +32,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .procs import ProcessTable, RunAs, descendants, process_table
+from .procs import ProcessTable, RunAs, descendants, own_process_table
 
 #: The socket's name in ``XDG_RUNTIME_DIR`` (where ``systemd --user`` puts a session bus).
 SOCKET_NAME = "bus"
@@ -147,7 +147,7 @@ class SessionBus:
         root = proc.pid
         # the daemon outlives its enter helper for a moment and is then re-parented to the server:
         # keep selecting the pids found at first until they are gone and reaped
-        first = {root} | descendants(root, process_table())
+        first = {root} | descendants(root, own_process_table())
         try:
             self.procs.kill(lambda table: (first | descendants(root, table)) & set(table))
         except RuntimeError as exc:
@@ -161,7 +161,7 @@ class SessionBus:
         """The daemon's own host pids (with its enter helper), not the services it activated."""
         if self._proc is None:
             return set()
-        table = table if table is not None else process_table()
+        table = table if table is not None else own_process_table()
         root = self._proc.pid
         if root not in table:
             return set()

@@ -62,31 +62,77 @@ def process_table() -> dict[int, ProcInfo]:
     """
     table: dict[int, ProcInfo] = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            raw = os.read(fd, 4096)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-        if not raw:
-            continue
-        # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
-        open_paren, close_paren = raw.index(b"("), raw.rindex(b")")
-        rest = raw[close_paren + 2 :].split(b" ", 2)
-        pid = int(name)
-        table[pid] = ProcInfo(
-            pid,
-            int(rest[1]),
-            rest[0].decode(),
-            raw[open_paren + 1 : close_paren].decode(errors="replace"),
-        )
+        if name.isdigit():
+            _add_stat(table, int(name))
     return table
+
+
+def own_process_table(root: int | None = None, depth: int | None = None) -> dict[int, ProcInfo]:
+    """``root`` (default: this process) and every process below it, by pid: what a desktop
+    server's scans need (its task's and its infrastructure's processes are all its
+    descendants: it is their subreaper). Found through ``/proc/PID/task/TID/children`` from
+    ``root`` down, so the cost follows the desktop's own process count, not the host's: a fork
+    bomb in another desktop (thousands of processes, up to that desktop's pids cap) made every
+    server's scans, and so every desktop's steps, several times slower (issue 30). The
+    kernel's children lists may miss a process forked or re-parented during the walk; the
+    callers that kill re-scan until nothing is left. ``depth``: how many generations below
+    ``root`` to read (``1``: its children only; ``None``: all)."""
+    root = os.getpid() if root is None else root
+    table: dict[int, ProcInfo] = {}
+    stack = [(root, 0)]
+    while stack:
+        pid, level = stack.pop()
+        if pid in table or not _add_stat(table, pid) or level == depth:
+            continue
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                fd = os.open(f"/proc/{pid}/task/{tid}/children", os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                stack.extend((int(c), level + 1) for c in _read_all(fd).split())
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    return table
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _add_stat(table: dict[int, ProcInfo], pid: int) -> bool:
+    """Read ``/proc/PID/stat`` into ``table``; ``False`` when the process is gone."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        raw = os.read(fd, 4096)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    if not raw:
+        return False
+    # "pid (comm) state ppid ...": comm may contain spaces and parentheses.
+    open_paren, close_paren = raw.index(b"("), raw.rindex(b")")
+    rest = raw[close_paren + 2 :].split(b" ", 2)
+    table[pid] = ProcInfo(
+        pid,
+        int(rest[1]),
+        rest[0].decode(),
+        raw[open_paren + 1 : close_paren].decode(errors="replace"),
+    )
+    return True
 
 
 def descendants(root: int, table: dict[int, ProcInfo]) -> set[int]:
@@ -232,7 +278,9 @@ class ProcessTable:
                 if proc.poll() is not None:
                     del self._popens[pid]
             me = os.getpid()
-            for info in process_table().values():
+            # its children only: the reaper runs every second, and a desktop holding thousands
+            # of processes (a fork bomb at its pids cap) made each whole-tree walk cost ~0.1 s
+            for info in own_process_table(me, depth=1).values():
                 if info.ppid == me and info.state == "Z" and info.pid not in self._popens:
                     try:
                         os.waitpid(info.pid, os.WNOHANG)
@@ -244,7 +292,7 @@ class ProcessTable:
     def kill(self, select, *, timeout: float = 3.0) -> set[int]:
         """Kill every process ``select(table)`` returns, again and again until none is left.
 
-        ``select`` maps a fresh :func:`process_table` to the pids to kill (re-evaluated each
+        ``select`` maps a fresh :func:`own_process_table` (this process's subtree) to the pids to kill (re-evaluated each
         round, so children forked meanwhile and orphans re-parented to us are caught).
         Returns the pids that were killed. Raises ``RuntimeError`` naming the survivors
         when some are still alive (or unreaped) after ``timeout`` seconds.
@@ -252,7 +300,7 @@ class ProcessTable:
         killed: set[int] = set()
         deadline = time.monotonic() + timeout
         while True:
-            table = process_table()
+            table = own_process_table()
             pids = set(select(table))
             if not pids:
                 return killed
@@ -263,7 +311,7 @@ class ProcessTable:
             time.sleep(0.003)
             self.reap()
             if time.monotonic() > deadline:
-                table = process_table()
+                table = own_process_table()
                 left = sorted(set(select(table)))
                 if left:
                     names = ", ".join(

@@ -13,7 +13,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .app_windows import window_pids
-from .procs import process_table
+from .limits import RESOURCE_LIMIT
+from .procs import own_process_table
 from .route_params import BadRequest, error_response, param, parse_action, request_params
 from .screen import model_png
 from .server_state import desktop_of
@@ -28,7 +29,7 @@ async def act(request: Request) -> Response:
         await asyncio.sleep(min(float(action.seconds or 0.0), 60.0))
     else:
         await s.x.run(s.perform, action)
-    return JSONResponse({"act_s": time.perf_counter() - t0})
+    return _limit_hit(s) or JSONResponse({"act_s": time.perf_counter() - t0})
 
 
 async def wait(request: Request) -> Response:
@@ -47,7 +48,18 @@ async def wait(request: Request) -> Response:
         result = await s.wait_ready(mode, source, **overrides)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
-    return JSONResponse({"mode": mode, **result.to_json()})
+    return _limit_hit(s) or JSONResponse({"mode": mode, **result.to_json()})
+
+
+def _limit_hit(s) -> Response | None:
+    """HTTP 507, kind ``resource_limit``, when the desktop hit a resource cap since its last
+    reset (:mod:`.limits`): checked where the desktop reports back (after an action, after a
+    wait, so before the evaluation too); the engine records the attempt as a desktop failure
+    of that type and the next reset reverts the sandbox."""
+    cap = s.session.limit_hit()
+    if cap is None:
+        return None
+    return error_response(507, s.session.sandbox.limits.message(cap), RESOURCE_LIMIT)
 
 
 async def observe(request: Request) -> Response:
@@ -119,6 +131,11 @@ async def health(request: Request) -> Response:
             "home": sess.desktop_home,
             "host_home": str(sess.home),
             "sandbox": sess.sandbox.describe() if sess.sandbox is not None else None,
+            "limits": (
+                sess.sandbox.limits.describe()
+                if sess.sandbox is not None and sess.sandbox.limits is not None
+                else None
+            ),
             "session_bus": (
                 {
                     "address": sess.task_env()["DBUS_SESSION_BUS_ADDRESS"],
@@ -142,7 +159,7 @@ async def processes(request: Request) -> Response:
     s = desktop_of(request)
 
     def collect() -> dict:
-        table = process_table()
+        table = own_process_table()
         rows = lambda pids: [  # noqa: E731
             {"pid": pid, "comm": table[pid].comm, "state": table[pid].state}
             for pid in sorted(pids)
@@ -164,7 +181,7 @@ async def windows(request: Request) -> Response:
     app launched since the reset (``/setup/launch``, ``/setup/open_file``, Ctrl+Alt+T), so
     the popup guard takes the window for the app's, never for a popup."""
     s = desktop_of(request)
-    table = await asyncio.to_thread(process_table)
+    table = await asyncio.to_thread(own_process_table)
     launched = s.launched_pids(table)
 
     def collect():

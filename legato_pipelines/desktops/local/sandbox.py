@@ -368,6 +368,9 @@ class Sandbox:
                    host ports): a revert starts it anew (~20 ms)
       spare        keep a clean spare sandbox ready for the next revert
       tmpfs_size   size limit of each of ``/dev/shm``, ``/run``, ``/root`` (tmpfs ``size=``)
+      limits       the desktop's resource caps (:class:`.limits.DesktopLimits`: a cgroup the
+                   sandbox's init and every process entered join before they run anything,
+                   and a size-capped filesystem mounted on ``sandbox/``); ``None``: uncapped
 
     Call it from one thread (the session's X thread); sandboxes are started on a worker thread
     of their own that lives as long as this object (``setpriv --pdeathsig`` fires when the
@@ -382,6 +385,7 @@ class Sandbox:
         forward: dict[int, int] | None = None,
         spare: bool = True,
         tmpfs_size: str = TMPFS_SIZE,
+        limits=None,
     ):
         if forward and network:
             raise SandboxError("forward needs a network namespace of its own (network=False)")
@@ -395,6 +399,7 @@ class Sandbox:
         self.forward = dict(forward or {})
         self.keep_spare = spare
         self.tmpfs_size = tmpfs_size
+        self.limits = limits  # .limits.DesktopLimits | None
         self.home = self.dir / "homes" / SANDBOX_USER
         self._active: _Instance | None = None
         self._spare: Future | None = None
@@ -430,6 +435,13 @@ class Sandbox:
         support = check_support()
         if not support.ok:
             raise SandboxError(support.problem)
+        if self.limits is not None:  # the disk cap: sandbox/ is a size-capped filesystem
+            from .limits import LimitsError
+
+            try:
+                self.limits.setup()
+            except LimitsError as exc:
+                raise SandboxError(str(exc)) from None
         self.dir.mkdir(parents=True, exist_ok=True)
         # 0700: uid 1000 inside is the host's uid 1000, so the host's uid 1000 must find no
         # way into HOME (inside, /home is a mount of homes/: nothing above it is traversed)
@@ -524,6 +536,11 @@ class Sandbox:
     def alive(self) -> bool:
         return self._active is not None and self._active.anchor.poll() is None
 
+    def settle(self) -> None:
+        """Wait until the spare is started (its layers, the dropped sandbox's, are emptied)."""
+        if self._spare is not None:
+            self._spare.exception()
+
     # -- what the session needs ------------------------------------------------------------------
 
     def anchor_pids(self) -> set[int]:
@@ -548,9 +565,10 @@ class Sandbox:
         from . import enter
 
         net = not self.network
-        return enter.enter_argv(
+        argv = enter.enter_argv(
             HOST_PYTHON, self._active.init_pid, CAPS_DROPPED, net, uid, uid, cwd
         )
+        return self.limits.join_argv(argv) if self.limits is not None else argv
 
     def dirty(self) -> list[str]:
         """What the task left that only a revert undoes (:func:`.leftovers.written`: the
@@ -702,6 +720,8 @@ class Sandbox:
         if not self.network:
             argv.append("--net")
         argv += ["--", "sh", "-c", SETUP_SCRIPT]
+        if self.limits is not None:  # the init and all below it in the desktop's cgroup
+            argv = self.limits.join_argv(argv)
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,

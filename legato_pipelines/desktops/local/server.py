@@ -63,6 +63,7 @@ from ...scratch import scratch_dir, sweep
 from . import chrome
 from . import home as home_mod
 from .auth import TokenAuth
+from .limits import Caps, parse_caps
 from .procs import become_subreaper
 from .route_params import error_response
 from .routes_legato import LEGATO_ROUTES
@@ -118,7 +119,12 @@ def build_app(server: DesktopServer, token: str, *, manage_lifecycle: bool = Tru
     @contextlib.asynccontextmanager
     async def lifespan(app):
         if manage_lifecycle:
-            await server.start()
+            try:
+                await server.start()
+            except BaseException:  # what started is stopped: X, the sandbox, its cgroup and disk
+                with contextlib.suppress(Exception):
+                    await server.stop()
+                raise
         try:
             yield
         finally:
@@ -154,6 +160,15 @@ def own_network_forward() -> dict[int, int]:
     finally:
         for sock in socks:
             sock.close()
+
+
+def _limits_arg(text: str) -> Caps | None:
+    try:
+        return parse_caps(json.loads(text))
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(f"not JSON: {text!r}") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -218,6 +233,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         " logged). Unsandboxed desktops are on the host's network",
     )
     parser.add_argument(
+        "--limits",
+        type=_limits_arg,
+        default=Caps(),
+        help="sandboxed desktops' resource caps (limits.py): true (the defaults: memory 4g,"
+        " pids 2048, disk 8g, cpus half the host's, cpu_weight and io_weight 100), a JSON object overriding some,"
+        ' e.g. \'{"pids": 512, "memory": "1g"}\', or false (no caps: a fork bomb or memory'
+        " hog inside then reaches the host)",
+    )
+    parser.add_argument(
         "--ready-source",
         choices=READY_SOURCES,
         default="damage",
@@ -274,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
         sandbox=args.sandbox,
         network=args.network == "host",
         forward=own_network_forward() if args.network == "own" else None,
+        limits=args.limits if args.sandbox else None,
     )
     server = DesktopServer(
         session, remove_state=own_state or args.remove_state, ready_source=args.ready_source

@@ -29,7 +29,7 @@ from . import apps
 from .app_windows import is_main_window, owners_known, window_pids
 from .keymap import KeyboardState, keyboard_state, restore_keyboard
 from .prepared_obs import PreparedObservations
-from .procs import descendants, process_table
+from .procs import descendants, own_process_table
 from .session import Session
 from .wire import READY_SOURCES  # damage (poll where the X server has no DAMAGE) | poll
 from .xstate import XState, restore, snapshot
@@ -256,7 +256,7 @@ class DesktopServer:
             for app in list(self.launched.values())
         ):
             return []
-        table = await asyncio.to_thread(process_table)
+        table = await asyncio.to_thread(own_process_table)
         self.launched_pids(table)
         waiting = [
             app
@@ -318,7 +318,7 @@ class DesktopServer:
         while proc.poll() is None and time.monotonic() < t0 + LAUNCH_CHECK_S:
             await asyncio.sleep(0.005)
             if time.monotonic() >= t0 + LAUNCH_SETTLED_S:
-                table = await asyncio.to_thread(process_table)
+                table = await asyncio.to_thread(own_process_table)
                 live = {p for p in descendants(proc.pid, table) if table[p].state != "Z"}
                 if len(live & seen) > wrappers:
                     return None
@@ -328,7 +328,7 @@ class DesktopServer:
             return None
         if proc.returncode != 0:
             return proc.returncode
-        table = await asyncio.to_thread(process_table)
+        table = await asyncio.to_thread(own_process_table)
         left = {p for p in self.session.task_pids(table) if table[p].state != "Z"}
         return 0 if not left - before - {proc.pid} else None
 
@@ -353,7 +353,7 @@ class DesktopServer:
             return ""
 
     def heavy_app_running(self) -> bool:
-        table = process_table()
+        table = own_process_table()
         return any(
             table[pid].comm in HEAVY_APPS for pid in self.session.task_pids(table) if pid in table
         )
@@ -406,6 +406,8 @@ class DesktopServer:
             return False
         session = self.session
         if session.sandbox is not None and not session.sandbox.alive():
+            return False
+        if session.limit_hit() is not None:  # the reset must revert the sandbox
             return False
         if session.bus is not None and not session.bus.alive():
             return False

@@ -39,7 +39,7 @@ from pathlib import Path
 from . import accessibility, app_profiles, chrome, dbus_session
 from . import home as home_mod
 from .leftovers import empty_dir
-from .procs import ProcessTable, RunAs, descendants, process_table
+from .procs import ProcessTable, RunAs, descendants, own_process_table
 from .sandbox import SANDBOX_HOME, SANDBOX_UID, SANDBOX_USER, Sandbox, SandboxError
 
 log = logging.getLogger(__name__)
@@ -140,6 +140,8 @@ class Session:
       network        sandboxed only: ``True`` the host's network, ``False`` none (own loopback)
       forward        sandboxed with ``network=False``: ``{port inside: host port}`` forwarded by
                      ``pasta``, which also gives the namespace a route out (:class:`.Sandbox`)
+      limits         sandboxed only: the desktop's resource caps (:class:`.limits.Caps`: a
+                     cgroup and a size-capped disk, :mod:`.limits`); ``None``: uncapped
     """
 
     def __init__(
@@ -154,6 +156,7 @@ class Session:
         sandbox: bool = True,
         network: bool = True,
         forward: dict[int, int] | None = None,
+        limits=None,
     ):
         #: the profiles were asked for (a build that fails is then an error, not a warning)
         self.prebuild_asked = prebuild is not None
@@ -178,7 +181,13 @@ class Session:
             raise SessionError("network=none needs the sandbox (sandbox=true)")
         if sandbox:
             try:
-                self.sandbox = Sandbox(self.state, network=network, forward=forward)
+                capped = None
+                if limits is not None:
+                    from .limits import DesktopLimits
+
+                    name = f"{self.state.name}-{os.getpid()}"
+                    capped = DesktopLimits(limits, name, self.state / "sandbox")
+                self.sandbox = Sandbox(self.state, network=network, forward=forward, limits=capped)
             except SandboxError as exc:
                 raise SessionError(str(exc)) from None
             self.user, self.uid, self.gid = SANDBOX_USER, SANDBOX_UID, SANDBOX_UID
@@ -502,9 +511,28 @@ class Session:
         """Kill every process of the desktop (tasks and infrastructure)."""
         me = os.getpid()
         self.stop_x()
-        if self.sandbox is not None:
-            self.sandbox.close()
-        self.procs.kill(lambda table: descendants(me, table))
+        try:
+            if self.sandbox is not None:
+                self.sandbox.close()
+            self.procs.kill(lambda table: descendants(me, table))
+        finally:  # the disk image and the cgroup go whatever survived (they cannot be reused)
+            if self.sandbox is not None and self.sandbox.limits is not None:
+                self.sandbox.limits.close()
+
+    def limit_hit(self) -> str | None:
+        """The resource cap the desktop hit since its last reset (``pids``, ``memory``,
+        ``disk``; :meth:`.limits.DesktopLimits.check`), else ``None`` (also when uncapped)."""
+        if self.sandbox is None or self.sandbox.limits is None:
+            return None
+        return self.sandbox.limits.check()
+
+    def _after_limit_hit(self, cap: str | None) -> None:
+        """A reset done: when ``cap`` was hit, wait until the dropped sandbox's layers are
+        emptied (the disk's space is back); count hits from now on."""
+        if self.sandbox is not None and self.sandbox.limits is not None:
+            if cap is not None:
+                self.sandbox.settle()
+            self.sandbox.limits.rebase()
 
     # -- the task's processes ---------------------------------------------------------------
 
@@ -521,7 +549,7 @@ class Session:
 
     def task_pids(self, table=None) -> set[int]:
         """Every process of the task: the server's descendants minus the infrastructure."""
-        table = table if table is not None else process_table()
+        table = table if table is not None else own_process_table()
         return descendants(os.getpid(), table) - self.infra_pids(table)
 
     def kill_task_processes(self) -> int:
@@ -544,14 +572,19 @@ class Session:
         anything else outside HOME (:meth:`.Sandbox.dirty`: a non-empty overlay upper layer,
         a file under ``/root``, a System V semaphore...) or the sandbox died, the sandbox is
         reverted instead: ``reverted`` lists what was left (``etc/x``, ...) and ``revert_s``
-        what it cost.
+        what it cost. A desktop that hit a resource cap (:meth:`limit_hit`) is reverted first
+        of all (``reverted``: ``(resource cap hit: pids)``): dropping the pid namespace ends a
+        fork bomb at once, where killing its processes one by one races its forks.
         """
         t0 = time.perf_counter()
+        detail: dict = {}
+        cap = self.limit_hit()
+        if cap is not None:  # first drop the sandbox: a fork bomb outruns killing one by one
+            detail = {"reverted": [f"(resource cap hit: {cap})"], **self._revert_sandbox()}
         killed = self.kill_task_processes()  # with what the bus activated (dconf-service, ...)
         self._stop_bus()
         t1 = time.perf_counter()
-        detail: dict = {}
-        if self.sandbox is not None:
+        if self.sandbox is not None and cap is None:
             dirty = self.sandbox.dirty()
             if dirty or not self.sandbox.alive():
                 detail = {"reverted": dirty or ["(sandbox exited)"]}
@@ -560,6 +593,7 @@ class Session:
                 self.sandbox.clear_shared()
         t2 = time.perf_counter()
         self._restore_files()
+        self._after_limit_hit(cap)
         t3 = time.perf_counter()
         detail |= self._start_bus()
         return {"kill_s": t1 - t0, "restore_s": t3 - t2, "killed": killed, **detail}
@@ -567,6 +601,7 @@ class Session:
     def full_reset(self) -> dict[str, float]:
         """Restart Xvfb and openbox too, and start a clean sandbox (the local snapshot revert)."""
         t0 = time.perf_counter()
+        cap = self.limit_hit()
         self._stop_bus()
         self.stop_x()
         if self.sandbox is not None:
@@ -576,6 +611,7 @@ class Session:
         t1 = time.perf_counter()
         self.start_x()
         self._start_sandbox()
+        self._after_limit_hit(cap)
         self._start_bus()
         t2 = time.perf_counter()
         return {"kill_restore_s": t1 - t0, "restart_s": t2 - t1, "killed": killed}
