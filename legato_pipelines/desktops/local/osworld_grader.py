@@ -137,6 +137,7 @@ class OSWorldGrader:
         self._next: asyncio.Task | None = None
         self._retiring: set[asyncio.Task] = set()  # workers being stopped (:meth:`_retire`)
         self._used = False  # the worker ran a setup: it serves no other attempt
+        self._task_config: dict[str, Any] | None = None  # the last setup's, for re-evaluation
         #: seconds of the last setup / evaluation inside the worker (DesktopEnv's own work)
         self.last_setup_s: float | None = None
         self.last_eval_s: float | None = None
@@ -241,6 +242,7 @@ class OSWorldGrader:
         task_config = {**task.config, "id": task.task_id}
         if not task.evaluator:  # DesktopEnv needs one to set up; LocalDesktop grades it not
             task_config["evaluator"] = {"func": "infeasible"}
+        self._task_config = task_config
         self._used = True
         try:
             answer = await self.worker.call("setup", timeout, task_config=task_config)
@@ -254,9 +256,24 @@ class OSWorldGrader:
     async def evaluate(self, *, last_action_fail: bool, timeout: float) -> Evaluation:
         """``DesktopEnv.evaluate()`` for the task of the last :meth:`setup`: an evaluator
         exception is a reward 0 with its reason; ``notes`` are facts about the files compared.
-        The worker is retired afterwards, whatever happened (:meth:`_retire`)."""
+        The worker is retired afterwards, whatever happened (:meth:`_retire`): a second
+        evaluation of the same attempt (no setup in between) runs in a fresh worker that loads
+        the task without setting it up again (op ``load_task``)."""
+        if not self.alive() and self._task_config is not None:
+            await self._take_next()
+            if not self.alive():
+                await self.start()
+            try:
+                await self.worker.call("load_task", START_TIMEOUT_S, task_config=self._task_config)
+            except BaseException:
+                self._retire()
+                raise
+            self._prepare_next()
         if not self.alive():
-            raise DesktopError(f"{self.name}: the OSWorld grader is not running", kind="evaluator")
+            raise DesktopError(
+                f"{self.name}: the OSWorld grader is not running (no task was set up on it)",
+                kind="evaluator",
+            )
         try:
             result = await self.worker.call("evaluate", timeout, last_action_fail=last_action_fail)
         finally:

@@ -776,6 +776,31 @@ class Worker:
             "setup_failures": list(self.facts.failures) if self.facts is not None else [],
         }
 
+    def load_task(self, req: dict) -> dict:
+        """The task of an attempt that another worker set up, without running its setup
+        (op ``load_task``): DesktopEnv's task and evaluator info (``_set_task_info``) and its
+        setup controller's cache folder, as ``DesktopEnv.reset`` sets them before the setup
+        steps. A local desktop's grader grades once per worker (docs/sandbox.md §6), so a
+        second ``evaluate`` of the same attempt runs in a fresh worker that loads the task
+        this way. ``{}``; raises ``WorkerError("protocol")`` for a task object without ``id``
+        and ``WorkerError("setup")`` for an evaluator DesktopEnv cannot resolve."""
+        env = self._env()
+        task = req.get("task_config")
+        if not isinstance(task, dict) or "id" not in task:
+            raise WorkerError(
+                "protocol", "load_task: task_config must be an OSWorld task object with an 'id'"
+            )
+        check_evaluator(task)
+        try:
+            env._set_task_info(task)
+            env.setup_controller.reset_cache_dir(env.cache_dir)
+        except Exception as exc:
+            raise WorkerError("setup", f"task load failed: {_describe(exc)}") from None
+        env.action_history.clear()
+        env.is_environment_used = False
+        self._watch_metrics()
+        return {}
+
     def _fast_clean(self, kill: list[str]) -> dict:
         """Kill the task's apps, verify, restore the clean HOME. Raises ``WorkerError`` if not clean."""
         if not self._vm_fast_reset():  # the local desktop server's own /legato/reset fast path
@@ -963,6 +988,7 @@ OPS = (
     "start",
     "reset",
     "setup",
+    "load_task",
     "observe",
     "step",
     "evaluate",
