@@ -8,6 +8,9 @@
     │                          server does not serve the version (quotes the server's answer)
     ├── PolicyError            a model call failed after its retries (record: error kind "policy")
     │   ├── PolicyTimeout      the hard per-call deadline (step_timeout) passed
+    │   ├── ContextLengthError the prompt outgrew the context (record: status "truncated")
+    │   ├── PolicyRequestError a 400 for what one request carries, after the batch's requests
+    │   │                      had worked (record: error kind "request"; the batch goes on)
     │   └── PolicyConfigError  400/401/403/404: the batch cannot work; fail fast (also a ConfigError)
     │       └── ImageLimitError  "At most N image(s) ..." from vLLM
     └── DesktopError           a desktop failed (record: status "retried", or error kind "env")
@@ -90,6 +93,14 @@ class ContextLengthError(PolicyError):
     the prompt grew with the attempt, so that attempt ends as ``truncated`` (reason recorded)
     and the batch goes on. Fix: lower ``--image-max`` or ``--max-tokens``, or raise the
     server's ``--max-model-len`` / ``--context-length``."""
+
+
+class PolicyRequestError(PolicyError):
+    """The server refused one request (HTTP 400) for what it carries (its prompt: an earlier
+    answer of the attempt, a screenshot), not for the batch's settings: other requests of the
+    batch, with the same settings, were answered. The attempt that made it ends with status
+    ``error`` and ``error.kind == "request"`` (the server's words in the message); its desktop
+    and the batch go on (issue 31)."""
 
 
 class PolicyConfigError(PolicyError, ConfigError):

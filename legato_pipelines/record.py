@@ -50,7 +50,7 @@ CANCELLED = "cancelled"  # its group closed while it ran; stopped at its next st
 SKIPPED = "skipped"  # its group was full before it started
 SURPLUS = "surplus"  # finished (graded) after its group had closed
 RETRIED = "retried"  # a desktop failure; a new execution of the same logical attempt follows
-ERROR = "error"  # error.kind "policy" (model call failed after retries) or "env" (desktop, no retries left)
+ERROR = "error"  # error.kind "policy" / "request" / "config" (the model call) or "env" (desktop)
 
 STATUSES: tuple[str, ...] = (OK, TRUNCATED, CANCELLED, SKIPPED, SURPLUS, RETRIED, ERROR)
 """Every status, in the order reports list them."""
@@ -62,6 +62,13 @@ Status = Literal["ok", "truncated", "cancelled", "skipped", "surplus", "retried"
 # error.kind
 POLICY = "policy"  # the model call failed after its re-tries
 ENV = "env"  # the desktop failed (status retried, or error when env_retries are used up)
+REQUEST = (
+    "request"  # the server refused this attempt's request (a 400 for its prompt); batch goes on
+)
+CONFIG = (
+    "config"  # the server refused the batch's settings (401, 404, the image limit...) mid-batch:
+)
+# the attempt is recorded with its steps, then the batch stops
 
 PHASES: tuple[str, ...] = ("queue", "reset", "policy", "act", "wait", "obs", "eval")
 """Timing phases of a record (``timing.<phase>_s``), in the order an attempt runs them."""
@@ -88,9 +95,11 @@ def is_final(status: str | None) -> bool:
     return status in FINAL_FOR_TRAINING
 
 
-RERUN_ON_RESUME: frozenset[str] = frozenset({POLICY, ENV})
+RERUN_ON_RESUME: frozenset[str] = frozenset({POLICY, ENV, CONFIG})
 """``error.kind`` of the ``error`` records a resume re-runs when their group has not closed (a
-policy-server outage, a desktop lost for good): a new execution of the same logical attempt."""
+policy-server outage, a desktop lost for good, a setting the server refused mid-batch and that
+was fixed since): a new execution of the same logical attempt. ``request`` errors are not
+re-run: the server refused what that attempt's own prompt carried."""
 
 
 def superseded(records: Iterable[Any]) -> list[bool]:
@@ -184,15 +193,20 @@ class PolicyRef(_Format):
     the policy version; written only when the batch was given a load mode
     (``legato_pipelines.policy.loading``): ``load`` (``none`` | ``lora`` | ``weights`` |
     ``external``), ``checkpoint`` (the version's folder) and ``fingerprint``
-    (``sha256:<hex>`` of its file sizes and config/index files)."""
+    (``sha256:<hex>`` of its file sizes and config/index files); ``cache_salt`` (written when
+    sent): the ``cache_salt`` every request of the batch carried, derived from the
+    fingerprint, so that the server's prefix cache never served KV of other weights."""
 
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"load", "checkpoint", "fingerprint"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset(
+        {"load", "checkpoint", "fingerprint", "cache_salt"}
+    )
 
     model: str | None = None
     version: str | None = None
     load: str | None = None
     checkpoint: str | None = None
     fingerprint: str | None = None
+    cache_salt: str | None = None
 
 
 class Timing(_Format):
@@ -284,7 +298,8 @@ class Reset(_Format):
 
 
 class ErrorInfo(_Format):
-    """Why an execution failed: ``kind`` ``policy`` | ``env``; ``type`` (the exception class, or
+    """Why an execution failed: ``kind`` ``policy`` | ``request`` | ``config`` | ``env``
+    (:data:`POLICY`, :data:`REQUEST`, :data:`CONFIG`, :data:`ENV`); ``type`` (the exception class, or
     the desktop error kind); ``phase`` where it happened; ``attempts`` (policy errors only):
     HTTP requests made for the failed call."""
 
@@ -299,7 +314,11 @@ class ErrorInfo(_Format):
 
 class StepResponse(_Format):
     """What the model produced at one step: text, reasoning, token ids, logprobs (one per
-    token), token strings (only when there are no ids), finish reason."""
+    token), token strings (only when there are no ids), finish reason; ``tool_calls`` (written
+    only when the server sent some: its tool-call parser took the call out of the text) as the
+    server sent them."""
+
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"tool_calls"})
 
     content: str | None = None
     reasoning: str | None = None
@@ -307,6 +326,7 @@ class StepResponse(_Format):
     logprobs: Logprobs = None
     tokens: Tokens = None
     finish_reason: str | None = None
+    tool_calls: Annotated[list[dict[str, Any]] | None, SkipValidation] = None
 
 
 class ModelCall(_Format):
@@ -362,9 +382,18 @@ class Step(_Format):
     ``response``, ``model`` (call numbers), the parsed ``action_text`` / ``parse_error``, the
     executed ``actions``, ``obs_s`` [s] to take the screenshot, ``observation`` (its image sha);
     ``prompt_ids`` (written only when the server returned the prompt's token ids): those ids,
-    encoded against the previous step's (:func:`encode_prompt_ids`)."""
+    encoded against the previous step's (:func:`encode_prompt_ids`). Written only when they
+    apply (issue 31): ``seed``, the request's own sampling seed (``PolicyConfig.request_seed``;
+    absent: no seed sent); ``answer_field``, where the parsed answer was read when it was not
+    ``content`` (``reasoning``: a reasoning parser took it all; ``tool_calls`` /
+    ``content+tool_calls``: a tool-call parser took the call out of the text; ``None``: empty);
+    ``truncated``, why the output was cut (``max_tokens``: it reached ``max_tokens``;
+    ``context_length``: the server shortened it to fit its context, HTTP 200 with
+    ``finish_reason: length``, which ends the attempt as ``truncated``)."""
 
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"prompt_ids"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset(
+        {"prompt_ids", "seed", "answer_field", "truncated"}
+    )
 
     step: int
     request: list[str] = Field(default_factory=list)
@@ -376,6 +405,9 @@ class Step(_Format):
     obs_s: Seconds | None = None
     observation: str | None = None
     prompt_ids: Annotated[dict[str, Any] | None, SkipValidation] = None
+    seed: int | None = None
+    answer_field: str | None = None
+    truncated: str | None = None
 
 
 class Record(_Format):
@@ -433,7 +465,8 @@ class Record(_Format):
 
     @property
     def error_kind(self) -> str | None:
-        """``policy`` | ``env`` when the execution failed, else ``None``."""
+        """``policy`` | ``request`` | ``config`` | ``env`` when the execution failed, else
+        ``None``."""
         return self.error.kind if self.error is not None else None
 
     @property

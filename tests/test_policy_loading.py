@@ -89,7 +89,10 @@ def test_lora_each_version_loaded_before_collecting_and_serves_every_request(
                     "load": "lora",
                     "checkpoint": str(path.resolve()),
                     "fingerprint": entry["fingerprint"],
+                    "cache_salt": entry["cache_salt"],
                 }
+            # every request carried the checkpoint's salt (no cache of other weights)
+            assert {r.cache_salt for r in server.chat_requests[before:]} == {entry["cache_salt"]}
         # The adapter was loaded before the first chat request of its run.
         assert [name for _, name, _ in server.loads] == ["step-1", "step-2"]
 

@@ -14,6 +14,7 @@ from legato_pipelines.policy.scripted import Faults, ScriptedPolicyServer
 KEYS = {
     "reachable", "model_listed", "logprobs", "token_ids", "token_ids_source", "cached_tokens_reported",
     "max_images_ok", "reasoning_field", "latency_s", "usable_for_rl", "notes",
+    "cache_block_size", "cached_tokens", "answer_field",
 }  # fmt: skip
 
 

@@ -193,7 +193,10 @@ def test_nan_reward_is_an_evaluator_error_never_a_sample(tmp_path):
     assert "NaN" not in raw
     rows = _samples(tmp_path / "run", tmp_path)
     assert {r["attempt"] for r in rows} == {0}  # only the validly graded attempt trains
-    assert all(r["reward"] == 1.0 and r["advantage"] == 0.0 and r["reward_valid"] for r in rows)
+    assert all(r["reward"] == 1.0 and r["reward_valid"] for r in rows)
+    # 1 graded attempt of a group of 4: marked incomplete, no advantage from part of a group
+    assert all(r["advantage"] is None and r["group_complete"] is False for r in rows)
+    assert {(r["group_size"], r["group_size_expected"]) for r in rows} == {(1, 4)}
     assert summary["success_rate"] == 1.0 and summary["graded"] == 1
     assert summary["quality"]["invalid_rewards"] == 6  # 3 attempts x (1 + env_retries 1)
     assert profile(tmp_path / "run")["success_rate"] == 1.0
@@ -290,16 +293,20 @@ def test_sampling_settings_are_the_runs_identity(tmp_path):
         summary = collect(load_tasks(fake_tasks(1)), policy, run, desktops=1, desktop=_fake(),
                           group=1, max_steps=2)  # fmt: skip
         body = orjson.loads(server.chat_requests[0].body)
+        # each request its own seed, derived from the run's (issue 31)
+        first_seed = policy.request_seed("fake-000", "fake-000", 0, 0)
         assert (body["temperature"], body["top_p"], body["max_tokens"], body["seed"]) == (
-            0.6, 0.9, 512, 7,
+            0.6, 0.9, 512, first_seed,
         )  # fmt: skip
         sampling = {"temperature": 0.6, "top_p": 0.9, "max_tokens": 512, "seed": 7,
-                    "logprobs_mode": None}  # fmt: skip
+                    "seeds": "per_step", "logprobs_mode": None}  # fmt: skip
         assert json.loads((run / "run.json").read_text())["sampling"] == sampling
         assert summary["sampling"] == sampling
         rows = _samples(run, tmp_path)
-        assert {(r["temperature"], r["top_p"], r["max_tokens"], r["sampling_seed"]) for r in rows} \
-            == {(0.6, 0.9, 512, 7)}  # fmt: skip
+        assert {(r["temperature"], r["top_p"], r["max_tokens"]) for r in rows} == {(0.6, 0.9, 512)}
+        assert [r["sampling_seed"] for r in rows] == [
+            policy.request_seed("fake-000", "fake-000", 0, step) for step in range(len(rows))
+        ]  # the seed each step's request carried
         with pytest.raises(ResumeError, match="temperature 0.6.*--temperature"):
             collect(load_tasks(fake_tasks(1)), _policy(server, top_p=0.9, max_tokens=512,
                     sampling_seed=7), run, desktops=1, desktop=_fake(), group=1, max_steps=2)  # fmt: skip
@@ -336,8 +343,11 @@ def test_collect_cli_has_sampling_flags(tmp_path):
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 0, result.output
         body = orjson.loads(server.chat_requests[0].body)
+    seed = PolicyConfig(base_url=server.url, model="m", sampling_seed=3).request_seed(
+        "fake-000", "fake-000", 0, 0
+    )
     assert (body["temperature"], body["top_p"], body["max_tokens"], body["seed"]) == (
-        0.6, 0.9, 300, 3,
+        0.6, 0.9, 300, seed,
     )  # fmt: skip
     meta = json.loads((tmp_path / "run" / "run.json").read_text())
     assert meta["sampling"]["temperature"] == 0.6 and meta["sampling"]["seed"] == 3

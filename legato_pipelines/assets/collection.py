@@ -19,7 +19,14 @@ A batch whose groups did not all close (attempts ended in error: a policy-server
 desktops lost) fails the asset with ``dagster.Failure`` saying how many groups are incomplete
 and the errors by kind, as ``legato collect`` exits 1: the records are kept, and materializing
 the partition again resumes it, re-running those attempts.
+
+A partition deleted while it is being collected ends the step without a materialization and
+without a stack trace: the records stay in the run directory, the run's log says so and names
+``legato lake drop VERSION``, its tag ``legato/partition`` is ``deleted mid-run``, and the
+run's later steps (the lake tables) are skipped.
 """
+
+from collections.abc import Iterator
 
 import dagster as dg
 
@@ -30,7 +37,7 @@ from ..rollout.profile import incomplete_message
 from .advice import in_dagster
 from .config import CollectConfig
 from .metadata import counts_markdown, number
-from .partitions import partition_version, policy_versions
+from .partitions import deleted_message, partition_version, policy_versions
 
 COLLECTION_POOL = "legato_collection"
 GROUP = "legato"
@@ -40,6 +47,8 @@ CHECKPOINT_TAG = "legato/checkpoint"
 """Run tag naming the version's checkpoint folder (set by the checkpoint sensor)."""
 LOAD_TAG = "legato/load"
 LOAD_ERROR_TAG = "legato/load_error"
+PARTITION_TAG = "legato/partition"
+"""Run tag set to ``deleted mid-run`` when the partition was deleted while collecting."""
 _LOAD_DONE = {"none": "not checked", "lora": "loaded", "weights": "loaded", "external": "verified"}
 
 
@@ -49,6 +58,7 @@ _LOAD_DONE = {"none": "not checked", "lora": "loaded", "weights": "loaded", "ext
     group_name=GROUP,
     kinds={"python"},
     description="One collected batch for a policy version: graded attempts in the partition's run directory.",
+    output_required=False,  # none when the partition was deleted mid-run (module doc)
 )
 def rollout_batch(
     context: dg.AssetExecutionContext,
@@ -56,13 +66,15 @@ def rollout_batch(
     policy: PolicyResource,
     desktops: DesktopPoolResource,
     lake: LakeResource,
-) -> dg.MaterializeResult:
+) -> Iterator[dg.MaterializeResult]:
     """Collect ``config.group`` attempts per task of ``config.tasks`` with the policy at version
     ``partition_key``. Raises the engine's ``ConfigError``/``PolicyConfigError`` (bad task list,
     wrong URL or model, no LEGATO_POLICY_URL) before any desktop starts; every engine error's
     message also names the Dagster setting to change (:mod:`.advice`). Raises
     ``dagster.Failure`` after the batch when groups are left open by errors (materializing the
-    partition again resumes them)."""
+    partition again resumes them). Yields its materialization, or nothing when the partition
+    was deleted while collecting (the records are kept; the log says so and names
+    ``legato lake drop``)."""
     version = partition_version(context)  # checked first: it names folders and adapters
     with in_dagster("rollout_batch run config"):
         settings = config.settings(desktops=desktops.count())
@@ -110,6 +122,16 @@ def rollout_batch(
         raise
     finally:
         store.push_run(version)  # a URL lake: upload what was collected, even after a failure
+    gone = deleted_message(
+        context,
+        version,
+        f"What was collected is kept: {summary.get('records', 0)} records in "
+        f"{store.run_location(version)}; nothing was written to the lake's tables.",
+    )
+    if gone:  # Dagster cannot store a materialization of a deleted partition: none, no trace
+        context.log.error(gone)
+        context.instance.add_run_tags(context.run.run_id, {PARTITION_TAG: "deleted mid-run"})
+        return
     served = _served(run_dir)
     context.instance.add_run_tags(
         context.run.run_id, {LOAD_TAG: f"{load.mode}: {_LOAD_DONE[load.mode]}"}
@@ -145,7 +167,7 @@ def rollout_batch(
             ),
             metadata=metadata | {"incomplete": dg.MetadataValue.json(summary["incomplete"])},
         )
-    return dg.MaterializeResult(metadata=metadata)
+    yield dg.MaterializeResult(metadata=metadata)
 
 
 def _served(run_dir) -> dict:

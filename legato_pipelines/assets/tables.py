@@ -21,6 +21,7 @@ from pydantic import Field
 from .. import export_steps, profile
 from ..errors import ConfigError
 from ..resources import LakeResource
+from ..store.export import incomplete_groups
 from ..store.lake import Lake
 from ..store.lake_tables import Lineage, profile_table, rollouts_table, samples_table, steps_table
 from ..store.rundir import SUMMARY, read_meta, read_typed_records
@@ -29,7 +30,7 @@ from .charts import markdown_image, success_by_task, success_chart, time_share_c
 from .collection import GROUP, rollout_batch
 from .insight import across_versions_metadata, report_metadata, training_signal
 from .metadata import counts_markdown, number, table_metadata
-from .partitions import partition_version, policy_versions
+from .partitions import partition_version, policy_versions, require_partition
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,15 @@ class Batch:
 
     run_dir: Path
     lineage: Lineage
+
+
+def _not_written(context: dg.AssetExecutionContext, lake: Lake, version: str) -> None:
+    """Fail before writing when the partition was deleted mid-run (:func:`require_partition`)."""
+    require_partition(
+        context,
+        version,
+        f"Nothing was written by this step; the run directory {lake.run_location(version)} is kept.",
+    )
 
 
 def find_batch(instance: dg.DagsterInstance, version: str, lake: Lake, run_id: str) -> Batch:
@@ -85,6 +95,7 @@ def rollouts(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.Materi
     records = read_typed_records(batch.run_dir)
     table = rollouts_table(records, batch.lineage)
     steps = steps_table(records, batch.lineage)
+    _not_written(context, store, batch.lineage.policy_version)
     path = store.write("rollouts", batch.lineage.policy_version, table)
     steps_path = store.write("steps", batch.lineage.policy_version, steps)
     store.refresh_views()
@@ -124,7 +135,7 @@ class SamplesConfig(dg.Config):
     group_name=GROUP,
     kinds={"parquet", "duckdb"},
     check_specs=[checks.LOGPROBS_COVERAGE, checks.ADVANTAGES_CENTERED],
-    description="Lake table `samples`: one training row per step of ok/truncated rollouts (token ids, logprobs, reward, GRPO advantage).",
+    description="Lake table `samples`: one training row per step of ok/truncated rollouts (token ids, logprobs, reward, GRPO advantage; null with group_complete false for a group short of attempts).",
 )
 def training_samples(
     context: dg.AssetExecutionContext, config: SamplesConfig, lake: LakeResource
@@ -133,6 +144,7 @@ def training_samples(
     batch = find_batch(context.instance, partition_version(context), store, context.run.run_id)
     collected_by = {r.rollout_id: r.collected_by for r in read_typed_records(batch.run_dir)}
     table = samples_table(export_steps(batch.run_dir), batch.lineage, collected_by)
+    _not_written(context, store, batch.lineage.policy_version)
     path = store.write("samples", batch.lineage.policy_version, table)
     store.refresh_views()
     with_logprobs = sum(1 for v in table.column("response_logprobs").to_pylist() if v)
@@ -152,6 +164,8 @@ def training_samples(
                 ],
             ),
             "rollouts": len(set(table.column("rollout_id").to_pylist())),
+            # groups with fewer graded attempts than collected for: no advantage in their rows
+            "incomplete_groups": incomplete_groups(table),
             "logprobs_share": number(with_logprobs / table.num_rows if table.num_rows else None),
             **training_signal(read_typed_records(batch.run_dir), table),
             "duckdb": dg.MetadataValue.path(str(store.duckdb_path)),
@@ -178,6 +192,7 @@ def profile_summary(context: dg.AssetExecutionContext, lake: LakeResource) -> dg
     summary = _summary(batch)
     table = profile_table(summary, batch.lineage)
     version = batch.lineage.policy_version
+    _not_written(context, store, version)
     path = store.write("profile", version, table)
     store.refresh_views()
     time_share = summary.get("time_share") or {}

@@ -342,9 +342,12 @@ def export_command(
         bool, typer.Option("--inline-images", help="Images as data URLs instead of refs.")
     ] = False,
 ) -> None:
-    """Write one row per step of every ok/truncated rollout, with rewards and advantages."""
+    """Write one row per step of every ok/truncated rollout, with rewards and advantages.
+
+    Groups with fewer graded attempts than the run collected them for are written with
+    group_complete false and no advantage; the count is printed."""
     from ..errors import LegatoError
-    from ..store.export import export_steps, write_table
+    from ..store.export import export_steps, incomplete_groups, write_table
 
     try:
         table = export_steps(run_dir, inline_images=inline_images)
@@ -356,6 +359,14 @@ def export_command(
             f"--out {out}: {exc.strerror or exc} (fix: a writable file path ending in .parquet or .jsonl)"
         )
     console.print(f"wrote {table.num_rows} steps to [bold]{path}[/]")
+    incomplete = incomplete_groups(table)
+    if incomplete:
+        groups = len(set(table.column("group_id").to_pylist()))
+        console.print(
+            f"[yellow]warning:[/] {incomplete} of {groups} groups are incomplete (fewer graded "
+            "attempts than the run's group size): their rows have group_complete false and no "
+            "advantage (keep `WHERE group_complete`, or resume the run to complete them)"
+        )
 
 
 @app.command("profile")
@@ -424,7 +435,9 @@ def print_profile(summary: dict) -> None:
     table.add_row("retried / hung calls", f"{summary['retried_calls']} / {summary['hung_calls']}")
     table.add_row(
         "errors",
-        f"policy {summary['policy_errors']}  env {summary['env_errors']}  (desktop failures {summary['env_failures']})",
+        f"policy {summary['policy_errors']}  request {summary.get('request_errors', 0)}  "
+        f"config {summary.get('config_errors', 0)}  env {summary['env_errors']}  "
+        f"(desktop failures {summary['env_failures']})",
     )
     kinds = summary.get("env_failure_kinds") or {}
     if kinds:

@@ -1,10 +1,12 @@
-"""``legato lake query SQL``, ``legato lake views``: the DuckDB read layer from the shell.
+"""``legato lake query SQL``, ``legato lake views``, ``legato lake drop VERSION``: the DuckDB
+read layer from the shell, and removing a version from the lake.
 
 The lake root is ``--lake``, else ``$LEGATO_LAKE``, else the lake ``legato demo`` writes:
 ``<instance dir>/lake``, the instance being ``$DAGSTER_HOME``, else the repository root of a
 source checkout, else ``./.dagster_home`` (:func:`legato_pipelines.cli.demo.default_lake`),
 whatever the current directory. The DuckDB file is opened read-only, so queries run while
-partitions materialize.
+partitions materialize; when another process holds it read-write, the error names that
+process and ``--parquet`` queries the same views over the Parquet files without the file.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from .console import console, fail
 from .root import app
 
 lake_app = typer.Typer(
-    help="Query the Parquet lake through its DuckDB views (read-only).", no_args_is_help=True
+    help="Query the Parquet lake through its DuckDB views (read-only); drop a version.",
+    no_args_is_help=True,
 )
 app.add_typer(lake_app, name="lake")
 
@@ -58,14 +61,24 @@ def query_command(
     limit: Annotated[
         int, typer.Option("--limit", help="Rows shown at most (the table view).")
     ] = 50,
+    parquet: Annotated[
+        bool,
+        typer.Option(
+            "--parquet",
+            help="Query the Parquet files directly (the same views, in memory) instead of "
+            "legato.duckdb: works while another process holds that file or before it exists.",
+        ),
+    ] = False,
 ) -> None:
     """Run SQL on the lake's DuckDB views and print the result."""
     import duckdb
 
+    from ..errors import LegatoError
+
     store = _lake(lake)
     try:
-        result = store.query(sql)
-    except FileNotFoundError as exc:
+        result = store.query(sql, parquet=parquet)
+    except (FileNotFoundError, LegatoError) as exc:
         fail(str(exc))
     except duckdb.Error as exc:
         fail(str(exc))
@@ -99,3 +112,44 @@ def views_command(lake: LakeOption = None) -> None:
             ", ".join(versions[:10]) + (f" (+{len(versions) - 10})" if len(versions) > 10 else ""),
         )
     console.print(table)
+
+
+@lake_app.command("drop")
+def drop_command(
+    version: Annotated[str, typer.Argument(help="The policy version (partition key) to remove.")],
+    lake: LakeOption = None,
+    run: Annotated[
+        bool,
+        typer.Option(
+            "--run", help="Also remove its run directory (the records the tables were built from)."
+        ),
+    ] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Remove a policy version from the lake (partitions, charts; --run: run directory)."""
+    from ..errors import LegatoError
+    from ..store.lake import RECORDS_FILE, RUNS_DIR, TABLES
+
+    store = _lake(lake)
+    try:
+        held = [t for t in TABLES if version in store.versions(t)]
+        has_run = version in store.versions(RUNS_DIR, file=RECORDS_FILE)
+    except LegatoError as exc:
+        fail(str(exc))
+    what = (", ".join(held) or "no table") + (" and its run directory" if run and has_run else "")
+    if not held and not (run and has_run):
+        fail(
+            f"lake {store.root}: no partition of policy_version {version!r} (`legato lake views` lists them)"
+        )
+    if not yes and not typer.confirm(
+        f"remove policy_version {version!r} ({what}) from {store.root}?"
+    ):
+        fail("nothing removed (--yes to skip this question)", 1)
+    try:
+        removed = store.drop(version, run=run)
+    except (LegatoError, OSError) as exc:
+        fail(str(exc))
+    console.print(
+        f"removed policy_version {version!r}: {what} ({len(removed)} folders); views rebuilt. "
+        "Dagster's partition is not touched: delete it in the UI if it should go too."
+    )

@@ -41,12 +41,22 @@ def _verdict_table(report) -> Table:
     if report.token_ids_source:
         ids += f" ({report.token_ids_source})"
     table.add_row("token ids", ids)
-    table.add_row("cached tokens reported", yes(report.cached_tokens_reported))
+    cached = yes(report.cached_tokens_reported)
+    if report.cached_tokens is not None:
+        cached += f" ({report.cached_tokens} on the repeated prompt)"
+    table.add_row("cached tokens reported", cached)
+    table.add_row(
+        "cache block",
+        "[dim]not reported[/]"
+        if report.cache_block_size is None
+        else f"{report.cache_block_size} tokens",
+    )
     table.add_row(
         "images per prompt",
         "[dim]unknown[/]" if report.max_images_ok is None else str(report.max_images_ok),
     )
     table.add_row("reasoning field", report.reasoning_field or "[dim]none[/]")
+    table.add_row("answer arrives in", report.answer_field or "[dim]nothing[/]")
     table.add_row(
         "latency",
         "[dim]unknown[/]" if report.latency_s is None else f"{report.latency_s * 1000:.0f} ms",
@@ -175,6 +185,38 @@ def scripted_policy_command(
             min=1,
         ),
     ] = None,
+    shorten_to_context: Annotated[
+        bool,
+        typer.Option(
+            "--shorten-to-context",
+            help="With --max-model-len: cut the output at the context (HTTP 200, finish_reason "
+            "length) instead of the 400, as vLLM 0.32 does when the prompt itself fits.",
+        ),
+    ] = False,
+    reasoning_parser: Annotated[
+        bool,
+        typer.Option(
+            "--reasoning-parser",
+            help="As vLLM's --reasoning-parser: text before </think> goes to the reasoning "
+            "field; without </think> all of it does and content is null.",
+        ),
+    ] = False,
+    tool_call_parser: Annotated[
+        bool,
+        typer.Option(
+            "--tool-call-parser",
+            help="As vLLM's --tool-call-parser hermes: <tool_call> blocks go to tool_calls.",
+        ),
+    ] = False,
+    block_size: Annotated[
+        int,
+        typer.Option(
+            "--block-size",
+            help="Prefix-cache block [tokens] (vLLM: 16 on GPUs, 128 on CPUs), reported on "
+            "/metrics (vLLM flavors) and /get_server_info (sglang).",
+            min=1,
+        ),
+    ] = 16,
     weights_route: Annotated[
         str | None,
         typer.Option(
@@ -221,6 +263,7 @@ def scripted_policy_command(
         no_logprobs=no_logprobs,
         cache_report=not no_cache_report,
         max_model_len=max_model_len,
+        shorten_to_context=shorten_to_context,
         seed=seed,
     )
     try:
@@ -235,6 +278,9 @@ def scripted_policy_command(
             api_key=key if require_key else None,
             image_tokens=image_tokens,
             weights_route=weights_route,
+            reasoning_parser=reasoning_parser,
+            tool_call_parser=tool_call_parser,
+            block_size=block_size,
         )
     except (ValueError, OSError) as exc:
         fail(f"--script {script}: {exc}" if script else str(exc))

@@ -15,6 +15,14 @@ logprobs stay on; every later record notes ``token_ids_dropped``. A server that 
 silently (vLLM < 0.10.2, SGLang before PR #30917) is detected because no ids come back
 (``token_ids_ignored``); the client then also asks for ``return_tokens_as_token_ids`` (older
 vLLM) and ``return_output_ids`` (SGLang ``sglext``) on later calls.
+
+Per-request fields (issue 31): ``seed`` is the caller's per-step seed when it gives one
+(:meth:`PolicyConfig.request_seed`), else ``sampling_seed``; ``cache_salt`` is sent on every
+request when the config has one (a server that refuses it with a 400 gets it dropped like
+``return_token_ids``, every later record noting ``cache_salt_dropped``). A 400 that is not
+about a field, the context, the image limit or the key, once a request of this client has been
+answered, is about what that request carries: :class:`PolicyRequestError`, for that attempt
+only; before any answer it is a configuration error of the batch.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from ..errors import (
     ImageLimitError,
     PolicyConfigError,
     PolicyError,
+    PolicyRequestError,
     PolicyTimeout,
 )
 from ..images import Screenshot
@@ -43,6 +52,7 @@ from .config import PolicyConfig
 from .key import policy_api_key
 from .response import PolicyResponse
 from .wire import (
+    CLIENT_FIELDS,
     TOKEN_ID_FIELDS,
     context_length,
     encode_body,
@@ -95,12 +105,14 @@ def _connect_reason(exc: BaseException) -> str:
 def _server_failure(result: PolicyResponse) -> str | None:
     """Why an HTTP 200 answer is a failure of the server, not the model's output: the request
     was aborted (``finish_reason: "abort"``, vLLM / SGLang when the engine drops it) or the
-    answer is empty (no text, no reasoning, no tokens). ``None`` when it is a real answer."""
+    answer is empty (no text, no reasoning, no tool call, no tokens). ``None`` when it is a
+    real answer."""
     if result.finish_reason == "abort":
         return 'an aborted answer (HTTP 200, finish_reason "abort")'
     if (
         not (result.content or "").strip()
         and not (result.reasoning or "").strip()
+        and not result.tool_calls
         and not result.token_ids
         and not result.completion_tokens
     ):
@@ -131,6 +143,8 @@ class PolicyClient:
         self.max_inflight = max_inflight
         self.token_ids_dropped = False
         self.token_ids_ignored = False
+        self.cache_salt_dropped = False
+        self.answered = 0  # HTTP 200 answers so far: the settings work with this server
         n_shards = -(-max_inflight // POOL_SHARD) if max_inflight else 1
         self._http: list[httpx.AsyncClient | None] = [None] * n_shards
         self._ssl: ssl.SSLContext | None = None
@@ -152,10 +166,20 @@ class PolicyClient:
             **config.extra_body,
         }
         self.logprobs_mode: str | None = None  # as the server reports it (/v1/models), if it does
-        self._id_fields: dict[str, bool] = (
+        self.max_model_len: int | None = None  # [tokens] as /v1/models reports it (vLLM does)
+        # optional fields a 400 naming one drops for the batch: token id requests, cache_salt
+        self._id_fields: dict[str, Any] = (
             {"return_token_ids": True} if config.request_token_ids else {}
         )
+        if config.cache_salt:
+            self._id_fields["cache_salt"] = config.cache_salt
         self._refused: set[str] = set()
+        # request fields that are settings (the same on every request): a 400 naming one is a
+        # configuration error whenever it comes
+        self._setting_fields = [
+            *(k for k in CLIENT_FIELDS if k not in ("messages", "model")),
+            *config.extra_body,
+        ]
         self._fallback_tried = False
         self._rng = random.Random()
 
@@ -241,11 +265,27 @@ class PolicyClient:
             data = orjson.loads(resp.content).get("data") or []
             ids = [str(entry["id"]) for entry in data]
             for entry in data:
-                if entry.get("id") == self.config.model and entry.get("logprobs_mode"):
+                if entry.get("id") != self.config.model:
+                    continue
+                if entry.get("logprobs_mode"):
                     self.logprobs_mode = str(entry["logprobs_mode"])
+                if isinstance(entry.get("max_model_len"), int):
+                    self.max_model_len = entry["max_model_len"]
             return ids
         except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
             raise PolicyConfigError(f"GET {url} did not return an OpenAI model list") from None
+
+    async def get_root(self, path: str) -> httpx.Response | None:
+        """``GET`` of ``path`` at the server's root (not under ``/v1``: ``/metrics``,
+        SGLang's ``/get_server_info``) with the key, within ``min(step_timeout, 10)`` seconds;
+        ``None`` when the server cannot be reached or does not answer in time (probe's reads of
+        what a server reports about itself: never an error)."""
+        root = self.config.api_base.removesuffix("/v1")
+        try:
+            async with asyncio.timeout(min(self.config.step_timeout, 10.0)):
+                return await self._client().get(root + path)
+        except (TimeoutError, httpx.HTTPError):
+            return None
 
     async def check(self) -> list[str]:
         """Cheap pre-batch check: the server answers ``/models`` and serves ``config.model``.
@@ -264,9 +304,17 @@ class PolicyClient:
     # -- completions -----------------------------------------------------------------------
 
     async def complete(
-        self, messages: list[dict[str, Any]], images: Mapping[str, Screenshot] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        images: Mapping[str, Screenshot] | None = None,
+        *,
+        seed: int | None = None,
     ) -> PolicyResponse:
         """One chat completion, normalized (see :func:`~legato_pipelines.policy.wire.normalize`).
+
+        ``seed``: this request's ``seed`` (a rollout step's own,
+        :meth:`~legato_pipelines.policy.config.PolicyConfig.request_seed`); ``None`` sends
+        ``sampling_seed`` when it is set (probe), else no seed.
 
         ``messages``: OpenAI chat messages; image parts may be references
         ``{"type": "image_url", "image_url": {"url": "legato-image://<sha>"}}`` resolved through
@@ -286,7 +334,10 @@ class PolicyClient:
                               server's --limit-mm-per-prompt); at once, no re-try
           ContextLengthError  400 "maximum context length": the prompt outgrew the context; at
                               once (the engine ends that attempt as ``truncated``)
-          PolicyConfigError   400/401/403/404 and other 4xx; at once (404 lists the models)
+          PolicyRequestError  any other 400 once this client has had an answer: about what this
+                              request carries (the engine ends that attempt only); at once
+          PolicyConfigError   400 before any answer, 401/403/404 and other 4xx; at once (404
+                              lists the models)
           PolicyTimeout       every attempt hit the deadline
           PolicyError         re-tries exhausted otherwise (``status_code`` of the last one)
           ValueError          a message refers to an image not in ``images``
@@ -294,13 +345,14 @@ class PolicyClient:
         cfg = self.config
         attempts = timeouts = aborts = 0
         elapsed = 0.0
+        fields = self._fields if seed is None else {**self._fields, "seed": seed}
         body_fields = self._id_fields
-        body = encode_body({**self._fields, **body_fields, "messages": messages}, images)
+        body = encode_body({**fields, **body_fields, "messages": messages}, images)
         failure: _Retryable | None = None
         while True:
             if body_fields is not self._id_fields:  # another call dropped or added a field
                 body_fields = self._id_fields
-                body = encode_body({**self._fields, **body_fields, "messages": messages}, images)
+                body = encode_body({**fields, **body_fields, "messages": messages}, images)
             attempts += 1
             try:
                 status, content, seconds = await self._post(body)
@@ -326,6 +378,7 @@ class PolicyClient:
                         )
                     else:
                         if (why := _server_failure(result)) is None:
+                            self.answered += 1
                             if aborts:
                                 result.notes.append(f"server_aborts: {aborts}")
                             return self._finish(result, body_fields, elapsed, attempts, timeouts)
@@ -341,6 +394,20 @@ class PolicyClient:
                             f"the prompt no longer fits the model's context (HTTP 400): {message} "
                             f"(fix: lower --image-max or --max-tokens (now {cfg.max_tokens}), or "
                             "raise the server's --max-model-len)",
+                            attempts=attempts,
+                            status_code=status,
+                        )
+                    if (
+                        status == 400
+                        and self.answered
+                        and image_limit(message) is None
+                        and not refused_field(message, self._setting_fields)
+                    ):
+                        # the same settings were answered before: this request's content
+                        raise PolicyRequestError(
+                            f"the policy server refused this request (HTTP 400) although it "
+                            f"answered {self.answered} with the same settings: {message} (the "
+                            "attempt ends here, the batch goes on)",
                             attempts=attempts,
                             status_code=status,
                         )
@@ -406,13 +473,21 @@ class PolicyClient:
         return resp.status_code, resp.content, time.perf_counter() - t0
 
     def _refuse(self, field: str, message: str) -> None:
-        """Drop an id-request field the server refused (400), for the rest of the batch."""
+        """Drop an optional field the server refused (400), for the rest of the batch."""
         if field not in self._id_fields:
             return
         self._id_fields = {k: v for k, v in self._id_fields.items() if k != field}
         self._refused.add(field)
         if field == "return_token_ids":
             self.token_ids_dropped = True
+        if field == "cache_salt":
+            self.cache_salt_dropped = True
+            log.warning(
+                "the policy server refused cache_salt (%s); dropped for the rest of the batch: "
+                "its prefix cache is not kept apart per checkpoint",
+                message,
+            )
+            return
         log.warning(
             "the policy server refused %s (%s); dropped for the rest of the batch, logprobs kept",
             field,
@@ -432,6 +507,8 @@ class PolicyClient:
         result.timeouts = timeouts
         if self.token_ids_dropped:
             result.notes.insert(0, "token_ids_dropped")
+        if self.cache_salt_dropped:
+            result.notes.append("cache_salt_dropped")
         if result.token_ids is None and "return_token_ids" in body_fields:
             self.token_ids_ignored = True
             if not self._fallback_tried:

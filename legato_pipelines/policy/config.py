@@ -5,6 +5,7 @@ The API key is not a field: it is read from ``LEGATO_POLICY_KEY`` only (:mod:`.k
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -27,7 +28,15 @@ class PolicyConfig(BaseModel):
       version       the policy version every record is tied to (the Dagster partition key)
       temperature, top_p, max_tokens [tokens]   sampling; RL defaults sample the policy as is
                     (temperature 1, top_p 1) so logprobs are those of the behaviour policy
-      sampling_seed the request's ``seed`` (``None``: not sent, the server's own randomness)
+      sampling_seed the run's sampling seed (``None``: no ``seed`` sent, the server's own
+                    randomness). Each request of a rollout step is sent its own ``seed``,
+                    :meth:`request_seed` of this and the step's identity, never this value
+                    itself: one seed for every request made every attempt of a group with
+                    the same prompt sample the same tokens (issue 31)
+      cache_salt    sent as every request's ``cache_salt`` (vLLM: requests share prefix-cache
+                    blocks only with requests of the same salt); set by the engine from the
+                    checkpoint's fingerprint when a load mode is given, so no request reuses
+                    KV computed with other weights (``None``: not sent)
       logprobs_mode what the server's logprobs are (vLLM ``--logprobs-mode``: ``raw_logprobs``,
                     ``processed_logprobs``...), as you started it; recorded, not sent (the
                     server reports it on ``/v1/models`` only if it does, and that wins)
@@ -48,6 +57,7 @@ class PolicyConfig(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(2048, ge=1)
     sampling_seed: int | None = None
+    cache_salt: str | None = None
     logprobs_mode: str | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
     step_timeout: float = Field(60.0, gt=0)
@@ -87,18 +97,42 @@ class PolicyConfig(BaseModel):
     def _version(cls, value: str) -> str:
         return check_version_key(value)  # the one rule for version keys (versions.py)
 
+    def request_seed(
+        self, task_id: str, group_id: str | None, attempt: int, step: int
+    ) -> int | None:
+        """The ``seed`` of one rollout step's request: the first 31 bits of
+        ``sha256("<sampling_seed>:<task_id>:<group_id>:<attempt>:<step>")`` (0 <= seed <
+        2**31, a range every server accepts), or ``None`` when ``sampling_seed`` is not set.
+        Deterministic (a re-run or resume of the same attempt sends the same seeds), different
+        for every attempt of a group and every step of an attempt. Not the execution: a
+        desktop failure's re-execution replays the same seeds."""
+        if self.sampling_seed is None:
+            return None
+        key = f"{self.sampling_seed}:{task_id}:{group_id}:{attempt}:{step}"
+        return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") >> 1
+
     def sampling(self, logprobs_mode: str | None = None) -> dict[str, Any]:
         """The sampling settings a run is collected with (``run.json``'s ``sampling``, each
         sample's lineage): ``temperature``, ``top_p``, ``max_tokens`` [tokens],
-        ``seed`` (``None``: not sent) and ``logprobs_mode`` (``logprobs_mode`` as the server
+        ``seed`` (the run's sampling seed, ``None``: not sent; each request is sent its own,
+        :meth:`request_seed`, recorded on its step), ``seeds`` (``"per_step"`` when a seed is
+        set: how the requests' seeds derive from it) and ``logprobs_mode`` (``logprobs_mode`` as the server
         reported it, else this config's, else ``None``: unknown)."""
         return {
             "temperature": self.temperature,
             "top_p": self.top_p,
             "max_tokens": self.max_tokens,
             "seed": self.sampling_seed,
+            **({"seeds": "per_step"} if self.sampling_seed is not None else {}),
             "logprobs_mode": logprobs_mode or self.logprobs_mode,
         }
+
+    @property
+    def output_limit(self) -> int:
+        """[tokens] the most tokens one answer may have: ``extra_body.max_completion_tokens``
+        when set (servers take it over ``max_tokens``), else ``max_tokens``."""
+        limit = self.extra_body.get("max_completion_tokens")
+        return limit if isinstance(limit, int) and limit > 0 else self.max_tokens
 
     @property
     def api_base(self) -> str:

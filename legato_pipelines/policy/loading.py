@@ -322,6 +322,20 @@ class LoadPlan:
         return self.spec.adapter or self.version
 
     @property
+    def cache_salt(self) -> str | None:
+        """The ``cache_salt`` every request of the batch carries: ``legato-`` and 32 hex digits
+        of the checkpoint's fingerprint (``None`` without a checkpoint). vLLM keys an adapter's
+        prefix cache by its name and path, not its weights: an adapter reloaded under the same
+        name from a rewritten folder would be answered with KV computed by the old weights
+        (issue 31: 1,664 of 1,743 prompt tokens). Requests share cached blocks only with
+        requests of the same salt, so new weights never reuse the old ones' KV, and runs of
+        the same weights still share theirs."""
+        digest = (self.fingerprint or {}).get("digest")
+        if not digest:
+            return None
+        return "legato-" + digest.removeprefix("sha256:")[:32]
+
+    @property
     def listed_model(self) -> str:
         """The id ``/v1/models`` must list for the batch's calls to work: the called model,
         except SGLang adapters (called ``<base>:<adapter>``, the base is what it lists)."""
@@ -331,7 +345,9 @@ class LoadPlan:
 
     def meta(self) -> dict[str, Any]:
         """``run.json``'s ``checkpoint`` entry: mode, server, served model, folder, fingerprint
-        (digest and files), and the proof once :func:`load_version` has run."""
+        (digest and files), the ``cache_salt`` every request carries (derived from the
+        fingerprint: the proof's other half, no request answered from cache of other weights)
+        and the proof once :func:`load_version` has run."""
         out: dict[str, Any] = {
             "load": self.spec.mode,
             "server": self.server,
@@ -339,6 +355,8 @@ class LoadPlan:
             "path": self.checkpoint,
             "fingerprint": (self.fingerprint or {}).get("digest"),
         }
+        if self.cache_salt:
+            out["cache_salt"] = self.cache_salt
         if self.fingerprint:
             out["files"] = self.fingerprint["files"]
         if self.proof:

@@ -10,7 +10,9 @@ Script (JSON file or dict)::
     {"tasks": {"<instruction text or a substring of it>": ["response step 0", "response step 1"]},
      "default": ["..."]}
 
-A response is a string or ``{"content": str, "reasoning": str}``. The task's script is the
+A response is a string, ``{"content": str, "reasoning": str}``, or ``{"sample": [response,
+...]}``: one of those responses drawn by the request's ``seed`` (the same seed draws the same
+one, as vLLM's seeded sampling gives the same tokens; no seed: drawn at random). The task's script is the
 longest key found in the first user message's text (the engine puts the instruction there);
 the step is the number of assistant messages in the request; past the end of a script the last
 response repeats. No match and no ``default``: :func:`~.synthetic.default_responses`.
@@ -54,10 +56,30 @@ route                      what it does here                                    
 /get_model_info            is reported as ``model_path`` by ``/get_model_info``
 =========================  ==========================================================  ==========
 
+What real vLLM 0.32 does that the client must cope with (issue 31), each a switch:
+``reasoning_parser`` (``--reasoning-parser``: the text before ``</think>`` goes to the
+reasoning field; with no ``</think>`` the whole answer does and ``content`` is null),
+``tool_call_parser`` (``--tool-call-parser hermes``: ``<tool_call>`` blocks leave the text for
+``message.tool_calls``, ``finish_reason`` ``tool_calls``), ``Faults.shorten_to_context``
+(prompt + ``max_tokens`` over ``max_model_len``: the output is shortened to fit, HTTP 200,
+``finish_reason: length``, instead of a 400), ``Faults.reject_text`` (a 400 for one prompt's
+content), ``Faults.image_limit`` (vLLM's image-limit 400), ``cache_salt`` and adapters in the
+prefix cache (below), the ``seed`` (above), ``block_size`` (reported on ``/metrics`` as vLLM's
+``vllm:cache_config_info`` and by SGLang's ``/get_server_info`` as ``page_size``).
+
+Prefix cache: vLLM keys an adapter's blocks by its name and path and a request's
+``cache_salt`` (the first block's hash), not by its weights: an adapter reloaded under the same
+name from a rewritten folder is answered from KV the old weights computed.
+:attr:`RequestLog.stale_cached_tokens` counts such tokens (cached by other weights than those
+answering). The ``sglang`` flavor keys an adapter's blocks by each load and flushes its cache
+on a full-weights update (assumed, not checked against a running SGLang: docs/wire-formats.md
+§2), so it serves none.
+
 Every chat request is answered by the weights loaded at that moment: :attr:`RequestLog.served`
 and the response's ``system_fingerprint`` (``...:served=<name>``) name them (an adapter's
 name, or the folder name of the full weights last loaded; the model id before any load), so a
-test proves which weights served each request.
+test proves which weights served each request. (Real vLLM's ``system_fingerprint`` proves
+nothing of the kind: it hashes the server's config, the same for every adapter.)
 """
 
 from __future__ import annotations
@@ -68,6 +90,7 @@ import logging
 import math
 import os
 import random
+import re
 import socket
 import threading
 import time
@@ -147,6 +170,12 @@ class Faults:
     empty_every     every Nth request answers HTTP 200 with no text and no tokens
     max_model_len   [tokens] prompt + max_tokens above it -> a 400 in the server's words
                     ("This model's maximum context length is N tokens..." for vLLM)
+    shorten_to_context  with ``max_model_len``: what vLLM 0.32 does instead of that 400 when
+                    the prompt itself fits: the output is cut at the context (HTTP 200,
+                    ``finish_reason: length``, fewer tokens than ``max_tokens``)
+    reject_text     a request whose body holds this text (e.g. in an earlier answer of the
+                    attempt) -> a 400 about that prompt, as vLLM answers when its chat
+                    template or multimodal processor refuses one request's content
     """
 
     hang_every: int = 0
@@ -168,6 +197,8 @@ class Faults:
     abort_tokens: int = 5
     empty_every: int = 0
     max_model_len: int | None = None
+    shorten_to_context: bool = False
+    reject_text: str | None = None
     cache_report: bool = True
     seed: int = 0
 
@@ -214,6 +245,9 @@ class RequestLog:
     fault: str | None = None
     step: int | None = None
     cached_tokens: int | None = None
+    stale_cached_tokens: int = 0  # cached tokens computed by other weights than these
+    seed: int | None = None  # the request's seed
+    cache_salt: str | None = None  # the request's cache_salt
     body: bytes | None = None
     served: str | None = None  # the weights that answered (adapter name or weights folder name)
     at: float = field(default_factory=time.time)
@@ -245,10 +279,17 @@ def load_script(script: None | str | Path | dict) -> dict[str, Any]:
         if not isinstance(steps, list) or not steps:
             raise ValueError(f"{name} must be a non-empty list of responses")
         for i, step in enumerate(steps):
-            if not isinstance(step, (str, dict)) or (
-                isinstance(step, dict) and not isinstance(step.get("content", ""), str)
-            ):
-                raise ValueError(f"{name}[{i}] must be a string or {{'content', 'reasoning'}}")
+            options = step.get("sample") if isinstance(step, dict) and "sample" in step else [step]
+            if not isinstance(options, list) or not options:
+                raise ValueError(f"{name}[{i}].sample must be a non-empty list of responses")
+            for option in options:
+                if not isinstance(option, (str, dict)) or (
+                    isinstance(option, dict) and not isinstance(option.get("content", ""), str)
+                ):
+                    raise ValueError(
+                        f"{name}[{i}] must be a string, {{'content', 'reasoning'}} or "
+                        "{'sample': [...]}"
+                    )
     return {"tasks": dict(tasks), "default": data.get("default")}
 
 
@@ -282,6 +323,10 @@ class ScriptedPolicyServer:
       weights_route vLLM flavors: path of a full-weights route (e.g. ``/update_weights``), or
                   ``None`` for none (stock vLLM); ``weights_key`` names its path field
       enable_lora   SGLang flavor: the LoRA routes work (``--enable-lora``); off, they answer 400
+      reasoning_parser  vLLM / SGLang flavors: as ``--reasoning-parser`` (module doc)
+      tool_call_parser  vLLM / SGLang flavors: as ``--tool-call-parser hermes`` (module doc)
+      block_size    [tokens] the prefix cache's block (vLLM: 16 on GPUs, 128 on CPUs; SGLang's
+                    ``page_size``)
 
     ``start()`` runs it in a background thread and returns once it listens; ``stop()`` ends it;
     also a context manager. ``serve_forever()`` runs it in the calling thread until
@@ -308,6 +353,9 @@ class ScriptedPolicyServer:
         weights_route: str | None = None,
         weights_key: str = "model_path",
         enable_lora: bool = True,
+        reasoning_parser: bool = False,
+        tool_call_parser: bool = False,
+        block_size: int = 16,
     ):
         if flavor not in _FLAVORS:
             raise ValueError(
@@ -331,7 +379,14 @@ class ScriptedPolicyServer:
         self.inflight = 0  # chat requests being answered now
         self.peak_inflight = 0  # most chat requests answered at once
         self.tokenizer = SyntheticTokenizer()
-        self.prefix_cache = PrefixCache()
+        self.block_size = block_size
+        self.prefix_cache = PrefixCache(block_size=block_size)
+        self.reasoning_parser = reasoning_parser
+        self.tool_call_parser = tool_call_parser
+        self._sample_rng = random.Random()  # unseeded requests: the server's own randomness
+        self._generation = 0  # counts loads: the weights that computed a cached block
+        self._weights_generation = 0
+        self._adapter_generation: dict[str, int] = {}
         self._fault_rng = random.Random(self.faults.seed)
         self._defaults: dict[str, list[str]] = {}
         self._stopping = False
@@ -353,6 +408,7 @@ class ScriptedPolicyServer:
             Route("/health", self._health, methods=["GET"]),
         ]
         if flavor.startswith("vllm"):
+            routes.append(Route("/metrics", self._vllm_metrics, methods=["GET"]))
             if runtime_lora:
                 routes += [
                     Route("/v1/load_lora_adapter", self._vllm_load_lora, methods=["POST"]),
@@ -368,6 +424,7 @@ class ScriptedPolicyServer:
                 Route("/unload_lora_adapter", self._sglang_unload_lora, methods=["POST"]),
                 Route("/update_weights_from_disk", self._sglang_update_weights, methods=["POST"]),
                 Route("/get_model_info", self._sglang_model_info, methods=["GET"]),
+                Route("/get_server_info", self._sglang_server_info, methods=["GET"]),
             ]
         self.app = Starlette(routes=routes)
 
@@ -482,6 +539,29 @@ class ScriptedPolicyServer:
             orjson.dumps({"object": "list", "data": data}), media_type="application/json"
         )
 
+    async def _vllm_metrics(self, request: Request) -> Response:
+        """A few lines of vLLM's Prometheus ``/metrics``: ``vllm:cache_config_info`` (its labels
+        are the cache config, ``block_size`` among them)."""
+        text = (
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+            "# TYPE vllm:cache_config_info gauge\n"
+            f'vllm:cache_config_info{{block_size="{self.block_size}",cache_dtype="auto",'
+            'enable_prefix_caching="True",prefix_caching_hash_algo="sha256"} 1.0\n'
+        )
+        return Response(text.encode(), media_type="text/plain; version=0.0.4")
+
+    async def _sglang_server_info(self, request: Request) -> Response:
+        entry = RequestLog(seq=0, path="/get_server_info")
+        self.requests.append(entry)
+        if (err := self._auth(request, entry)) is not None:
+            return err
+        info = {"model_path": self.weights_path, "page_size": self.block_size, "version": "0"}
+        return Response(orjson.dumps(info), media_type="application/json")
+
+    def _new_generation(self) -> int:
+        self._generation += 1
+        return self._generation
+
     # -- loading checkpoints (module doc) ----------------------------------------------------
 
     async def _load_request(self, request: Request, path: str) -> tuple[dict, Response | None]:
@@ -530,6 +610,7 @@ class ScriptedPolicyServer:
                 )
             )
         self.adapters[name] = path
+        self._adapter_generation[name] = self._new_generation()
         self.loads.append(("/v1/load_lora_adapter", name, path))
         return self._text(f"Success: LoRA adapter '{name}' added successfully.")
 
@@ -579,6 +660,9 @@ class ScriptedPolicyServer:
     def _set_weights(self, route: str, path: str) -> None:
         self.weights = os.path.basename(os.path.normpath(path))
         self.weights_path = path
+        self._weights_generation = self._new_generation()
+        if self.flavor == "sglang":  # SGLang flushes its cache when it updates weights
+            self.prefix_cache.clear()
         self.loads.append((route, self.weights, path))
 
     async def _sglang_load_lora(self, request: Request) -> Response:
@@ -597,6 +681,7 @@ class ScriptedPolicyServer:
             error = f"Failed to load LoRA adapter {name}: no adapter_config.json in {path}"
         if error is None:
             self.adapters[name] = path
+            self._adapter_generation[name] = self._new_generation()
             self.loads.append(("/load_lora_adapter", name, path))
         return self._sglang_answer(error, error_key="error_message", loaded=True)
 
@@ -817,6 +902,21 @@ class ScriptedPolicyServer:
         if req.get("n", 1) != 1:
             raise _Reject(400, "the scripted policy server answers n=1 only", param="n")
 
+        seed, salt = req.get("seed"), req.get("cache_salt")
+        entry.seed = seed if isinstance(seed, int) else None
+        entry.cache_salt = salt if isinstance(salt, str) else None
+        if salt is not None and (not isinstance(salt, str) or not salt):
+            # vLLM's protocol check of the field
+            raise _Reject(400, "Parameter 'cache_salt' must be a non-empty string if provided.")
+        reject = self.faults.reject_text
+        if reject and reject.encode() in raw:
+            raise _Reject(
+                400,
+                "The prompt could not be processed: a message holds content this server "
+                f"refuses ({reject!r}).",
+                param="messages",
+            )
+
         keys, prompt_ids, instruction, n_images, step = self._prompt(messages)
         entry.n_images = n_images
         entry.step = step
@@ -828,9 +928,14 @@ class ScriptedPolicyServer:
             raise _Reject(400, msg, param="image")
 
         max_tokens = req.get("max_completion_tokens") or req.get("max_tokens") or 1 << 30
-        if (max_len := self.faults.max_model_len) and len(prompt_ids) + min(
-            max_tokens, max_len
-        ) > max_len:
+        max_len = self.faults.max_model_len
+        if (
+            max_len
+            and self.faults.shorten_to_context
+            and len(prompt_ids) < max_len < len(prompt_ids) + max_tokens
+        ):
+            max_tokens = max_len - len(prompt_ids)  # vLLM 0.32: cut the output at the context
+        if max_len and len(prompt_ids) + min(max_tokens, max_len) > max_len:
             total = len(prompt_ids) + max_tokens
             if self.flavor == "sglang":
                 msg = (
@@ -847,7 +952,7 @@ class ScriptedPolicyServer:
                     "in the completion). Please reduce the length of the messages or completion."
                 )
             raise _Reject(400, msg, param="messages")
-        content, reasoning = self._script_step(instruction, step)
+        content, reasoning = self._script_step(instruction, step, entry.seed)
         text = content if not reasoning else f"{reasoning}\n</think>\n\n{content}"
         tokens = self.tokenizer.tokenize(text)
         finish = "stop"
@@ -872,9 +977,20 @@ class ScriptedPolicyServer:
                 content = text
         token_id = self.tokenizer.token_id
         ids = [token_id(t) for t in tokens]
-        cached = self.prefix_cache.lookup_and_insert(keys)
+        tool_calls: list[dict[str, Any]] = []
+        if self._flavor.reasoning_key and self.reasoning_parser and finish != "abort":
+            content, reasoning = _reasoning_parser("".join(tokens))
+        if self._flavor.reasoning_key and self.tool_call_parser and content:
+            content, tool_calls = _tool_call_parser(content)
+            if tool_calls and finish == "stop":
+                finish = "tool_calls"
+        namespace, tag = self._cache_keys(served, model, entry.cache_salt)
+        cached = self.prefix_cache.lookup_and_insert(keys, namespace, tag)
         entry.cached_tokens = cached
+        entry.stale_cached_tokens = self.prefix_cache.last_stale
         body = self._body(req, prompt_ids, content, reasoning, tokens, ids, finish, cached, seq)
+        if tool_calls:
+            body["choices"][0]["message"]["tool_calls"] = tool_calls
         if body.get("prompt_token_ids") is not None or body["choices"][0].get("prompt_token_ids"):
             self.prompt_ids_sent.append(prompt_ids)
         body["model"] = model  # vLLM answers with the adapter's name for an adapter request
@@ -929,7 +1045,22 @@ class ScriptedPolicyServer:
                 instruction = "\n".join(texts)
         return keys, ids, instruction or "", n_images, step
 
-    def _script_step(self, instruction: str, step: int) -> tuple[str, str | None]:
+    def _cache_keys(self, served: str, model: Any, salt: str | None) -> tuple[Any, Any]:
+        """(namespace, tag) of a request in the prefix cache (:class:`PrefixCache`): vLLM
+        keys an adapter by its name and path and the request's ``cache_salt``; the ``sglang``
+        flavor an adapter by its load (assumed). The tag is the load that put the answering weights in."""
+        if served in self.adapters and served != self.weights:
+            generation = self._adapter_generation.get(served, 0)
+            if self.flavor == "sglang":
+                lora: Any = ("lora", served, generation)
+            else:
+                lora = ("lora", served, self.adapters[served])
+            return (lora, salt), ("lora", served, generation)
+        return (None if salt is None else (None, salt)), ("weights", self._weights_generation)
+
+    def _script_step(
+        self, instruction: str, step: int, seed: int | None = None
+    ) -> tuple[str, str | None]:
         tasks = self.script["tasks"]
         steps = None
         best = -1
@@ -945,6 +1076,9 @@ class ScriptedPolicyServer:
                     self._defaults.clear()
                 steps = self._defaults[instruction] = default_responses(instruction)
         entry = steps[min(step, len(steps) - 1)]
+        if isinstance(entry, dict) and "sample" in entry:
+            rng = self._sample_rng if seed is None else random.Random(seed)
+            entry = rng.choice(entry["sample"])
         if isinstance(entry, str):
             return entry, None
         return entry.get("content", ""), entry.get("reasoning")
@@ -1042,3 +1176,47 @@ class ScriptedPolicyServer:
                 ext["input_ids"] = prompt_ids
             body["sglext"] = ext
         return body
+
+
+_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def _reasoning_parser(text: str) -> tuple[str | None, str | None]:
+    """(content, reasoning) as vLLM's / SGLang's Qwen3 reasoning parser splits an output:
+    before ``</think>`` is reasoning (a leading ``<think>`` dropped), after it content (``None``
+    when empty); without ``</think>`` the whole output is reasoning and content is ``None``."""
+    head, sep, tail = text.partition("</think>")
+    reasoning = head.removeprefix("<think>").strip("\n")
+    if not sep:
+        return None, reasoning
+    content = tail.lstrip("\n")
+    return (content or None), reasoning
+
+
+def _tool_call_parser(content: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, tool_calls) as vLLM's hermes tool parser splits a text: every
+    ``<tool_call>{json}</tool_call>`` block becomes an OpenAI ``tool_calls`` entry (its
+    ``arguments`` a JSON string), the content is the text before the first block (``None``
+    when empty). A block that is not JSON leaves the text as it was."""
+    calls = []
+    for i, match in enumerate(_TOOL_CALL_RE.finditer(content)):
+        try:
+            call = orjson.loads(match.group(1))
+        except orjson.JSONDecodeError:
+            return content, []
+        if not isinstance(call, dict):
+            return content, []
+        calls.append(
+            {
+                "id": f"chatcmpl-tool-{i}",
+                "type": "function",
+                "function": {
+                    "name": call.get("name"),
+                    "arguments": orjson.dumps(call.get("arguments")).decode(),
+                },
+            }
+        )
+    if not calls:
+        return content, []
+    head = content[: content.index("<tool_call>")]
+    return (head or None), calls

@@ -19,6 +19,7 @@ import re
 import zlib
 from array import array
 from itertools import islice
+from typing import Any
 
 VOCAB_SIZE = 151_643  # Qwen2.5 text vocabulary size
 IMAGE_PAD_ID = 151_655  # Qwen2.5-VL <|image_pad|>
@@ -89,18 +90,25 @@ class PrefixCache:
     :meth:`lookup_and_insert` returns how many leading tokens were seen before (whole blocks,
     never the whole prompt: the last token is always computed) and remembers all blocks. At
     most ``capacity`` block hashes are kept; the oldest tenth is evicted when full.
+
+    ``namespace`` starts the chain (vLLM hashes a LoRA adapter's name and path and the
+    request's ``cache_salt`` into its first block: requests share blocks only within one
+    namespace); ``tag`` names the weights that computed the blocks inserted now, and
+    :attr:`last_stale` is how many of the tokens the last lookup found cached were computed by
+    weights of another tag (KV of old weights served to new ones).
     """
 
     def __init__(self, block_size: int = 16, capacity: int = 1_000_000):
         self.block_size = block_size
         self.capacity = capacity
-        self._seen: dict[int, None] = {}
+        self._seen: dict[int, Any] = {}
+        self.last_stale = 0
 
-    def lookup_and_insert(self, keys: list[int]) -> int:
+    def lookup_and_insert(self, keys: list[int], namespace: Any = None, tag: Any = None) -> int:
         bs = self.block_size
         seen = self._seen
-        h = 0
-        cached = 0
+        h = 0 if namespace is None else hash(("namespace", namespace))
+        cached = stale = 0
         hitting = True
         data = array("q", keys).tobytes()  # int64: token ids and negative image keys
         width = bs * 8
@@ -108,14 +116,18 @@ class PrefixCache:
             h = hash((h, data[start : start + width]))
             if hitting and h in seen:
                 cached += bs
+                if seen[h] != tag:
+                    stale += bs
             else:
                 hitting = False
-                seen[h] = None
+                seen[h] = tag
         if cached >= len(keys) and cached:
             cached -= bs
+            stale = min(stale, cached)
         if len(seen) > self.capacity:
             for old in list(islice(iter(seen), len(seen) // 10 or 1)):
                 del seen[old]
+        self.last_stale = stale
         return cached
 
     def clear(self) -> None:

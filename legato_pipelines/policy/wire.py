@@ -39,7 +39,8 @@ CLIENT_FIELDS: dict[str, str] = {
     "temperature": "PolicyConfig.temperature",
     "top_p": "PolicyConfig.top_p",
     "max_tokens": "PolicyConfig.max_tokens",
-    "seed": "PolicyConfig.sampling_seed",
+    "seed": "PolicyConfig.sampling_seed (each request gets its own seed derived from it)",
+    "cache_salt": "the load mode (derived from the checkpoint's fingerprint)",
     "logprobs": "the client (always on: RL needs the behaviour policy's logprobs)",
     "top_logprobs": "the client (0: a null top_logprobs yields no logprobs on vLLM)",
     "return_token_ids": "PolicyConfig.request_token_ids",
@@ -71,7 +72,7 @@ KNOWN_EXTRA_FIELDS: frozenset[str] = frozenset(
         "continue_final_message", "add_special_tokens", "documents", "chat_template",
         "chat_template_kwargs", "mm_processor_kwargs", "structured_outputs", "guided_json",
         "guided_regex", "guided_choice", "guided_grammar", "priority", "request_id",
-        "cache_salt", "return_tokens_as_token_ids", "logprob_token_ids", "return_prompt_text",
+        "return_tokens_as_token_ids", "logprob_token_ids", "return_prompt_text",
         "include_reasoning", "vllm_xargs", "kv_transfer_params",
         # SGLang
         "separate_reasoning", "stream_reasoning", "return_hidden_states", "return_input_ids",
@@ -347,10 +348,14 @@ def normalize(
         if len(set(lengths.values())) > 1:
             notes.append("length_mismatch: " + " ".join(f"{k}={v}" for k, v in lengths.items()))
 
-    fingerprint = payload.get("system_fingerprint")  # which weights answered, if it says
+    calls = message.get("tool_calls")
+    fingerprint = payload.get("system_fingerprint")  # a fact; no proof of weights (§5)
     return PolicyResponse(
         content=message.get("content"),
         reasoning=reasoning,
+        tool_calls=[c for c in calls if isinstance(c, dict)] or None
+        if isinstance(calls, list)
+        else None,
         token_ids=token_ids,
         logprobs=logprobs,
         tokens=token_strings if token_ids is None else None,

@@ -3,15 +3,20 @@
 reset -> wait -> [observe -> policy call -> parse -> act -> wait until ready]* -> wait -> grade
 
 Everything it measures goes into the record: per-phase seconds, per-step model stats, per
-action act/wait/ready seconds. It raises nothing but :class:`PolicyConfigError` (which aborts
-the batch); every other failure becomes the record's status. The attempt is the boundary: any
+action act/wait/ready seconds. It raises nothing: every failure becomes the record's status. A
+:class:`PolicyConfigError` (a 401, a 404, the image limit: the batch's settings, refused
+mid-batch) ends the attempt as ``error`` kind ``config`` with the steps it ran, and sets
+``AttemptContext.abort`` (the batch stops taking attempts, then raises it); a
+:class:`PolicyRequestError` (a 400 for what this attempt's prompt carries) ends it as
+``error`` kind ``request`` and the batch goes on. The attempt is the boundary: any
 exception an attempt raises that is not one of the project's own (a truncated PNG from a
 desktop, a plain ``OSError``, a bug in a backend) ends that attempt as a desktop failure of
 kind ``unexpected`` (retried per ``env_retries``, then ``error`` kind ``env``, with the
 exception's type, redacted message and the line that raised it) and the batch goes on. A
-context-length 400 ends the
-attempt as ``truncated`` (graded, ``truncation`` says why); an evaluator that gives no valid
-reward (``None``, NaN, +-inf) is a desktop failure of kind ``invalid_reward`` (retried, then
+context-length 400, or an output the server shortened to fit its context (HTTP 200,
+``finish_reason: length``, fewer tokens than ``max_tokens``: vLLM >= 0.32), ends the attempt
+as ``truncated`` (graded, ``truncation`` says why; the cut step is recorded, flagged
+``truncated``, its actions not run); an evaluator that gives no valid reward (``None``, NaN, +-inf) is a desktop failure of kind ``invalid_reward`` (retried, then
 ``error``), never a reward.
 """
 
@@ -28,7 +33,14 @@ from typing import Any
 
 from .. import record as fmt
 from ..desktops.base import Desktop
-from ..errors import ContextLengthError, DesktopError, PolicyConfigError, PolicyError
+from ..errors import (
+    ContextLengthError,
+    DesktopError,
+    PolicyConfigError,
+    PolicyError,
+    PolicyRequestError,
+)
+from ..policy.response import CONTEXT_LENGTH
 from ..policy.wire import redact
 from ..record import (
     ActionRecord,
@@ -61,6 +73,10 @@ class AttemptContext:
     rollout_timeout: float | None
     eval_timeout: float
     env_retries: int
+    abort: PolicyConfigError | None = None
+    """Set by the first attempt that met a configuration error of the server mid-batch (a 401,
+    a 404, the image limit): its record is written, the attempts running finish and are
+    recorded, no new one starts, and the batch raises it (issue 31)."""
 
 
 def base_record(ctx: AttemptContext, ex: Execution, desktop: str | None) -> Record:
@@ -157,8 +173,10 @@ async def run_attempt(
     A ``DesktopError`` (in the reset too) gives status ``retried`` (the caller re-queues) or,
     when ``env_retries`` is used up, ``error`` kind ``env``; the caller must ``recover()`` the
     desktop. Any other exception that is not the project's own does the same with error type
-    ``unexpected`` (:func:`unexpected`). A ``PolicyError`` gives ``error`` kind ``policy``.
-    ``PolicyConfigError`` propagates; cancellation (``asyncio.CancelledError``) propagates.
+    ``unexpected`` (:func:`unexpected`). A ``PolicyError`` gives ``error`` kind ``policy``, a
+    ``PolicyRequestError`` kind ``request``, a ``PolicyConfigError`` kind ``config`` (and
+    sets ``ctx.abort``: the caller stops taking attempts); cancellation
+    (``asyncio.CancelledError``) propagates.
     What the desktop did on its own around the reset (``desktop.reset_facts``: a keyboard
     layout restored, unexpected windows closed before the policy's first action) goes into
     ``record.reset``, however the execution ended.
@@ -204,6 +222,7 @@ async def _run(
     task = group.task
     phase = "reset"
     outcome = None
+    status = fmt.OK
     if prepared.error is not None:
         return _desktop_failure(ctx, record, ex, prepared.error, phase, start, t0)
     try:
@@ -246,8 +265,9 @@ async def _run(
                 request.append(entry[1])
             ctx.writer.store_image(shot)
             phase = "policy"
+            seed = ctx.policy.config.request_seed(task.task_id, group.group_id, ex.attempt, step)
             t = time.perf_counter()
-            call = ctx.policy.complete(messages, episode.images)
+            call = ctx.policy.complete(messages, episode.images, seed=seed)
             if deadline is None:
                 response = await call
             else:
@@ -260,8 +280,11 @@ async def _run(
                     timing.policy_s += time.perf_counter() - t
                     raise _Truncated from None
             timing.policy_s += time.perf_counter() - t
-            parsed = episode.parse(response.content, response.finish_reason)
-            episode.record(response.content, parsed)
+            # the answer wherever the server's parsers put it (content, tool_calls, reasoning)
+            answer, answer_field = response.answer()
+            cut = response.cut(ctx.policy.config.output_limit)
+            parsed = episode.parse(answer, response.finish_reason)
+            episode.record(answer, parsed)
             step_record = Step(
                 step=step,
                 request=request,
@@ -275,8 +298,26 @@ async def _run(
             if response.prompt_token_ids is not None:
                 step_record.prompt_ids = encode_prompt_ids(prompt_ids, response.prompt_token_ids)
                 prompt_ids = response.prompt_token_ids
+            if seed is not None:
+                step_record.seed = seed
+            if answer_field != "content" and answer_field is not None:
+                step_record.answer_field = answer_field
+            if cut is not None:
+                step_record.truncated = cut
             steps.append(step_record)
             record.n_steps = len(steps)
+            if cut == CONTEXT_LENGTH:
+                # the server shortened the output to fit its context: the prompt has no room
+                # left for another step; this step's (cut) actions are not run
+                outcome, status = "context_length", fmt.TRUNCATED
+                record.truncation = (
+                    f"the output was cut at the model's context (HTTP 200, finish_reason "
+                    f"length after {response.completion_tokens} of max_tokens "
+                    f"{ctx.policy.config.output_limit} tokens, prompt {response.prompt_tokens} "
+                    "tokens) (fix: lower --image-max or --max-tokens, or raise the server's "
+                    "--max-model-len)"
+                )
+                break
             phase = "act"
             for action in parsed.actions:
                 if action.action == "terminate":
@@ -302,25 +343,23 @@ async def _run(
         if outcome == "cancelled":
             record.status = fmt.CANCELLED
             return _close(record, start, t0)
-        status = fmt.OK
     except _Truncated:
         outcome, status = "timeout", fmt.TRUNCATED
-    except PolicyConfigError:
-        raise
+    except PolicyConfigError as exc:
+        # the batch's settings, refused mid-batch: this attempt is recorded with its steps,
+        # the batch stops taking attempts (the engine raises ctx.abort once they are recorded)
+        if ctx.abort is None:
+            ctx.abort = exc
+        return _policy_failure(record, exc, fmt.CONFIG, phase, start, t0)
+    except PolicyRequestError as exc:
+        # a 400 for what this attempt's prompt carries: this attempt only
+        return _policy_failure(record, exc, fmt.REQUEST, phase, start, t0)
     except ContextLengthError as exc:
         # the prompt outgrew the model's context: this attempt ends here, the batch goes on
         outcome, status = "context_length", fmt.TRUNCATED
         record.truncation = str(exc)
     except PolicyError as exc:
-        record.status = fmt.ERROR
-        record.error = ErrorInfo(
-            kind=fmt.POLICY,
-            type=type(exc).__name__,
-            message=str(exc),
-            phase=phase,
-            attempts=exc.attempts,  # HTTP requests made for the failed call
-        )
-        return _close(record, start, t0)
+        return _policy_failure(record, exc, fmt.POLICY, phase, start, t0)
     except DesktopError as exc:
         return _desktop_failure(ctx, record, ex, exc, phase, start, t0)
     except Exception as exc:  # noqa: BLE001 - the attempt boundary (module doc)
@@ -389,6 +428,23 @@ def unexpected(exc: BaseException) -> DesktopError:
     error = DesktopError(f"{type(exc).__name__}: {message}{where}", kind="unexpected")
     error.__cause__ = exc
     return error
+
+
+def _policy_failure(
+    record: Record, exc: PolicyError, kind: str, phase: str, start: float, t0: float
+) -> Record:
+    """``record`` ended by a failed model call: status ``error``, ``error.kind`` ``kind``
+    (``policy`` | ``request`` | ``config``), the exception's type and (redacted) message, the
+    HTTP requests made for the call."""
+    record.status = fmt.ERROR
+    record.error = ErrorInfo(
+        kind=kind,
+        type=type(exc).__name__,
+        message=str(exc),
+        phase=phase,
+        attempts=exc.attempts,  # HTTP requests made for the failed call
+    )
+    return _close(record, start, t0)
 
 
 def _desktop_failure(

@@ -157,13 +157,16 @@ async def collect_async(
     )
     plan = await plan_load(load, policy) if load is not None else None
     if plan is not None:
-        policy = policy.model_copy(update={"model": plan.model})
+        # every request salted by the checkpoint: no prefix-cache hit on other weights' KV
+        policy = policy.model_copy(update={"model": plan.model, "cache_salt": plan.cache_salt})
     policy_info = PolicyRef(model=policy.model, version=policy.version)
     if plan is not None:
         policy_info.load = plan.spec.mode
         if plan.checkpoint is not None:
             policy_info.checkpoint = plan.checkpoint
             policy_info.fingerprint = plan.fingerprint["digest"]
+        if plan.cache_salt is not None:
+            policy_info.cache_salt = plan.cache_salt
     meta = {
         "format": FORMAT,
         "policy": policy_info.to_json_dict(),
@@ -372,6 +375,10 @@ async def _run_workers(
     for failure in results:
         if isinstance(failure, BaseException) and not isinstance(failure, DesktopError):
             raise failure
+    if ctx.abort is not None:
+        # the server refused the batch's settings mid-batch: every attempt that ran is
+        # recorded; the queued ones stay unrecorded (a resume runs them once fixed)
+        raise ctx.abort
     while (ex := sched.next()) is not None:
         record = settled_record(ctx, ex, ERROR)
         record.error = ErrorInfo(
@@ -389,12 +396,17 @@ async def _worker(
     while True:
         if asyncio.current_task().cancelling():  # a cancel something below swallowed
             raise asyncio.CancelledError
+        if ctx.abort is not None:  # the server refused the batch's settings: no new attempt
+            return
         got = await handout.take(asked)
         if got is None:
             return
         handed, prepared, waited, ahead = got
         ex = handed.ex
-        # cancelled or aborted (PolicyConfigError) here: the batch ends, the desktop with it
+        if ctx.abort is not None:  # refused while this runner waited: leave it queued
+            handout.release(handed.desktop, ran=True)
+            return
+        # cancelled here: the batch ends, the desktop with it
         record = await run_attempt(
             ctx, ex, handed.desktop, prepared, reset_critical_s=waited, reset_ahead=ahead
         )

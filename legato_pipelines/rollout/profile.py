@@ -35,7 +35,8 @@ def summarize(
     it, else the records' span from the first start to the last end (``wall_of``: ``session``
     or ``records``); ``time_share`` is each phase's share of the summed phase
     seconds of executed attempts; ``model_call_s`` percentiles are over every model call;
-    ``retried_calls`` are calls that needed more than one HTTP request, ``hung_calls`` the
+    ``policy_errors`` / ``request_errors`` / ``config_errors`` / ``env_errors`` count ``error``
+    records by ``error.kind``; ``retried_calls`` are calls that needed more than one HTTP request, ``hung_calls`` the
     requests cut at ``step_timeout`` (in completed steps, and every request of a call that failed
     with ``PolicyTimeout``); ``prefix_cache_hit_rate`` is cached / prompt tokens over
     the calls that reported cached tokens (``None`` when none did); ``logprobs_share`` /
@@ -142,6 +143,8 @@ def summarize(
             if r.error and r.error.type == "PolicyTimeout"
         ),
         "policy_errors": errors.get(fmt.POLICY, 0),
+        "request_errors": errors.get(fmt.REQUEST, 0),
+        "config_errors": errors.get(fmt.CONFIG, 0),
         "env_errors": errors.get(fmt.ENV, 0),
         "env_failures": env_failures,
         "env_failure_kinds": dict(sorted(env_kinds.items())),
@@ -227,9 +230,12 @@ def quality(
     ``logprob_sentinel_steps`` steps whose ids and logprobs disagree / that hold sentinel
     logprobs; ``logprobs_valid_share`` steps whose logprobs an importance ratio can use;
     ``server_aborts`` HTTP 200 answers that were aborted or empty (re-tried as server
-    failures); ``context_length_truncations`` attempts ended by a context-length 400, with
-    ``advice`` naming the settings to change; ``prompt_token_ids_share`` steps with the
-    server's prompt ids stored.
+    failures); ``context_length_truncations`` attempts ended at the context (a context-length
+    400, or an output the server shortened to fit: HTTP 200, ``finish_reason: length``), with
+    ``advice`` naming the settings to change; ``truncated_outputs`` steps whose output was cut,
+    by why (``Step.truncated``: ``max_tokens`` | ``context_length``); ``answers_outside_content``
+    steps whose answer was read from ``reasoning`` or ``tool_calls`` (``Step.answer_field``);
+    ``prompt_token_ids_share`` steps with the server's prompt ids stored.
     """
     from ..store.export import step_quality  # store.export imports nothing of the engine
 
@@ -257,6 +263,10 @@ def quality(
         else None,
         "server_aborts": aborts,
         "context_length_truncations": len(context),
+        "truncated_outputs": dict(
+            sorted(Counter(s.truncated for s in steps if s.truncated).items())
+        ),
+        "answers_outside_content": sum(1 for s in steps if s.answer_field),
         "prompt_token_ids_share": (sum(1 for s in steps if s.prompt_ids is not None) / len(steps))
         if steps
         else None,

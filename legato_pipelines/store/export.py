@@ -9,7 +9,9 @@ non-finite: stored as null, never as a number), ``logprobs_valid`` (all of it fi
 ``WHERE logprobs_valid`` keeps what an importance ratio can use) and ``reward_valid``; the
 exact prompt ids the server saw (``prompt_token_ids``, when it returned them), the
 sampling settings of the run and its weights (``served_model``, ``checkpoint_path``,
-``checkpoint_fingerprint``, ``load_mode``, ``load_proof``: lineage).
+``checkpoint_fingerprint``, ``load_mode``, ``load_proof``: lineage) and its GRPO group
+(``group_size``, ``group_size_expected``, ``group_complete``: an incomplete group's rows carry
+no advantage, :func:`export_steps`).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def sample_schema() -> pa.Schema:
             ("response_tokens", pa.list_(pa.string())),
             ("finish_reason", pa.string()),
             ("reward", pa.float64()),
-            ("advantage", pa.float64()),
+            ("advantage", pa.float64()),  # null for an incomplete group (group_complete)
             ("status", pa.string()),
             ("policy_version", pa.string()),
             ("task_set", pa.string()),
@@ -67,7 +69,8 @@ def sample_schema() -> pa.Schema:
             ("logprob_sentinels", pa.int32()),
             ("logprobs_valid", pa.bool_()),
             ("reward_valid", pa.bool_()),
-            # sampling settings of the run (run.json's sampling; None: not recorded)
+            # sampling settings of the run (run.json's sampling; None: not recorded);
+            # sampling_seed: the seed the step's request carried (Step.seed), else the run's
             ("temperature", pa.float64()),
             ("top_p", pa.float64()),
             ("max_tokens", pa.int64()),
@@ -80,6 +83,12 @@ def sample_schema() -> pa.Schema:
             ("checkpoint_fingerprint", pa.string()),
             ("load_mode", pa.string()),
             ("load_proof", pa.string()),
+            # the GRPO group: graded attempts (valid reward) the advantage is normalized over,
+            # the attempts it was collected for (run.json knobs.group; None: not recorded), and
+            # whether it has them all (None: size not recorded); incomplete: advantage null
+            ("group_size", pa.int32()),
+            ("group_size_expected", pa.int32()),
+            ("group_complete", pa.bool_()),
         ]
     )
 
@@ -154,8 +163,32 @@ def prompt_token_ids(record: Record) -> list[list[int] | None]:
     return out
 
 
-def group_advantages(
+def group_members(
     records: Iterable[Record | Mapping[str, Any]],
+) -> dict[str, list[tuple[str, Any]]]:
+    """``group_id -> [(rollout_id, reward), ...]`` over the ``ok``/``truncated`` attempts
+    (the GRPO group before rewards are checked). ``records``: typed or JSON dicts (only
+    ``rollout_id``, ``group_id``, ``reward`` and ``status`` are read)."""
+    groups: dict[str, list[tuple[str, Any]]] = defaultdict(list)
+    for r in records:
+        if isinstance(r, Record):
+            status, group_id, member = r.status, r.group_id, (r.rollout_id, r.reward)
+        else:
+            status, group_id = r.get("status"), r.get("group_id")
+            member = (r.get("rollout_id"), r.get("reward"))
+        if is_final(status):
+            groups[group_id].append(member)
+    return dict(groups)
+
+
+def graded_size(members: Iterable[tuple[str, Any]]) -> int:
+    """How many of a group's members (:func:`group_members`) have a valid reward: the
+    attempts its advantages are normalized over."""
+    return sum(1 for _, reward in members if valid_reward(reward))
+
+
+def group_advantages(
+    records: Iterable[Record | Mapping[str, Any]], *, group_size: int | None = None
 ) -> dict[str, float | None]:
     """GRPO advantages: ``rollout_id -> (reward - group mean) / group std``.
 
@@ -166,6 +199,11 @@ def group_advantages(
     defined for a group of one. When every valid reward in a group is equal (std 0) the
     advantages are 0: the group carries no learning signal.
 
+    ``group_size``: the attempts a group was collected for (``run.json``'s ``knobs.group``). A
+    group with fewer valid rewards than that is incomplete (a batch stopped early, attempts
+    ended in error, rewards invalid): its mean and std would be those of part of the group, so
+    all its members get ``None``. ``None`` (the size is not known): every group counts.
+
     Total over any input: an attempt whose reward is ``None``, NaN, +-inf or not a number is
     left out of its group's mean and std and gets ``None`` (never NaN, never an invented 0);
     a group with no valid reward gives ``None`` to all. Every returned number is finite.
@@ -173,18 +211,12 @@ def group_advantages(
     ``records``: typed records, or their JSON dicts (only ``rollout_id``, ``group_id``,
     ``reward`` and ``status`` are read).
     """
-    groups: dict[str, list[tuple[str, Any]]] = defaultdict(list)
-    for r in records:
-        if isinstance(r, Record):
-            status, group_id, member = r.status, r.group_id, (r.rollout_id, r.reward)
-        else:
-            status, group_id = r.get("status"), r.get("group_id")
-            member = (r.get("rollout_id"), r.get("reward"))
-        if is_final(status):
-            groups[group_id].append(member)
     out: dict[str, float | None] = {}
-    for members in groups.values():
+    for members in group_members(records).values():
         rewards = [float(reward) for _, reward in members if valid_reward(reward)]
+        if group_size is not None and len(rewards) < group_size:
+            out.update(dict.fromkeys((rollout_id for rollout_id, _ in members), None))
+            continue
         mean = std = 0.0
         if rewards:
             mean = math.fsum(rewards) / len(rewards)
@@ -199,6 +231,13 @@ def group_advantages(
     return out
 
 
+def run_group_size(meta: Mapping[str, Any]) -> int | None:
+    """The attempts per group a run was collected for (``run.json``'s ``knobs.group``), or
+    ``None`` for a run that does not record it."""
+    size = (meta.get("knobs") or {}).get("group")
+    return int(size) if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
 def __getattr__(name: str) -> Any:
     if name == "SAMPLE_SCHEMA":  # the pyarrow schema of a sample row (sample_schema())
         return sample_schema()
@@ -209,6 +248,11 @@ def export_steps(run_dir: str | Path, *, inline_images: bool = False) -> pa.Tabl
     """One row per step of every ``ok``/``truncated`` rollout with a valid reward (schema
     :data:`SAMPLE_SCHEMA`). A final rollout without a valid reward (a run written before
     such rewards became evaluator errors) is no training sample and is left out.
+
+    A group with fewer graded attempts than the run collected it for (``run.json``'s
+    ``knobs.group``: an interrupted batch, attempts in error) is kept but marked
+    ``group_complete = false``, with ``advantage`` null: an advantage normalized over part of
+    a group is not GRPO's (:func:`group_advantages`). :func:`incomplete_groups` counts them.
 
     ``messages`` is the JSON of the exact prompt sent at that step; images are
     ``legato-image://<sha>`` refs into ``<run_dir>/images/`` unless ``inline_images`` (then the
@@ -221,7 +265,9 @@ def export_steps(run_dir: str | Path, *, inline_images: bool = False) -> pa.Tabl
     sampling = meta.get("sampling") or {}
     weights = run_weights(meta)
     records = read_typed_records(run_dir)
-    advantages = group_advantages(records)
+    expected = run_group_size(meta)
+    advantages = group_advantages(records, group_size=expected)
+    sizes = {gid: graded_size(members) for gid, members in group_members(records).items()}
     import pyarrow as pa
 
     schema = sample_schema()
@@ -259,9 +305,24 @@ def export_steps(run_dir: str | Path, *, inline_images: bool = False) -> pa.Tabl
             rows["reward_valid"].append(True)
             for column, key in SAMPLING_COLUMNS.items():
                 rows[column].append(sampling.get(key))
+            if step.seed is not None:  # the seed this step's request carried (issue 31)
+                rows["sampling_seed"][-1] = step.seed
             for column in WEIGHTS_COLUMNS:
                 rows[column].append(weights[column])
+            size = sizes[record.group_id]
+            rows["group_size"].append(size)
+            rows["group_size_expected"].append(expected)
+            rows["group_complete"].append(None if expected is None else size >= expected)
     return pa.Table.from_pydict(rows, schema=schema)
+
+
+def incomplete_groups(samples: pa.Table) -> int:
+    """How many groups of an export (:func:`export_steps`, a ``samples`` partition) are
+    incomplete (``group_complete`` false); 0 for a table without the column (older files)."""
+    if "group_complete" not in samples.column_names:
+        return 0
+    rows = samples.select(["group_id", "group_complete"]).to_pylist()
+    return len({r["group_id"] for r in rows if r["group_complete"] is False})
 
 
 def run_weights(meta: Mapping[str, Any]) -> dict[str, str | None]:

@@ -14,12 +14,28 @@ A table's directory holds Parquet files and nothing else (temp files start with 
 pyarrow, pandas and DuckDB's ``*.parquet`` glob all skip), so ``ds.dataset("<lake>/profile",
 partitioning="hive")`` and ``pd.read_parquet`` read any table folder as it is.
 
+**Versions of the project.** Partitions written by an older release hold fewer columns than
+today's (the schemas in :mod:`.lake_tables` and :mod:`.export` only ever grow). A reader that
+takes one file's schema for the whole folder (``ds.dataset(folder)``, ``pd.read_parquet(folder)``:
+pyarrow infers it from the first file) silently drops the newer columns, so the lake's readers
+use the union of every partition's schema: :meth:`Lake.dataset` / :func:`read_table` (pyarrow:
+``pa.unify_schemas`` over the files' schemas and today's) and the views (DuckDB
+``union_by_name``). A column a file lacks reads as null.
+
+**Dropping a version.** :meth:`Lake.drop` removes a version's partitions and charts (and, if
+asked, its run directory) and rebuilds the views (``legato lake drop VERSION``).
+
 Parquet is the storage; DuckDB is only the read layer. DuckDB allows one writer process per
 database file, so nothing ever writes into ``legato.duckdb`` in place: the views are built in
 a temp file under an exclusive lock (``<lake>/.legato.duckdb.lock``, ``fcntl.flock``) and
 moved over the old file with ``os.replace``. Two partitions materializing at once therefore
 never collide, and readers open the file ``read_only=True`` (:meth:`Lake.connect`) while it
-is being replaced. The views read ``<lake>/<table>/*/*.parquet``, so a partition written
+is being replaced. Another process that opens ``legato.duckdb`` read-write (a DuckDB shell, a
+notebook's ``duckdb.connect`` without ``read_only``) locks every reader out: :meth:`Lake.connect`
+then raises :class:`LakeLockedError`, naming the holder's pid and the way around it,
+``Lake.connect(parquet=True)`` (``legato lake query --parquet``): the same views in an
+in-memory database over the Parquet files. The file is written for DuckDB 1.x's storage
+format (:data:`STORAGE_COMPATIBILITY`), so DuckDB 1.0 and later open it. The views read ``<lake>/<table>/*/*.parquet``, so a partition written
 after the views were built shows up without a rebuild. They take ``policy_version`` from the
 files (every partition file carries it, :meth:`Lake.write` checks), not from folder names, so
 a folder whose name is no valid key (one written before keys were checked:
@@ -52,15 +68,16 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from ..errors import ConfigError
+from ..errors import ConfigError, LegatoError
 from ..versions import check_version_key, sort_versions
 
 TABLES = ("rollouts", "steps", "samples", "profile")
@@ -74,6 +91,10 @@ RUNS_DIR = "runs"
 CHARTS_DIR = "charts"
 RECORDS_FILE = "rollouts.jsonl"
 CACHE_ENV = "LEGATO_LAKE_CACHE"
+STORAGE_COMPATIBILITY = "v1.0.0"
+"""DuckDB ``storage_compatibility_version`` of ``legato.duckdb``: the storage format DuckDB 1.0
+and every later release read (storage version 64 in the file's header). DuckDB 2.x's default,
+``latest``, writes a header (version 999) that DuckDB 1.x refuses; the views need nothing newer."""
 OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "az", "abfss"})
 """fsspec protocols whose writes are single atomic PUTs (no rename needed, none available)."""
 
@@ -85,6 +106,35 @@ _EXTRA_VIEWS = {
         "unnest(map_values(time_share)) AS share FROM profile",
     ),
 }
+
+
+class LakeLockedError(LegatoError):
+    """``legato.duckdb`` is open read-write in another process, so DuckDB lets no reader in.
+    ``pid`` is the holder's process id as DuckDB reports it (``None`` when it names none)."""
+
+    def __init__(self, message: str, pid: int | None = None):
+        super().__init__(message)
+        self.pid = pid
+
+
+def _locked_message(path: Path, exc: duckdb.Error) -> LakeLockedError | None:
+    """The clear error for DuckDB's "Could not set lock" on ``path``, or ``None`` for another
+    error. DuckDB's message names the holder: ``Conflicting lock is held in <program> (PID n)``."""
+    text = str(exc)
+    if "Could not set lock" not in text and "Conflicting lock" not in text:
+        return None
+    match = re.search(r"held in (.+?) \(PID (\d+)\)", text)
+    pid = int(match.group(2)) if match else None
+    holder = f"process {pid} ({match.group(1)})" if match else "another process"
+    return LakeLockedError(
+        f"lake: {path} is open read-write in {holder}, so DuckDB lets no reader in. "
+        "Legato itself never holds it open (materializations build the views in a temp file), "
+        "so this is a DuckDB shell or script that opened it without read_only: close it "
+        f"(or wait for it to finish{f'; `ps -p {pid} -o args=` shows what it is' if pid else ''}), "
+        "open it with duckdb.connect(..., read_only=True) from now on, or query the Parquet "
+        "files directly: `legato lake query --parquet` (Lake.query(sql, parquet=True)).",
+        pid,
+    )
 
 
 def _valid_key(name: str) -> bool:
@@ -395,7 +445,9 @@ class Lake:
             statements = self.view_sql()
             tmp = self.cache_dir / f".{DUCKDB_FILE}.{uuid.uuid4().hex}.tmp"
             try:
-                con = duckdb.connect(str(tmp))
+                con = duckdb.connect(
+                    str(tmp), config={"storage_compatibility_version": STORAGE_COMPATIBILITY}
+                )
                 try:
                     if self.fs is not None:  # views over URLs bind through fsspec
                         con.register_filesystem(self.fs)
@@ -410,27 +462,149 @@ class Lake:
                 Path(f"{tmp}.wal").unlink(missing_ok=True)
         return list(statements)
 
-    def connect(self) -> duckdb.DuckDBPyConnection:
+    def connect(self, *, parquet: bool = False) -> duckdb.DuckDBPyConnection:
         """A read-only connection to ``legato.duckdb`` (any number of readers at once).
 
-        Raises ``FileNotFoundError`` before the first materialization built it. A URL lake
-        builds this host's views file on first use (the data is in the lake, not here)."""
+        Raises ``FileNotFoundError`` before the first materialization built it, and
+        :class:`LakeLockedError` when another process holds the file read-write (module doc).
+        A URL lake builds this host's views file on first use (the data is in the lake, not
+        here). ``parquet=True``: no file at all, the same views (:meth:`view_sql`) in an
+        in-memory database over the Parquet files; works while the file is locked or missing.
+        """
+        if parquet:
+            con = duckdb.connect()
+            try:
+                if self.fs is not None:
+                    self.fs.invalidate_cache()
+                    con.register_filesystem(self.fs)
+                for sql in self.view_sql().values():
+                    con.execute(sql)
+            except BaseException:
+                con.close()
+                raise
+            return con
         if self.fs is not None and not self.duckdb_path.is_file():
             self.refresh_views()
         if not self.duckdb_path.is_file():
             raise FileNotFoundError(
                 f"lake: {self.duckdb_path} does not exist yet (materialize a partition first)"
             )
-        con = duckdb.connect(str(self.duckdb_path), read_only=True)
+        try:
+            con = duckdb.connect(str(self.duckdb_path), read_only=True)
+        except duckdb.Error as exc:
+            locked = _locked_message(self.duckdb_path, exc)
+            if locked is None:
+                raise
+            raise locked from None
         if self.fs is not None:
             self.fs.invalidate_cache()
             con.register_filesystem(self.fs)
         return con
 
-    def query(self, sql: str, params: list | None = None) -> pa.Table:
-        """Run one SQL query on the views (read-only) and return the result as Arrow."""
-        con = self.connect()
+    def query(self, sql: str, params: list | None = None, *, parquet: bool = False) -> pa.Table:
+        """Run one SQL query on the views (read-only) and return the result as Arrow.
+        ``parquet``: as :meth:`connect`'s. Raises what :meth:`connect` raises, and
+        ``duckdb.Error`` for bad SQL."""
+        con = self.connect(parquet=parquet)
         try:
             return con.sql(sql, params=params).to_arrow_table()
         finally:
             con.close()
+
+    def dataset(self, table: str, versions: Iterable[str] | None = None) -> ds.Dataset:
+        """A pyarrow dataset over ``table``'s partitions (all, or those of ``versions``) with
+        the union schema of every file (module doc): today's schema of the table first, then
+        any column only older or newer files hold; a column a file lacks reads as null.
+
+        ``ConfigError`` for an unknown table or version key; ``FileNotFoundError`` when a
+        version named in ``versions`` has no partition of ``table``. An empty dataset (no
+        partition) has today's schema."""
+        if table not in TABLES:
+            raise ConfigError(f"lake: unknown table {table!r} (one of {', '.join(TABLES)})")
+        held = self.versions(table)
+        names = held if versions is None else [check_version_key(v) for v in versions]
+        missing = [v for v in names if v not in held]
+        if missing:
+            raise FileNotFoundError(
+                f"lake: no {table} partition for policy_version {', '.join(map(repr, missing))} "
+                f"in {self.root} (`legato lake views` lists what it holds)"
+            )
+        files = [str(self.partition_file(table, v)) for v in names]
+        if self.fs is not None:
+            files = [self.fs._strip_protocol(f) for f in files]
+        options = {"format": "parquet", "filesystem": self.fs} if self.fs else {"format": "parquet"}
+        found = ds.dataset(files, **options)
+        schemas = [known_schema(table)] + [f.physical_schema for f in found.get_fragments()]
+        schema = pa.unify_schemas(schemas, promote_options="permissive")
+        return ds.dataset(files, schema=schema, **options)
+
+    def read_all(
+        self, table: str, versions: Iterable[str] | None = None, filter: ds.Expression | None = None
+    ) -> pa.Table:
+        """``table``'s rows of every version (or of ``versions``) as one Arrow table with the
+        union schema (:meth:`dataset`); ``filter`` a pyarrow expression
+        (``ds.field("logprobs_valid")``)."""
+        return self.dataset(table, versions).to_table(filter=filter)
+
+    def drop(self, version: str, *, run: bool = False) -> list[str]:
+        """Remove ``version`` from the lake: its partition of every table and its charts (with
+        ``run``, its run directory too, the records it was built from; a URL lake's local
+        copy as well), then rebuild the views; return what was removed (paths).
+
+        Under the lake's lock, so no view rebuild runs half-way through it. Dagster's record
+        of the partition's materializations is Dagster's: delete the partition there
+        (``dagster instance`` / the UI) if it should go too. ``ConfigError`` for an invalid key.
+        """
+        key = check_version_key(version)
+        places = [self.partition_dir(t, key) for t in TABLES] + [self.chart_dir(key)]
+        if run:
+            places.append(self.run_location(key))
+            if self.fs is not None:
+                places.append(self.run_dir(key))
+        removed: list[str] = []
+        with self._locked():
+            for place in places:
+                if self.fs is not None and isinstance(place, str):
+                    self.fs.invalidate_cache()
+                    if self.fs.exists(place):
+                        self.fs.rm(place, recursive=True)
+                        removed.append(place)
+                elif Path(place).exists():
+                    shutil.rmtree(place)
+                    removed.append(str(place))
+        self.refresh_views()
+        return removed
+
+
+def known_schema(table: str) -> pa.Schema:
+    """Today's schema of a lake table (``samples``: the step export's and the lineage's)."""
+    from .lake_tables import PROFILE_SCHEMA, ROLLOUTS_SCHEMA, STEPS_SCHEMA, samples_schema
+
+    if table == "samples":
+        return samples_schema()
+    return {"rollouts": ROLLOUTS_SCHEMA, "steps": STEPS_SCHEMA, "profile": PROFILE_SCHEMA}[table]
+
+
+def read_table(
+    lake: str | Path | Lake,
+    table: str,
+    versions: Iterable[str] | None = None,
+    filter: ds.Expression | None = None,
+) -> pa.Table:
+    """Read a lake table across versions of the project: :meth:`Lake.read_all` of ``lake``
+    (a root directory, an fsspec URL, or a :class:`Lake`). Every column any partition holds is
+    there (null where a file lacks it), unlike ``ds.dataset(folder)`` and
+    ``pd.read_parquet(folder)``, which keep the first file's columns only."""
+    store = lake if isinstance(lake, Lake) else Lake(lake)
+    return store.read_all(table, versions, filter)
+
+
+def read_samples(
+    lake: str | Path | Lake,
+    versions: Iterable[str] | None = None,
+    filter: ds.Expression | None = None,
+) -> pa.Table:
+    """The ``samples`` table (training rows) of ``versions`` (default: all) with every column
+    of every version of the project: :func:`read_table` of ``samples``. ``.to_pandas()`` for
+    a DataFrame; ``filter`` e.g. ``ds.field("logprobs_valid") & ds.field("group_complete")``."""
+    return read_table(lake, "samples", versions, filter)

@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from ..record import PHASES, STATUSES, Record, as_record
 from ..versions import version_step
-from .export import run_weights, step_quality
+from .export import run_weights, sample_schema, step_quality
 
 # PHASES: timing phases of a record (``timing.<phase>_s``), in the order an attempt runs them.
 # STATUSES: record statuses (docs/architecture.md §3); ``profile`` has one ``count_<status>``
@@ -241,6 +241,15 @@ PROFILE_SCHEMA = pa.schema(
         pa.field("summary", pa.string()),  # the whole summary.json, JSON
     ]
 )
+
+
+def samples_schema() -> pa.Schema:
+    """Today's schema of the ``samples`` table: the step export's
+    (:func:`~legato_pipelines.store.export.sample_schema`), then the lineage columns
+    :func:`samples_table` adds (``policy_step``, ``run_id``, ``collect_run_id``)."""
+    base = sample_schema()
+    extra = [f for f in (*_LINEAGE_FIELDS, _COLLECT_RUN) if f.name not in base.names]
+    return pa.schema([*base, *extra])
 
 
 def _sum(values: Iterable[Any]) -> float | None:
