@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 
 from legato_pipelines import DesktopConfig, PolicyConfig, collect, export_steps
-from legato_pipelines.errors import ModelFilesError
+from legato_pipelines.errors import ModelFilesError, ResumeError
 from legato_pipelines.model_files import base_root, files_identity, served_identity
-from legato_pipelines.store.rundir import read_meta
+from legato_pipelines.store.rundir import RunWriter, read_meta
 from legato_pipelines.trainer.gap import gap_stats
 from legato_pipelines.trainer.inputs import check_model_files
 from tests.engine_support import fake_tasks
@@ -143,3 +143,25 @@ def test_gap_stats():
     k3 = ((2 - 1 - math.log(2)) + (0.5 - 1 + math.log(2))) / 3
     assert stats["k3_kl"] == pytest.approx(k3) and stats["k3_kl"] > 0
     assert gap_stats([])["mean_abs_dlogp"] is None
+
+
+def test_resume_refuses_other_model_files(policy_server, tmp_path):
+    out = tmp_path / "run"
+    collect(
+        fake_tasks(1),
+        PolicyConfig(base_url=policy_server.url, model=policy_server.model, version="v1"),
+        out,
+        desktop=DesktopConfig(backend="fake"),
+        desktops=1,
+        group=1,
+        max_steps=1,
+    )
+    meta = read_meta(out)
+    first = {"root": "/models/a", "source": "server_root", "tokenizer_sha256": "a" * 64}
+    (out / "run.json").write_text(json.dumps({**meta, "model_files": first}))
+    RunWriter(out).check({**meta, "model_files": first})  # the same files: resumable
+    unknown = {"root": "m", "source": "unreadable", "tokenizer_sha256": None}
+    RunWriter(out).check({**meta, "model_files": unknown})  # nothing to compare
+    other = {**first, "root": "/models/b", "tokenizer_sha256": "b" * 64}
+    with pytest.raises(ResumeError, match="tokenizer_sha256"):
+        RunWriter(out).check({**meta, "model_files": other})

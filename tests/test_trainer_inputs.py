@@ -22,7 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 from legato_pipelines import DesktopConfig, PolicyConfig, collect, export_steps
-from legato_pipelines.assets import checks
+from legato_pipelines.assets import checks, tables
 from legato_pipelines.cli import app
 from legato_pipelines.errors import ModelFilesError
 from legato_pipelines.model_files import files_identity
@@ -46,7 +46,7 @@ def _no_key(monkeypatch):
     monkeypatch.delenv("LEGATO_POLICY_KEY", raising=False)
 
 
-@pytest.fixture(scope="module", params=["qwen2_5_vl"])
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
 def fp32_server(request, tmp_path_factory):
     """A real vLLM server of this module's own serving a tiny model in float32
     (``--dtype float32``; the session server computes in the checkpoint's bfloat16, which
@@ -131,15 +131,17 @@ RECOMPUTE = r"""
 import json, sys
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
-from legato_pipelines.trainer.inputs import model_inputs, response_logprobs
+from legato_pipelines.trainer.inputs import SampleDataset, response_logprobs
 
 rows_path, model_dir, images = sys.argv[1:4]
 rows = [json.loads(line) for line in open(rows_path)]
 processor = AutoProcessor.from_pretrained(model_dir)
 model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+data = SampleDataset(rows, processor, images)  # model_inputs of each row
+assert isinstance(data, torch.utils.data.Dataset) and len(data) == len(rows)
 out = []
-for row in rows:
-    inputs = model_inputs(row, processor, images)
+for inputs in torch.utils.data.DataLoader(data, batch_size=None, collate_fn=lambda x: x):
+    row = inputs["row"]
     with_types = response_logprobs(model, inputs).tolist()
     inputs.pop("mm_token_type_ids")
     without = response_logprobs(model, inputs).tolist()
@@ -205,6 +207,10 @@ def test_gap_passes_the_served_weights_and_flags_other_weights(lake_batch, fp32_
     assert 1 - 1e-3 < same["ratio_min"] <= same["ratio_max"] < 1 + 1e-3
     passed = checks.train_inference_gap(same, max_mean_abs=0.05)
     assert passed.passed and passed.metadata["mean_abs_dlogp"].value == same["mean_abs_dlogp"]
+    # what the training_samples asset evaluates when LEGATO_GAP_MODEL is set
+    config = tables.SamplesConfig(gap_model=str(served), gap_python=str(python), gap_rows=3)
+    result = tables._gap_result(config, lake_batch, VERSION)
+    assert result.passed and result.metadata["rows"].value == 3
 
     print(f"\nmeasured: served weights {figures(same)}")
     differ = run_worker(rows, other, images, python=python)
@@ -212,6 +218,8 @@ def test_gap_passes_the_served_weights_and_flags_other_weights(lake_batch, fp32_
     assert differ["mean_abs_dlogp"] > 0.05 and differ["k3_kl"] > 0.01
     failed = checks.train_inference_gap(differ, max_mean_abs=0.05)
     assert not failed.passed
+    config = tables.SamplesConfig(gap_model=str(other), gap_python=str(python), gap_rows=3)
+    assert not tables._gap_result(config, lake_batch, VERSION).passed
     assert {"max_abs_dlogp", "k3_kl", "ratio_p05", "ratio_p95"} <= set(failed.metadata)
 
     # the CLI, as a user runs it: exit 0 on the served weights, 1 on the others
