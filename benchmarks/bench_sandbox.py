@@ -1,7 +1,7 @@
 """Benchmark sandboxed local desktops against unsandboxed ones, in the same run.
 
     python benchmarks/bench_sandbox.py [--width 1280 --height 720] [--n 10] [--json out.json]
-                                       [--network host|own]
+                                       [--network host|none|own]
 
 Starts three real desktop servers (Xvfb + openbox; taking turns, so machine load hits all
 alike) and measures:
@@ -131,7 +131,7 @@ def show(results: dict) -> None:
 
 def main() -> None:
     parser = screen_parser(__doc__)
-    parser.add_argument("--network", choices=["host", "own"], default="host")
+    parser.add_argument("--network", choices=["host", "none", "own"], default="host")
     args = parser.parse_args()
     results = asyncio.run(bench(args.width, args.height, args.n, args.network))
     show(results)

@@ -31,6 +31,8 @@ APT_PACKAGES=(
   # pasta: desktops' own networks with a route out and their CDP/VLC ports forwarded
   # (--network own, desktops/local/sandbox.py): 0.4 MB
   passt
+  # the sandbox escape tests build a small /etc/ld.so.preload library (tests/test_desktop_sandbox_escapes.py)
+  gcc libc6-dev
   # scale-out proof (Postgres run storage, Redis broker for Celery run workers)
   postgresql redis-server
 )

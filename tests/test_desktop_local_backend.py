@@ -138,7 +138,7 @@ async def test_bad_options_are_config_errors(monkeypatch):
             DesktopConfig(backend="local", options={"urls": ["http://127.0.0.1:1"]}), 2
         )
     for options, message in (
-        ({"network": "bridge"}, "must be one of host, none, own, got 'bridge'"),
+        ({"network": "bridge"}, "must be one of auto, host, none, own, got 'bridge'"),
         ({"network": "own", "sandbox": False}, "network=own needs the sandbox"),
     ):
         with pytest.raises(ConfigError, match=message):

@@ -155,7 +155,10 @@ SET_CLEAR_ON_EXIT = (
 
 def _run(tasks, cache: Path, script: dict, out: Path) -> dict[str, dict]:
     (out.parent / f"{out.name}.json").write_bytes(orjson.dumps(script))
-    desktop = DesktopConfig(backend="local", options={"cache_dir": str(cache)})
+    # network=host: the websites of the Picard task are served on this host's loopback, which
+    # the default (auto: a network of its own) does not reach (docs/sandbox.md §1)
+    options = {"cache_dir": str(cache), "network": "host"}
+    desktop = DesktopConfig(backend="local", options=options)
     with ScriptedPolicyServer(script=out.parent / f"{out.name}.json") as server:
         policy = PolicyConfig(base_url=server.url, model=server.model, version="v1")
         collect(tasks, policy, out, desktops=1, desktop=desktop, group=1, max_steps=8)

@@ -148,6 +148,10 @@ def _collect(root: Path, out: Path, *backend: str) -> dict[str, dict]:
                 "--tasks", str(root / "tasks.json"), "--policy-url", server.url,
                 "--model", server.model, "--out", str(out), "--desktops", "1",
                 "--group", "1", "--max-steps", "3", "--json",
+                # the tab task's page is served on this host's loopback, which only the
+                # host's network reaches (the default, auto, gives the batch a network of
+                # its own that reaches no host loopback service: docs/sandbox.md §1)
+                "--desktop-option", 'network="host"',
             ],
             capture_output=True, text=True, timeout=900, cwd=REPO_ROOT,
         )  # fmt: skip

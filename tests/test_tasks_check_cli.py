@@ -296,8 +296,9 @@ TABS = {
 def test_the_local_network_option_is_checked_and_changes_the_verdict(tmp_path):
     """Desktop option network: a bad value is an error naming the option and its values; the
     verdict for a task whose setup and grader reach Chrome's DevTools port follows it, as
-    collect's preflight does: none cuts the port off, host (the default) shares it among all
-    desktops (refused with 2+ at once), own gives each desktop its own."""
+    collect's preflight does: none cuts the port off, host shares it among all desktops
+    (refused with 2+ at once), own gives each desktop its own, and so does auto (the
+    default) for a batch with such a task."""
     from legato_pipelines.desktops.local.apps import installed_apps
     from legato_pipelines.desktops.osworld import osworld_python
 
@@ -308,7 +309,7 @@ def test_the_local_network_option_is_checked_and_changes_the_verdict(tmp_path):
 
     bogus = legato(*check, "--desktop-option", "network=bogus")
     assert bogus.returncode == 2
-    assert "desktop option 'network' must be one of host, none, own, got 'bogus'" in (
+    assert "desktop option 'network' must be one of auto, host, none, own, got 'bogus'" in (
         bogus.stdout + bogus.stderr
     )
 
@@ -317,15 +318,17 @@ def test_the_local_network_option_is_checked_and_changes_the_verdict(tmp_path):
         assert proc.returncode in (0, 1), proc.stderr
         return proc.returncode, orjson.loads(proc.stdout)
 
-    code, doc = verdict()  # host network, one desktop: the port is this desktop's
-    assert code == 0 and doc["local_desktops"]["network"] == "host", doc["problems"]
+    code, doc = verdict("--desktops", "2")  # auto: a network of its own for such a task
+    assert code == 0 and doc["local_desktops"]["network"] == "auto", doc["problems"]
     (task,) = doc["tasks"]
     assert task["desktop_ports"] == [9222]
     assert task["port_parts"] == ["setup step chrome_open_tabs", "getter open_tabs_info"]
-    code, doc = verdict("--desktops", "2")
+    code, doc = verdict("--desktop-option", "network=host")  # one desktop: the port is its own
+    assert code == 0 and doc["local_desktops"]["network"] == "host", doc["problems"]
+    code, doc = verdict("--desktop-option", "network=host", "--desktops", "2")
     assert code == 1
     (problem,) = doc["problems"]["local"]
-    assert "network=host (the default) all 2 desktops share" in problem
+    assert "network=host all 2 desktops share" in problem
     assert "fix: --desktop-option network=own" in problem
     code, doc = verdict("--desktop-option", "network=none")
     assert code == 1 and "network=none cuts off" in doc["problems"]["local"][0]
@@ -351,12 +354,13 @@ def test_collect_refuses_a_bad_network_and_a_shared_port_before_anything_runs(
     tasks = load_tasks(write(tmp_path, "tabs.json", [TABS]))
     policy = PolicyConfig(base_url=policy_server.url, model=policy_server.model, version="v1")
     out = tmp_path / "run"
-    with pytest.raises(ConfigError, match="must be one of host, none, own, got 'bogus'"):
+    with pytest.raises(ConfigError, match="must be one of auto, host, none, own, got 'bogus'"):
         collect(
             tasks, policy, out, desktop=DesktopConfig(backend="local", options={"network": "bogus"})
         )
+    host = DesktopConfig(backend="local", options={"network": "host"})
     with pytest.raises(TaskListError, match="all 2 desktops share"):
-        collect(tasks, policy, out, desktops=1, spares=1, desktop=DesktopConfig(backend="local"))
+        collect(tasks, policy, out, desktops=1, spares=1, desktop=host)
     assert not out.exists()
 
 

@@ -81,13 +81,15 @@ def serve(
         ),
     ] = True,
     network: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="Sandboxed desktops' network: host; none (a loopback of their own); or own (a"
-            " network of their own with a route out, Chrome's and VLC's OSWorld ports forwarded"
-            " from free host ports: needs pasta, apt-get install passt)."
+            help="Sandboxed desktops' network: own (the default: a network of their own with a"
+            " route out and Chrome's and VLC's OSWorld ports forwarded from free host ports,"
+            " nothing of this host's loopback; needs pasta, apt-get install passt); none (a"
+            " loopback of their own); or host (this host's, its loopback services included:"
+            " a warning is printed). Unsandboxed desktops are on the host's network."
         ),
-    ] = "host",
+    ] = None,
     ready_source: Annotated[
         str,
         typer.Option(
@@ -115,10 +117,16 @@ def serve(
     ] = Path.home() / ".config" / "legato" / "desktop.token",
 ) -> None:
     """Start COUNT desktops and serve them until Ctrl-C; restart any that dies."""
+    if network is None:  # the served desktops' tasks are not known: own works for any
+        network = "own" if sandbox else "host"
     if network not in NETWORKS:
         fail(f"--network must be one of {', '.join(NETWORKS)}, got {network!r}")
     if network != "host" and not sandbox:
         fail(f"--network {network} needs the sandbox (drop --no-sandbox)")
+    if network == "host" and sandbox:
+        from ..desktops.network import HOST_WARNING
+
+        _err.print(f"[yellow]warning: {HOST_WARNING}[/]")
     if ready_source not in READY_SOURCES:
         fail(f"--ready-source must be one of {', '.join(READY_SOURCES)}, got {ready_source!r}")
     token, written = _token(token_file)
@@ -171,7 +179,7 @@ async def _serve(
     token: str,
     written: Path | None,
     sandbox: bool = True,
-    network: str = "host",
+    network: str = "own",
     ready_source: str = "damage",
 ) -> None:
     servers = [

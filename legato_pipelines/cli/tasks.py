@@ -218,7 +218,7 @@ def check_command(
         typer.Option(
             "--desktop-option",
             help="Backend option KEY=JSON (repeatable), as collect's: grader=own|osworld, "
-            "osworld_python=PATH, cache_dir=DIR, network=host|none|own, urls=[...] change the "
+            "osworld_python=PATH, cache_dir=DIR, network=auto|host|none|own, urls=[...] change the "
             "verdict as they change collect's preflight.",
         ),
     ] = None,
@@ -228,7 +228,7 @@ def check_command(
             "--desktops",
             min=1,
             help="Local desktops collect opens at once (its --desktops plus --spares): on "
-            "network=host (the default) they share Chrome's and VLC's ports, so with 2+ the "
+            "network=host they share Chrome's and VLC's ports, so with 2+ the "
             "tasks whose setup or grader reaches those ports cannot run.",
         ),
     ] = 1,
@@ -340,7 +340,7 @@ def check_command(
         if "local" in checked and support.local_network == "host" and ports:
             _out.print(
                 f"[dim]{len(ports)} task(s) hold Chrome's port 9222 or VLC's 8080, which on "
-                "network=host (the default) all local desktops share: run 2+ desktops with "
+                "network=host all local desktops share: run 2+ desktops with "
                 "--desktop-option network=own (per-desktop ports) or one at a time; those whose "
                 "setup or grader reaches the port are refused with 2+ (--desktops N)[/]",
                 highlight=False,

@@ -33,7 +33,7 @@ def backend_support(
     ``local``: this host's apps and pyautogui (probed once per process; desktops attached by
     ``urls`` run elsewhere, so no app is held against a task there), the grader of option
     ``grader`` (``desktops/osworld/grader.py``: OSWorld's names when its venv is installed),
-    option ``network`` (``host`` by default; not known for ``urls``, whose servers chose
+    option ``network`` (``auto`` by default; not known for ``urls``, whose servers chose
     theirs) which with ``desktops`` decides the tasks reaching Chrome's or VLC's port
     (``osworld_format/ports.py``); ``osworld``: the installed desktop-env's names when its
     interpreter exists; every backend: the file cache of option ``cache_dir``, by default
@@ -47,7 +47,7 @@ def backend_support(
 
     options = dict(options or {})
     fields: dict[str, Any] = {"cache_dir": file_cache_dir(options)}
-    network = "host"
+    network = "auto"
     if backend in ("local", "osworld") and {"sandbox", "network"} & options.keys():
         _, network = sandbox_options(options)  # osworld: its provider local's servers
     if backend == "local":

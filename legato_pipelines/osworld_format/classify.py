@@ -147,8 +147,9 @@ class BackendSupport(BaseModel):
     backend's grader knows (OSWorld's own when the venv is installed, else the own subset:
     ``desktops/osworld/grader.py``); ``osworld_grader``: the installed desktop-env's names for
     the osworld backend (``None``: not known, names are checked when a task resets).
-    ``local_network``: the local desktops' desktop option ``network`` (``host``, ``none``,
-    ``own``; ``None``: not known, desktops attached by URL) and ``local_desktops`` how many
+    ``local_network``: the local desktops' desktop option ``network`` (``auto``, the default:
+    ``own`` for a batch with a task needing a network, ``desktops/network.py``; ``host``,
+    ``none``, ``own``; ``None``: not known, desktops attached by URL) and ``local_desktops`` how many
     run at once (collect's runners + spares): together they decide whether a task whose
     setup or grader reaches Chrome's or VLC's port can run (:mod:`.ports`).
     """
@@ -160,7 +161,7 @@ class BackendSupport(BaseModel):
     cache_dir: Path | None = None
     local_grader: GraderNames = OWN_GRADER
     osworld_grader: GraderNames | None = None
-    local_network: Literal["host", "none", "own"] | None = "host"
+    local_network: Literal["auto", "host", "none", "own"] | None = "auto"
     local_desktops: int = Field(1, ge=1)
 
 

@@ -8,7 +8,8 @@ the setup steps ``chrome_open_tabs``, ``chrome_close_tabs`` and ``login`` and th
 below (the functions of ``evaluators/getters/chrome.py`` and ``vlc.py`` that use those ports).
 
 On a local desktop (docs/local-desktop.md §12) the desktop option ``network`` decides where
-those ports are: ``host`` (the default) shares the host's ports among all desktops, so only
+those ports are: ``auto`` (the default) is ``own`` for a batch holding such a task
+(``desktops/network.py``); ``host`` shares the host's ports among all desktops, so only
 one desktop at a time can hold 9222/1337/8080 and with two desktops or more one desktop's
 setup or grader can reach another's browser; ``none`` gives each desktop a loopback of its
 own that nothing outside reaches (so the grader reaches no port at all); ``own`` forwards
@@ -78,7 +79,7 @@ def network_problems(parts: list[tuple[str, int]], network: str | None, desktops
     """Why the local desktops' ``network`` (``None``: not known, desktops attached by URL)
     stops a task whose ``parts`` (:func:`grader_port_parts`) reach a desktop port, with
     ``desktops`` desktops open at once. Empty when nothing does."""
-    if not parts or network in (None, "own"):
+    if not parts or network in (None, "own", "auto"):  # auto: own for a task like this
         return []
     what = ", ".join(name for name, _ in parts[:3]) + (" ..." if len(parts) > 3 else "")
     ports = " and ".join(PORT_NAMES[p] for p in dict.fromkeys(port for _, port in parts))
@@ -89,7 +90,7 @@ def network_problems(parts: list[tuple[str, int]], network: str | None, desktops
         ]
     if network == "host" and desktops >= 2:
         return [
-            f"{what} reach {ports}, which on network=host (the default) all {desktops} "
+            f"{what} reach {ports}, which on network=host all {desktops} "
             "desktops share: one desktop's setup or grader would reach another desktop's app "
             "(fix: --desktop-option network=own, per-desktop ports, needs pasta; or one "
             "desktop: --desktops 1 --spares 0)"

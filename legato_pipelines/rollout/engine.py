@@ -20,6 +20,7 @@ from typing import Any
 
 from ..desktops import open_desktops, warm_up
 from ..desktops.base import Desktop, DesktopConfig
+from ..desktops.network import resolve_network
 from ..errors import DesktopError, LoadError, PolicyConfigError, TaskListError
 from ..model_files import served_identity
 from ..policy.config import PolicyConfig
@@ -134,6 +135,10 @@ async def collect_async(
     updates = settings.overrides(OVERRIDES_DESKTOP)
     if updates:
         desktop = DesktopConfig.model_validate(desktop.model_dump() | updates)
+    if desktop_pool is None:  # the desktops' network, fixed when they start: per batch
+        desktop, network = resolve_network(desktop, task_set.tasks)
+    else:
+        network = {}
     effective = settings.model_copy(
         update={
             **{name: getattr(policy, name) for name in OVERRIDES_POLICY},
@@ -151,7 +156,7 @@ async def collect_async(
         spares = min(settings.spares or 0, len(desktop_pool) - 1)
         desktops = len(desktop_pool) - spares
     effective = effective.model_copy(update={"spares": spares})
-    knobs = effective.knobs(backend=desktop.backend, desktops=desktops)
+    knobs = effective.knobs(backend=desktop.backend, desktops=desktops) | network
     group, oversample, seed = settings.group, settings.oversample, settings.seed
     harness_obj = Harness(
         variant=settings.harness, history=settings.history, image_max=settings.image_max

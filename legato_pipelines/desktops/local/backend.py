@@ -31,9 +31,11 @@ one (or ``grader=own``) the project's own subset runs them (``osworld_format.run
   sandbox       run each desktop in its own sandbox (default true: namespaces, OSWorld's
                 ``user`` and /home/user, sudo inside, revert in ~0.1 s; needs root); false
                 runs the task's processes on the host as ``user`` with no isolation
-  network       sandboxed desktops: "host" (default), "none" (a loopback of its own) or "own"
-                (a network of its own with a route out and OSWorld's Chrome and VLC ports
+  network       sandboxed desktops: "auto" (default: per batch, "none" when no task needs a
+                network, else "own"; desktops/network.py), "none" (a loopback of its own),
+                "own" (a network of its own with a route out and OSWorld's Chrome and VLC ports
                 forwarded from free host ports: desktops running Chrome at once do not collide)
+                or "host" (the host's, its loopback services included: logged as a warning)
   user          desktop user of unsandboxed servers run as root (default legato-desktop)
   template      directory copied into each baseline HOME (pre-built app profiles)
   prebuild      apps whose pre-built profile goes into each baseline HOME (default
@@ -133,7 +135,7 @@ class ServerProcess:
         start_timeout: float = 30.0,
         token: str | None = None,
         sandbox: bool = True,
-        network: str = "host",
+        network: str = "none",
         ready_source: str = "damage",
         fork: bool = False,
     ):
@@ -192,7 +194,7 @@ class ServerProcess:
         ]
         if self.user:
             argv += ["--user", self.user]
-        argv += ["--sandbox" if self.sandbox else "--no-sandbox", "--network", self.network]
+        argv += ["--sandbox", "--network", self.network] if self.sandbox else ["--no-sandbox"]
         argv += ["--ready-source", self.ready_source]
         if self.template:
             argv += ["--template", str(self.template)]
@@ -479,17 +481,30 @@ NETWORKS = PORT_NETWORKS
 
 def sandbox_options(options: dict[str, Any]) -> tuple[bool, str]:
     """``(sandbox, network)`` from desktop options ``sandbox`` (default true) and ``network``
-    (``"host"``, the default, ``"none"`` or ``"own"``). Raises ``ConfigError`` naming the option."""
-    sandbox, network = options.get("sandbox", True), options.get("network", "host")
+    (``"auto"``, the default: decided per batch by :func:`..network.resolve_network`;
+    ``"host"``, ``"none"`` or ``"own"``). Unsandboxed, the network is the host's (``auto``
+    becomes ``"host"``). Raises ``ConfigError`` naming the option."""
+    from ..network import AUTO, CHOICES
+
+    sandbox, network = options.get("sandbox", True), options.get("network", AUTO)
     if not isinstance(sandbox, bool):
         raise ConfigError(f"desktop option 'sandbox' must be true or false, got {sandbox!r}")
-    if network not in NETWORKS:
+    if network not in CHOICES:
         raise ConfigError(
-            f"desktop option 'network' must be one of {', '.join(NETWORKS)}, got {network!r}"
+            f"desktop option 'network' must be one of {', '.join(CHOICES)}, got {network!r}"
         )
-    if network != "host" and not sandbox:
-        raise ConfigError(f"desktop option network={network} needs the sandbox (sandbox=true)")
+    if not sandbox:
+        if network not in (AUTO, "host"):
+            raise ConfigError(f"desktop option network={network} needs the sandbox (sandbox=true)")
+        return sandbox, "host"
     return sandbox, network
+
+
+def server_network(network: str) -> str:
+    """The ``--network`` of a server started for desktop option ``network``: ``auto`` that no
+    batch decided (desktops opened without their tasks; a batch decides before it opens any,
+    :func:`..network.resolve_network`) is ``none``, the least the desktop can reach."""
+    return "none" if network == "auto" else network
 
 
 async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> list[LocalDesktop]:
@@ -528,7 +543,7 @@ async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> 
             prebuild=prebuild,
             start_timeout=float(options.get("start_timeout", 30.0)),
             sandbox=sandbox,
-            network=network,
+            network=server_network(network),
             fork=True,  # from the template all servers of this event loop share
         )
         token = server.choose_token()

@@ -88,7 +88,7 @@ class SessionBus:
         self.procs = procs
         self.log_path = Path(log_path)
         self._proc: subprocess.Popen | None = None
-        self._entered = False  # the Popen is nsenter; the daemon is its child
+        self._entered = False  # the Popen is the enter helper; the daemon is its child
 
     def start(self, run_as: RunAs, runtime_dir: str, host_runtime_dir: Path) -> float:
         """Start the daemon as ``run_as`` on ``<runtime_dir>/bus``; returns the seconds it took.
@@ -145,7 +145,7 @@ class SessionBus:
         if proc is None:
             return
         root = proc.pid
-        # the daemon outlives its nsenter for a moment and is then re-parented to the server:
+        # the daemon outlives its enter helper for a moment and is then re-parented to the server:
         # keep selecting the pids found at first until they are gone and reaped
         first = {root} | descendants(root, process_table())
         try:
@@ -154,11 +154,11 @@ class SessionBus:
             raise SessionBusError(f"stopping the session bus: {exc}") from None
 
     def alive(self) -> bool:
-        """True while the daemon (or its ``nsenter``) runs."""
+        """True while the daemon (or its enter helper) runs."""
         return self._proc is not None and self._proc.poll() is None
 
     def pids(self, table=None) -> set[int]:
-        """The daemon's own host pids (with its ``nsenter``), not the services it activated."""
+        """The daemon's own host pids (with its enter helper), not the services it activated."""
         if self._proc is None:
             return set()
         table = table if table is not None else process_table()

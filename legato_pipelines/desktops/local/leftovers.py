@@ -10,9 +10,10 @@ by the session; this module covers the rest of the sandbox's writable places, ea
 - **reported** (:func:`written`), so that the reset reverts the whole sandbox (rare, and
   only root inside can write there): the overlays' upper layers (``/etc /usr /var /opt``),
   the sandbox's own tmpfs root and its ``/root``, ``/mnt``, ``/media``, ``/srv``, new
-  entries in ``/dev``, and System V semaphores, message queues and shared memory segments
-  left in the sandbox's ipc namespace (segments die with their last process, as the setup
-  sets ``kernel.shm_rmid_forced``; semaphores and queues would live on).
+  entries in ``/dev``, and System V semaphores and message queues left in the sandbox's ipc
+  namespace (:func:`ipc_objects`; shared memory segments die with their last attach, as
+  ``kernel.shm_rmid_forced`` is on). A sandboxed desktop's ipc namespace is its X server's,
+  which outlives the sandbox: a revert empties it (:func:`clear_ipc`).
 
 Mounts made inside need no check: no process in the sandbox holds ``CAP_SYS_ADMIN``
 (:data:`.sandbox.CAPS_DROPPED`), so none can mount. Paths are read through ``/proc/<init>/root`` (the
@@ -43,6 +44,9 @@ DEV_ENTRIES = frozenset(
 #: Directories that must stay empty.
 EMPTY_DIRS = ("root", "mnt", "media", "srv")
 CLONE_NEWIPC = 0x08000000
+IPC_RMID = 0
+#: System V object kinds, as ``/proc/sysvipc`` names them.
+IPC_KINDS = ("sem", "msg", "shm")
 
 
 def written(root: Path, uppers: list[Path]) -> list[str]:
@@ -124,16 +128,62 @@ def changed(root: Path, expected: dict[str, Attributes]) -> list[str]:
     return [f"attributes of /{path}" for path, attrs in expected.items() if now[path] != attrs]
 
 
-def ipc_objects(init_pid: int) -> list[str]:
-    """System V IPC objects alive in ``init_pid``'s ipc namespace (``ipc/sem``,
-    ``ipc/msg``, ``ipc/shm`` once each when any exists). Read by a short-lived thread that
-    joins that namespace (``/proc/sysvipc`` shows the reader's); ``[]`` when it cannot."""
+def ipc_objects(ns: str, kinds: tuple[str, ...] = IPC_KINDS) -> list[str]:
+    """System V IPC objects alive in the ipc namespace ``ns`` (a namespace file:
+    ``/proc/<pid>/ns/ipc``, or ``/proc/self/fd/<n>`` of an open one), as ``ipc/sem``,
+    ``ipc/msg``, ``ipc/shm`` once each of ``kinds`` when any exists. Read by a short-lived
+    thread that joins that namespace (``/proc/sysvipc`` shows the reader's); ``[]`` when it
+    cannot."""
     found: list[str] = []
 
     def read() -> None:
+        for kind in kinds:
+            if _ipc_ids(kind):
+                found.append(f"ipc/{kind}")
+
+    _in_ipc_ns(ns, read)
+    return found
+
+
+def clear_ipc(ns: str, kinds: tuple[str, ...] = IPC_KINDS) -> None:
+    """Remove every System V object of ``kinds`` in the ipc namespace ``ns`` (as
+    :func:`ipc_objects` names it), as ``ipcrm --all`` does (``IPC_RMID``: a segment still
+    attached goes with its last detach). For a namespace that outlives the sandbox (the
+    desktop's, shared with its X server): dropping the sandbox no longer drops its objects."""
+
+    def remove() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        for kind in kinds:
+            for ipc_id in _ipc_ids(kind):
+                if kind == "sem":
+                    libc.semctl(ipc_id, 0, IPC_RMID)
+                elif kind == "msg":
+                    libc.msgctl(ipc_id, IPC_RMID, None)
+                else:
+                    libc.shmctl(ipc_id, IPC_RMID, None)
+
+    _in_ipc_ns(ns, remove)
+
+
+def _ipc_ids(kind: str) -> list[int]:
+    """Ids of the System V objects of ``kind`` (``sem``, ``msg``, ``shm``) in the caller's
+    ipc namespace (``/proc/sysvipc/<kind>``: a header, then one line an object, id second)."""
+    try:
+        with open(f"/proc/sysvipc/{kind}") as f:
+            return [int(line.split()[1]) for line in f.readlines()[1:] if line.strip()]
+    except (OSError, ValueError, IndexError):
+        return []
+
+
+def _in_ipc_ns(ns: str, fn) -> None:
+    """Run ``fn()`` in a short-lived thread that joins the ipc namespace ``ns`` first (a
+    thread may change its own ipc namespace; the server's other threads stay where they are).
+    Does nothing when the namespace cannot be opened or joined."""
+
+    def run() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         try:
-            fd = os.open(f"/proc/{init_pid}/ns/ipc", os.O_RDONLY)
+            fd = os.open(ns, os.O_RDONLY)
         except OSError:
             return
         try:
@@ -141,18 +191,11 @@ def ipc_objects(init_pid: int) -> list[str]:
                 return
         finally:
             os.close(fd)
-        for kind in ("sem", "msg", "shm"):
-            try:
-                with open(f"/proc/sysvipc/{kind}") as f:
-                    if len(f.readlines()) > 1:  # a header line, then one line an object
-                        found.append(f"ipc/{kind}")
-            except OSError:
-                pass
+        fn()
 
-    thread = threading.Thread(target=read, name="legato-ipc-check")
+    thread = threading.Thread(target=run, name="legato-ipc")
     thread.start()
     thread.join()
-    return found
 
 
 def clear(root: Path, uid: int) -> None:

@@ -109,7 +109,7 @@ class RunAs:
     """Who a desktop process runs as: ``uid``/``gid`` (``None`` = the server's own), its
     environment (built from scratch, never inherited from the server) and working directory.
 
-    ``prefix``: an argv that enters the desktop's sandbox (``nsenter ... --``, which also sets
+    ``prefix``: an argv that enters the desktop's sandbox (``enter.py enter ... --``, which also sets
     the user and the working directory inside); the command runs after it, a shell string as
     ``/bin/sh -c``.
     """

@@ -4,7 +4,11 @@ Every process of the task (apps, setup and evaluator commands, whatever the poli
 runs in the desktop's own user, mount, pid and ipc namespaces (and optionally its own network
 namespace: nothing but a loopback, or connected by passt's ``pasta`` with a route out and
 per-desktop host ports forwarded to its Chrome and VLC ports), built with util-linux's
-``unshare`` and entered with ``nsenter``; no home-made container runtime. Inside (docs/sandbox.md has the whole picture):
+``unshare``, and entered through :mod:`.enter` (the host's Python: ``setns``, bounding set and
+user set before anything of the sandbox's root runs); no container runtime. The ipc namespace
+is, for a desktop's sandboxes (``Sandbox.start(ipc_ns=)``), its X server's, which they all
+join, so that MIT-SHM works and the X server sees no host segment. Inside (docs/sandbox.md has
+the whole picture):
 
 - account ``user`` (uid 1000), HOME ``/home/user``, password ``password`` (OSWorld's
   ``{CLIENT_PASSWORD}``), ``sudo -S`` accepting it: root *inside the sandbox only*;
@@ -52,8 +56,10 @@ from __future__ import annotations
 
 import os
 import select
+import shlex
 import shutil
 import subprocess
+import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -77,7 +83,10 @@ ID_MAP = "0 0 65536\n"
 START_TIMEOUT_S = 10.0
 #: passt's ``pasta`` (Debian package ``passt``): connects a sandbox's own network namespace.
 PASTA = "pasta"
-TOOLS = ("unshare", "nsenter", "setpriv", "findmnt", "mount", "pivot_root", "tini", "sudo")
+TOOLS = ("unshare", "nsenter", "setpriv", "findmnt", "mount", "tini", "sudo")
+#: The host's interpreter (an absolute path) that runs ``enter.py`` to enter a sandbox or start
+#: its init: host code drops every privilege before anything of the sandbox's root runs.
+HOST_PYTHON = os.path.realpath(sys.executable)
 #: Capabilities dropped from the bounding set of the sandbox's init and of every process
 #: entered, so that not even root inside (``sudo``) can hold them. ``sys_admin``: no mount or
 #: remount (``/proc/sys``, ``/sys`` stay read-only, nothing mounted inside outlives a reset);
@@ -144,14 +153,18 @@ done
 for l in bin sbin lib lib32 lib64 libx32; do [ -L "/$l" ] && ln -s "$(readlink "/$l")" "$R/$l"; done
 mkdir -p "$R/proc" "$R/sys" "$R/dev" "$R/tmp" "$R/home" "$R/root" "$R/run" "$R/mnt" "$R/media" "$R/srv" "$R/.old"
 mount -t proc -o nosuid,nodev,noexec proc "$R/proc"
-echo 1 > "$R/proc/sys/kernel/shm_rmid_forced"
+# a shared ipc namespace (the X server's) was set up by the server, and is not ours to set
+if [ "$OWN_IPC" = 1 ]; then echo 1 > "$R/proc/sys/kernel/shm_rmid_forced"; fi
 for p in $PROC_READONLY; do
   [ -e "$R/proc/$p" ] || continue
   mount --bind "$R/proc/$p" "$R/proc/$p"; mount -o remount,bind,ro "$R/proc/$p"
 done
 for p in $PROC_MASKED; do
   if [ -d "$R/proc/$p" ]; then mount -t tmpfs -o ro,mode=0555 legato-masked "$R/proc/$p"
-  elif [ -e "$R/proc/$p" ]; then mount --bind /dev/null "$R/proc/$p"; fi
+  elif [ -e "$R/proc/$p" ]; then
+    # read-only: a writable bind of the host's /dev/null would let root inside chmod it
+    mount --bind /dev/null "$R/proc/$p"; mount -o remount,bind,ro,nosuid,noexec "$R/proc/$p"
+  fi
 done
 mount --rbind /sys "$R/sys"
 for p in $SYS_MASKED; do
@@ -166,7 +179,9 @@ done
 mkdir "$R/dev/pts" "$R/dev/shm" "$R/dev/mqueue"
 mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts "$R/dev/pts"
 mount -t tmpfs -o "mode=1777,nosuid,nodev,size=$TMPFS_SIZE" shm "$R/dev/shm"
-mount -t mqueue -o nosuid,nodev,noexec mqueue "$R/dev/mqueue"
+# in a shared ipc namespace only its owner (host root) may mount its mqueue: the server
+# empties the X server's mount of it instead (Sandbox.clear_shared)
+if [ "$OWN_IPC" = 1 ]; then mount -t mqueue -o nosuid,nodev,noexec mqueue "$R/dev/mqueue"; fi
 ln -s pts/ptmx "$R/dev/ptmx"
 ln -s /proc/self/fd "$R/dev/fd"
 ln -s /proc/self/fd/0 "$R/dev/stdin"; ln -s /proc/self/fd/1 "$R/dev/stdout"; ln -s /proc/self/fd/2 "$R/dev/stderr"
@@ -185,12 +200,9 @@ if [ -n "$X_SOCKET" ]; then
 fi
 if [ "$OWN_NET" = 1 ]; then ip link set lo up; fi
 cd "$R"
-pivot_root . .old
-cd /
-umount -n -l /.old  # -n: no /run/mount/utab in the new /run
-rmdir /.old
-echo ready
-exec setpriv --bounding-set "$CAPS_DROPPED" -- env -i /usr/bin/tini -s -p SIGKILL -- /bin/sleep infinity </dev/null >/dev/null 2>&1
+# the host's Python (enter.py): pivot_root, old root detached, bounding set dropped, and only
+# then tini from the new root (nothing of it runs or is loaded with more than that set)
+eval "exec $INIT_ARGV"
 """
 
 
@@ -388,6 +400,8 @@ class Sandbox:
         self._spare: Future | None = None
         self._spare_layers = self.dir / "layers-1"
         self._x_socket: str | None = None
+        self._ipc_fd: int | None = None  # the shared ipc namespace (our own dup), or None
+        self._mqueue_fd: int | None = None  # its POSIX message queue directory (our dup)
         self._worker: ThreadPoolExecutor | None = None
         self._starting: set[int] = set()  # unshare pids of sandboxes being started
 
@@ -432,13 +446,24 @@ class Sandbox:
         chrome.write_seed(self.dir / "seed")  # google-chrome as Chromium (chrome.py)
         mime_defaults.write_seed(self.dir / "seed")  # Ubuntu's default apps (mime_defaults.py)
 
-    def start(self, x_socket: str | None) -> float:
+    def start(
+        self, x_socket: str | None, ipc_ns: int | None = None, mqueue: int | None = None
+    ) -> float:
         """Start a clean sandbox (and a spare in the background); returns the seconds it took
         (~0.07 s). ``x_socket``: the X server's socket file, bound into ``/tmp/.X11-unix``.
+        ``ipc_ns``: an open file descriptor of the ipc namespace every sandbox of this start
+        joins (the X server's, so that MIT-SHM works and the X server sees no host segment;
+        it is duplicated, the caller keeps its own); ``None``: each sandbox gets its own.
+        ``mqueue``: with ``ipc_ns``, an open directory of that namespace's ``mqueue`` file
+        system (duplicated too), emptied on every reset as the sandbox's own would be.
         Raises :class:`SandboxError` with the setup's own error when it fails."""
         t0 = time.perf_counter()
+        # dup'ed before stop() closes ours (a revert restarting passes them back)
+        ipc_fd = os.dup(ipc_ns) if ipc_ns is not None else None
+        mqueue_fd = os.dup(mqueue) if ipc_ns is not None and mqueue is not None else None
         self.stop()
         self._x_socket = x_socket
+        self._ipc_fd, self._mqueue_fd = ipc_fd, mqueue_fd
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="legato-sandbox")
         self._active = self._worker.submit(self._launch, self.dir / "layers-0", x_socket).result()
@@ -460,6 +485,10 @@ class Sandbox:
             except Exception:  # a spare that failed to start has nothing to stop
                 pass
         self._starting.clear()
+        for fd in (self._ipc_fd, self._mqueue_fd):
+            if fd is not None:
+                os.close(fd)
+        self._ipc_fd = self._mqueue_fd = None
 
     def close(self) -> None:
         """Stop everything and the worker thread."""
@@ -477,6 +506,7 @@ class Sandbox:
         self._active = None
         if old is not None:
             old.stop()
+        self._clear_shared_ipc()  # the shared namespace outlives the sandbox
         spare, self._spare = self._spare, None
         try:
             if spare is None:
@@ -484,7 +514,7 @@ class Sandbox:
             self._active = spare.result()
             self._starting.discard(self._active.anchor.pid)
         except Exception:
-            return {"revert_s": self.start(self._x_socket)}
+            return {"revert_s": self.start(self._x_socket, self._ipc_fd, self._mqueue_fd)}
         self._connect(self._active)
         if old is not None:
             self._spare_layers = old.layers
@@ -515,13 +545,12 @@ class Sandbox:
         """
         if self._active is None:
             raise SandboxError("the desktop's sandbox is not running")
-        argv = ["nsenter", "-t", str(self._active.init_pid), "--user", "--mount", "--pid"]
-        argv.append("--ipc")
-        if not self.network:
-            argv.append("--net")
-        argv += ["--root", "--", "setpriv", "--bounding-set", _bounding_drop()]
-        argv += ["--reuid", str(uid), "--regid", str(uid), "--clear-groups"]
-        return argv + ["--", "env", "-C", cwd, "--"]
+        from . import enter
+
+        net = not self.network
+        return enter.enter_argv(
+            HOST_PYTHON, self._active.init_pid, CAPS_DROPPED, net, uid, uid, cwd
+        )
 
     def dirty(self) -> list[str]:
         """What the task left that only a revert undoes (:func:`.leftovers.written`: the
@@ -536,7 +565,10 @@ class Sandbox:
         root = Path(f"/proc/{self._active.init_pid}/root")
         found = leftovers.written(root, [u for u in uppers if u.is_dir()])
         found += leftovers.changed(root, self._active.attrs)
-        return found + leftovers.ipc_objects(self._active.init_pid)
+        # in the X server's namespace a segment of a killed app lives until the X server has
+        # seen its client go (then kernel.shm_rmid_forced ends it): only the other kinds count
+        kinds = ("sem", "msg") if self._ipc_fd is not None else leftovers.IPC_KINDS
+        return found + leftovers.ipc_objects(f"/proc/{self._active.init_pid}/ns/ipc", kinds)
 
     def clean_homes(self) -> None:
         """``/home`` back to what the setup bound (``homes/``: 0755, root's, nothing but
@@ -559,6 +591,19 @@ class Sandbox:
 
         if self._active is not None:
             leftovers.clear(Path(f"/proc/{self._active.init_pid}/root"), SANDBOX_UID)
+        if self._mqueue_fd is not None:
+            leftovers.empty_fd(self._mqueue_fd)
+
+    def _clear_shared_ipc(self) -> None:
+        """Empty the shared ipc namespace (none: nothing to do) of what only a revert undid
+        when it was the sandbox's own: System V semaphores and message queues (segments die
+        with their last attach), POSIX message queues."""
+        from . import leftovers
+
+        if self._ipc_fd is not None:
+            leftovers.clear_ipc(self._ipc_path(), ("sem", "msg"))
+        if self._mqueue_fd is not None:
+            leftovers.empty_fd(self._mqueue_fd)
 
     def describe(self) -> dict:
         """For ``/legato/health``: the sandbox's user, HOME, network and init pid."""
@@ -572,6 +617,10 @@ class Sandbox:
         }
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _ipc_path(self) -> str:
+        """The shared ipc namespace as a path (our process's own descriptor of it)."""
+        return f"/proc/{os.getpid()}/fd/{self._ipc_fd}"
 
     def _connect(self, instance: _Instance) -> None:
         """Start ``pasta`` for ``instance``'s network namespace (with :attr:`forward`), on the
@@ -624,7 +673,7 @@ class Sandbox:
                 (layers / kind / name).mkdir(parents=True)
         _fresh_dirs(layers, x_socket)
         (layers / "root").mkdir(exist_ok=True)
-        from . import chrome
+        from . import chrome, enter
 
         env = {
             "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
@@ -634,17 +683,22 @@ class Sandbox:
             "UID_IN": str(SANDBOX_UID),
             "X_SOCKET": x_socket or "",
             "OWN_NET": "0" if self.network else "1",
+            "OWN_IPC": "1" if self._ipc_fd is None else "0",
             "TMPFS_SIZE": self.tmpfs_size,
             "SMALL_TMPFS": SMALL_TMPFS,
             "PROC_READONLY": " ".join(PROC_READONLY),
             "PROC_MASKED": " ".join(PROC_MASKED),
             "SYS_MASKED": " ".join(SYS_MASKED),
-            "CAPS_DROPPED": _bounding_drop(),
+            "INIT_ARGV": shlex.join(enter.init_argv(HOST_PYTHON, CAPS_DROPPED)),
             # host file -> mount point in the seed layer ("src:dst" words; chrome.py)
             "BINDS": " ".join(f"{src}:{dst}" for src, dst in chrome.bind_mounts(self.dir / "seed")),
         }
-        argv = ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--user", "--mount"]
-        argv += ["--pid", "--ipc", "--fork", "--kill-child", "--propagation", "private"]
+        argv = ["setpriv", "--pdeathsig", "KILL", "--"]
+        if self._ipc_fd is not None:  # join the shared ipc namespace (as host root, first)
+            argv += ["nsenter", f"--ipc=/proc/self/fd/{self._ipc_fd}", "--"]
+        argv += ["unshare", "--user", "--mount", "--pid"]
+        argv += [] if self._ipc_fd is not None else ["--ipc"]
+        argv += ["--fork", "--kill-child", "--propagation", "private"]
         if not self.network:
             argv.append("--net")
         argv += ["--", "sh", "-c", SETUP_SCRIPT]
@@ -655,6 +709,7 @@ class Sandbox:
             stderr=subprocess.PIPE,
             env=env,
             start_new_session=True,
+            pass_fds=() if self._ipc_fd is None else (self._ipc_fd,),
         )
         self._starting.add(proc.pid)
         try:
@@ -700,11 +755,6 @@ def _fresh_dirs(layers: Path, x_socket: str | None) -> None:
             0o644,
         )
         os.close(fd)
-
-
-def _bounding_drop() -> str:
-    """``setpriv --bounding-set`` argument dropping :data:`CAPS_DROPPED`."""
-    return ",".join(f"-{cap}" for cap in CAPS_DROPPED)
 
 
 def _write_id_maps(proc: subprocess.Popen) -> None:

@@ -209,11 +209,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--network",
         choices=["host", "none", "own"],
-        default="host",
-        help="sandboxed desktops: the host's network; none at all (a loopback of its own); or"
-        " own: a network namespace of its own with a route out (pasta, package passt) and the"
+        default=None,
+        help="sandboxed desktops: none at all (a loopback of its own; the default); own: a"
+        " network namespace of its own with a route out (pasta, package passt) and the"
         " Chrome DevTools bridge (9222) and VLC (8080) forwarded from free host ports, so"
-        " desktops running Chrome or VLC at once do not collide (the ready line's 'ports')",
+        " desktops running Chrome or VLC at once do not collide (the ready line's 'ports');"
+        " or host: the host's, every loopback service of the host included (a warning is"
+        " logged). Unsandboxed desktops are on the host's network",
     )
     parser.add_argument(
         "--ready-source",
@@ -248,8 +250,15 @@ def main(argv: list[str] | None = None) -> None:
         support = check_support()
         if not support.ok:
             sys.exit(f"error: {support.problem}")
-    elif args.network != "host":
+        args.network = args.network or "none"
+        if args.network == "host":
+            from ..network import HOST_WARNING
+
+            print(f"warning: {HOST_WARNING}", file=sys.stderr, flush=True)
+    elif args.network not in (None, "host"):
         sys.exit(f"error: --network {args.network} needs the sandbox (drop --no-sandbox)")
+    else:
+        args.network = "host"
     become_subreaper()
     own_state = args.state_dir is None
     if own_state:

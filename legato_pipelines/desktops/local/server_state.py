@@ -32,6 +32,7 @@ from .prepared_obs import PreparedObservations
 from .procs import descendants, process_table
 from .session import Session
 from .wire import READY_SOURCES  # damage (poll where the X server has no DAMAGE) | poll
+from .xstate import XState, restore, snapshot
 from .xthread import XThread
 
 REAP_INTERVAL_S = 1.0
@@ -112,6 +113,7 @@ class DesktopServer:
         self.launch_mark: LaunchMark | None = None
         self.before_action: np.ndarray | None = None  # the screen just before the last action
         self.keyboard_baseline: KeyboardState | None = None  # the layout at start (keymap.py)
+        self.x_baseline: XState | None = None  # the X server's state at start (xstate.py)
         self.heavy = False  # a heavy app (ready.HEAVY_APPS) ran at the last look
         self._heavy_refresh: asyncio.Task | None = None
         self._reaper: asyncio.Task | None = None
@@ -138,6 +140,7 @@ class DesktopServer:
     async def start(self) -> None:
         await self.x.run(self.session.start)
         self.keyboard_baseline = await self.x.run(lambda: keyboard_state(self.x.ctx().display))
+        self.x_baseline = await self.x.run(lambda: snapshot(self.x.ctx().state))
         self._reaper = asyncio.create_task(self._reap_forever())
         self._hotkey_watch = asyncio.create_task(self._watch_hotkey_forever())
         self.clean_at = self.changes  # HOME is the baseline, the bus and the sandbox are new
@@ -308,8 +311,8 @@ class DesktopServer:
         only passes its arguments to an instance already running also ends with 0 and
         leaves nothing new: it is reported too (setups carry on after it)."""
         t0 = time.monotonic()
-        # processes below ``proc`` that are not the app's children: sandboxed, proc is nsenter
-        # and the app its child
+        # processes below ``proc`` that are not the app's children: sandboxed, proc is the
+        # enter helper and the app its child
         wrappers = 1 if self.session.sandbox is not None else 0
         seen: set[int] = set()  # live below proc at the last look (a child must stay alive)
         while proc.poll() is None and time.monotonic() < t0 + LAUNCH_CHECK_S:
@@ -411,6 +414,7 @@ class DesktopServer:
     def _fast_reset_sync(self) -> dict:
         detail = self.session.fast_reset()
         detail |= self._restore_keyboard()
+        detail |= self._restore_x_state()
         self._settle_input()
         return detail
 
@@ -432,6 +436,16 @@ class DesktopServer:
             self.x.ctx().display, self.session.display, self.keyboard_baseline
         )
         return {"keyboard_restored": restored} if restored else {}
+
+    def _restore_x_state(self) -> dict:
+        """The X server's state at start (:mod:`.xstate`: locks, button map, screen saver,
+        resources, cut buffers, selections, font path, access control...), back if the task
+        changed it: ``{"x_restored": ["pointer_mapping", ...]}`` or ``{}``. Raises
+        ``XStateError`` when it cannot be (a fast reset then falls back to a full restart)."""
+        if self.x_baseline is None:
+            return {}
+        restored = restore(self.x.ctx().state, self.x_baseline)
+        return {"x_restored": restored} if restored else {}
 
     def _settle_input(self) -> None:
         ctx = self.x.ctx()

@@ -195,7 +195,13 @@ class Session:
         self.wm_home = self.state / "wm"
         self.display: str | None = None
         self._xvfb: subprocess.Popen | None = None
+        #: sandboxed: open descriptors of Xvfb's own ipc namespace, which the sandboxes join,
+        #: and of that namespace's POSIX message queue directory (an ``mqueue`` mount)
+        self.ipc_ns: int | None = None
+        self.mqueue: int | None = None
         self._wm: subprocess.Popen | None = None
+        #: the display's abstract socket name, bound and held (never listening): :func:`_hold_abstract`
+        self._x_name: socket.socket | None = None
         self.generation = 0  # bumped on every X (re)start; X clients reconnect when it changes
         # the session D-Bus with dconf (dbus_session.py), when Debian's packages are there
         self.bus_missing = dbus_session.missing()
@@ -326,7 +332,7 @@ class Session:
         if self.sandbox is None:
             return
         try:
-            self.sandbox.start(self.x_socket)
+            self.sandbox.start(self.x_socket, self.ipc_ns, self.mqueue)
         except SandboxError as exc:
             raise SessionError(str(exc)) from None
 
@@ -343,19 +349,26 @@ class Session:
         tried). A lock whose owner is dead (a server SIGKILLed with its desktop) does not
         count: Xvfb itself replaces it. ``-displayfd`` is not used: with it Xvfb takes no
         lock, and without its abstract socket (always off) two servers would pick the same
-        number. Raises :class:`SessionError` when either is not ready within 10 s.
+        number. Before Xvfb starts on ``:N`` this server binds the abstract name
+        ``@/tmp/.X11-unix/XN`` and holds it (:func:`_hold_abstract`); a number whose name is
+        taken is skipped. Raises :class:`SessionError` when either is not ready within 10 s.
         """
         deadline = time.monotonic() + XVFB_TIMEOUT_S
         number = DISPLAY_BASE
         with open(self.state / "xvfb.log", "ab") as log:
             while True:
                 number = _free_display(number)
+                self._x_name = _hold_abstract(number)
+                if self._x_name is None:  # another desktop's, or anyone's: not ours to use
+                    number += 1
+                    continue
                 self._xvfb = self.procs.spawn(
                     [
                         "setpriv",
                         "--pdeathsig",
                         "KILL",
                         "--",
+                        *self._ipc_prefix(),
                         "Xvfb",
                         f":{number}",
                         "-screen",
@@ -365,7 +378,8 @@ class Session:
                         "tcp",
                         # no abstract socket (one namespace for every process on the host
                         # network, sandboxed or not): a sandbox reaches only the socket file
-                        # bound into it; host clients connect through the file too
+                        # bound into it; host clients connect through the file too (the
+                        # abstract name is held by this server, _hold_abstract)
                         "-nolisten",
                         "local",
                         "-noreset",
@@ -376,8 +390,15 @@ class Session:
                 )
                 if _wait_for_x(number, self._xvfb, deadline):
                     break
+                self._x_name.close()
+                self._x_name = None
                 number += 1
         self.display = f":{number}"
+        if self.sandbox is not None:
+            pid = self._xvfb.pid
+            self.ipc_ns = os.open(f"/proc/{pid}/ns/ipc", os.O_RDONLY | os.O_CLOEXEC)
+            mqueue = f"/proc/{pid}/root{self.state.resolve() / 'mqueue'}"
+            self.mqueue = os.open(mqueue, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         with open(self.state / "wm.log", "ab") as wm_log:
             self._wm = self.procs.spawn(
                 [
@@ -413,8 +434,36 @@ class Session:
                 xvfb.wait()
         if xvfb is not None and number is not None:
             _remove_display_files(int(number[1:]), xvfb.pid)
+        if self._x_name is not None:
+            self._x_name.close()
+            self._x_name = None
         self._wm = self._xvfb = None
+        for fd in (self.ipc_ns, self.mqueue):
+            if fd is not None:
+                os.close(fd)
+        self.ipc_ns = self.mqueue = None
         self.procs.reap()
+
+    def _ipc_prefix(self) -> list[str]:
+        """Sandboxed: the argv prefix giving Xvfb an ipc namespace of its own, with
+        ``kernel.shm_rmid_forced`` on (as in the sandbox). Xvfb runs as host root: in the
+        host's namespace MIT-SHM would let a client (root inside a sandbox is uid 0 to it)
+        make it attach, read and overwrite any host System V segment by id. The desktop's
+        sandboxes join this namespace (:meth:`.Sandbox.start`), so their apps' segments are
+        the ones Xvfb sees and MIT-SHM works for them. Only an owner of the namespace (host
+        root) may mount its ``mqueue`` file system, so Xvfb's own mount namespace (a private
+        copy of the host's) has it on ``<state>/mqueue``, where the server empties it through
+        ``/proc/<Xvfb>/root``. Unsandboxed: none (the host's namespace)."""
+        if self.sandbox is None:
+            return []
+        mqueue = self.state.resolve() / "mqueue"
+        mqueue.mkdir(mode=0o700, exist_ok=True)
+        script = (
+            "echo 1 > /proc/sys/kernel/shm_rmid_forced"
+            ' && mount -t mqueue legato-mqueue "$1" && shift && exec "$@"'
+        )
+        unshare = ["unshare", "--ipc", "--mount", "--propagation", "private", "--"]
+        return [*unshare, "sh", "-c", script, "sh", str(mqueue)]
 
     def alive(self) -> bool:
         """True while Xvfb and the window manager both run."""
@@ -595,6 +644,26 @@ class Session:
         path.mkdir(mode=0o700)
         if self.uid is not None:
             os.chown(path, self.uid, self.gid)
+
+
+def _hold_abstract(number: int) -> socket.socket | None:
+    """Bind display ``number``'s abstract socket name (``@/tmp/.X11-unix/X<n>``, in this
+    process's network namespace: the host's) without listening, so that nothing else can bind
+    it; ``None`` when it is taken already.
+
+    Xvfb runs ``-nolisten local``, but libxcb (and so Xlib, mss, every app) tries the abstract
+    name first and falls back to the socket file only on ``ECONNREFUSED``/``ENOENT``: with
+    the name free, any process of the host's network namespace (a ``network=host`` sandbox
+    included) could bind it, listen, and take this display's new clients. A bound socket
+    that does not listen refuses every connection, so clients fall back to the file.
+    The socket is close-on-exec (no child inherits it) and goes with this process."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(f"\0/tmp/.X11-unix/X{number}")
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
 def _free_display(number: int) -> int:

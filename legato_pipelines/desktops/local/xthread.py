@@ -31,8 +31,11 @@ log = logging.getLogger("legato_pipelines.desktops.local")
 @dataclass
 class XContext:
     """The connections of one display generation: Xlib (windows, input), mss (screen),
-    the drawing reports (``damage``; ``None`` when the X server has no DAMAGE extension) and
-    the Ctrl+Alt+T grab (``hotkey``; ``None`` when it cannot be grabbed: :mod:`.hotkeys`)."""
+    the drawing reports (``damage``; ``None`` when the X server has no DAMAGE extension),
+    the Ctrl+Alt+T grab (``hotkey``; ``None`` when it cannot be grabbed: :mod:`.hotkeys`) and
+    the X server's state (``state``: a connection of its own, as :mod:`.xstate` announces XKB
+    on it, after which the server sends it no core ``MappingNotify``, which :mod:`.input`
+    needs on ``display``)."""
 
     generation: int
     display: Display
@@ -41,6 +44,7 @@ class XContext:
     screen: Screen
     damage: Damage | None
     hotkey: TerminalHotkey | None
+    state: Display
 
     @classmethod
     def open(cls, session: Session) -> XContext:
@@ -63,10 +67,11 @@ class XContext:
             Screen(session.display),
             reports,
             hotkey,
+            Display(session.display),
         )
 
     def close(self) -> None:
-        closers = [self.screen.close, self.display.close]
+        closers = [self.screen.close, self.display.close, self.state.close]
         if self.damage is not None:
             closers.append(self.damage.close)
         if self.hotkey is not None:

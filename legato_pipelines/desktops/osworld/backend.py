@@ -45,7 +45,7 @@ HOME, docs/osworld.md §6), and the first reset after a failure.
   reset_timeout   seconds for a reset with the task's setup (default 300)
   user, template  provider local: the desktop servers' user (unsandboxed) and HOME template
   sandbox, network provider local: the desktop servers' sandbox (default true) and network
-                  ("host", "none" or "own"), as the local backend's options; DesktopEnv's
+                  ("auto", the default, "host", "none" or "own"), as the local backend's options; DesktopEnv's
                   chromium_port and vlc_port are the server's (its ready line's ``ports``)
   log_level       the worker's logging level (default WARNING)
 
@@ -74,6 +74,7 @@ from ..base import DesktopConfig, WaitsByMode, act_facts, osworld_code, screensh
 from ..client import DesktopClient
 from ..domains import REVERT_DOMAINS
 from ..local import ServerProcess, sandbox_options
+from ..local.backend import server_network
 from ..popups import PopupGuard, WmctrlWindows
 from ..ready import ScreenshotReady
 from .channel import WorkerProcess
@@ -402,7 +403,7 @@ async def open_osworld_desktops(config: DesktopConfig, n: int) -> list[OSWorldDe
                 user=opts.get("user"),
                 template=opts.get("template"),
                 sandbox=sandbox,
-                network=network,
+                network=server_network(network),
             )
         desktops.append(
             OSWorldDesktop(
