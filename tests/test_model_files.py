@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -165,3 +168,20 @@ def test_resume_refuses_other_model_files(policy_server, tmp_path):
     other = {**first, "root": "/models/b", "tokenizer_sha256": "b" * 64}
     with pytest.raises(ResumeError, match="tokenizer_sha256"):
         RunWriter(out).check({**meta, "model_files": other})
+
+
+@pytest.mark.parametrize("model", ["", "/models/step-7"])
+def test_gap_check_exists_only_with_a_gap_model(model):
+    code = (
+        "import legato_pipelines.definitions as d; "
+        "print(sorted(k.name for k in d.defs.resolve_asset_graph().asset_check_keys))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LEGATO_GAP_MODEL"}
+    if model:
+        env["LEGATO_GAP_MODEL"] = model
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert ("train_inference_gap" in done.stdout) == bool(model), done.stdout
+    assert "logprobs_coverage" in done.stdout
