@@ -11,7 +11,10 @@ exact prompt ids the server saw (``prompt_token_ids``, when it returned them), t
 sampling settings of the run and its weights (``served_model``, ``checkpoint_path``,
 ``checkpoint_fingerprint``, ``load_mode``, ``load_proof``: lineage) and its GRPO group
 (``group_size``, ``group_size_expected``, ``group_complete``: an incomplete group's rows carry
-no advantage, :func:`export_steps`).
+no advantage, :func:`export_steps`); what a trainer needs to rebuild the exact model input
+(``image_shas``: the screenshots in placeholder order) and to check it has the files that made
+the ids (``model_files_root``, ``tokenizer_sha256``, ``chat_template_sha256``,
+``processor_sha256``: ``run.json``'s ``model_files``; docs/trainer.md).
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ def sample_schema() -> pa.Schema:
             ("group_complete", pa.bool_()),
             # the screenshots of the prompt, in the order its placeholders appear (SHA-256 of
             # the PNG: <run_dir>/images/<sha>.png); what made the ids (run.json model_files,
-            # policy/model_files.py): the served folder and its files' hashes (None: unknown)
+            # legato_pipelines/model_files.py): the served folder and its files' hashes (None: unknown)
             ("image_shas", pa.list_(pa.string())),
             ("model_files_root", pa.string()),
             ("tokenizer_sha256", pa.string()),
