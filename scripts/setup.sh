@@ -55,5 +55,5 @@ python3 -m pip install -q -e '.[dev]'
 scripts/osworld_venv.sh
 
 # The real-vLLM tests (tests/test_vllm_real.py) and benchmarks/bench_vllm_client.py: vLLM's CPU
-# build in its own venv (see scripts/vllm_venv.sh; ~2 min and ~6 GB the first time).
+# build in its own venv (see scripts/vllm_venv.sh; 2-3 min and ~6.3 GB the first time).
 scripts/vllm_venv.sh

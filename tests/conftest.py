@@ -46,25 +46,55 @@ def _quiet_env(monkeypatch):
 @pytest.fixture(scope="session")
 def vllm_models(tmp_path_factory):
     """The tiny random-weight models the real-vLLM tests serve, built once per session
-    (``tests/vllm_tiny_models.py``): ``{"qwen2_5_vl": folder}``. Skips when the vLLM venv is
-    missing (CI installs it: scripts/setup.sh)."""
+    (``tests/vllm_tiny_models.py``): ``{"qwen3_vl": folder, "qwen2_5_vl": folder}``. Skips
+    when the vLLM venv is missing (CI installs it: scripts/setup.sh)."""
     from tests.vllm_support import build_model, missing_reason, vllm_python
 
     if vllm_python() is None:
         pytest.skip(missing_reason())
     root = tmp_path_factory.mktemp("vllm-models")
-    return {"qwen2_5_vl": build_model(root / "tiny-qwen2.5-vl", "qwen2_5_vl")}
+    return {
+        "qwen3_vl": build_model(root / "tiny-qwen3-vl", "qwen3_vl"),
+        "qwen2_5_vl": build_model(root / "tiny-qwen2.5-vl", "qwen2_5_vl"),
+    }
 
 
 @pytest.fixture(scope="session")
-def vllm_server(vllm_models, tmp_path_factory):
-    """ONE real vLLM server per test session on 127.0.0.1 serving the tiny Qwen2.5-VL, LoRA
-    enabled (``tests/vllm_support.py`` says how and why); stopped at the session's end."""
+def _vllm_launched(vllm_models, tmp_path_factory):
+    """Both real vLLM servers of the session, launched together (each cold start is mostly one
+    process importing vLLM, ~1 core: side by side on 2 cores they take about as long as one),
+    stopped at the session's end."""
     from tests.vllm_support import VllmServer
 
-    log = tmp_path_factory.mktemp("vllm-server") / "vllm.log"
-    server = VllmServer(vllm_models["qwen2_5_vl"], log).start()
+    root = tmp_path_factory.mktemp("vllm-servers")
+    servers = {
+        "main": VllmServer(vllm_models["qwen3_vl"], root / "qwen3-vl.log"),
+        "parser": VllmServer(
+            vllm_models["qwen2_5_vl"],
+            root / "qwen2.5-vl.log",
+            served_name="tiny-qwen2.5-vl",
+            extra_args=("--reasoning-parser", "qwen3"),
+        ),
+    }
     try:
-        yield server
+        for server in servers.values():
+            server.launch()
+        yield servers
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(_vllm_launched):
+    """THE real vLLM server of the session on 127.0.0.1: the tiny Qwen3-VL (the default
+    harness's model family), LoRA enabled (``tests/vllm_support.py`` says how and why)."""
+    return _vllm_launched["main"].wait_ready()
+
+
+@pytest.fixture(scope="session")
+def vllm_parser_server(_vllm_launched):
+    """The session's second server: the tiny Qwen2.5-VL with vLLM's Qwen3 reasoning parser
+    (``--reasoning-parser qwen3``): the other architecture, and an answer that arrives in
+    ``message.reasoning``."""
+    return _vllm_launched["parser"].wait_ready()

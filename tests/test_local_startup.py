@@ -83,8 +83,9 @@ async def test_the_grader_imports_desktop_env_while_its_server_starts():
         d = desktops[0]
         await d.reset(MKDIR)
         assert d.setup_failures == []
-        assert (await d.evaluate(MKDIR)).reward == 1.0
         worker_pid, token = d.grader.worker.pid, d.server.token
+        assert (await d.evaluate(MKDIR)).reward == 1.0
+        assert d.grader.worker is None  # retired: each attempt gets a worker of its own
         d.server.kill()
         await d.recover()
         assert d.server.token != token and d.grader.worker.pid != worker_pid

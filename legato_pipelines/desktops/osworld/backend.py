@@ -77,7 +77,8 @@ from ..local import ServerProcess, sandbox_options
 from ..local.backend import server_network
 from ..popups import PopupGuard, WmctrlWindows
 from ..ready import ScreenshotReady
-from .channel import WorkerProcess
+from .channel import WorkerProcess, confinement, desktop_ports
+from .confine import hand_over
 from .options import (
     claim_cache_dir,
     default_cache_root,
@@ -161,15 +162,24 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
             request["vm_token_env"] = VM_TOKEN_ENV
             extra[VM_TOKEN_ENV] = self.vm_server.token
             headers["Authorization"] = f"Bearer {self.vm_server.token}"
+        confine = None
+        if self.vm_server is not None:  # a local desktop's data: the worker runs confined
+            cache = Path(request["cache_dir"])
+            cache.mkdir(parents=True, exist_ok=True)
+            hand_over(cache)  # DesktopEnv's downloads and getters write there
+            confine = confinement([str(cache)])
         self.worker = WorkerProcess(
             self.python,
             env=worker_env(extra, provider=request["provider"]),
             cwd=self.work_dir,
             name=self.name,
             log_path=os.path.join(self.work_dir, f"{self.name}.log"),
+            confine=confine,
         )
         await self.worker.start()
         try:
+            if confine is not None:  # its network reaches its desktop's ports alone
+                await self.worker.forward(desktop_ports(request["vm_url"], request.get("ports")))
             self.last_start = await self.worker.call("start", self.start_timeout, **request)
         except DesktopError:
             await self.worker.stop()

@@ -19,17 +19,26 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
+import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ...errors import ConfigError, DesktopError
-from ..processes import AdoptedProcess, ForkRendezvous, PidfdProcess, Spawned
+from ..processes import AdoptedProcess, ForkRendezvous, PidfdProcess, Spawned, pdeathsig_guard
+from .confine import GRADER_GID, GRADER_UID
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 PROTOCOL_LINE_LIMIT = 64 * 2**20  # bytes: a base64 screenshot fits on one line
 STOP_GRACE_S = 30.0  # a worker closing a docker VM needs a while
 FORK_TIMEOUT_S = 30.0  # the template's answer to fork, then the child's hello (a loaded machine)
+#: passt's ``pasta`` (Debian package ``passt``): connects a confined worker's network namespace
+#: to its desktop's host ports (:meth:`WorkerProcess.forward`)
+PASTA = "pasta"
+FORWARD_TIMEOUT_S = 10.0  # until pasta listens in the worker's namespace
 #: What a missed deadline counts as, per request.
 DEADLINE_KIND = {
     "start": "vm",
@@ -68,6 +77,58 @@ class _Forked(PidfdProcess):
         self.stdin.close()
 
 
+def confinement(writable: Sequence[str] = ()) -> dict[str, Any]:
+    """The ``confine`` of a worker that reads a desktop's data (``WorkerProcess(confine=)``,
+    ``confine.py``): the grader user; writable: its working directory and ``writable``.
+    Raises ``DesktopError`` (kind ``transport``) when this process is not root: only root
+    makes the namespaces and changes the user (local desktops need root anyway,
+    docs/sandbox.md §5)."""
+    if os.geteuid() != 0:
+        raise DesktopError(
+            "an OSWorld worker grading a local desktop runs confined (namespaces and a user of "
+            "its own), which needs root: run the collector as root, as local desktops need",
+            kind="transport",
+        )
+    network = "own" if shutil.which(PASTA) else "host"
+    if network == "host" and not _warned_no_pasta:
+        _warned_no_pasta.append(True)
+        log.warning(
+            "pasta is missing: confined OSWorld workers keep the host's network, every host "
+            "loopback service in reach (fix: apt-get install passt)"
+        )
+    return {
+        "uid": GRADER_UID,
+        "gid": GRADER_GID,
+        "writable": [str(p) for p in writable],
+        "network": network,
+    }
+
+
+_warned_no_pasta: list[bool] = []
+
+
+def desktop_ports(url: str, ports: Mapping[str, int] | None = None) -> list[int]:
+    """The host loopback TCP ports a worker attached to the local desktop server at ``url``
+    talks to: the server's, Chromium's CDP bridge (``ports["chromium"]``, else 9222) and
+    VLC's (``ports["vlc"]``, else 8080): ``provider_local.LocalProvider``'s ports, as
+    DesktopEnv's getters use them."""
+    ports = ports or {}
+    port = urlsplit(url).port
+    if port is None:
+        raise DesktopError(f"the desktop server's URL {url!r} names no port", kind="transport")
+    return sorted({port, int(ports.get("chromium", 9222)), int(ports.get("vlc", 8080))})
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports listened on (IPv4) in the network namespace of process ``pid``."""
+    try:
+        with open(f"/proc/{pid}/net/tcp") as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return set()
+    return {int(f[1].rsplit(":", 1)[1], 16) for f in map(str.split, lines) if f[3] == "0A"}
+
+
 def _exit_text(code: int | None) -> str:
     """``exited (code)``, or ``exited`` for a forked worker, whose code nobody here knows."""
     return "exited" if code is None else f"exited ({code})"
@@ -80,7 +141,10 @@ class WorkerProcess:
     working directory. :meth:`call` sends one request and waits at most ``timeout`` seconds.
     ``template``: a started worker that ran ``preload``; :meth:`start` then forks the worker
     from it (module docstring) and spawns one only when that fails. ``forked``: whether the
-    running worker came from the template.
+    running worker came from the template. ``confine``: ``{uid, gid, writable}`` for a worker
+    that reads a desktop's data (``confine.py``: it runs in namespaces of its own as user
+    ``uid``, writing only ``cwd`` and the ``writable`` paths), forked or spawned alike;
+    ``None``: as this process's user (a VM provider's worker, which needs its credentials).
     """
 
     def __init__(
@@ -92,14 +156,17 @@ class WorkerProcess:
         name: str = "osworld",
         log_path: str | None = None,
         template: WorkerProcess | None = None,
+        confine: dict[str, Any] | None = None,
     ):
         self.python, self.env, self.cwd, self.name = python, env, cwd, name
+        self.confine = confine
         self.log_path, self.template = log_path, template
         self.forked = False
         self._proc: _Spawned | _Forked | None = None
         self._lock = asyncio.Lock()
         self._next_id = 0
         self._broken = False  # a call was cancelled mid-way: the channel is out of step
+        self._pasta: subprocess.Popen | None = None  # :meth:`forward`'s
 
     @property
     def pid(self) -> int | None:
@@ -158,6 +225,7 @@ class WorkerProcess:
                     env=self.env,
                     cwd=os.path.abspath(self.cwd),
                     log_path=os.path.abspath(self.log_path or os.path.join(self.cwd, "worker.log")),
+                    **({"confine": self.confine} if self.confine else {}),
                 )
                 pid = int(answer["pid"])
                 conn = await meeting.accept(pid, FORK_TIMEOUT_S, f"{self.name}: the forked worker")
@@ -186,10 +254,12 @@ class WorkerProcess:
     async def _spawn(self) -> asyncio.subprocess.Process:
         log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
         try:
+            confine = ["--confine", json.dumps(self.confine)] if self.confine else []
             return await asyncio.create_subprocess_exec(
                 self.python,
                 "-I",
                 str(WORKER_SCRIPT),
+                *confine,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 env=self.env,
@@ -268,8 +338,68 @@ class WorkerProcess:
                 )
             return answer.get("result") or {}
 
+    async def forward(self, ports: Sequence[int]) -> None:
+        """Connect the running worker's network namespace (a confined one's, ``confine``
+        network ``own``) to host loopback TCP ``ports`` and nothing else: ``pasta -T`` makes
+        a connection to ``127.0.0.1:P`` inside reach ``127.0.0.1:P`` of the host for each
+        port; no route out, nothing forwarded in. pasta gets the namespace as a descriptor of
+        its own (it drops the capabilities it would need to open another process's). Replaces
+        an earlier forward; ends with :meth:`stop`. Does nothing for a worker without a
+        network of its own. Raises ``DesktopError`` (kind ``transport``) when pasta exits or
+        does not listen on every port within :data:`FORWARD_TIMEOUT_S`."""
+        self._stop_pasta()
+        if not self.confine or self.confine.get("network") != "own" or self._proc is None:
+            return
+        pid = self._proc.pid  # a spawned worker: its parent, which shares its namespace
+        wanted = {int(p) for p in ports}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + FORWARD_TIMEOUT_S
+        host = os.stat("/proc/self/ns/net").st_ino
+        while os.stat(f"/proc/{pid}/ns/net").st_ino == host:  # a spawned one still starting
+            if self._proc.exited or loop.time() > deadline:
+                raise DesktopError(
+                    f"{self.name}: the worker made no network namespace of its own",
+                    kind="transport",
+                )
+            await asyncio.sleep(0.005)
+        fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            argv = [*pdeathsig_guard(), PASTA, "--foreground", "--quiet", "--runas", "0"]
+            argv += ["-t", "none", "-u", "none", "-U", "none", "-T", ",".join(map(str, wanted))]
+            self._pasta = subprocess.Popen(
+                [*argv, "--netns", f"/proc/self/fd/{fd}"],
+                pass_fds=(fd,),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        finally:
+            os.close(fd)
+        while not wanted <= listening_ports(pid):
+            if self._pasta.poll() is not None or loop.time() > deadline:
+                ended = self._pasta.poll() is not None
+                err = self._pasta.stderr.read().decode(errors="replace")[-300:] if ended else ""
+                self._stop_pasta()
+                raise DesktopError(
+                    f"{self.name}: pasta did not connect the worker to ports {sorted(wanted)}: "
+                    f"{err.strip() or ('it exited' if ended else 'no listener in 10 s')}",
+                    kind="transport",
+                )
+            await asyncio.sleep(0.005)
+
+    def _stop_pasta(self) -> None:
+        pasta, self._pasta = self._pasta, None
+        if pasta is not None:
+            if pasta.poll() is None:
+                pasta.kill()
+            pasta.wait()
+            pasta.stderr.close()
+
     async def stop(self, grace: float = STOP_GRACE_S) -> None:
-        """SIGTERM (the worker closes its DesktopEnv), SIGKILL after ``grace`` seconds."""
+        """SIGTERM (the worker closes its DesktopEnv), SIGKILL after ``grace`` seconds; its
+        :meth:`forward` ends too."""
+        self._stop_pasta()
         proc, self._proc = self._proc, None
         self._broken = False
         if proc is None or proc.exited:

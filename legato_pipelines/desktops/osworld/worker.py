@@ -40,13 +40,23 @@ Operations (``result`` shapes):
             from the evaluator is a reward 0 with its reason, not a failure; ``notes`` are facts
             about the files the metrics were given (``osworld_format/file_notes.py``).
   close     ``DesktopEnv.close()`` (stops the VM), then the worker exits.
-  fork      {socket, env, cwd, log_path}: only on a worker whose DesktopEnv is not started
+  fork      {socket, env, cwd, log_path, confine?}: only on a worker whose DesktopEnv is not started
             (typically a "template" that ran ``preload``): ``os.fork()``; the child starts a
             new session, appends its stderr to ``log_path``, changes to ``cwd``, takes ``env``
             as its whole environment, connects to the Unix socket ``socket`` (where the client
             listens), writes ``{"pid": <pid>}`` and serves this protocol there with a new
             worker, never returning to the template's requests; {pid}. The template reaps its
             children (a SIGCHLD handler, so their CPU counts in its RUSAGE_CHILDREN).
+            ``confine`` ({uid, gid, writable, network}): the child is pid 1 of a pid
+            namespace of its own and confines itself (``confine.py``: mount namespace, user
+            ``uid``, no capability; writable: ``cwd`` and ``writable``; ``network`` ``own``:
+            a network namespace the collector connects to its desktop's ports) after
+            connecting, before it says hello with its host pid.
+
+``worker.py --confine JSON`` (a spawned worker, the same JSON as ``confine``): the worker
+forks into a pid namespace of its own and confines itself before reading its first request.
+A confined worker cannot see its collector's pid: it ends when its protocol's input hangs up
+(:func:`end_with_input`) rather than by the collector's pidfd.
 
 Silent failures of DesktopEnv become errors here (docs/osworld.md §8): a dead server before
 reset/step/evaluate (``vm``: probed with a short timeout instead of DesktopEnv's 20 x 5 s
@@ -104,6 +114,8 @@ _file_notes = _load_by_path(os.path.join("osworld_format", "file_notes.py"), "le
 _images = _load_by_path("images.py", "legato_images")
 #: ``desktops/reaping.py``: the SIGCHLD handler the fork templates share.
 _reaping = _load_by_path(os.path.join("desktops", "reaping.py"), "legato_reaping")
+#: ``desktops/osworld/confine.py``: the namespaces and user a grading worker runs in.
+_confine = _load_by_path(os.path.join("desktops", "osworld", "confine.py"), "legato_confine")
 DOMAIN_PROCESSES = _domains.DOMAIN_PROCESSES
 BASELINE_DIR = _domains.BASELINE_DIR
 baseline_script = _domains.baseline_script
@@ -390,7 +402,7 @@ class Worker:
         #: the collector this worker serves (its parent, or a fork's socket peer): watched
         #: from ``start`` on (:func:`end_with_client`); a template never starts, so it keeps
         #: one thread (forks copy only the forking thread)
-        self.client_pid = os.getppid()
+        self.client_pid = os.getppid()  # 0 in a confined worker: not in its pid namespace
         self.client_is_parent = True
         self._watching = False
         #: a VM provider's DesktopEnv is being made: an exit now would leave its VM running,
@@ -398,6 +410,7 @@ class Worker:
         self._making_vm = False
         self._orphaned = False
         self._orphan_lock = threading.Lock()
+        self._pid_namespaces = None  # a template forking confined workers (op fork)
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -497,9 +510,12 @@ class Worker:
         kwargs = self.plan(req)["kwargs"]
         kwargs["screen_size"] = tuple(kwargs["screen_size"])
         if not self._watching:
-            if self.client_is_parent and os.getppid() != self.client_pid:
-                self.client_gone()  # the collector ended before the watch began
-            end_with_client(self.client_pid, self.client_gone)
+            if not self.client_pid:  # confined: the collector is out of sight
+                end_with_input(self.protocol[0].fileno(), self.client_gone)
+            else:
+                if self.client_is_parent and os.getppid() != self.client_pid:
+                    self.client_gone()  # the collector ended before the watch began
+                end_with_client(self.client_pid, self.client_gone)
             self._watching = True
         self.request = req
         t0 = time.perf_counter()
@@ -867,7 +883,17 @@ class Worker:
         sys.stdout.flush()
         sys.stderr.flush()
         gc.freeze()  # desktop_env's objects: never scanned (and copied) by a child's collections
-        pid = os.fork()
+        confine = req.get("confine")
+        if confine:
+            if self._pid_namespaces is None:
+                self._pid_namespaces = _confine.PidNamespaces()
+            self._pid_namespaces.before_fork()
+        pid = -1
+        try:
+            pid = os.fork()
+        finally:
+            if confine and pid != 0:
+                self._pid_namespaces.after_fork()
         if pid == 0:
             _forked_child(req, self.protocol)  # never returns
         return {"pid": pid}
@@ -971,12 +997,18 @@ def _forked_child(req: dict, protocol: tuple) -> None:
 
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(req["socket"])
+        pid = os.getpid()
+        confine = req.get("confine")
+        if confine:  # pid 1 of its own pid namespace: the collector knows its host pid
+            pid = _confine.host_pid()
+            confined(confine, req["cwd"])
         out = sock.makefile("wb")
-        out.write(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+        out.write(json.dumps({"pid": pid}).encode() + b"\n")
         out.flush()
         worker = Worker()
         install_terminate(worker)
-        # the collector listens on the socket: its pid is the peer's (SO_PEERCRED: pid, uid, gid)
+        # the collector listens on the socket: its pid is the peer's (SO_PEERCRED: pid, uid,
+        # gid; 0 for a confined worker, which sees no pid outside its namespace)
         peer = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
         worker.client_pid, worker.client_is_parent = peer[0], False
         serve(sock.makefile("rb"), out, worker)
@@ -1047,6 +1079,32 @@ def install_terminate(worker: Worker) -> None:
     signal.signal(signal.SIGTERM, terminate)
 
 
+def confined(spec: dict, cwd: str, *, spawned: bool = False) -> None:
+    """Confine this worker (pid 1 of a pid namespace of its own) by ``spec`` ({uid, gid,
+    writable, network}): ``confine.enter`` with ``cwd`` and ``writable`` as its writable
+    paths, in a network namespace of its own when ``network`` is ``own`` (a spawned worker's
+    was made with its pid namespace: ``confine.spawned_in_pid_namespace``)."""
+    writable = [cwd, *(spec.get("writable") or [])]
+    own = spec.get("network") == "own" and not spawned
+    _confine.enter(writable, uid=int(spec["uid"]), gid=int(spec["gid"]), own_network=own)
+
+
+def end_with_input(fd: int, gone) -> None:
+    """Call ``gone()`` once the other end of the protocol's input ``fd`` (a pipe or a socket)
+    has closed: the collector ended (or closed it). A thread polls ``fd`` for its hang-up
+    alone (no read: the requests stay for :func:`serve`). For a confined worker, which cannot
+    see its collector's pid (:func:`end_with_client`)."""
+
+    def wait() -> None:
+        poll = select.poll()
+        poll.register(fd, select.POLLRDHUP)  # POLLHUP and POLLERR always count
+        while not poll.poll():
+            pass
+        gone()
+
+    threading.Thread(target=wait, name="end-with-input", daemon=True).start()
+
+
 def end_with_client(pid: int, gone) -> None:
     """Call ``gone()`` (:meth:`Worker.client_gone`: SIGTERM to this worker, whose handler
     stops the VM and exits) as soon as process ``pid``, the collector it serves, ends: a
@@ -1082,6 +1140,12 @@ def main() -> None:
     if sys.argv[1:] == ["--names"]:
         print(json.dumps(installed_names()))
         return
+    if sys.argv[1:2] == ["--confine"]:  # before anything reads the collector's pipes
+        spec = json.loads(sys.argv[2])
+        # the parent waits there, outside, and ends
+        _confine.spawned_in_pid_namespace(spec.get("network") == "own")
+        confined(spec, os.getcwd(), spawned=True)
+        _confine.prctl(_confine.PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
