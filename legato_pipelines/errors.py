@@ -4,8 +4,10 @@
     ├── ConfigError            bad input; the message names the field and the fix
     │   ├── TaskListError      a task list entry is invalid (names index, task_id, field)
     │   ├── ResumeError        --out holds a run of another policy version or task set
-    │   └── LoadError          a checkpoint could not be loaded into the model server, or the
-    │                          server does not serve the version (quotes the server's answer)
+    │   ├── LoadError          a checkpoint could not be loaded into the model server, or the
+    │   │                      server does not serve the version (quotes the server's answer)
+    │   └── ModelFilesError    samples were made by another tokenizer, chat template or
+    │                          processor than the one a trainer rebuilds their inputs with
     ├── PolicyError            a model call failed after its retries (record: error kind "policy")
     │   ├── PolicyTimeout      the hard per-call deadline (step_timeout) passed
     │   ├── ContextLengthError the prompt outgrew the context (record: status "truncated")
@@ -28,6 +30,13 @@ class LegatoError(Exception):
 
 class ConfigError(LegatoError, ValueError):
     """Bad input (a flag, a config field, a file). The message names the field and the fix."""
+
+
+class ModelFilesError(ConfigError):
+    """Samples cannot be rebuilt exactly with the processor given: their rows name other
+    tokenizer / chat template / processor files (``legato_pipelines.model_files``), name none,
+    or their prompt ids disagree with the screenshots' placeholders. The message names the
+    column, both values and the fix."""
 
 
 class TaskListError(ConfigError):

@@ -12,6 +12,10 @@ partition it just wrote (``check_specs`` on the asset; results in the same mater
 ``advantages_centered`` (training_samples)  within each group whose rewards vary, the rollouts'
     GRPO advantages sum to ~0 (|sum| <= 1e-6 per rollout); groups without variance have 0
 ``success_rate_reported`` (profile_summary)  the profile reports a success rate in [0, 1]
+``train_inference_gap`` (training_samples, optional: only with a gap model configured,
+    ``LEGATO_GAP_MODEL``)  the server's logprobs of a sample of rows, recomputed with that
+    model (legato_pipelines/trainer/gap.py), differ by at most ``gap_max_mean_abs`` on average;
+    metadata: mean/max |dlogp|, k3 KL, the importance-ratio spread
 """
 
 from __future__ import annotations
@@ -52,6 +56,46 @@ SUCCESS_RATE_REPORTED = dg.AssetCheckSpec(
     asset="profile_summary",
     description="The profile reports a success rate in [0, 1].",
 )
+
+
+TRAIN_INFERENCE_GAP = dg.AssetCheckSpec(
+    "train_inference_gap",
+    asset="training_samples",
+    description="The server's logprobs of a sample of rows, recomputed with the configured model (LEGATO_GAP_MODEL), differ by at most the threshold on average (mean |dlogp|); k3 KL and importance-ratio spread as metadata.",
+)
+GAP_FIGURES = (
+    "mean_abs_dlogp",
+    "max_abs_dlogp",
+    "k3_kl",
+    "ratio_min",
+    "ratio_p05",
+    "ratio_p95",
+    "ratio_max",
+    "ratio_std",
+)
+
+
+def train_inference_gap(report: Mapping[str, Any], max_mean_abs: float) -> dg.AssetCheckResult:
+    """The gap check's result from a :func:`~legato_pipelines.trainer.gap.measure_gap`
+    report: passed when tokens were compared and their mean |dlogp| is at most
+    ``max_mean_abs`` [nats]; the report's figures, rows, tokens and model as metadata."""
+    mean = report.get("mean_abs_dlogp")
+    metadata: dict[str, Any] = {
+        k: dg.MetadataValue.float(float(report[k])) if report.get(k) is not None else "n/a"
+        for k in GAP_FIGURES
+    }
+    metadata |= {
+        "rows": int(report.get("rows") or 0),
+        "tokens": int(report.get("tokens") or 0),
+        "model": str(report.get("model")),
+        "max_mean_abs_dlogp": dg.MetadataValue.float(float(max_mean_abs)),
+    }
+    return dg.AssetCheckResult(
+        check_name=TRAIN_INFERENCE_GAP.name,
+        passed=mean is not None and mean <= max_mean_abs,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata=metadata,
+    )
 
 
 def no_attempt_unaccounted(rollouts: pa.Table, scheduled: int | None) -> dg.AssetCheckResult:

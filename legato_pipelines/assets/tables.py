@@ -11,6 +11,7 @@ and proof come from ``run.json``. The run directory is the one that materializat
 metadata), else ``<lake>/runs/policy_version=<key>``.
 """
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,12 +20,13 @@ import orjson
 from pydantic import Field
 
 from .. import export_steps, profile
-from ..errors import ConfigError
+from ..errors import ConfigError, LegatoError
 from ..resources import LakeResource
 from ..store.export import incomplete_groups
 from ..store.lake import Lake
 from ..store.lake_tables import Lineage, profile_table, rollouts_table, samples_table, steps_table
 from ..store.rundir import SUMMARY, read_meta, read_typed_records
+from ..trainer.gap import DEFAULT_MAX_MEAN_ABS, version_gap
 from . import checks
 from .charts import markdown_image, success_by_task, success_chart, time_share_chart
 from .collection import GROUP, rollout_batch
@@ -127,6 +129,44 @@ class SamplesConfig(dg.Config):
         le=1,
         description="Minimum share of samples with logprobs and with token ids (LEGATO_LOGPROBS_FLOOR).",
     )
+    gap_model: str = Field(
+        default=os.environ.get("LEGATO_GAP_MODEL", ""),
+        description="Full-weights folder the train_inference_gap check recomputes logprobs with (LEGATO_GAP_MODEL; the check exists only when that is set).",
+    )
+    gap_python: str = Field(
+        default=os.environ.get("LEGATO_GAP_PYTHON", ""),
+        description="Interpreter with torch and transformers for the gap check (LEGATO_GAP_PYTHON; default: the code location's).",
+    )
+    gap_rows: int = Field(default=8, ge=1, description="Rows the gap check recomputes.")
+    gap_max_mean_abs: float = Field(
+        default=DEFAULT_MAX_MEAN_ABS,
+        ge=0,
+        description="The gap check fails above this mean |dlogp| [nats].",
+    )
+
+
+def _gap_specs() -> list[dg.AssetCheckSpec]:
+    """The optional gap check: declared only when ``LEGATO_GAP_MODEL`` names a model."""
+    return [checks.TRAIN_INFERENCE_GAP] if os.environ.get("LEGATO_GAP_MODEL") else []
+
+
+def _gap_result(config: SamplesConfig, store: Lake, version: str) -> dg.AssetCheckResult:
+    try:
+        report = version_gap(
+            store,
+            version,
+            config.gap_model,
+            rows=config.gap_rows,
+            python=config.gap_python or None,
+        )
+    except (LegatoError, OSError) as exc:  # mismatched model files, no torch, no model
+        return dg.AssetCheckResult(
+            check_name=checks.TRAIN_INFERENCE_GAP.name,
+            passed=False,
+            severity=dg.AssetCheckSeverity.ERROR,
+            metadata={"error": str(exc), "model": config.gap_model},
+        )
+    return checks.train_inference_gap(report, config.gap_max_mean_abs)
 
 
 @dg.asset(
@@ -134,7 +174,7 @@ class SamplesConfig(dg.Config):
     deps=[rollout_batch],
     group_name=GROUP,
     kinds={"parquet", "duckdb"},
-    check_specs=[checks.LOGPROBS_COVERAGE, checks.ADVANTAGES_CENTERED],
+    check_specs=[checks.LOGPROBS_COVERAGE, checks.ADVANTAGES_CENTERED, *_gap_specs()],
     description="Lake table `samples`: one training row per step of ok/truncated rollouts (token ids, logprobs, reward, GRPO advantage; null with group_complete false for a group short of attempts).",
 )
 def training_samples(
@@ -174,6 +214,7 @@ def training_samples(
         check_results=[
             checks.logprobs_coverage(table, config.logprobs_floor),
             checks.advantages_centered(table),
+            *([_gap_result(config, store, batch.lineage.policy_version)] if _gap_specs() else []),
         ],
     )
 

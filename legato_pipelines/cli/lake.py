@@ -1,5 +1,6 @@
 """``legato lake query SQL``, ``legato lake views``, ``legato lake drop VERSION``: the DuckDB
-read layer from the shell, and removing a version from the lake.
+read layer from the shell, and removing a version from the lake; ``legato lake gap VERSION
+--model CKPT``: the version's train-inference gap (``legato_pipelines.trainer.gap``).
 
 The lake root is ``--lake``, else ``$LEGATO_LAKE``, else the lake ``legato demo`` writes:
 ``<instance dir>/lake``, the instance being ``$DAGSTER_HOME``, else the repository root of a
@@ -22,7 +23,8 @@ from .console import console, fail
 from .root import app
 
 lake_app = typer.Typer(
-    help="Query the Parquet lake through its DuckDB views (read-only); drop a version.",
+    help="Query the Parquet lake through its DuckDB views (read-only); drop a version; "
+    "measure a version's train-inference gap.",
     no_args_is_help=True,
 )
 app.add_typer(lake_app, name="lake")
@@ -153,3 +155,87 @@ def drop_command(
         f"removed policy_version {version!r}: {what} ({len(removed)} folders); views rebuilt. "
         "Dagster's partition is not touched: delete it in the UI if it should go too."
     )
+
+
+@lake_app.command("gap")
+def gap_command(
+    version: Annotated[str, typer.Argument(help="The policy version (partition key) to measure.")],
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model",
+            help="Full-weights folder to recompute logprobs with (e.g. the checkpoint the "
+            "version was collected from; transformers AutoModelForImageTextToText).",
+        ),
+    ],
+    lake: LakeOption = None,
+    python: Annotated[
+        str | None,
+        typer.Option(
+            "--python",
+            help="Interpreter with torch and transformers to run the recomputation "
+            "(default: this one; e.g. ~/.cache/legato/vllm-venv/bin/python).",
+        ),
+    ] = None,
+    processor: Annotated[
+        str | None,
+        typer.Option("--processor", help="Processor folder (default: --model's)."),
+    ] = None,
+    rows: Annotated[int, typer.Option("--rows", min=1, help="Samples to recompute.")] = 8,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the sample of rows.")] = 0,
+    max_mean: Annotated[
+        float | None,
+        typer.Option(
+            "--max-mean",
+            help="Fail (exit 1) when the mean |dlogp| is above this (default 0.05).",
+        ),
+    ] = None,
+    identity: Annotated[
+        str,
+        typer.Option(
+            "--identity",
+            help="require: refuse rows naming no or other model files; if-known; skip.",
+        ),
+    ] = "require",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Measure the train-inference gap of a version: recompute the server's logprobs with
+    --model for a sample of rows; mean/max |dlogp|, k3 KL, importance-ratio spread."""
+    from ..errors import LegatoError
+    from ..trainer.gap import DEFAULT_MAX_MEAN_ABS, version_gap
+
+    threshold = DEFAULT_MAX_MEAN_ABS if max_mean is None else max_mean
+    try:
+        report = version_gap(
+            _lake(lake),
+            version,
+            model,
+            rows=rows,
+            seed=seed,
+            python=python,
+            processor=processor,
+            identity=identity,
+        )
+    except (LegatoError, OSError) as exc:
+        fail(str(exc))
+    report["max_mean_abs_dlogp"] = threshold
+    report["passed"] = (
+        report["mean_abs_dlogp"] is not None and report["mean_abs_dlogp"] <= threshold
+    )
+    if as_json:
+        print(json.dumps({k: v for k, v in report.items() if k != "per_row"}))
+    else:
+        table = Table("figure", "value", title=f"train-inference gap of {version} ({model})")
+        for key in (
+            "rows", "tokens", "mean_abs_dlogp", "max_abs_dlogp", "k3_kl",
+            "ratio_min", "ratio_p05", "ratio_p95", "ratio_max", "ratio_std",
+        ):  # fmt: skip
+            value = report.get(key)
+            table.add_row(key, "n/a" if value is None else f"{value:.6g}")
+        console.print(table)
+    if not report["passed"]:
+        fail(
+            f"mean |dlogp| {report['mean_abs_dlogp']} is above {threshold} (or no token was "
+            f"compared): {model} does not compute what the server served for {version}",
+            1,
+        )

@@ -167,6 +167,7 @@ class PolicyClient:
         }
         self.logprobs_mode: str | None = None  # as the server reports it (/v1/models), if it does
         self.max_model_len: int | None = None  # [tokens] as /v1/models reports it (vLLM does)
+        self.model_entries: list[dict[str, Any]] = []  # /v1/models' last answer (root, parent)
         # optional fields a 400 naming one drops for the batch: token id requests, cache_salt
         self._id_fields: dict[str, Any] = (
             {"return_token_ids": True} if config.request_token_ids else {}
@@ -264,6 +265,7 @@ class PolicyClient:
         try:
             data = orjson.loads(resp.content).get("data") or []
             ids = [str(entry["id"]) for entry in data]
+            self.model_entries = [dict(entry) for entry in data]
             for entry in data:
                 if entry.get("id") != self.config.model:
                     continue

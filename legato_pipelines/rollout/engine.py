@@ -22,6 +22,7 @@ from ..desktops import open_desktops, warm_up
 from ..desktops.base import Desktop, DesktopConfig
 from ..desktops.network import resolve_network
 from ..errors import DesktopError, LoadError, PolicyConfigError, TaskListError
+from ..model_files import served_identity
 from ..policy.config import PolicyConfig
 from ..policy.loading import (
     LoadSpec,
@@ -230,6 +231,9 @@ async def collect_async(
                 if client.logprobs_mode:  # the server reported it: that is what the logprobs are
                     meta["sampling"] = policy.sampling(client.logprobs_mode)
                     writer.check(meta)
+                # the tokenizer, chat template and processor that make the ids (issue 32)
+                listed = policy.model if plan is None else plan.listed_model
+                meta["model_files"] = served_identity(client.model_entries, listed)
             # takes the run directory's lock; cuts a torn last line
             previous = as_records(writer.open(meta))
             started, prior_wall_s = time.time(), writer.previous_wall_s()

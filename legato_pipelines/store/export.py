@@ -11,13 +11,17 @@ exact prompt ids the server saw (``prompt_token_ids``, when it returned them), t
 sampling settings of the run and its weights (``served_model``, ``checkpoint_path``,
 ``checkpoint_fingerprint``, ``load_mode``, ``load_proof``: lineage) and its GRPO group
 (``group_size``, ``group_size_expected``, ``group_complete``: an incomplete group's rows carry
-no advantage, :func:`export_steps`).
+no advantage, :func:`export_steps`); what a trainer needs to rebuild the exact model input
+(``image_shas``: the screenshots in placeholder order) and to check it has the files that made
+the ids (``model_files_root``, ``tokenizer_sha256``, ``chat_template_sha256``,
+``processor_sha256``: ``run.json``'s ``model_files``; docs/trainer.md).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -26,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..errors import ConfigError
+from ..images import IMAGE_REF_PREFIX
+from ..model_files import IDENTITY_KEYS
 from ..record import Record, Step, decode_prompt_ids, is_final, valid_reward
 from .rundir import load_messages, read_meta, read_typed_records
 
@@ -89,9 +95,20 @@ def sample_schema() -> pa.Schema:
             ("group_size", pa.int32()),
             ("group_size_expected", pa.int32()),
             ("group_complete", pa.bool_()),
+            # the screenshots of the prompt, in the order its placeholders appear (SHA-256 of
+            # the PNG: <run_dir>/images/<sha>.png); what made the ids (run.json model_files,
+            # legato_pipelines/model_files.py): the served folder and its files' hashes (None: unknown)
+            ("image_shas", pa.list_(pa.string())),
+            ("model_files_root", pa.string()),
+            ("tokenizer_sha256", pa.string()),
+            ("chat_template_sha256", pa.string()),
+            ("processor_sha256", pa.string()),
         ]
     )
 
+
+IMAGE_REF_RE = re.compile(re.escape(IMAGE_REF_PREFIX) + r"([0-9a-f]{64})")
+"""A screenshot ref in a stored message (``legato-image://<sha>``)."""
 
 WEIGHTS_COLUMNS = (
     "served_model",
@@ -273,6 +290,8 @@ def export_steps(run_dir: str | Path, *, inline_images: bool = False) -> pa.Tabl
     schema = sample_schema()
     rows: dict[str, list] = {name: [] for name in schema.names}
     message_cache: dict[str, str] = {}
+    shas_cache: dict[str, list[str]] = {}
+    files = meta.get("model_files") or {}
     for record in records:
         if not record.final or not record.reward_valid:
             continue
@@ -313,6 +332,10 @@ def export_steps(run_dir: str | Path, *, inline_images: bool = False) -> pa.Tabl
             rows["group_size"].append(size)
             rows["group_size_expected"].append(expected)
             rows["group_complete"].append(None if expected is None else size >= expected)
+            rows["image_shas"].append(image_shas(run_dir, step.request, shas_cache))
+            rows["model_files_root"].append(files.get("root"))
+            for key in IDENTITY_KEYS:
+                rows[key].append(files.get(key))
     return pa.Table.from_pydict(rows, schema=schema)
 
 
@@ -343,6 +366,18 @@ def run_weights(meta: Mapping[str, Any]) -> dict[str, str | None]:
         "load_mode": load,
         "load_proof": proof,
     }
+
+
+def image_shas(run_dir, message_shas: list[str], cache: dict[str, list[str]]) -> list[str]:
+    """The screenshots (PNG SHA-256s) of a prompt, message by message and part by part: the
+    order the chat template writes their placeholders and the server reads them."""
+    out: list[str] = []
+    for sha in message_shas:
+        if sha not in cache:
+            message = load_messages(run_dir, [sha], inline_images=False)[0]
+            cache[sha] = IMAGE_REF_RE.findall(orjson.dumps(message).decode())
+        out.extend(cache[sha])
+    return out
 
 
 def _messages_json(run_dir, shas: list[str], inline: bool, cache: dict[str, str]) -> str:

@@ -30,6 +30,7 @@ import orjson
 
 from ..errors import ConfigError, ResumeError
 from ..images import IMAGE_REF_PREFIX, Screenshot
+from ..model_files import IDENTITY_KEYS
 from ..record import FORMAT as FORMAT  # the format's home is legato_pipelines.record
 from ..record import Record, is_final
 
@@ -121,6 +122,7 @@ class RunWriter:
             return  # a run that collected nothing (e.g. stopped at its preflight): start anew
         old = orjson.loads(meta_path.read_bytes())
         self._check_checkpoint(old, meta)
+        _check_model_files(old, meta)
         old_knobs, knobs = old.get("knobs", {}), meta.get("knobs", {})
         checks = [
             (
@@ -313,6 +315,21 @@ class RunWriter:
         if self._lock is not None:
             self._lock.close()  # releases the flock
             self._lock = None
+
+
+def _check_model_files(old: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
+    """Refuse to resume a run whose server now tokenizes with other files than the ones its
+    rows name (``run.json``'s ``model_files``, kept from the first session: the new rows
+    would carry the old hashes). Only hashes both sessions know are compared."""
+    before, now = old.get("model_files") or {}, meta.get("model_files") or {}
+    for key in IDENTITY_KEYS:
+        if before.get(key) and now.get(key) and before[key] != now[key]:
+            raise ResumeError(
+                f"out: the run was collected with {key} {before[key][:12]}... "
+                f"({before.get('root')!r}) but the server now uses {now[key][:12]}... "
+                f"({now.get('root')!r}); its rows would name files that did not make their "
+                "ids (fix: another --out, or serve the run's model folder again)"
+            )
 
 
 def _write_new(path: Path, data: bytes) -> None:
