@@ -2,6 +2,7 @@
 checkout's code and one by another checkout's (a baseline: ``git archive BASE | tar -x -C DIR``).
 
     PYTHONPATH=$PWD:$PWD/benchmarks python3 benchmarks/bench_reset_paired.py --other DIR [--n 40]
+        [--network host|none|own] [--other-network host|none|own]
 
 Each desktop lives in a child process of its own whose ``PYTHONPATH`` names its checkout (the
 desktop servers of one event loop are forked from one template, which imports the package
@@ -24,7 +25,7 @@ import sys
 from pathlib import Path
 
 
-async def serve(width: int, height: int) -> None:
+async def serve(width: int, height: int, network: str) -> None:
     """Child: open one sandboxed desktop; for each line on stdin, one reset -> ready of the
     terminal task; answer ``<seconds> <reset kind>`` on stdout."""
     from bench_local_desktop import TERMINAL
@@ -32,7 +33,7 @@ async def serve(width: int, height: int) -> None:
 
     import legato_pipelines
 
-    desktop = await open_one(width, height, sandbox=True, network="host")
+    desktop = await open_one(width, height, sandbox=True, network=network)
     try:
         await reset_to_ready(desktop, TERMINAL)  # warm-up: the first reset has no xterm
         print("ready", legato_pipelines.__file__, flush=True)
@@ -44,9 +45,10 @@ async def serve(width: int, height: int) -> None:
         await desktop.close()
 
 
-def child(path: str, width: int, height: int) -> subprocess.Popen:
+def child(path: str, width: int, height: int, network: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=f"{path}:{path}/benchmarks")
     argv = [sys.executable, __file__, "--serve", "--width", str(width), "--height", str(height)]
+    argv += ["--network", network]
     # cwd: ``python -m`` (the desktop server) puts it first on sys.path
     proc = subprocess.Popen(
         argv, env=env, cwd=path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -59,9 +61,12 @@ def child(path: str, width: int, height: int) -> subprocess.Popen:
     return proc
 
 
-def bench(other: str, n: int, width: int, height: int) -> dict:
+def bench(other: str, n: int, width: int, height: int, networks: tuple[str, str]) -> dict:
     here = str(Path(__file__).resolve().parents[1])
-    children = {"this": child(here, width, height), "other": child(other, width, height)}
+    children = {
+        "this": child(here, width, height, networks[0]),
+        "other": child(other, width, height, networks[1]),
+    }
     times: dict[str, list[float]] = {"this": [], "other": []}
     try:
         for i in range(n):
@@ -80,6 +85,7 @@ def bench(other: str, n: int, width: int, height: int) -> dict:
     ratios = [a / b for a, b in zip(times["this"], times["other"], strict=True)]
     return {
         "n": n,
+        "networks": {"this": networks[0], "other": networks[1]},
         "this_median_s": statistics.median(times["this"]),
         "other_median_s": statistics.median(times["other"]),
         "ratio_median": statistics.median(ratios),
@@ -93,17 +99,22 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=40)
     parser.add_argument("--width", type=int, default=1280)
     parser.add_argument("--height", type=int, default=720)
+    parser.add_argument("--network", default="host", help="this checkout's desktop network")
+    parser.add_argument(
+        "--other-network", default="host", help="the other checkout's (e.g. its old default)"
+    )
     parser.add_argument("--json", help="write the results here too")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        asyncio.run(serve(args.width, args.height))
+        asyncio.run(serve(args.width, args.height, args.network))
         return
     if not args.other:
         parser.error("--other is required")
-    results = bench(args.other, args.n, args.width, args.height)
+    networks = (args.network, args.other_network)
+    results = bench(args.other, args.n, args.width, args.height, networks)
     print(
-        f"reset -> ready, terminal, fast (n={results['n']} pairs): this "
+        f"reset -> ready, terminal, fast (n={results['n']} pairs, networks {networks}): this "
         f"{results['this_median_s']:.3f} s, other {results['other_median_s']:.3f} s, "
         f"median ratio this/other {results['ratio_median']:.3f}"
     )
