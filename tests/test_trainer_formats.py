@@ -107,11 +107,17 @@ def test_training_rows_leave_out_incomplete_groups_and_invalid_logprobs(lake):
 
     wide, _ = training_rows(lake, VERSION, include_incomplete=True, include_invalid=True)
     assert {(r["rollout_id"], r["step"]) for r in wide} == set(every)
-    # each attempt's last model call is marked, whatever was left out
-    last = {}
-    for rid, step in every:
-        last[rid] = max(last.get(rid, -1), step)
-    assert {(r["rollout_id"], r["step"]) for r in wide if r["is_last_step"]} == set(last.items())
+    # each attempt's last kept model call is marked, the attempt's rows together, in order
+    for selection in (rows, wide):
+        last = {}
+        for r in selection:
+            last[r["rollout_id"]] = max(last.get(r["rollout_id"], -1), r["step"])
+        marked = {(r["rollout_id"], r["step"]) for r in selection if r["is_last_step"]}
+        assert marked == set(last.items())
+        order = [(r["rollout_id"], r["step"]) for r in selection]
+        runs = [rid for i, (rid, _) in enumerate(order) if i == 0 or order[i - 1][0] != rid]
+        assert len(runs) == len(set(runs)) and selection[-1]["is_last_step"]
+        assert all(a[1] < b[1] for a, b in zip(order, order[1:], strict=False) if a[0] == b[0])
 
 
 def _close(a, b) -> bool:
@@ -128,7 +134,7 @@ def _check_verl(rec, row):
     assert rec["advantages"] == [row["advantage"]] * len(r)
     assert rec["uid"] == row["group_id"] and rec["reward_score"] == row["reward"]
     assert rec["num_turns"] == len(json.loads(row["messages"])) + 1
-    return rec["multi_modal_data"]["image"]
+    return rec["multi_modal_data"]["images"]
 
 
 def _check_prime_rl(rec, row):
@@ -146,7 +152,8 @@ def _check_skyrl(rec, row):
     assert rec["prompt_token_ids"] == row["prompt_token_ids"] and rec["response_ids"] == r
     assert rec["loss_masks"] == [1] * len(r)
     assert _close(rec["rollout_logprobs"], row["response_logprobs"])
-    assert rec["rewards"] == row["reward"] and rec["advantage"] == row["advantage"]
+    last = [0.0] * (len(r) - 1) + [row["reward"] if rec["is_last_step"] else 0.0]
+    assert rec["rewards"] == last and rec["advantage"] == row["advantage"]
     assert rec["stop_reasons"] == row["finish_reason"]
     assert rec["trajectory_ids"] == {
         "instance_id": row["group_id"],

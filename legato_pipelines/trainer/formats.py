@@ -61,8 +61,9 @@ def training_rows(
     rows whose group is short of attempts (``group_complete`` not true: their ``advantage`` is
     null, a mean over part of a group means nothing) and rows whose logprobs are not valid
     (``logprobs_valid`` not true: a sentinel, a length mismatch, a release that did not check).
-    Each row gains ``is_last_step``: it is the last model call of its attempt in the partition
-    (computed before any row is left out). Raises ``FileNotFoundError`` for a version the lake
+    Rows come grouped by attempt, steps in order; each gains ``is_last_step``: it is the last
+    of its attempt's rows kept (so an attempt whose last call was left out still has one, which
+    carries its reward for SkyRL). Raises ``FileNotFoundError`` for a version the lake
     does not hold."""
     from ..store.lake import Lake, read_samples
 
@@ -76,19 +77,20 @@ def training_rows(
             int(r["step"]),
         ),
     )
-    last: dict[str, int] = {}
-    for row in rows:
-        last[row["rollout_id"]] = max(last.get(row["rollout_id"], -1), int(row["step"]))
     kept: list[dict[str, Any]] = []
     dropped = {"incomplete_group": 0, "invalid_logprobs": 0}
     for row in rows:
-        row["is_last_step"] = int(row["step"]) == last[row["rollout_id"]]
         if row.get("logprobs_valid") is not True and not include_invalid:
             dropped["invalid_logprobs"] += 1
         elif row.get("group_complete") is not True and not include_incomplete:
             dropped["incomplete_group"] += 1
         else:
             kept.append(row)
+    last: dict[str, int] = {}
+    for row in kept:
+        last[row["rollout_id"]] = max(last.get(row["rollout_id"], -1), int(row["step"]))
+    for row in kept:
+        row["is_last_step"] = int(row["step"]) == last[row["rollout_id"]]
     return kept, dropped
 
 
@@ -148,7 +150,7 @@ def to_verl(row: Mapping[str, Any]) -> dict[str, Any]:
         "response_ids": response,
         "response_mask": [1] * len(response),
         "response_logprobs": _logprobs(row, len(response)),
-        "multi_modal_data": {"image": _images(row)},
+        "multi_modal_data": {"images": _images(row)},
         "reward_score": row.get("reward"),
         "num_turns": _turns(row),
         "uid": row.get("group_id"),
@@ -181,15 +183,19 @@ def to_prime_rl(row: Mapping[str, Any], env_name: str | None = None) -> dict[str
 
 
 def to_skyrl(row: Mapping[str, Any]) -> dict[str, Any]:
-    """One row as one entry of SkyRL's step-wise ``GeneratorOutput`` (a trajectory's model
-    calls are entries in order, ``is_last_step`` on its last). ``rewards`` is the attempt's
-    reward (SkyRL computes its own advantages from rewards grouped by
-    ``trajectory_ids[i].instance_id``); legato's ``advantage`` rides along for checking."""
+    """One row as one entry of SkyRL's step-wise ``GeneratorOutput`` (one entry per model
+    call, an attempt's calls in order, ``is_last_step`` on its last). ``rewards`` is per token:
+    the attempt's reward on the last token of its last step, 0 elsewhere (SkyRL computes its
+    advantages on last steps, grouped by ``trajectory_ids[i].instance_id``, and broadcasts them
+    to the attempt's steps); legato's ``advantage`` rides along for checking."""
     prompt, response = _ids(row, "prompt_token_ids"), _ids(row, "response_token_ids")
+    rewards = [0.0] * len(response)
+    if row.get("is_last_step") and row.get("reward") is not None:
+        rewards[-1] = float(row["reward"])
     return {
         "prompt_token_ids": prompt,
         "response_ids": response,
-        "rewards": row.get("reward"),
+        "rewards": rewards,
         "loss_masks": [1] * len(response),
         "rollout_logprobs": _logprobs(row, len(response)),
         "stop_reasons": row.get("finish_reason"),
