@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
@@ -285,5 +285,20 @@ def test_an_unknown_version_or_nothing_to_train_on_says_so(lake, tmp_path):
     from legato_pipelines.trainer.formats import export_trainer
 
     with pytest.raises(FileNotFoundError, match="step-9"):
-        export_trainer(lake, "step-9", "verl", tmp_path)
-    assert not list(Path(tmp_path).iterdir())
+        export_trainer(lake, "step-9", "verl", tmp_path / "out")
+    # a version whose rows are all in incomplete groups: the CLI says why nothing is written
+    partial = Lake(tmp_path / "partial")
+    table = read_samples(lake, [VERSION], ds.field("group_complete") == False)  # noqa: E712
+    assert table.num_rows
+    partial.write("samples", VERSION, table)
+    result = CliRunner().invoke(
+        app,
+        ["lake", "export-trainer", VERSION, "--format", "skyrl", "--out", str(tmp_path / "out")]
+        + ["--lake", str(partial.root)],
+    )
+    assert result.exit_code != 0
+    said = " ".join(result.output.split())
+    invalid = sum(r["logprobs_valid"] is not True for r in table.to_pylist())
+    assert f"{table.num_rows - invalid} in incomplete groups" in said
+    assert f"{invalid} with invalid logprobs" in said and "--include-incomplete" in said
+    assert not (tmp_path / "out").exists()
