@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow.dataset as ds
@@ -16,6 +17,8 @@ from typer.testing import CliRunner
 
 from legato_pipelines import DesktopConfig, PolicyConfig, collect, export_steps
 from legato_pipelines.cli import app
+from legato_pipelines.errors import ModelFilesError
+from legato_pipelines.model_files import IDENTITY_KEYS
 from legato_pipelines.policy.scripted import Faults, ScriptedPolicyServer
 from legato_pipelines.store.lake import RECORDS_FILE, Lake, read_samples
 from legato_pipelines.store.lake_tables import Lineage, samples_table
@@ -26,6 +29,7 @@ from legato_pipelines.trainer.formats import (
     trl_batch,
     verl_batch,
 )
+from legato_pipelines.trainer.inputs import check_model_files
 from tests.engine_support import fake_tasks
 
 VERSION = "step-1"
@@ -201,6 +205,8 @@ def test_export_trainer_writes_the_lake_rows_in_the_trainer_fields(lake, trainer
     for rec in records:
         assert FIELDS[trainer] <= set(rec), set(FIELDS[trainer]) - set(rec)
         row = every[(rec["rollout_id"], rec["step"])]
+        for key in ("policy_version", "model_files_root", *IDENTITY_KEYS):
+            assert rec[key] == row[key], key
         images = CHECKS[trainer](rec, row)
         # every turn's screenshots, in the prompt's placeholder order, as files of the export
         assert images == [f"images/{sha}.png" for sha in row["image_shas"]]
@@ -210,6 +216,11 @@ def test_export_trainer_writes_the_lake_rows_in_the_trainer_fields(lake, trainer
             ).read_bytes()
         multi += len(images) > 1
     assert multi, "multi-turn rows carry more than one screenshot"
+    # the records name their model files as rows do: a trainer's check reads them (the scripted
+    # server's root is no folder, so nothing says which tokenizer made the ids)
+    processor = SimpleNamespace(chat_template=None, tokenizer=SimpleNamespace(name_or_path=None))
+    with pytest.raises(ModelFilesError, match="tokenizer_sha256 is null.*scripted-qwen"):
+        check_model_files(records, processor)
 
 
 def test_cli_includes_what_it_is_asked_to(lake, tmp_path):

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LegatoError
+from ..model_files import IDENTITY_KEYS
 
 IMAGES_DIR = "images"
 
@@ -126,11 +127,15 @@ def _images(row: Mapping[str, Any]) -> list[str]:
 
 
 def _lineage(row: Mapping[str, Any]) -> dict[str, Any]:
-    """Columns every record keeps to go back to its lake row."""
+    """Columns every record keeps: the way back to its lake row, and the model files that made
+    its ids (a trainer refuses records of other files:
+    :func:`~legato_pipelines.trainer.inputs.check_model_files` takes records as rows)."""
     return {
         "rollout_id": row.get("rollout_id"),
         "step": int(row["step"]),
         "policy_version": row.get("policy_version"),
+        "model_files_root": row.get("model_files_root"),
+        **{key: row.get(key) for key in IDENTITY_KEYS},
     }
 
 
