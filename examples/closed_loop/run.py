@@ -61,9 +61,9 @@ from legato_pipelines.resources import (  # noqa: E402
     LakeResource,
     PolicyResource,
 )
-from legato_pipelines.sensors import checkpoint_sensor  # noqa: E402
 from legato_pipelines.store.lake import Lake, read_samples  # noqa: E402
 from legato_pipelines.trainer.gap import DEFAULT_MAX_MEAN_ABS, version_gap  # noqa: E402
+from tests.dagster_support import sensor_tick  # noqa: E402
 from tests.vllm_support import VllmServer, build_model, vllm_python  # noqa: E402
 
 LOCAL_SUITE = REPO / "examples" / "tasks" / "local" / "tasks.json"
@@ -118,21 +118,6 @@ def train(lake: Lake, version: str, base: Path, ckpts: Path, merged: Path, nxt: 
         "--images", str(lake.pull_run(version) / "images"),
         "--out", str(ckpts / nxt), "--merged", str(merged / nxt),
     )  # fmt: skip
-
-
-def sensor_tick(instance, cursor, source, policy):
-    """One evaluation of the project's checkpoint sensor, its partitions added (the daemon's
-    part); returns the result."""
-    context = dg.build_sensor_context(
-        instance=instance, cursor=cursor, resources={"checkpoints": source, "policy": policy}
-    )
-    result = checkpoint_sensor(context)
-    if isinstance(result, dg.SensorResult):
-        for request in result.dynamic_partitions_requests:
-            instance.add_dynamic_partitions(
-                request.partitions_def_name, list(request.partition_keys)
-            )
-    return result
 
 
 def materialize(instance, request, policy, lake_root, tasks_file, args, gap_model):

@@ -125,6 +125,8 @@ def save(model, wrapped: dict, base: Path, out: Path, merged: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
+    from tests.vllm_tiny_models import adapter_config
+
     tmp = out.parent / f".tmp-{out.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -133,21 +135,7 @@ def save(model, wrapped: dict, base: Path, out: Path, merged: Path) -> None:
         tensors[f"{prefix}.lora_A.weight"] = module.lora_A.detach().float().contiguous()
         tensors[f"{prefix}.lora_B.weight"] = module.lora_B.detach().float().contiguous()
     save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
-    config = {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": str(base),
-        "r": RANK,
-        "lora_alpha": ALPHA,
-        "lora_dropout": 0.0,
-        "bias": "none",
-        "target_modules": list(TARGETS),
-        "fan_in_fan_out": False,
-        "inference_mode": True,
-        "modules_to_save": None,
-        "use_rslora": False,
-        "use_dora": False,
-    }
+    config = adapter_config(base, RANK, ALPHA, list(TARGETS))
     (tmp / "adapter_config.json").write_text(json.dumps(config, indent=1))
     if out.exists():
         raise SystemExit(f"{out} exists already: a checkpoint folder is written once")
