@@ -318,3 +318,48 @@ async def test_a_batch_records_its_network_and_warns_on_the_hosts(tmp_path, capl
             else:
                 assert knobs["network"] == "host" and knobs["network_warning"] == HOST_WARNING
                 assert HOST_WARNING in caplog.text
+
+
+#: ``add_key``/``keyctl(KEYCTL_SEARCH)`` on the caller's user keyring, through libc's syscall():
+#: prints the key's serial, or the negated errno (-126: ENOKEY).
+KEYRING_PY = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+op, name = sys.argv[1], sys.argv[2].encode()
+if op == "add":
+    r = libc.syscall(248, b"user", name, b"x", 1, -4)
+else:
+    r = libc.syscall(250, 10, -4, b"user", name, 0)
+print(r if r >= 0 else -ctypes.get_errno())
+"""
+
+
+def host_keyring(op: str, name: str, uid: int) -> int:
+    """``KEYRING_PY`` on the host as ``uid`` (its user keyring in the host's user namespace)."""
+    argv = ["python3", "-c", KEYRING_PY, op, name]
+    if uid:
+        argv = ["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups", *argv]
+    return int(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+
+
+async def test_kernel_keyrings_are_separate_per_desktop_and_from_the_host(server):
+    """docs/sandbox.md §4 once said the identity uid map shares the user keyrings of a uid
+    between the host and every desktop. Measured: the kernel keys a user keyring by user
+    namespace too, so neither the sandbox's user nor its root finds the host's keys of the same
+    uid, and the host finds none of the sandbox's."""
+    ENOKEY = -126
+    assert host_keyring("add", "legato-host-1000", 1000) > 0
+    assert host_keyring("add", "legato-host-root", 0) > 0
+    await sh(server, f"cat > /tmp/keyring.py << 'EOF'\n{KEYRING_PY}EOF")
+    inside = await sh(
+        server,
+        "python3 /tmp/keyring.py search legato-host-1000; python3 /tmp/keyring.py add in-1000; "
+        + sudo(
+            "python3 /tmp/keyring.py search legato-host-root; python3 /tmp/keyring.py add in-root"
+        ),
+    )
+    lines = inside["output"].split()
+    assert int(lines[0]) == ENOKEY and int(lines[1]) > 0, inside
+    assert int(lines[-2]) == ENOKEY and int(lines[-1]) > 0, inside
+    assert host_keyring("search", "in-1000", 1000) == ENOKEY
+    assert host_keyring("search", "in-root", 0) == ENOKEY

@@ -372,3 +372,27 @@ def test_a_bad_prebuild_option_is_refused_before_anything_runs():
     assert bad.returncode == 2
     assert "desktop option 'prebuild' must be a list of libreoffice" in bad.stdout + bad.stderr
     assert "or [] for none" in bad.stdout + bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("start_timeout=abc", "desktop option 'start_timeout' must be seconds > 0, got 'abc'"),
+        ("base_port=abc", "desktop option 'base_port' must be a port number 1-65535, got 'abc'"),
+        ("base_port=70000", "desktop option 'base_port' must be a port number 1-65535, got 70000"),
+    ],
+)
+def test_a_bad_number_option_is_refused_before_a_run_directory_exists(tmp_path, option, message):
+    """A newcomer's ``--desktop-option start_timeout=abc`` printed an 83-line traceback (exit
+    1) after the run directory was written; now collect's preflight refuses it, exit 2, one
+    line naming the option and the fix, and nothing is written."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "legato_pipelines", "collect", "--tasks", str(LOCAL_SUITE),
+            "--backend", "local", "--desktop-option", option,
+            "--policy-url", "http://127.0.0.1:9", "--model", "m", "--out", str(out)]  # fmt: skip
+    bad = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    said = bad.stdout + bad.stderr
+    assert bad.returncode == 2, said
+    assert message in said and "fix: --desktop-option" in said
+    assert "Traceback" not in said
+    assert not out.exists()

@@ -1,6 +1,8 @@
 """``legato lake query SQL``, ``legato lake views``, ``legato lake drop VERSION``: the DuckDB
 read layer from the shell, and removing a version from the lake; ``legato lake gap VERSION
---model CKPT``: the version's train-inference gap (``legato_pipelines.trainer.gap``).
+--model CKPT``: the version's train-inference gap (``legato_pipelines.trainer.gap``);
+``legato lake export-trainer VERSION --format F --out DIR``: its samples in a trainer's format
+(``legato_pipelines.trainer.formats``).
 
 The lake root is ``--lake``, else ``$LEGATO_LAKE``, else the lake ``legato demo`` writes:
 ``<instance dir>/lake``, the instance being ``$DAGSTER_HOME``, else the repository root of a
@@ -24,7 +26,7 @@ from .root import app
 
 lake_app = typer.Typer(
     help="Query the Parquet lake through its DuckDB views (read-only); drop a version; "
-    "measure a version's train-inference gap.",
+    "measure a version's train-inference gap; export a version for a trainer.",
     no_args_is_help=True,
 )
 app.add_typer(lake_app, name="lake")
@@ -239,3 +241,56 @@ def gap_command(
             f"compared): {model} does not compute what the server served for {version}",
             1,
         )
+
+
+@lake_app.command("export-trainer")
+def export_trainer_command(
+    version: Annotated[str, typer.Argument(help="The policy version (partition key) to export.")],
+    trainer: Annotated[
+        str,
+        typer.Option("--format", help="The trainer's record: verl, prime-rl, skyrl or trl."),
+    ],
+    out: Annotated[
+        str,
+        typer.Option("--out", help="Folder to write <format>.parquet and images/ into."),
+    ],
+    lake: LakeOption = None,
+    include_incomplete: Annotated[
+        bool,
+        typer.Option(
+            "--include-incomplete",
+            help="Also export rows of groups short of attempts (their advantage is null).",
+        ),
+    ] = False,
+    include_invalid: Annotated[
+        bool,
+        typer.Option(
+            "--include-invalid-logprobs",
+            help="Also export rows whose logprobs are not valid (sentinels, length mismatch).",
+        ),
+    ] = False,
+) -> None:
+    """Write a version's training samples in a trainer's format (docs/trainer.md §5): one
+    record per model call, screenshots copied in order. Rows of incomplete groups and rows
+    with invalid logprobs are left out unless asked for."""
+    from ..errors import LegatoError
+    from ..trainer.formats import export_trainer
+
+    try:
+        done = export_trainer(
+            _lake(lake),
+            version,
+            trainer,
+            out,
+            include_incomplete=include_incomplete,
+            include_invalid=include_invalid,
+        )
+    except (LegatoError, OSError) as exc:
+        fail(str(exc))
+    excluded = done["excluded"]
+    console.print(
+        f"wrote {done['rows']} {trainer} records of {version} to {done['path']} "
+        f"({done['images']} screenshots in images/); left out: "
+        f"{excluded['incomplete_group']} rows of incomplete groups, "
+        f"{excluded['invalid_logprobs']} with invalid logprobs"
+    )

@@ -39,10 +39,11 @@ def backend_support(
     interpreter exists; every backend: the file cache of option ``cache_dir``, by default
     ``legato osworld cache``'s directory (``osworld_format.sources.file_cache_dir``).
     Raises ``ConfigError`` for a bad ``grader``, ``cache_dir``, ``sandbox``, ``network`` or
-    (local) ``prebuild`` option, naming the option and its allowed values.
+    (local) ``prebuild``, ``base_port``, ``start_timeout`` or ``limits`` option, naming the
+    option and its allowed values.
     """
     from .local.apps import DESKTOP_APPS
-    from .local.backend import prebuild_option, sandbox_options
+    from .local.backend import limits_option, prebuild_option, sandbox_options, server_numbers
     from .osworld import installed_grader, local_grader, osworld_python
 
     options = dict(options or {})
@@ -52,6 +53,8 @@ def backend_support(
         _, network = sandbox_options(options)  # osworld: its provider local's servers
     if backend == "local":
         prebuild_option(options.get("prebuild"))  # checked before anything is written
+        server_numbers(options)
+        limits_option(options.get("limits", True))
         fields["local_network"] = None if options.get("urls") else network
         fields["local_desktops"] = max(1, desktops)
         if options.get("urls"):

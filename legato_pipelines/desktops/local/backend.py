@@ -514,6 +514,34 @@ def sandbox_options(options: dict[str, Any]) -> tuple[bool, str]:
     return sandbox, network
 
 
+def server_numbers(options: dict[str, Any]) -> tuple[int | None, float]:
+    """``(base_port, start_timeout)`` from desktop options ``base_port`` (a port 1-65535 the
+    ``n``-th server adds ``n`` to; default ``None``: any free port) and ``start_timeout``
+    (seconds > 0 a server may take to come up; default 30). Raises ``ConfigError`` naming the
+    option and the fix: checked in the preflight (:func:`..support.backend_support`), before
+    anything of a run is written."""
+    base_port, start_timeout = options.get("base_port"), options.get("start_timeout", 30.0)
+    try:
+        port = None if base_port in (None, "") else int(base_port)
+    except (TypeError, ValueError):
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(
+            f"desktop option 'base_port' must be a port number 1-65535, got {base_port!r} "
+            "(fix: --desktop-option base_port=8100, or leave it out for any free port)"
+        )
+    try:
+        timeout = float(start_timeout)
+    except (TypeError, ValueError):
+        timeout = -1.0
+    if not timeout > 0:
+        raise ConfigError(
+            f"desktop option 'start_timeout' must be seconds > 0, got {start_timeout!r} "
+            "(fix: --desktop-option start_timeout=60)"
+        )
+    return port, timeout
+
+
 def server_network(network: str) -> str:
     """The ``--network`` of a server started for desktop option ``network``: ``auto`` that no
     batch decided (desktops opened without their tasks; a batch decides before it opens any,
@@ -543,7 +571,7 @@ async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> 
         return await _attach(config, list(urls), n, options.get("token_env", DEFAULT_TOKEN_ENV))
     python = _grader_python(options)
     prebuild = prebuild_option(options.get("prebuild"))
-    base_port = options.get("base_port")
+    base_port, start_timeout = server_numbers(options)
     size = (config.screen_width, config.screen_height)
     servers, graders = [], []
     for i in range(first, first + n):
@@ -551,11 +579,11 @@ async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> 
             width=config.screen_width,
             height=config.screen_height,
             host=options.get("host", "127.0.0.1"),
-            port=(int(base_port) + i) if base_port else 0,
+            port=(base_port + i) if base_port else 0,
             user=options.get("user"),
             template=options.get("template"),
             prebuild=prebuild,
-            start_timeout=float(options.get("start_timeout", 30.0)),
+            start_timeout=start_timeout,
             sandbox=sandbox,
             network=server_network(network),
             limits=limits_option(options.get("limits", True)),
