@@ -54,6 +54,7 @@ sys.path.insert(0, str(REPO))
 import dagster as dg  # noqa: E402
 
 from legato_pipelines.assets import ASSETS  # noqa: E402
+from legato_pipelines.errors import LegatoError  # noqa: E402
 from legato_pipelines.policy.loading import fingerprint  # noqa: E402
 from legato_pipelines.resources import (  # noqa: E402
     CheckpointSourceResource,
@@ -91,6 +92,19 @@ class Clock:
 
     def total(self) -> float:
         return round(time.monotonic() - self.start, 1)
+
+
+def placeholder_bias(base: Path) -> dict[str, float]:
+    """``logit_bias`` (vLLM's OpenAI field) of -100 on the model's vision placeholder ids
+    (``image_token_id``, ``video_token_id``, ``vision_start_token_id``,
+    ``vision_end_token_id`` of its ``config.json``): the random-weight model samples them now
+    and then, and a response holding ``<|image_pad|>`` cannot be recomputed by transformers'
+    Qwen-VL (it counts every such id in ``input_ids`` as an image slot: "Image features and
+    image tokens do not match"). vLLM's default ``raw_logprobs`` are taken before the bias,
+    so the stored logprobs stay the model's own. A trained Qwen-VL does not emit them."""
+    config = json.loads((base / "config.json").read_text())
+    keys = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return {str(config[k]): -100.0 for k in keys if config.get(k) is not None}
 
 
 def trainer(*args: str) -> dict:
@@ -203,6 +217,7 @@ def loop(args) -> dict:
         policy = PolicyResource(
             base_url=server.url, model=server.model, load="lora", load_keep=2,
             max_tokens=args.max_tokens, sampling_seed=1234,
+            extra_body={"logit_bias": placeholder_bias(base)},
         )  # fmt: skip
         source = CheckpointSourceResource(directory=str(ckpts), stable_s=0)
         cursor = None
@@ -253,11 +268,16 @@ def loop(args) -> dict:
                 if not entry["gap_check"]["passed"]:
                     failures.append(f"{version}: the gap check against its own weights failed")
                 if n > 0:
-                    other = clock.run(
-                        f"gap {version} rows vs step-{n - 1} weights", version_gap, lake,
-                        version, merged / f"step-{n - 1}", rows=args.gap_rows,
-                        python=vllm_python(),
-                    )  # fmt: skip
+                    try:
+                        other = clock.run(
+                            f"gap {version} rows vs step-{n - 1} weights", version_gap, lake,
+                            version, merged / f"step-{n - 1}", rows=args.gap_rows,
+                            python=vllm_python(),
+                        )  # fmt: skip
+                    except LegatoError as exc:
+                        failures.append(f"{version}: the gap against step-{n - 1}: {exc}")
+                        report["versions"].append(entry)
+                        break
                     entry["gap_vs_previous"] = {
                         k: other[k]
                         for k in ("rows", "tokens", "mean_abs_dlogp", "max_abs_dlogp", "k3_kl")
