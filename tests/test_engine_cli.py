@@ -416,6 +416,11 @@ def test_backend_any_case_and_screen_bounds_name_the_flag(policy_server, tmp_pat
     text = " ".join(bad.stderr.split())
     assert bad.returncode == 2 and "--screen '10x10' (width): Input should be greater" in text
     assert "screen_width" not in text and "--screen '10x10' (height)" in text
+    # sampling fields are named by their flags too (a newcomer read "top_p: Input should...")
+    bad = legato(*collect_args(policy_server, tasks, tmp_path / "bad", "--top-p", "0"))
+    text = " ".join(bad.stderr.split())
+    assert bad.returncode == 2 and "--top-p: Input should be greater than 0, got 0.0" in text
+    assert "(fix: --top-p)" in text and "top_p" not in text
     wrong = legato(*[a if a != "FAKE" else "vm" for a in args])
     assert (
         wrong.returncode == 2 and "--backend 'vm': use one of fake, local, osworld" in wrong.stderr

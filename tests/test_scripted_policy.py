@@ -113,6 +113,22 @@ def test_script_file_matched_by_instruction_substring(tmp_path):
         ScriptedPolicyServer(script={"task": {}})
 
 
+def test_sample_order_cycle_gives_every_option_in_turn_per_task_and_step():
+    """``sample_order="cycle"`` (``legato demo``): unseeded requests for the same task and step
+    get a sample entry's options in turn, so a group of as many attempts sees each one; another
+    task's entry keeps its own turn; ``random`` stays the default."""
+    script = {"tasks": {"mixed task": [{"sample": ["right", "give up"]}, "next"],
+                        "other task": [{"sample": ["x", "y"]}]}}  # fmt: skip
+    with ScriptedPolicyServer(flavor="vllm", script=script, sample_order="cycle") as server:
+        firsts = [episode(server, "the mixed task", 1)[0] for _ in range(4)]
+        assert firsts == ["right", "give up", "right", "give up"]
+        assert episode(server, "the other task", 1) == ["x"]
+        assert episode(server, "the mixed task", 2) == ["right", "next"]
+    assert ScriptedPolicyServer(script=script).sample_order == "random"
+    with pytest.raises(ValueError, match="sample_order"):
+        ScriptedPolicyServer(script=script, sample_order="roundrobin")
+
+
 @pytest.mark.parametrize("flavor", ["vllm", "vllm-old", "sglang", "openai"])
 def test_synthetic_tokens_join_to_content(flavor):
     with ScriptedPolicyServer(flavor=flavor) as server:

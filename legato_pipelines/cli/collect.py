@@ -323,14 +323,21 @@ def warn_unusable(summary: dict) -> None:
 
 
 def _pydantic_message(exc: ValidationError, flags: dict[str, str] | None = None) -> str:
-    """``loc: msg`` per error; a field the user set through a flag is named by that flag
-    (``flags``: field -> flag text, e.g. ``screen_width`` -> ``--screen '10x10' (width)``)."""
+    """``flag: msg, got VALUE (fix: flag)`` per error: a field is named by the flag that sets
+    it (``flags``: field -> flag text, e.g. ``screen_width`` -> ``--screen '10x10' (width)``;
+    else ``--`` and the field's last name dashed: ``top_p`` -> ``--top-p``, ``load.mode`` ->
+    ``--mode``... where no flag has that name the text still names the field); an error of the
+    whole model is ``config: msg``."""
     parts = []
     for e in exc.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "config"
-        if flags and loc in flags:
-            loc = flags[loc]
-        parts.append(f"{loc}: {e['msg']}")
+        loc = ".".join(str(x) for x in e["loc"])
+        if not loc:
+            parts.append(f"config: {e['msg']}")
+            continue
+        flag = (flags or {}).get(loc) or "--" + str(e["loc"][-1]).replace("_", "-")
+        value = e.get("input")
+        got = f", got {value!r}" if isinstance(value, (str, int, float, bool)) else ""
+        parts.append(f"{flag}: {e['msg']}{got} (fix: {flag.split()[0]})")
     return "; ".join(parts)
 
 

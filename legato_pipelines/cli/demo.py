@@ -9,7 +9,7 @@ first SQL answer. The run stays in the instance, so ``dagster dev`` shows it aft
 Desktops (``--backend auto``, the default): where Xvfb and the suite's apps are installed
 (``scripts/setup.sh`` installs them) and a local desktop starts, the local task suite
 (``examples/tasks/local``: xterm, l3afpad, LibreOffice Calc) runs on real local desktops with
-the scripted answers of ``scripts/demo.json`` (mostly correct, some wrong, a click); otherwise
+the scripted answers of ``scripts/demo.json`` (mostly correct, some wrong, some right in one attempt of two, a click); otherwise
 the fake backend and its task list, and the demo says why.
 
 Instance (``DAGSTER_HOME``): ``--home``, else ``$DAGSTER_HOME``, else the repository root
@@ -226,7 +226,8 @@ def demo_command(
     lake_root = lake.expanduser().resolve() if lake else default_lake(home_dir)
     os.environ["DAGSTER_HOME"] = str(home_dir)
 
-    with ScriptedPolicyServer(flavor="vllm", script=script) as server:
+    # cycle: every group of 2+ attempts at the demo's mixed tasks has a success and a failure
+    with ScriptedPolicyServer(flavor="vllm", script=script, sample_order="cycle") as server:
         env = {
             **os.environ,
             "DAGSTER_HOME": str(home_dir),

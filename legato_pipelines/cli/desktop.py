@@ -30,7 +30,9 @@ from .console import err as _err
 from .root import app
 
 desktop_app = typer.Typer(
-    help="Local desktops on Xvfb (one server process per desktop).", no_args_is_help=True
+    rich_markup_mode=None,  # help texts hold units in brackets ([s], [tokens]): not markup
+    help="Local desktops on Xvfb (one server process per desktop).",
+    no_args_is_help=True,
 )
 app.add_typer(desktop_app, name="desktop")
 

@@ -25,6 +25,7 @@ from .console import console, fail
 from .root import app
 
 lake_app = typer.Typer(
+    rich_markup_mode=None,  # help texts hold units in brackets ([s], [tokens]): not markup
     help="Query the Parquet lake through its DuckDB views (read-only); drop a version; "
     "measure a version's train-inference gap; export a version for a trainer.",
     no_args_is_help=True,

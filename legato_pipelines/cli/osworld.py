@@ -17,6 +17,7 @@ from .console import console, err, fail
 from .root import app
 
 osworld_app = typer.Typer(
+    rich_markup_mode=None,  # help texts hold units in brackets ([s], [tokens]): not markup
     help="OSWorld: DesktopEnv in its own venv (the osworld backend); the file cache of its tasks.",
     no_args_is_help=True,
 )

@@ -22,7 +22,9 @@ from .console import fail
 from .root import app
 
 tasks_app = typer.Typer(
-    help="Task lists: validate and classify (OSWorld format).", no_args_is_help=True
+    rich_markup_mode=None,  # help texts hold units in brackets ([s], [tokens]): not markup
+    help="Task lists: validate and classify (OSWorld format).",
+    no_args_is_help=True,
 )
 app.add_typer(tasks_app, name="tasks")
 

@@ -327,6 +327,10 @@ class ScriptedPolicyServer:
       tool_call_parser  vLLM / SGLang flavors: as ``--tool-call-parser hermes`` (module doc)
       block_size    [tokens] the prefix cache's block (vLLM: 16 on GPUs, 128 on CPUs; SGLang's
                     ``page_size``)
+      sample_order  how an unseeded request draws from a ``{"sample": [...]}`` entry: ``random``
+                    (default, the server's own randomness) or ``cycle`` (the options in turn per
+                    script entry: the n-th request for that task and step gets option n mod k, so a
+                    group of k or more attempts sees every option; ``legato demo``)
 
     ``start()`` runs it in a background thread and returns once it listens; ``stop()`` ends it;
     also a context manager. ``serve_forever()`` runs it in the calling thread until
@@ -356,6 +360,7 @@ class ScriptedPolicyServer:
         reasoning_parser: bool = False,
         tool_call_parser: bool = False,
         block_size: int = 16,
+        sample_order: str = "random",
     ):
         if flavor not in _FLAVORS:
             raise ValueError(
@@ -383,7 +388,11 @@ class ScriptedPolicyServer:
         self.prefix_cache = PrefixCache(block_size=block_size)
         self.reasoning_parser = reasoning_parser
         self.tool_call_parser = tool_call_parser
+        if sample_order not in ("random", "cycle"):
+            raise ValueError(f"sample_order must be 'random' or 'cycle', got {sample_order!r}")
+        self.sample_order = sample_order
         self._sample_rng = random.Random()  # unseeded requests: the server's own randomness
+        self._sample_turns: collections.Counter[tuple[int, int]] = collections.Counter()
         self._generation = 0  # counts loads: the weights that computed a cached block
         self._weights_generation = 0
         self._adapter_generation: dict[str, int] = {}
@@ -1077,8 +1086,14 @@ class ScriptedPolicyServer:
                 steps = self._defaults[instruction] = default_responses(instruction)
         entry = steps[min(step, len(steps) - 1)]
         if isinstance(entry, dict) and "sample" in entry:
-            rng = self._sample_rng if seed is None else random.Random(seed)
-            entry = rng.choice(entry["sample"])
+            options = entry["sample"]
+            if seed is None and self.sample_order == "cycle":
+                turn = (id(steps), min(step, len(steps) - 1))
+                entry = options[self._sample_turns[turn] % len(options)]
+                self._sample_turns[turn] += 1
+            else:
+                rng = self._sample_rng if seed is None else random.Random(seed)
+                entry = rng.choice(options)
         if isinstance(entry, str):
             return entry, None
         return entry.get("content", ""), entry.get("reasoning")

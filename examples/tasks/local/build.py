@@ -512,11 +512,18 @@ def calc_tasks() -> list[dict]:
 DEMO_WRONG = ("local-term-rename", "local-edit-replace", "local-calc-total-row")
 """Tasks the demo script answers wrongly (one per app), so the demo's report shows failures."""
 
+DEMO_MIXED = ("local-term-sort", "local-edit-new-file", "local-calc-edit-cell")
+"""Tasks the demo script solves in some attempts only (one per app): its first step is drawn,
+per request, between the correct one and saying "done" at once (graded 0), so their GRPO groups
+can carry reward variance and non-zero advantages, as a sampled policy's would."""
+
 
 def demo_script(tasks: list[dict]) -> dict:
     """``scripts/demo.json`` (``legato demo`` on real desktops): the correct answers but for
     :data:`DEMO_WRONG`'s wrong ones, and terminal tasks start with a click on the terminal
-    window (harmless: it only focuses it), so the report has click markers to show."""
+    window (harmless: it only focuses it), so the report has click markers to show;
+    :data:`DEMO_MIXED`'s first step is ``{"sample": [that step, done()]}`` (the scripted server
+    draws one per request: by its seed, else at random)."""
     click = qwen_response(
         "Click the terminal window to focus it.",
         {"action": "left_click", "coordinate": [500, 500]},
@@ -526,6 +533,8 @@ def demo_script(tasks: list[dict]) -> dict:
         steps = list(t["_wrong"] if t["task_id"] in DEMO_WRONG else t["_correct"])
         if t["domain"] == "terminal":
             steps = [click, *steps]
+        if t["task_id"] in DEMO_MIXED:
+            steps = [{"sample": [steps[0], done()]}, *steps[1:]]
         out[t["config"]["instruction"]] = steps
     return {"tasks": out}
 
