@@ -388,3 +388,35 @@ async def test_kernel_keyrings_are_separate_per_desktop_and_from_the_host(server
     assert int(lines[-2]) == ENOKEY and int(lines[-1]) > 0, inside
     assert host_keyring("search", "in-1000", 1000) == ENOKEY
     assert host_keyring("search", "in-root", 0) == ENOKEY
+
+
+def _server_rss_mib(server: RunningServer) -> float:
+    """The desktop server process's peak resident memory (``VmHWM``), MiB."""
+    for line in Path(f"/proc/{server.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+async def test_a_huge_file_or_endless_output_is_cut_not_held_in_the_servers_memory(server):
+    """A red team made a 1 GiB sparse file in HOME (no disk used, so no disk cap) and had the
+    grader fetch it through ``/file``: the server read it whole into its memory (59 MiB ->
+    3 GiB), outside the sandbox's memory cap; endless ``/execute`` output likewise. Now both
+    stop at ``procs.MAX_OUTPUT_BYTES`` and answer 413, and the desktop goes on."""
+    import httpx
+
+    from legato_pipelines.desktops.local.procs import MAX_OUTPUT_BYTES
+
+    size = MAX_OUTPUT_BYTES + 64 * 1024 * 1024
+    made = await sh(server, f"truncate -s {size} ~/Desktop/result.xlsx && echo made")
+    assert "made" in made["output"], made
+    headers = {"Authorization": f"Bearer {server.token}"}
+    async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=120) as http:
+        got = await http.post("/file", data={"file_path": "/home/user/Desktop/result.xlsx"})
+        assert got.status_code == 413, (got.status_code, got.text[:200])
+        assert f"larger than {MAX_OUTPUT_BYTES} bytes" in got.text
+        endless = await http.post("/execute", json={"command": "yes", "shell": True})
+        assert endless.status_code == 413, (endless.status_code, endless.text[:200])
+    assert _server_rss_mib(server) < 1.6 * MAX_OUTPUT_BYTES / 2**20, _server_rss_mib(server)
+    still = await sh(server, "rm ~/Desktop/result.xlsx; echo alive")
+    assert "alive" in still["output"]

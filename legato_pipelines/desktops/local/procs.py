@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import selectors
 import signal
 import subprocess
 import threading
@@ -30,6 +31,22 @@ PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 #: After a timed-out command's process group is killed: how long its pipes are read on (for
 #: what it wrote last) and the kill is waited for.
 KILLED_DRAIN_S = 1.0
+#: [bytes] the most stdout plus stderr one command run to completion (``ProcessTable.run``:
+#: ``/execute``, ``/file``, setup and grader commands) may hand the server: past it the
+#: command's process group is killed and :class:`OutputTooLarge` raised. The output is held in
+#: the server's memory, outside the sandbox's memory cap: a red team's 1 GiB sparse file read
+#: through ``/file`` took the server from 59 MiB to 3 GiB. OSWorld's largest task files (videos,
+#: slide decks) are tens of MiB.
+MAX_OUTPUT_BYTES = 256 * 1024 * 1024
+
+
+class OutputTooLarge(OSError):
+    """A command wrote more than :data:`MAX_OUTPUT_BYTES` (``limit``); it was killed. ``output``
+    holds the first 64 KiB of its stdout (no copy of the rest is made)."""
+
+    def __init__(self, argv: Sequence[str] | str, limit: int, output: bytes):
+        super().__init__(f"output larger than {limit} bytes: the command was stopped")
+        self.argv, self.limit, self.output = argv, limit, output
 
 
 def become_subreaper() -> None:
@@ -230,14 +247,16 @@ class ProcessTable:
         shell: bool = False,
         timeout: float,
         input: bytes | None = None,
+        max_output: int = MAX_OUTPUT_BYTES,
     ) -> subprocess.CompletedProcess:
-        """Run to completion, capturing stdout and stderr (bytes).
+        """Run to completion, capturing stdout and stderr (bytes, ``max_output`` together).
 
         Raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds (the process group is
-        killed first; its ``output``/``stderr`` hold what was read so far) and ``OSError`` when
-        the program cannot be started. A process of another session (``setsid``) holding the
-        pipes open keeps the answer waiting no longer than :data:`KILLED_DRAIN_S` past the
-        timeout: its pipes are left to it.
+        killed first; its ``output``/``stderr`` hold what was read so far),
+        :class:`OutputTooLarge` when it writes more than ``max_output`` bytes (killed the same
+        way) and ``OSError`` when the program cannot be started. A process of another session
+        (``setsid``) holding the pipes open keeps the answer waiting no longer than
+        :data:`KILLED_DRAIN_S` past the timeout: its pipes are left to it.
         """
         proc = self.spawn(
             argv,
@@ -248,21 +267,7 @@ class ProcessTable:
             stderr=subprocess.PIPE,
         )
         try:
-            out, err = proc.communicate(input, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _signal_group(proc.pid, signal.SIGKILL)
-            try:  # what the killed group wrote last
-                out, err = proc.communicate(timeout=KILLED_DRAIN_S)
-            except subprocess.TimeoutExpired as late:  # another session holds the pipes
-                out, err = late.output, late.stderr
-                for stream in (proc.stdout, proc.stderr):
-                    if stream is not None:
-                        stream.close()
-                try:
-                    proc.wait(KILLED_DRAIN_S)
-                except subprocess.TimeoutExpired:
-                    pass
-            raise subprocess.TimeoutExpired(proc.args, timeout, out, err) from None
+            out, err = _communicate(proc, input, timeout, max_output)
         finally:
             self.reap()
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
@@ -331,6 +336,98 @@ def _send(pids: Iterable[int], sig: int) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
+
+
+def _communicate(
+    proc: subprocess.Popen, input: bytes | None, timeout: float, limit: int
+) -> tuple[bytes, bytes]:
+    """``proc.communicate(input, timeout)`` that holds at most ``limit`` bytes of stdout and
+    stderr together: past it the group is killed and :class:`OutputTooLarge` raised; at the
+    timeout it is killed and ``subprocess.TimeoutExpired`` raised with what was read, after
+    :data:`KILLED_DRAIN_S` for what it wrote last (a process of another session holding the
+    pipes keeps them open: they are closed here, under it). One thread, ``selectors`` over
+    the pipes' descriptors, as the standard library's own ``communicate``."""
+    chunks: dict[int, list[bytes]] = {}
+    total = 0
+    pending = memoryview(input) if input is not None else None
+    with selectors.DefaultSelector() as selector:
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                os.set_blocking(stream.fileno(), False)
+                selector.register(stream.fileno(), selectors.EVENT_READ)
+                chunks[stream.fileno()] = []
+        if proc.stdin is not None:
+            if pending:
+                os.set_blocking(proc.stdin.fileno(), False)
+                selector.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
+            else:
+                proc.stdin.close()
+        out_fd = proc.stdout.fileno() if proc.stdout is not None else -1
+        err_fd = proc.stderr.fileno() if proc.stderr is not None else -1
+
+        def read(until: float) -> bool:
+            """Read until every pipe is closed (True) or ``until`` passes (False)."""
+            nonlocal total, pending
+            while selector.get_map():
+                left = until - time.monotonic()
+                if left <= 0:
+                    return False
+                for key, events in selector.select(left):
+                    fd = key.fd
+                    if events & selectors.EVENT_WRITE:
+                        try:
+                            pending = pending[os.write(fd, pending[:65536]) :]
+                        except BrokenPipeError:
+                            pending = None
+                        if not pending:
+                            selector.unregister(fd)
+                            proc.stdin.close()
+                        continue
+                    try:
+                        data = os.read(fd, 65536)
+                    except BlockingIOError:
+                        continue
+                    if not data:
+                        selector.unregister(fd)
+                        continue
+                    total += len(data)
+                    if total > limit:
+                        return True
+                    chunks[fd].append(data)
+            return True
+
+        def stop() -> None:
+            _signal_group(proc.pid, signal.SIGKILL)
+            read(time.monotonic() + KILLED_DRAIN_S)
+            try:
+                proc.wait(KILLED_DRAIN_S)
+            except subprocess.TimeoutExpired:
+                pass
+
+        deadline = time.monotonic() + timeout
+        closed = read(deadline)
+        if total > limit:
+            first = chunks.get(out_fd) or [b""]
+            _signal_group(proc.pid, signal.SIGKILL)
+            try:
+                proc.wait(KILLED_DRAIN_S)
+            except subprocess.TimeoutExpired:
+                pass
+            raise OutputTooLarge(proc.args, limit, first[0][:65536])
+        if not closed:
+            stop()
+            for stream in (proc.stdout, proc.stderr):  # another session may hold them: let go
+                if stream is not None:
+                    stream.close()
+            out, err = b"".join(chunks.get(out_fd, [])), b"".join(chunks.get(err_fd, []))
+            raise subprocess.TimeoutExpired(proc.args, timeout, out, err)
+    out, err = b"".join(chunks.get(out_fd, [])), b"".join(chunks.get(err_fd, []))
+    try:
+        proc.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:  # it closed its pipes but runs on
+        _signal_group(proc.pid, signal.SIGKILL)
+        raise subprocess.TimeoutExpired(proc.args, timeout, out, err) from None
+    return out, err
 
 
 def _signal_group(pid: int, sig: int) -> None:

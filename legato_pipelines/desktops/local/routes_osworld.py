@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from ...osworld_format.controller import EXECUTE_TIMEOUT_S
 from . import accessibility as a11y
 from . import apps
+from .procs import OutputTooLarge
 from .route_params import error_response, param, request_params
 from .server_state import desktop_of
 
@@ -47,6 +48,8 @@ async def execute(request: Request) -> Response:
             },
             status_code=500,
         )
+    except OutputTooLarge as exc:
+        return error_response(413, f"{argv!r} wrote more than {exc.limit} bytes: stopped")
     except OSError as exc:
         return error_response(500, f"cannot run {argv!r}: {exc}")
     return JSONResponse(
@@ -170,7 +173,10 @@ async def file(request: Request) -> Response:
     s = desktop_of(request)
     p = await request_params(request)
     target = apps.resolve_path(param(p, "file_path"), s.home)
-    done = await s.run_command(["cat", "--", target], False, FILE_TIMEOUT_S)
+    try:
+        done = await s.run_command(["cat", "--", target], False, FILE_TIMEOUT_S)
+    except OutputTooLarge as exc:  # a sparse file of any size costs the task no disk
+        return error_response(413, f"{target} is larger than {exc.limit} bytes: not sent")
     if done.returncode != 0:
         return error_response(404, f"File not found: {target}")
     return Response(done.stdout, media_type="application/octet-stream")
