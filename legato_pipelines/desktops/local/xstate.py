@@ -60,6 +60,10 @@ WM_LIVE = frozenset({"_NET_ACTIVE_WINDOW", "_NET_CLIENT_LIST", "_NET_CLIENT_LIST
 #: Root-window properties that are the window manager's answer to a request: set back by
 #: asking it (EWMH client messages, what ``wmctrl -n``/``-s`` send), in this order.
 WM_ASKED = ("_NET_NUMBER_OF_DESKTOPS", "_NET_CURRENT_DESKTOP")
+#: Root-window properties the window manager sets as it starts, a little after it announces
+#: itself (``_NET_SUPPORTING_WM_CHECK``, what the session waits for): the baseline waits for
+#: them (at most :data:`WM_WAIT_S`), or the first reset would delete them as a task's.
+WM_STARTUP = (*WM_ASKED, "_NET_DESKTOP_NAMES", "_NET_WORKAREA", "_NET_SHOWING_DESKTOP")
 #: How long a reset waits for the window manager to apply :data:`WM_ASKED` (s).
 WM_WAIT_S = 2.0
 XKBCOMP_TIMEOUT_S = 10.0
@@ -317,8 +321,12 @@ def _keymap_event(ev, spare: frozenset[int]) -> bool:
 
 
 def _root_properties(display: Display) -> tuple[tuple[str, tuple], ...]:
-    """Every root-window property but :data:`WM_LIVE`: ``(name, (type, format, bytes))``."""
+    """Every root-window property but :data:`WM_LIVE`: ``(name, (type, format, bytes))``,
+    once the window manager set :data:`WM_STARTUP` (or :data:`WM_WAIT_S` passed)."""
     root = display.screen().root
+    deadline = time.monotonic() + WM_WAIT_S
+    while any(_value(display, n) is None for n in WM_STARTUP) and time.monotonic() < deadline:
+        time.sleep(0.01)
     out = []
     for atom in root.list_properties():
         name = display.get_atom_name(atom)
