@@ -221,18 +221,40 @@ async def test_a_host_network_sandbox_cannot_take_another_displays_abstract_sock
         attacker.stop()
 
 
-def _listener() -> socket.socket:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+def _listener(family: int = socket.AF_INET) -> socket.socket:
+    sock = socket.socket(family)
+    sock.bind(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0))
     sock.listen(8)
     return sock
 
 
-def _probe(port: int) -> str:
-    return (
-        "python3 -c \"import socket; socket.create_connection(('127.0.0.1', "
-        f"{port}), 3); print('reached')\" 2>&1"
-    )
+#: Tries the host's loopback from inside: the sandbox's 127.0.0.1, and its IPv4 and IPv6
+#: default gateways (pasta maps connections to the gateway onto the host's 127.0.0.1 / ::1
+#: unless told not to: a red team reached Dagster that way). Prints ``reached WHERE`` per hit.
+PROBE_PY = r"""
+import socket, sys
+port4, port6 = int(sys.argv[1]), int(sys.argv[2])
+targets = [("127.0.0.1", port4, socket.AF_INET)]
+for line in open("/proc/net/route").read().splitlines()[1:]:
+    f = line.split()
+    if f[1] == "00000000" and f[2] != "00000000":
+        targets.append((socket.inet_ntoa(bytes.fromhex(f[2])[::-1]), port4, socket.AF_INET))
+for line in open("/proc/net/ipv6_route").read().splitlines():
+    f = line.split()
+    if f[0] == "0" * 32 and f[1] == "00" and f[4] != "0" * 32:
+        gw = ":".join(f[4][i:i + 4] for i in range(0, 32, 4))
+        targets.append((gw, port6, socket.AF_INET6))
+for host, port, family in targets:
+    try:
+        socket.create_connection((host, port), 3).close()
+        print("reached", host)
+    except OSError as exc:
+        print("refused", host, exc.__class__.__name__)
+"""
+
+
+def _probe(port: int, port6: int = 9) -> str:
+    return f"python3 -c {shlex.quote(PROBE_PY)} {port} {port6} 2>&1"
 
 
 def _tasks_file(tmp_path: Path, entries: list[dict]) -> Path:
@@ -259,8 +281,8 @@ async def test_the_default_network_reaches_no_host_loopback_service(tmp_path):
     }
     plain = load_tasks(_tasks_file(tmp_path, terminal))
     needing = load_tasks(_tasks_file(tmp_path, [*terminal, chrome]))
-    listener = _listener()
-    port = listener.getsockname()[1]
+    listener, listener6 = _listener(), _listener(socket.AF_INET6)
+    port, port6 = listener.getsockname()[1], listener6.getsockname()[1]
     try:
         for tasks, expected in ((plain, "none"), (needing, "own"), (plain, "host")):
             options = {"network": "host"} if expected == "host" else {}
@@ -274,12 +296,15 @@ async def test_the_default_network_reaches_no_host_loopback_service(tmp_path):
             try:
                 health = await desktop.client.health()
                 assert health["sandbox"]["network"] == expected
-                out = await desktop.client.execute(_probe(port), shell=True, timeout=30)
+                out = await desktop.client.execute(_probe(port, port6), shell=True, timeout=30)
                 assert ("reached" in out["output"]) == (expected == "host"), (expected, out)
+                if expected == "own":  # it has a gateway: the mapping onto the host was tried
+                    assert out["output"].count("refused") >= 2, out
             finally:
                 await desktop.close()
     finally:
         listener.close()
+        listener6.close()
     # a desktop opened without its batch's tasks gets no network either
     (desktop,) = await open_local_desktops(
         DesktopConfig(backend="local", screen_width=320, screen_height=240), 1

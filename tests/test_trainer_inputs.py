@@ -258,3 +258,11 @@ def test_rows_of_other_model_files_are_refused(lake_batch, fp32_server, tmp_path
         run_worker(unknown, served, images, python=vllm_python())
     known = run_worker(unknown, served, images, python=vllm_python(), identity="if-known")
     assert known["max_abs_dlogp"] <= EXACT
+    # a response in which the model sampled <|image_pad|> (the closed loop met one in 48 rows):
+    # refused by name, not transformers' "Image features and image tokens do not match"
+    added = json.loads((served / "tokenizer.json").read_text())["added_tokens"]
+    pad = next(t["id"] for t in added if t["content"] == "<|image_pad|>")
+    sampled = [{**rows[0], "response_token_ids": [*rows[0]["response_token_ids"], pad],
+                "response_logprobs": [*rows[0]["response_logprobs"], -1.0]}]  # fmt: skip
+    with pytest.raises(ModelFilesError, match="vision placeholder token"):
+        run_worker(sampled, served, images, python=vllm_python())

@@ -258,6 +258,26 @@ def _token_ids(ids: dict[str, int]) -> dict[str, int]:
     }
 
 
+def adapter_config(base: Path, rank: int, alpha: int, targets: list[str]) -> dict:
+    """PEFT's ``adapter_config.json`` for a plain LoRA (no dropout, bias, DoRA or rsLoRA) of
+    rank ``rank`` and scale ``alpha / rank`` on the modules named ``targets``."""
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": str(base),
+        "r": rank,
+        "lora_alpha": alpha,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "target_modules": list(targets),
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "modules_to_save": None,
+        "use_rslora": False,
+        "use_dora": False,
+    }
+
+
 def build_lora(out: Path, base: Path, seed: int, rank: int = 8) -> None:
     """A PEFT-format LoRA adapter for the model in ``base``: ``q_proj``/``v_proj`` of every
     language-model layer, A and B random (seeded), bfloat16."""
@@ -280,21 +300,7 @@ def build_lora(out: Path, base: Path, seed: int, rank: int = 8) -> None:
             tensors[f"{prefix}.lora_B.weight"] = b.to(torch.bfloat16).contiguous()
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
-    config = {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": str(base),
-        "r": rank,
-        "lora_alpha": 2 * rank,
-        "lora_dropout": 0.0,
-        "bias": "none",
-        "target_modules": ["q_proj", "v_proj"],
-        "fan_in_fan_out": False,
-        "inference_mode": True,
-        "modules_to_save": None,
-        "use_rslora": False,
-        "use_dora": False,
-    }
+    config = adapter_config(base, rank, 2 * rank, ["q_proj", "v_proj"])
     (out / "adapter_config.json").write_text(json.dumps(config, indent=1))
 
 

@@ -78,8 +78,6 @@ def resolve_network(
     (:func:`task_needs_network`; logged with the first tasks' reasons), else ``none``.
     Raises ``ConfigError`` for a bad ``network``/``sandbox`` option, and when ``own`` is
     needed but ``pasta`` is not installed (naming the tasks and the fixes)."""
-    from .local.backend import sandbox_options
-
     if not applies(desktop):
         return desktop, {}
     sandbox, network = sandbox_options(desktop.options)
@@ -117,3 +115,29 @@ def resolve_network(
         record["network_warning"] = HOST_WARNING
     options = {**desktop.options, "network": network}
     return desktop.model_copy(update={"options": options}), record
+
+
+def sandbox_options(options: dict[str, Any]) -> tuple[bool, str]:
+    """``(sandbox, network)`` from desktop options ``sandbox`` (default true) and ``network``
+    (``"auto"``, the default: decided per batch by :func:`..network.resolve_network`;
+    ``"host"``, ``"none"`` or ``"own"``). Unsandboxed, the network is the host's (``auto``
+    becomes ``"host"``). Raises ``ConfigError`` naming the option."""
+    sandbox, network = options.get("sandbox", True), options.get("network", AUTO)
+    if not isinstance(sandbox, bool):
+        raise ConfigError(f"desktop option 'sandbox' must be true or false, got {sandbox!r}")
+    if network not in CHOICES:
+        raise ConfigError(
+            f"desktop option 'network' must be one of {', '.join(CHOICES)}, got {network!r}"
+        )
+    if not sandbox:
+        if network not in (AUTO, "host"):
+            raise ConfigError(f"desktop option network={network} needs the sandbox (sandbox=true)")
+        return sandbox, "host"
+    return sandbox, network
+
+
+def server_network(network: str) -> str:
+    """The ``--network`` of a server started for desktop option ``network``: ``auto`` that no
+    batch decided (desktops opened without their tasks; a batch decides before it opens any,
+    :func:`..network.resolve_network`) is ``none``, the least the desktop can reach."""
+    return "none" if network == "auto" else network

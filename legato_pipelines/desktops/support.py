@@ -43,7 +43,8 @@ def backend_support(
     option and its allowed values.
     """
     from .local.apps import DESKTOP_APPS
-    from .local.backend import limits_option, prebuild_option, sandbox_options, server_numbers
+    from .local.backend import limits_option, prebuild_option, server_numbers
+    from .network import sandbox_options
     from .osworld import installed_grader, local_grader, osworld_python
 
     options = dict(options or {})

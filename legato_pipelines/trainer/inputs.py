@@ -194,8 +194,10 @@ def model_inputs(
     ``identity`` / ``model_files``: :func:`check_model_files`.
 
     Raises :class:`~legato_pipelines.errors.ModelFilesError` when the row has no prompt or
-    response ids, names other model files, or its placeholders disagree with the screenshots
-    (count of images or tokens per image); ``FileNotFoundError`` for a missing screenshot."""
+    response ids, names other model files, its response holds a vision placeholder token (a
+    sampled ``<|image_pad|>``: Qwen-VL would take it for an image slot), or its placeholders
+    disagree with the screenshots (count of images or tokens per image);
+    ``FileNotFoundError`` for a missing screenshot."""
     import torch
 
     check_model_files([row], processor, identity=identity, model_files=model_files)
@@ -211,6 +213,15 @@ def model_inputs(
     types = _token_types(processor, ids)
     shas = list(row.get("image_shas") or [])
     pictures = [load_image(images, sha) for sha in shas]
+    sampled = [i for i, t in enumerate(types[len(prompt) :]) if t]
+    if sampled:
+        raise ModelFilesError(
+            f"row {_row_name(row)}: the response holds {len(sampled)} vision placeholder "
+            f"token(s) the model sampled (first at response position {sampled[0]}); the model "
+            "counts every such token in the input as an image slot, so this row cannot be "
+            "recomputed (fix: leave the row out, or keep the server from sampling them: "
+            "logit_bias -100 on the vision token ids, as examples/closed_loop does)"
+        )
     out: dict[str, Any] = {}
     runs = _runs(types[: len(prompt)], 1)
     if len(runs) != len(pictures):

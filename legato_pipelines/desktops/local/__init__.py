@@ -22,12 +22,13 @@ _LAZY = {
     "LocalDesktop": ".backend",
     "ServerProcess": ".backend",
     "open_local_desktops": ".backend",
-    "sandbox_options": ".backend",
+    "sandbox_options": "..network",
 }
 
 if TYPE_CHECKING:
     from ..client import DesktopClient, action_json
-    from .backend import LocalDesktop, ServerProcess, open_local_desktops, sandbox_options
+    from ..network import sandbox_options
+    from .backend import LocalDesktop, ServerProcess, open_local_desktops
 
 
 __getattr__ = lazy_getattr(__name__, _LAZY, globals())

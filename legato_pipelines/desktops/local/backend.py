@@ -80,6 +80,7 @@ from ...tasks import Evaluation, Task
 from ..base import DesktopConfig, WaitsByMode, check_options
 from ..child_env import desktop_server_env
 from ..client import DesktopClient
+from ..network import sandbox_options, server_network
 from ..osworld import template_started
 from ..popups import PopupGuard
 from ..processes import ForkRendezvous, PidfdProcess, Spawned, pdeathsig_guard, stop_early
@@ -493,27 +494,6 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
 NETWORKS = PORT_NETWORKS
 
 
-def sandbox_options(options: dict[str, Any]) -> tuple[bool, str]:
-    """``(sandbox, network)`` from desktop options ``sandbox`` (default true) and ``network``
-    (``"auto"``, the default: decided per batch by :func:`..network.resolve_network`;
-    ``"host"``, ``"none"`` or ``"own"``). Unsandboxed, the network is the host's (``auto``
-    becomes ``"host"``). Raises ``ConfigError`` naming the option."""
-    from ..network import AUTO, CHOICES
-
-    sandbox, network = options.get("sandbox", True), options.get("network", AUTO)
-    if not isinstance(sandbox, bool):
-        raise ConfigError(f"desktop option 'sandbox' must be true or false, got {sandbox!r}")
-    if network not in CHOICES:
-        raise ConfigError(
-            f"desktop option 'network' must be one of {', '.join(CHOICES)}, got {network!r}"
-        )
-    if not sandbox:
-        if network not in (AUTO, "host"):
-            raise ConfigError(f"desktop option network={network} needs the sandbox (sandbox=true)")
-        return sandbox, "host"
-    return sandbox, network
-
-
 def server_numbers(options: dict[str, Any]) -> tuple[int | None, float]:
     """``(base_port, start_timeout)`` from desktop options ``base_port`` (a port 1-65535 the
     ``n``-th server adds ``n`` to; default ``None``: any free port) and ``start_timeout``
@@ -540,13 +520,6 @@ def server_numbers(options: dict[str, Any]) -> tuple[int | None, float]:
             "(fix: --desktop-option start_timeout=60)"
         )
     return port, timeout
-
-
-def server_network(network: str) -> str:
-    """The ``--network`` of a server started for desktop option ``network``: ``auto`` that no
-    batch decided (desktops opened without their tasks; a batch decides before it opens any,
-    :func:`..network.resolve_network`) is ``none``, the least the desktop can reach."""
-    return "none" if network == "auto" else network
 
 
 async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> list[LocalDesktop]:

@@ -43,9 +43,16 @@ from ...osworld_format.files import cache_file_paths, task_files
 from ...osworld_format.sources import cache_dir_path, find_source
 from ...scratch import scratch_dir
 from ...tasks import Evaluation, Task
-from ..osworld import WorkerProcess, acquire_template, release_template, worker_env
-from ..osworld.channel import confinement, desktop_ports
-from ..osworld.confine import hand_over, prepare_dir
+from ..osworld import (
+    WorkerProcess,
+    acquire_template,
+    confinement,
+    desktop_ports,
+    hand_over,
+    prepare_dir,
+    release_template,
+    worker_env,
+)
 
 VM_TOKEN_ENV = "LEGATO_OSWORLD_VM_TOKEN"
 START_TIMEOUT_S = 120.0

@@ -667,8 +667,11 @@ class Sandbox:
         argv = [PASTA, "--foreground", "--quiet", "--runas", "0", "--config-net"]
         for inside, host in sorted(self.forward.items()):
             argv += ["-t", f"127.0.0.1/{host}:{inside}"]
-        # no UDP forwards, and nothing inside reaches the host's own loopback services
-        argv += ["-u", "none", "-T", "none", "-U", "none", str(init_pid)]
+        # no UDP forwards, and nothing inside reaches the host's own loopback services: no
+        # forwards from inside to the host (-T/-U none) and no gateway mapped onto the host's
+        # 127.0.0.1 / ::1 (pasta's default turns a connection to the gateway address into one
+        # to the host's loopback: a red team reached Dagster's webserver that way)
+        argv += ["-u", "none", "-T", "none", "-U", "none", "--no-map-gw", str(init_pid)]
         return subprocess.Popen(
             ["setpriv", "--pdeathsig", "KILL", "--", *argv],
             stdin=subprocess.DEVNULL,

@@ -19,6 +19,10 @@ from ...lazy import lazy_getattr
 #: format that ``grader.py`` imports.
 _LAZY = {
     "WorkerProcess": ".channel",
+    "confinement": ".channel",
+    "desktop_ports": ".channel",
+    "hand_over": ".confine",
+    "prepare_dir": ".confine",
     "installed_grader": ".grader",
     "local_grader": ".grader",
     "osworld_python": ".install",
@@ -31,7 +35,8 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from ..child_env import worker_env
-    from .channel import WorkerProcess
+    from .channel import WorkerProcess, confinement, desktop_ports
+    from .confine import hand_over, prepare_dir
     from .grader import installed_grader, local_grader
     from .install import osworld_python
     from .template import WorkerTemplate, acquire_template, release_template, template_started
@@ -42,6 +47,10 @@ __all__ = [
     "WorkerProcess",
     "WorkerTemplate",
     "acquire_template",
+    "confinement",
+    "desktop_ports",
+    "hand_over",
+    "prepare_dir",
     "installed_grader",
     "local_grader",
     "osworld_python",

@@ -73,8 +73,8 @@ from ...tasks import Evaluation, Task
 from ..base import DesktopConfig, WaitsByMode, act_facts, osworld_code, screenshot_of
 from ..client import DesktopClient
 from ..domains import REVERT_DOMAINS
-from ..local import ServerProcess, sandbox_options
-from ..local.backend import server_network
+from ..local import ServerProcess
+from ..network import sandbox_options, server_network
 from ..popups import PopupGuard, WmctrlWindows
 from ..ready import ScreenshotReady
 from .channel import WorkerProcess, confinement, desktop_ports
