@@ -85,6 +85,11 @@ class Damage:
         self._display.sync()
         return not self.cursor_reports or self._display.pending_events() > 0
 
+    def check_alive(self) -> None:
+        """A round trip; raises (python-xlib's ``ConnectionClosedError``) when the X server
+        closed the connection. The reports it queues stay for :meth:`take`."""
+        self._display.sync()
+
     def close(self) -> None:
         self._display.close()
 

@@ -74,6 +74,11 @@ class TerminalHotkey:
                 presses += 1
         return presses
 
+    def check_alive(self) -> None:
+        """A round trip; raises (python-xlib's ``ConnectionClosedError``) when the X server
+        closed the connection. Presses it queues stay for :meth:`take`."""
+        self._display.sync()
+
     def close(self) -> None:
         """Drop the grab (with the connection)."""
         self._display.close()

@@ -106,6 +106,9 @@ CAPS_DROPPED = (
     "syslog",
     "mac_admin",
     "mac_override",
+    # the sandbox's own network namespace (links, addresses, routes: kernel state no revert
+    # undoes); pasta and the setup configure it from the host
+    "net_admin",
 )
 #: Default size limit of each of the sandbox's tmpfs mounts that a task can fill (``/dev/shm``,
 #: ``/run``, ``/root``; the kernel's default is half the RAM each). ``Sandbox(tmpfs_size=)``.

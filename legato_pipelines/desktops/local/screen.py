@@ -17,6 +17,7 @@ from __future__ import annotations
 import mss
 import mss.tools
 import numpy as np
+from mss.linux import xcb
 
 from ...images import resized_png
 
@@ -48,6 +49,14 @@ class Screen:
         """The screen (with the cursor) raw: (BGRX bytes, (width, height)); see :func:`model_png`."""
         shot = self._shots.grab(self.monitor)
         return shot.raw, (int(shot.width), int(shot.height))
+
+    def check_alive(self) -> None:
+        """A round trip (``GetGeometry`` of the root) on each of mss's connections (its
+        Linux backend's xcb connection, ``_impl``: mss has no public call for it); raises
+        (mss's ``ScreenShotError``) when the X server closed one."""
+        for sct in (self._frames, self._shots):
+            impl = sct._impl
+            xcb.get_geometry(impl.conn, impl.root)
 
     def close(self) -> None:
         for sct in (self._frames, self._shots):

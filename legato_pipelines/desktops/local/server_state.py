@@ -140,7 +140,7 @@ class DesktopServer:
     async def start(self) -> None:
         await self.x.run(self.session.start)
         self.keyboard_baseline = await self.x.run(lambda: keyboard_state(self.x.ctx().display))
-        self.x_baseline = await self.x.run(lambda: snapshot(self.x.ctx().state))
+        self.x_baseline = await self.x.run(lambda: snapshot(self.x.ctx().state, keymap=True))
         self._reaper = asyncio.create_task(self._reap_forever())
         self._hotkey_watch = asyncio.create_task(self._watch_hotkey_forever())
         self.clean_at = self.changes  # HOME is the baseline, the bus and the sandbox are new
@@ -414,6 +414,9 @@ class DesktopServer:
         return not await self.task_pids()
 
     def _fast_reset_sync(self) -> dict:
+        # a connection a task killed (KillClient, X-Resource lists them): a full restart
+        # instead, or every route using it would fail until one
+        self.x.ctx().check_alive()
         detail = self.session.fast_reset()
         detail |= self._restore_keyboard()
         detail |= self._restore_x_state()
@@ -423,6 +426,8 @@ class DesktopServer:
     def _full_reset_sync(self) -> dict:
         self.x.drop_ctx()
         detail = self.session.full_reset()
+        # the new X server's root properties and window ids are the baseline from now on
+        self.x_baseline = snapshot(self.x.ctx().state, keymap=True)
         detail |= self._restore_keyboard()
         self._settle_input()
         return detail

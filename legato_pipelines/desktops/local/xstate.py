@@ -13,17 +13,34 @@ each, no ``xset``/``xrdb`` process per reset).
 reads it again, and raises :class:`XStateError` when something still differs (or cannot be
 set back: the XKB controls, e.g. sticky keys or ``xset r rate``), so the reset falls back
 to a full restart, whose new X server starts in the default state.
+
+Two kinds are watched rather than read at every reset (:func:`watch` selects the events on
+the state connection when it opens, so a reset reads only what the server reported changed):
+
+- the XKB keymap (key actions and behaviours, key types, the compat map, indicator maps: an
+  ``xkbcomp``-loaded ``RedirectKey`` on ``a`` types ``z``): an XKB map/new-keyboard/compat
+  event that touches more than the keysyms of spare keycodes (those empty at start, which the
+  desktop's own typing maps unicode characters onto, :mod:`.input`) makes the reset load the
+  keymap saved at start (``xkbcomp``, run on the host) and compare a fresh dump with it;
+- the root window's properties (``PropertyNotify``): one that was not there at start is
+  deleted, one that changed is written back, except the window manager's number of desktops
+  and current desktop, which are asked of it by client message as ``wmctrl`` does, and the
+  properties it keeps up to date itself (:data:`WM_LIVE`).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import tempfile
+import time
 from dataclasses import dataclass
 
 from Xlib import X
 from Xlib.display import Display
 from Xlib.ext import res
-from Xlib.protocol import request, rq
+from Xlib.protocol import event, request, rq
 
 #: Root-window properties restored to their value at start (deleted when they had none):
 #: X resources (``xrdb``, per display and per screen) and the eight cut buffers.
@@ -37,6 +54,24 @@ ROOT_PROPERTIES = (
 SELECTIONS = ("PRIMARY", "SECONDARY", "CLIPBOARD")
 XKB = "XKEYBOARD"
 XKB_USE_CORE_KBD = 0x100
+#: Root-window properties the window manager (openbox) keeps up to date as windows come and
+#: go: neither deleted nor written back by a reset.
+WM_LIVE = frozenset({"_NET_ACTIVE_WINDOW", "_NET_CLIENT_LIST", "_NET_CLIENT_LIST_STACKING"})
+#: Root-window properties that are the window manager's answer to a request: set back by
+#: asking it (EWMH client messages, what ``wmctrl -n``/``-s`` send), in this order.
+WM_ASKED = ("_NET_NUMBER_OF_DESKTOPS", "_NET_CURRENT_DESKTOP")
+#: Root-window properties the window manager sets as it starts, a little after it announces
+#: itself (``_NET_SUPPORTING_WM_CHECK``, what the session waits for): the baseline waits for
+#: them (at most :data:`WM_WAIT_S`), or the first reset would delete them as a task's.
+WM_STARTUP = (*WM_ASKED, "_NET_DESKTOP_NAMES", "_NET_WORKAREA", "_NET_SHOWING_DESKTOP")
+#: How long a reset waits for the window manager to apply :data:`WM_ASKED` (s).
+WM_WAIT_S = 2.0
+XKBCOMP_TIMEOUT_S = 10.0
+#: XKB events watched (XkbSelectEvents): NewKeyboardNotify, MapNotify, IndicatorMapNotify,
+#: CompatMapNotify (XKBproto: bits 0, 1, 5, 7), and their numbers.
+XKB_EVENTS = 0x01 | 0x02 | 0x20 | 0x80
+XKB_MAP_NOTIFY = 1
+XKB_KEY_TYPES = 0x01
 
 
 class XStateError(RuntimeError):
@@ -59,6 +94,20 @@ class _UseExtension(rq.ReplyRequest):
         rq.Card16("server_major"),
         rq.Card16("server_minor"),
         rq.Pad(20),
+    )
+
+
+class _SelectEvents(rq.Request):
+    _request = rq.Struct(
+        rq.Card8("opcode"),
+        rq.Opcode(1),
+        rq.RequestLength(),
+        rq.Card16("device"),
+        rq.Card16("affect_which"),
+        rq.Card16("clear"),
+        rq.Card16("select_all"),
+        rq.Card16("affect_map"),
+        rq.Card16("map"),
     )
 
 
@@ -129,10 +178,40 @@ class XState:
     properties: tuple[tuple[str, tuple | None], ...]  # ROOT_PROPERTIES: (type, format, value)
     selections: tuple[int, ...]  # owner window ids of SELECTIONS (0: none)
     xkb_controls: bytes  # b"" without XKB
+    # -- watched (:func:`watch`), not compared field by field --
+    root: tuple[tuple[str, tuple], ...] = ()  # every root property but WM_LIVE: (name, value)
+    spare_keycodes: frozenset[int] = frozenset()  # keycodes without keysyms at start
+    keymap: bytes = b""  # ``xkbcomp -xkb`` dump at start (b"": no XKB or no xkbcomp)
 
 
-def snapshot(display: Display) -> XState:
-    """The state of ``display``'s X server now (a dozen replies: ~1 ms on a quiet local Xvfb)."""
+#: The fields :func:`restore` compares one by one.
+COMPARED = tuple(n for n in XState.__slots__ if n not in ("root", "spare_keycodes", "keymap"))
+
+
+def watch(display: Display) -> None:
+    """Ask the X server to report, on ``display`` (the state connection, right after it
+    opens), every change of a root-window property and of the XKB keymap (:func:`restore`
+    reads the reports)."""
+    display.screen().root.change_attributes(event_mask=X.PropertyChangeMask)
+    opcode = _xkb_opcode(display)
+    if opcode is not None:
+        _SelectEvents(
+            display=display.display,
+            opcode=opcode,
+            device=XKB_USE_CORE_KBD,
+            affect_which=XKB_EVENTS,
+            clear=0,
+            select_all=XKB_EVENTS,
+            affect_map=0xFF,
+            map=0xFF,
+        )
+    display.sync()
+
+
+def snapshot(display: Display, keymap: bool = False) -> XState:
+    """The state of ``display``'s X server now (a dozen replies: ~1 ms on a quiet local Xvfb;
+    every root property; with ``keymap``, the XKB keymap dumped by ``xkbcomp``, ~10 ms: the
+    baseline at start). Call :func:`watch` on ``display`` first."""
     keyboard = display.get_keyboard_control()
     pointer = display.get_pointer_control()
     saver = display.get_screen_saver()
@@ -165,6 +244,9 @@ def snapshot(display: Display) -> XState:
         ),
         xkb_state=xkb_state,
         xkb_controls=xkb_controls,
+        root=_root_properties(display) if keymap else (),
+        spare_keycodes=_spare_keycodes(display) if keymap else frozenset(),
+        keymap=_dump_keymap(display) if keymap else b"",
     )
 
 
@@ -181,20 +263,196 @@ def restore(display: Display, baseline: XState) -> list[str]:
     killed = kill_retained(display)
     display.force_screen_saver(X.ScreenSaverReset)
     now = snapshot(display)
-    changed = [name for name in XState.__slots__ if getattr(now, name) != getattr(baseline, name)]
+    props, keymap_changed = _reported(display, baseline)
+    changed = [name for name in COMPARED if getattr(now, name) != getattr(baseline, name)]
     changed += ["retained_clients"] if killed else []
     for name in changed:
         _SETTERS.get(name, _cannot)(display, now, baseline)
-    if not changed:
-        return []
-    if changed == ["retained_clients"]:
+    if keymap_changed and baseline.keymap:
+        _load_keymap(display, baseline.keymap)
+        changed.append("xkb_keymap")
+    if baseline.root and _restore_root(display, baseline, props):
+        changed.append("root_properties")
+    if not set(changed) - {"retained_clients", "xkb_keymap", "root_properties"}:
         return changed
     display.sync()
     after = snapshot(display)
-    left = [name for name in XState.__slots__ if getattr(after, name) != getattr(baseline, name)]
+    left = [name for name in COMPARED if getattr(after, name) != getattr(baseline, name)]
     if left:
         raise XStateError(f"the X server's {', '.join(left)} still differ from the desktop's start")
     return changed
+
+
+def _reported(display: Display, baseline: XState) -> tuple[set[int], bool]:
+    """The reports :func:`watch` asked for that came since the last call (the caller made a
+    round trip first, so every change made before it is in): the atoms of the root-window
+    properties that changed, and whether the XKB keymap changed beyond the keysyms of
+    ``baseline``'s spare keycodes (what the desktop's own typing does)."""
+    xkb = display.query_extension(XKB)
+    xkb_event = xkb.first_event if xkb is not None else None
+    atoms: set[int] = set()
+    keymap = False
+    while display.pending_events():
+        ev = display.next_event()
+        if ev.type == X.PropertyNotify:
+            atoms.add(ev.atom)
+        elif ev.type == xkb_event and not keymap:
+            keymap = _keymap_event(ev, baseline.spare_keycodes)
+    return atoms, keymap
+
+
+def _keymap_event(ev, spare: frozenset[int]) -> bool:
+    """Whether an XKB event (python-xlib's ``AnyEvent``: ``detail`` is the XKB event type,
+    ``data`` bytes 4-31 of the event) changes the keymap beyond the keysyms, actions or
+    behaviours of ``spare`` keycodes: a new keyboard, compat or indicator map, a key type,
+    or any key that had keysyms at start."""
+    if ev.detail != XKB_MAP_NOTIFY:
+        return True
+    data = bytes(ev.data)
+    changed = data[6] | data[7] << 8
+    if changed & XKB_KEY_TYPES and data[11]:
+        return True
+    # (first, count) of keysyms, actions, behaviours, explicit, modmap, vmodmap keys
+    for i in range(12, 24, 2):
+        first, count = data[i], data[i + 1]
+        if any(code not in spare for code in range(first, first + count)):
+            return True
+    return False
+
+
+def _root_properties(display: Display) -> tuple[tuple[str, tuple], ...]:
+    """Every root-window property but :data:`WM_LIVE`: ``(name, (type, format, bytes))``,
+    once the window manager set :data:`WM_STARTUP` (or :data:`WM_WAIT_S` passed)."""
+    root = display.screen().root
+    deadline = time.monotonic() + WM_WAIT_S
+    while any(_value(display, n) is None for n in WM_STARTUP) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    out = []
+    for atom in root.list_properties():
+        name = display.get_atom_name(atom)
+        if name in WM_LIVE:
+            continue
+        prop = root.get_full_property(atom, X.AnyPropertyType)
+        if prop is not None:
+            out.append((name, (prop.property_type, prop.format, _bytes(prop.value))))
+    return tuple(out)
+
+
+def _restore_root(display: Display, baseline: XState, reported: set[int]) -> bool:
+    """Delete the root properties that were not there at start, ask the window manager for
+    :data:`WM_ASKED` and wait for it (it rewrites the desktops' names, work area...), then
+    write back the other properties reported changed. Returns whether anything was done;
+    raises :class:`XStateError` when a property still differs afterwards."""
+    root = display.screen().root
+    start = dict(baseline.root)
+    atoms = {display.intern_atom(name): name for name in start}
+    done = False
+    for atom in root.list_properties():
+        if atom not in atoms and display.get_atom_name(atom) not in WM_LIVE:
+            root.delete_property(atom)
+            done = True
+    names = {atoms[a] for a in reported if a in atoms}
+    asked = [n for n in WM_ASKED if n in names and _value(display, n) != start[n]]
+    for name in asked:
+        _ask_wm(display, name, int.from_bytes(start[name][2][:4], "little"))
+        deadline = time.monotonic() + WM_WAIT_S
+        while _value(display, name) != start[name] and time.monotonic() < deadline:
+            time.sleep(0.01)
+    display.sync()
+    while display.pending_events():  # what the window manager changed meanwhile
+        ev = display.next_event()
+        if ev.type == X.PropertyNotify and ev.atom in atoms:
+            names.add(atoms[ev.atom])
+    for name in names - set(WM_ASKED):
+        if _value(display, name) != start[name]:
+            kind, fmt, data = start[name]
+            root.change_property(display.intern_atom(name), kind, fmt, data)
+            done = True
+    display.sync()
+    while display.pending_events():  # the reports of the writes above
+        display.next_event()
+    left = [n for n in sorted(names) if _value(display, n) != start[n]]
+    if left:
+        raise XStateError(f"the root window's {', '.join(left)} still differ from the start")
+    return done or bool(asked)
+
+
+def _value(display: Display, name: str) -> tuple | None:
+    prop = display.screen().root.get_full_property(display.intern_atom(name), X.AnyPropertyType)
+    return None if prop is None else (prop.property_type, prop.format, _bytes(prop.value))
+
+
+def _ask_wm(display: Display, name: str, value: int) -> None:
+    """The EWMH client message that asks the window manager to set ``name`` to ``value``
+    (what ``wmctrl -n``/``-s`` send)."""
+    root = display.screen().root
+    message = event.ClientMessage(
+        window=root,
+        client_type=display.intern_atom(name),
+        data=(32, [value, X.CurrentTime, 0, 0, 0]),
+    )
+    mask = X.SubstructureRedirectMask | X.SubstructureNotifyMask
+    root.send_event(message, event_mask=mask)
+
+
+def _spare_keycodes(display: Display) -> frozenset[int]:
+    first = display.display.info.min_keycode
+    count = display.display.info.max_keycode - first + 1
+    mapping = display.get_keyboard_mapping(first, count)
+    return frozenset(first + i for i, syms in enumerate(mapping) if not any(syms))
+
+
+def _xkbcomp(argv: list[str], data: bytes | None = None) -> None:
+    try:
+        done = subprocess.run(
+            ["xkbcomp", "-w0", *argv],
+            input=data,
+            capture_output=True,
+            timeout=XKBCOMP_TIMEOUT_S,
+            env={},
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise XStateError(f"xkbcomp failed: {exc}") from None
+    if done.returncode != 0:
+        raise XStateError(f"xkbcomp failed: {done.stderr.decode(errors='replace')[-300:]}")
+
+
+def _dump_keymap(display: Display) -> bytes:
+    """The XKB keymap of ``display`` as ``xkbcomp -xkb`` writes it (b"": no XKB, or no
+    ``xkbcomp`` on the host: the keymap is then not watched)."""
+    if _xkb_opcode(display) is None:
+        return b""
+    with tempfile.TemporaryDirectory(prefix="legato-xkb-") as tmp:
+        path = os.path.join(tmp, "keymap.xkb")
+        try:
+            _xkbcomp(["-xkb", display.get_display_name(), path])
+        except XStateError:
+            return b""
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def _canonical(keymap: bytes) -> list[bytes]:
+    """A keymap dump's lines without what differs between dumps of the same keymap, once
+    loaded from a file: the components' names (``"pc+us"`` or ``"pc_us"``) and a key type's
+    map entries to ``Level1`` (the default level, written or left out)."""
+    return [
+        line
+        for line in keymap.splitlines()
+        if not re.match(rb"\s*xkb_\w+ \".*\" \{$", line)
+        and not re.match(rb"\s*map\[.*\]= Level1;$", line)
+    ]
+
+
+def _load_keymap(display: Display, keymap: bytes) -> None:
+    """Load ``keymap`` (a :func:`_dump_keymap`) into the X server and check a fresh dump is
+    the same; the reports of the load itself are read off. Raises :class:`XStateError`."""
+    _xkbcomp(["-", display.get_display_name()], keymap)
+    display.sync()
+    while display.pending_events():
+        display.next_event()
+    if _canonical(_dump_keymap(display)) != _canonical(keymap):
+        raise XStateError("the XKB keymap still differs from the desktop's start after xkbcomp")
 
 
 def kill_retained(display: Display) -> int:

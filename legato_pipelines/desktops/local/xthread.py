@@ -23,6 +23,7 @@ from .input import Input
 from .screen import Screen
 from .session import Session
 from .windows import Windows
+from .xstate import watch
 
 T = TypeVar("T")
 log = logging.getLogger("legato_pipelines.desktops.local")
@@ -59,6 +60,8 @@ class XContext:
         except HotkeyUnavailable as exc:
             log.warning("%s: Ctrl+Alt+T opens no terminal", exc)
             hotkey = None
+        state = Display(session.display)
+        watch(state)
         return cls(
             session.generation,
             display,
@@ -67,8 +70,29 @@ class XContext:
             Screen(session.display),
             reports,
             hotkey,
-            Display(session.display),
+            state,
         )
+
+    def check_alive(self) -> None:
+        """One round trip on every connection (a client inside can ``KillClient`` any of
+        them, found with X-Resource). Raises ``ConnectionError`` naming the first one the X
+        server closed, so the reset falls back to a full restart that opens them anew."""
+        checks = {
+            "xlib": self.display.sync,
+            "state": self.state.sync,
+            "screen": self.screen.check_alive,
+        }
+        if self.damage is not None:
+            checks["damage"] = self.damage.check_alive
+        if self.hotkey is not None:
+            checks["hotkey"] = self.hotkey.check_alive
+        for name, check in checks.items():
+            try:
+                check()
+            except Exception as exc:
+                raise ConnectionError(
+                    f"the desktop server's {name} connection to the X server is gone: {exc!r}"
+                ) from None
 
     def close(self) -> None:
         closers = [self.screen.close, self.display.close, self.state.close]
