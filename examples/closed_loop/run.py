@@ -1,4 +1,4 @@
-"""A closed RL loop on one machine, with real parts (docs/closed-loop.md).
+"""A closed RL loop on one machine, with real parts (examples/closed_loop/README.md, docs/trainer.md §6).
 
 ::
 
