@@ -335,8 +335,8 @@ def _pydantic_message(exc: ValidationError, flags: dict[str, str] | None = None)
             parts.append(f"config: {e['msg']}")
             continue
         flag = (flags or {}).get(loc) or "--" + str(e["loc"][-1]).replace("_", "-")
-        value = e.get("input")
-        got = f", got {value!r}" if isinstance(value, (str, int, float, bool)) else ""
+        value = e.get("input")  # numbers only: a string may be a URL holding the key
+        got = f", got {value!r}" if isinstance(value, (int, float, bool)) else ""
         parts.append(f"{flag}: {e['msg']}{got} (fix: {flag.split()[0]})")
     return "; ".join(parts)
 
