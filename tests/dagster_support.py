@@ -20,3 +20,27 @@ def sensor_tick(instance, cursor, checkpoints, policy):
                 request.partitions_def_name, list(request.partition_keys)
             )
     return result
+
+
+def launch_request(
+    instance, request, policy, lake_root, desktops, run_config, raise_on_error=True
+) -> dg.ExecuteInProcessResult:
+    """Materialize what a sensor's ``request`` (a ``RunRequest``) asks for, with its tags, as
+    the daemon would launch it: the assets with ``policy``, ``desktops`` (a
+    ``DesktopPoolResource``) and a lake at ``lake_root``."""
+    from legato_pipelines.assets import ASSETS
+    from legato_pipelines.resources import LakeResource
+
+    return dg.materialize(
+        ASSETS,
+        partition_key=request.partition_key,
+        instance=instance,
+        tags=request.tags,
+        resources={
+            "policy": policy,
+            "desktops": desktops,
+            "lake": LakeResource(root=str(lake_root)),
+        },
+        run_config=run_config,
+        raise_on_error=raise_on_error,
+    )

@@ -27,7 +27,7 @@ from legato_pipelines.resources import (
     PolicyResource,
 )
 from legato_pipelines.store.lake import Lake
-from tests.dagster_support import sensor_tick
+from tests.dagster_support import launch_request, sensor_tick
 from tests.engine_support import fake_tasks
 from tests.test_policy_loading import adapter, weights
 
@@ -53,18 +53,9 @@ def _run(instance, request, policy, lake_root, tasks_file, raise_on_error=True):
     run_config = {
         "ops": {"rollout_batch": {"config": {"tasks": str(tasks_file), "group": 2, "max_steps": 2}}}
     }
-    return dg.materialize(
-        ASSETS,
-        partition_key=request.partition_key,
-        instance=instance,
-        tags=request.tags,
-        resources={
-            "policy": policy,
-            "desktops": DesktopPoolResource(backend="fake", desktops=2),
-            "lake": LakeResource(root=str(lake_root)),
-        },
-        run_config=run_config,
-        raise_on_error=raise_on_error,
+    desktops = DesktopPoolResource(backend="fake", desktops=2)
+    return launch_request(
+        instance, request, policy, lake_root, desktops, run_config, raise_on_error
     )
 
 

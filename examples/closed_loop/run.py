@@ -53,18 +53,16 @@ sys.path.insert(0, str(REPO))
 
 import dagster as dg  # noqa: E402
 
-from legato_pipelines.assets import ASSETS  # noqa: E402
 from legato_pipelines.errors import LegatoError  # noqa: E402
 from legato_pipelines.policy.loading import fingerprint  # noqa: E402
 from legato_pipelines.resources import (  # noqa: E402
     CheckpointSourceResource,
     DesktopPoolResource,
-    LakeResource,
     PolicyResource,
 )
 from legato_pipelines.store.lake import Lake, read_samples  # noqa: E402
 from legato_pipelines.trainer.gap import DEFAULT_MAX_MEAN_ABS, version_gap  # noqa: E402
-from tests.dagster_support import sensor_tick  # noqa: E402
+from tests.dagster_support import launch_request, sensor_tick  # noqa: E402
 from tests.vllm_support import VllmServer, build_model, vllm_python  # noqa: E402
 
 LOCAL_SUITE = REPO / "examples" / "tasks" / "local" / "tasks.json"
@@ -157,19 +155,8 @@ def materialize(instance, request, policy, lake_root, tasks_file, args, gap_mode
             },
         }
     }
-    return dg.materialize(
-        ASSETS,
-        partition_key=request.partition_key,
-        instance=instance,
-        tags=request.tags,
-        resources={
-            "policy": policy,
-            "desktops": DesktopPoolResource(backend="local", desktops=1),
-            "lake": LakeResource(root=str(lake_root)),
-        },
-        run_config=run_config,
-        raise_on_error=False,
-    )
+    desktops = DesktopPoolResource(backend="local", desktops=1)
+    return launch_request(instance, request, policy, lake_root, desktops, run_config, False)
 
 
 def gap_result(run) -> dict:
