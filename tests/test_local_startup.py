@@ -112,26 +112,42 @@ def templates_below_us() -> set[int]:
     return found
 
 
-async def test_a_cancelled_start_stops_every_server_it_began():
+@pytest.mark.parametrize("hold_at", ["forked", "ready"])
+async def test_a_cancelled_start_stops_every_server_it_began(monkeypatch, hold_at):
     """Cancelled while its servers start: none is left running (nor the template they were
-    forked from), none of their state dirs."""
+    forked from), none of their state dirs. The cancel lands at a fixed point of the real
+    start, whatever this machine's speed: right after each server was forked (its READY line
+    not read yet), or once each had said READY (the batch's other starts still under way)."""
+    from legato_pipelines.desktops.local.backend import ServerProcess
+
+    held: list[ServerProcess] = []
+    hold = asyncio.Event()  # never set: only the cancel ends the wait
+    name = "_fork_server" if hold_at == "forked" else "start"
+    real = getattr(ServerProcess, name)
+
+    async def then_hold(self, *args):
+        result = await real(self, *args)
+        held.append(self)
+        await hold.wait()
+        return result
+
+    monkeypatch.setattr(ServerProcess, name, then_hold)
     before = servers_below_us()
     config = DesktopConfig(backend="local", options={"grader": "own"})
     opening = asyncio.create_task(open_desktops(config, 2, first=1))
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + 20.0
-    while loop.time() < deadline:  # both servers spawned or forked
+    deadline = loop.time() + 60.0
+    while len(held) < 2 and loop.time() < deadline and not opening.done():
         await asyncio.sleep(0.01)
-        if len(servers_below_us() - before - templates_below_us()) == 2:
-            break
+    assert len(held) == 2, opening
     assert len(servers_below_us() - before - templates_below_us()) == 2
-    # past their spawn (a cancel inside create_subprocess_exec kills the child by itself)
-    await asyncio.sleep(0.4)
-    assert not opening.done()
+    state_dirs = [s.state_dir for s in held]
+    assert all(d is not None and d.exists() for d in state_dirs)
     opening.cancel()
     with pytest.raises(asyncio.CancelledError):
         await opening
     assert servers_below_us() - before == set()
+    assert not any(d.exists() for d in state_dirs)
 
 
 async def test_only_desktops_started_here_open_late():
