@@ -15,6 +15,10 @@ from contextlib import contextmanager
 from pydantic import ValidationError
 
 from ..errors import ConfigError, LegatoError
+from ..policy.config import PolicyConfig
+from ..policy.load_spec import LoadSpec
+from ..setting_fields import exposure, user_settings
+from ..setting_fields import flag as flag_of
 from .config import CollectConfig
 
 RESOURCE_SETTINGS = {
@@ -27,21 +31,21 @@ RESOURCE_SETTINGS = {
     "--desktop-option": "LEGATO_BACKEND_OPTIONS / the desktops resource's options",
     "--osworld-python": 'LEGATO_BACKEND_OPTIONS {"osworld_python": PATH}',
     "--osworld-provider": 'LEGATO_BACKEND_OPTIONS {"provider": NAME}',
-    "--load": "LEGATO_POLICY_LOAD / the policy resource's load",
-    "--load-server": "LEGATO_POLICY_SERVER / the policy resource's load_server",
-    "--load-keep": "LEGATO_POLICY_LOAD_KEEP / the policy resource's load_keep",
-    "--weights-route": "LEGATO_POLICY_WEIGHTS_ROUTE / the policy resource's weights_route",
-    "--weights-payload": "LEGATO_POLICY_WEIGHTS_PAYLOAD / the policy resource's weights_payload",
     "--checkpoint": "the run's legato/checkpoint tag (set by the checkpoint sensor) or "
     "LEGATO_CHECKPOINTS/<version>",
     "--adapter": "the rollout_batch run config's adapter (default: its model, else the "
     "partition key)",
-    "--load-timeout": "LEGATO_POLICY_LOAD_TIMEOUT / the policy resource's load_timeout",
-    "--load-wait": "LEGATO_POLICY_LOAD_WAIT / the policy resource's load_wait",
     "--out": "the partition's run directory <lake>/runs/policy_version=<key>: another "
     "policy_version partition, or LEGATO_LAKE",
+} | {
+    flag_of(model, field): (f"{env} / " if (env := exposure(info).get("env")) else "")
+    + f"the policy resource's {name}"
+    for model in (PolicyConfig, LoadSpec)
+    for name, (field, info) in user_settings(model, "dagster").items()
+    if exposure(info)["cli"]
 }
-"""``legato collect`` flags that are resources (or the lake) in the code location."""
+"""``legato collect`` flags that are resources (or the lake) in the code location; those of
+the policy and load settings generated from their models (variable and resource field)."""
 
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]*[a-z]")
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import dagster as dg
 from pydantic import Field, create_model
-from pydantic.fields import FieldInfo
 
 from ..rollout.settings import CollectSettings
+from ..setting_fields import unchecked
 
 EXAMPLE_TASKS = Path(__file__).resolve().parents[2] / "examples" / "tasks" / "fake" / "tasks.json"
 """The fake-backend task list shipped with the repository (``legato demo``'s default)."""
@@ -58,26 +58,13 @@ class _CollectConfigBase(dg.Config):
         )
 
 
-def _unchecked(field: FieldInfo) -> FieldInfo:
-    """``field`` without its bounds (same type, default, description): run config values are
-    checked by :meth:`_CollectConfigBase.settings` in the step, whose ``ConfigError`` names the
-    knob, its rule and the fix; pydantic's own check would fail first, in Dagster's code, with
-    a raw ``ValidationError``. (Dagster's config schema, the launchpad's form, has no bounds.)"""
-    return Field(
-        default=field.default,
-        default_factory=field.default_factory,
-        description=field.description,
-        json_schema_extra=field.json_schema_extra,
-    )
-
-
 CollectConfig = create_model(
     "CollectConfig",
     __base__=_CollectConfigBase,
     __module__=__name__,
     __doc__=_CollectConfigBase.__doc__,
     **{
-        name: (field.annotation, _unchecked(field))
+        name: (field.annotation, unchecked(field))
         for name, field in CollectSettings.model_fields.items()
         if name not in RESOURCE_SETTINGS
     },

@@ -16,13 +16,18 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from ..desktops.option_flags import parse_desktop_options
+from ..policy.config import PolicyConfig
+from ..policy.load_spec import LoadSpec
 from ..rollout.settings import CollectSettings
+from ..setting_fields import from_user
 from .console import console, err, fail
 from .options import settings_options
 from .root import app
 
 
 @app.command("collect")
+@settings_options(LoadSpec, after="logprobs_mode")
+@settings_options(PolicyConfig, after="osworld_provider")
 @settings_options(CollectSettings, after="backend")
 def collect_command(
     tasks: Annotated[
@@ -37,9 +42,6 @@ def collect_command(
     ],
     model: Annotated[str, typer.Option("--model", help="Served model name.")],
     out: Annotated[Path, typer.Option("--out", help="Run directory (re-running resumes it).")],
-    version: Annotated[
-        str, typer.Option("--version", help="Policy version every record is tied to.")
-    ] = "v0",
     backend: Annotated[
         str,
         typer.Option(
@@ -74,69 +76,14 @@ def collect_command(
             help="Backend osworld: DesktopEnv provider (docker | local | vmware | aws | ...; default docker).",
         ),
     ] = None,
-    temperature: Annotated[
-        float,
-        typer.Option("--temperature", help="Sampling temperature (RL: 1.0, the behaviour policy)."),
-    ] = 1.0,
-    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling top_p (0, 1].")] = 1.0,
-    max_tokens: Annotated[
-        int, typer.Option("--max-tokens", help="Completion tokens per step (the server's cap).")
-    ] = 2048,
-    sampling_seed: Annotated[
-        int | None,
-        typer.Option("--sampling-seed", help="The request's sampling seed (default: not sent)."),
-    ] = None,
-    logprobs_mode: Annotated[
-        str | None,
-        typer.Option(
-            "--logprobs-mode",
-            help="The server's logprobs mode as you started it (vLLM --logprobs-mode); recorded.",
-        ),
-    ] = None,
-    load: Annotated[
-        str,
-        typer.Option(
-            "--load",
-            help="How the version reaches the server before any desktop starts: none | lora "
-            "(adapter, vLLM/SGLang runtime API) | weights (SGLang update_weights_from_disk, or "
-            "--weights-route on vLLM) | external (the trainer loads it; only verified).",
-        ),
-    ] = "none",
     checkpoint: Annotated[
         Path | None,
         typer.Option("--checkpoint", help="The version's checkpoint folder (fingerprinted)."),
     ] = None,
-    load_server: Annotated[
-        str, typer.Option("--load-server", help="auto | vllm | sglang (auto: asks the server).")
-    ] = "auto",
-    load_keep: Annotated[
-        int, typer.Option("--load-keep", help="LoRA adapters of this directory kept loaded.")
-    ] = 2,
     adapter: Annotated[
         str | None,
         typer.Option("--adapter", help="Served name of the version (default: --version)."),
     ] = None,
-    weights_route: Annotated[
-        str,
-        typer.Option("--weights-route", help="vLLM full-weights route (e.g. prime-rl's)."),
-    ] = "/update_weights",
-    weights_payload: Annotated[
-        str,
-        typer.Option(
-            "--weights-payload", help="JSON body of --weights-route; {checkpoint} {version} filled."
-        ),
-    ] = '{"model_path": "{checkpoint}"}',
-    load_timeout: Annotated[
-        float,
-        typer.Option("--load-timeout", help="Seconds one load / unload request may take."),
-    ] = 600.0,
-    load_wait: Annotated[
-        float,
-        typer.Option(
-            "--load-wait",
-            help="Seconds a weights run waits for another run holding the server's weights.",
-        ),
-    ] = 3600.0,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     **settings: Any,
@@ -147,14 +94,13 @@ def collect_command(
     """
     from ..desktops.base import Backend, DesktopConfig
     from ..errors import LegatoError
-    from ..policy.config import PolicyConfig
-    from ..policy.loading import LoadSpec
     from ..rollout.engine import collect
     from ..rollout.profile import incomplete_message
     from ..tasks import load_tasks
     from ..versions import check_version_key
     from .progress import CollectProgress
 
+    version = settings["version"]
     try:
         check_version_key(version)
     except LegatoError as exc:
@@ -162,7 +108,9 @@ def collect_command(
     # fields set through a flag of another name: errors name the flag
     flags = {f"screen_{w}": f"--screen {screen!r} ({w})" for w in ("width", "height")}
     try:
-        knobs = CollectSettings.checked(settings)
+        knobs = CollectSettings.checked(
+            {k: v for k, v in settings.items() if k in CollectSettings.model_fields}
+        )
         try:
             options = parse_desktop_options(desktop_option or [])
         except ValueError as exc:
@@ -174,14 +122,9 @@ def collect_command(
         policy = PolicyConfig(
             base_url=policy_url,
             model=model,
-            version=version,
             step_timeout=knobs.step_timeout,
             retries=knobs.retries,
-            temperature=temperature,
-            top_p=top_p,
-            max_tokens=max_tokens,
-            sampling_seed=sampling_seed,
-            logprobs_mode=logprobs_mode,
+            **from_user(PolicyConfig, settings, "cli"),
         )
         width, sep, height = screen.lower().partition("x")
         if not (sep and width.isdigit() and height.isdigit()):
@@ -199,20 +142,10 @@ def collect_command(
             options=options,
         )
         task_set = load_tasks(tasks, osworld=osworld)
-        try:
-            payload = json.loads(weights_payload)
-        except json.JSONDecodeError as exc:
-            fail(f"--weights-payload must be a JSON object ({exc})")
         load_spec = LoadSpec.checked(
-            mode=load,
+            **from_user(LoadSpec, settings, "cli"),
             checkpoint=str(checkpoint) if checkpoint else None,
-            server=load_server,
-            keep=load_keep,
             adapter=adapter,
-            weights_route=weights_route,
-            weights_payload=payload,
-            timeout=load_timeout,
-            wait=load_wait,
         )
     except ValidationError as exc:
         fail(_pydantic_message(exc, flags))

@@ -234,9 +234,10 @@ class PolicyClient:
         not answer within ``min(step_timeout, 30)`` seconds, or answers an error (quoting it).
         """
         url = self.config.api_base + "/models"
+        http = self._client()  # made before the deadline: it bounds the server, not TLS setup
         try:
             async with asyncio.timeout(min(self.config.step_timeout, 30.0)):
-                resp = await self._client().get(url)
+                resp = await http.get(url)
         except TimeoutError:
             raise PolicyConfigError(
                 f"the policy server at {url} did not answer within {min(self.config.step_timeout, 30.0):g} s"

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..setting_fields import setting
 from ..versions import check_version_key
 from .key import API_KEY_ENV, policy_api_key
 from .wire import check_extra_body
@@ -18,7 +19,11 @@ __all__ = ["API_KEY_ENV", "PolicyConfig", "policy_api_key"]
 
 
 class PolicyConfig(BaseModel):
-    """Where and how to call the policy.
+    """Where and how to call the policy. The sampling fields are declared here once with
+    :func:`~legato_pipelines.setting_fields.setting`: the ``legato collect`` flags of the same
+    names (``--temperature``, ``--top-p``, ``--max-tokens``, ``--sampling-seed``,
+    ``--logprobs-mode``, ``--version``) and the Dagster policy resource's fields are generated
+    from them.
 
     Fields (units in brackets):
       base_url      the server root, e.g. ``http://127.0.0.1:8000`` or ``.../v1`` (both work);
@@ -50,20 +55,53 @@ class PolicyConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # a URL may hold a key
 
-    base_url: str
-    model: str
-    version: str = "v0"
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(2048, ge=1)
-    sampling_seed: int | None = None
-    cache_salt: str | None = None
-    logprobs_mode: str | None = None
-    extra_body: dict[str, Any] = Field(default_factory=dict)
-    step_timeout: float = Field(60.0, gt=0)
-    retries: int = Field(1, ge=0)
-    backoff: float = Field(0.5, ge=0)
-    request_token_ids: bool = True
+    base_url: str = Field(
+        description="The policy server root, e.g. http://127.0.0.1:8000 (or .../v1); no "
+        "credentials, query string or fragment."
+    )
+    model: str = Field(description="The served model name (its /v1/models id).")
+    version: str = setting(
+        "v0",
+        description="Policy version every record is tied to (in Dagster: the partition key).",
+        dagster=False,
+    )
+    temperature: float = setting(
+        1.0, description="Sampling temperature (RL: 1.0, the behaviour policy as is).", ge=0
+    )
+    top_p: float = setting(1.0, description="Nucleus sampling top_p, in (0, 1].", gt=0, le=1)
+    max_tokens: int = setting(
+        2048, description="Completion tokens per step (the server's cap on one answer).", ge=1
+    )
+    sampling_seed: int | None = setting(
+        None,
+        description="The run's sampling seed; each request gets its own seed derived from it "
+        "(unset: no seed sent).",
+    )
+    cache_salt: str | None = Field(
+        None, description="Sent as every request's cache_salt (set by the engine on a load)."
+    )
+    logprobs_mode: str | None = setting(
+        None,
+        description="The server's logprobs mode as you started it (vLLM --logprobs-mode); "
+        "recorded, not sent.",
+    )
+    extra_body: dict[str, Any] = setting(
+        description="Server-specific request fields (e.g. vLLM chat_template_kwargs).",
+        cli=False,
+        default_factory=dict,
+    )
+    step_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds per model call: a hard deadline, even if the server trickles bytes.",
+    )
+    retries: int = Field(1, ge=0, description="Re-tries of a failed model call.")
+    backoff: float = Field(
+        0.5, ge=0, description="Seconds: base of the exponential backoff between re-tries."
+    )
+    request_token_ids: bool = Field(
+        True, description="Ask for return_token_ids (dropped for the batch on a 400)."
+    )
 
     @field_validator("base_url")
     @classmethod

@@ -5,50 +5,123 @@ fills a plan is :mod:`.loading`; the per-server requests are :mod:`.loaders`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import ConfigError
+from ..setting_fields import flag, setting
 from .servers import ServerState
 
 LoadMode = Literal["none", "lora", "weights", "external"]
 LOAD_MODES: tuple[str, ...] = ("none", "lora", "weights", "external")
 ServerKind = Literal["auto", "vllm", "sglang"]
+"""``auto`` and the kinds of :data:`.loaders.LOADERS` (a test holds the two together)."""
+_WEIGHTS_PAYLOAD = {"model_path": "{checkpoint}"}
+WEIGHTS_PAYLOAD_EXAMPLE = json.dumps(_WEIGHTS_PAYLOAD)
+"""The default body of the weights route, as text (for messages)."""
 
 
 class LoadSpec(BaseModel):
-    """How a policy version reaches the model server (module doc). Fields:
+    """How a policy version reaches the model server (:mod:`.loading`): the load settings.
 
-    mode            ``none`` | ``lora`` | ``weights`` | ``external`` (``--load``)
-    checkpoint      the version's checkpoint folder (``--checkpoint``); needed by ``lora`` and
-                    ``weights``, fingerprinted whenever given
-    server          ``auto`` (SGLang when ``GET /get_model_info`` answers, else vLLM) |
-                    ``vllm`` | ``sglang`` (``--load-server``)
-    adapter         the adapter / served name of the version (default: the version)
-    keep            [adapters] LoRA adapters from the same checkpoints directory kept loaded,
-                    the new one included (``--load-keep``)
-    weights_route   vLLM full-weights route (``--weights-route``)
-    weights_payload its JSON body; strings ``{checkpoint}`` / ``{version}`` are filled in
-                    (``--weights-payload``)
-    timeout         [s] per load / unload request (loading weights takes minutes;
-                    ``--load-timeout``)
-    wait            [s] how long a ``weights`` run waits for another run of this host that
-                    holds the server's weights (:mod:`.servers`; ``--load-wait``)
+    Each field is declared once here (default, bounds, unit, description) with the name users
+    set it by (:func:`~legato_pipelines.setting_fields.setting`): the ``legato collect`` flags
+    (``--load``, ``--load-server``, ``--load-keep``, ``--weights-route``, ``--weights-payload``,
+    ``--load-timeout``, ``--load-wait``), the Dagster policy resource's fields of the same
+    names and the ``LEGATO_POLICY_*`` variables are generated from them. ``checkpoint`` and
+    ``adapter`` are per run: ``--checkpoint`` / ``--adapter``; in Dagster the run's
+    ``legato/checkpoint`` tag (or ``LEGATO_CHECKPOINTS/<version>``) and the run config's
+    ``adapter``.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    mode: LoadMode = "none"
-    checkpoint: str | None = None
-    server: ServerKind = "auto"
-    adapter: str | None = None
-    keep: int = Field(2, ge=1)
-    weights_route: str = "/update_weights"
-    weights_payload: dict[str, Any] = Field(default_factory=lambda: {"model_path": "{checkpoint}"})
-    timeout: float = Field(600.0, gt=0)
-    wait: float = Field(3600.0, ge=0)
+    mode: LoadMode = setting(
+        "none",
+        description="How the version reaches the server before any desktop starts: none | lora "
+        "(an adapter, through the server's runtime LoRA API) | weights (full weights: SGLang's "
+        "update_weights_from_disk, or weights_route on vLLM) | external (the trainer loads it; "
+        "only verified).",
+        name="load",
+        env="LEGATO_POLICY_LOAD",
+    )
+    checkpoint: str | None = Field(
+        None,
+        description="The version's checkpoint folder; needed by lora and weights, "
+        "fingerprinted whenever given.",
+    )
+    server: ServerKind = setting(
+        "auto",
+        description="Server kind to load into: auto (asks the server: SGLang when GET "
+        "/get_model_info answers, else vLLM) | vllm | sglang.",
+        name="load_server",
+        env="LEGATO_POLICY_SERVER",
+    )
+    adapter: str | None = Field(
+        None, description="The version's adapter / served name (default: the version)."
+    )
+    keep: int = setting(
+        2,
+        description="LoRA adapters of the same checkpoints directory kept loaded, the new one "
+        "included.",
+        name="load_keep",
+        env="LEGATO_POLICY_LOAD_KEEP",
+        rule="a whole number >= 1",
+        ge=1,
+    )
+    weights_route: str = setting(
+        "/update_weights",
+        description="vLLM full-weights route of your server (vLLM has none of its own), e.g. "
+        "prime-rl's; a path, not a URL.",
+        env="LEGATO_POLICY_WEIGHTS_ROUTE",
+        rule="a path on the policy server starting with '/', e.g. /update_weights (not a URL)",
+    )
+    weights_payload: dict[str, Any] = setting(
+        description="JSON body of weights_route; the strings {checkpoint} and {version} are "
+        "filled in.",
+        env="LEGATO_POLICY_WEIGHTS_PAYLOAD",
+        rule=f"a JSON object, e.g. '{WEIGHTS_PAYLOAD_EXAMPLE}'",
+        default_factory=lambda: dict(_WEIGHTS_PAYLOAD),
+    )
+    timeout: float = setting(
+        600.0,
+        description="Seconds one load / unload request may take (loading weights takes minutes).",
+        name="load_timeout",
+        env="LEGATO_POLICY_LOAD_TIMEOUT",
+        rule="a number of seconds > 0",
+        gt=0,
+    )
+    wait: float = setting(
+        3600.0,
+        description="Seconds a weights run waits for another run of this host that holds the "
+        "server's weights (or a lora run for the runs calling an adapter it must replace).",
+        name="load_wait",
+        env="LEGATO_POLICY_LOAD_WAIT",
+        rule="a number of seconds >= 0",
+        ge=0,
+    )
+
+    @field_validator("mode", "server", mode="before")
+    @classmethod
+    def _choice(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value  # LoRA is lora
+
+    @field_validator("weights_payload", mode="before")
+    @classmethod
+    def _payload(cls, value: Any) -> Any:
+        if isinstance(value, str):  # a flag's or a variable's text
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f"must be a JSON object, e.g. '{WEIGHTS_PAYLOAD_EXAMPLE}' ({exc})"
+                ) from None
+        if not isinstance(value, dict):
+            raise ValueError(f"must be a JSON object, e.g. '{WEIGHTS_PAYLOAD_EXAMPLE}'")
+        return value
 
     @field_validator("weights_route")
     @classmethod
@@ -64,25 +137,17 @@ class LoadSpec(BaseModel):
 
     @classmethod
     def checked(cls, **values: Any) -> LoadSpec:
-        """The spec from keyword values; raises ``ConfigError`` naming the field and its flag."""
+        """The spec from keyword values (field names); raises ``ConfigError`` naming the field
+        and its flag, e.g. ``load.keep: ..., got 0 (fix: --load-keep)``."""
         try:
             return cls.model_validate(values)
         except ValidationError as exc:
             first = exc.errors()[0]
             name = str(first["loc"][0]) if first["loc"] else "load"
-            flag = _FLAGS.get(name, f"--{name.replace('_', '-')}")
+            fix = flag(cls, name) if name in cls.model_fields else "--load"
             raise ConfigError(
-                f"load.{name}: {first['msg']}, got {first.get('input')!r} (fix: {flag})"
+                f"load.{name}: {first['msg']}, got {first.get('input')!r} (fix: {fix})"
             ) from None
-
-
-_FLAGS = {
-    "mode": "--load",
-    "server": "--load-server",
-    "keep": "--load-keep",
-    "timeout": "--load-timeout",
-    "wait": "--load-wait",
-}
 
 
 @dataclass

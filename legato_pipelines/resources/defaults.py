@@ -6,13 +6,13 @@ variable                   sets                                                 
 LEGATO_POLICY_URL          ``policy.base_url``                                    none: required
 LEGATO_POLICY_MODEL        ``policy.model``                                       scripted-qwen
 LEGATO_POLICY_KEY          ``policy.api_key`` (secret: ``EnvVar``, never shown)   none
-LEGATO_POLICY_LOAD         ``policy.load`` (none | lora | weights | external)     none
-LEGATO_POLICY_SERVER       ``policy.load_server`` (auto | vllm | sglang)          auto
-LEGATO_POLICY_LOAD_KEEP    ``policy.load_keep`` (LoRA adapters kept loaded)       2
-LEGATO_POLICY_WEIGHTS_ROUTE  ``policy.weights_route`` (vLLM full weights)         /update_weights
-LEGATO_POLICY_WEIGHTS_PAYLOAD  ``policy.weights_payload`` (JSON object)           {"model_path": "{checkpoint}"}
-LEGATO_POLICY_LOAD_TIMEOUT ``policy.load_timeout`` (s per load request)           600
-LEGATO_POLICY_LOAD_WAIT    ``policy.load_wait`` (s for the server's weights lock) 3600
+LEGATO_POLICY_LOAD         ``policy.load`` (none | lora | weights | external)     LoadSpec's
+LEGATO_POLICY_SERVER       ``policy.load_server`` (auto | vllm | sglang)          LoadSpec's
+LEGATO_POLICY_LOAD_KEEP    ``policy.load_keep`` (LoRA adapters kept loaded)       LoadSpec's
+LEGATO_POLICY_WEIGHTS_ROUTE  ``policy.weights_route`` (vLLM full weights)         LoadSpec's
+LEGATO_POLICY_WEIGHTS_PAYLOAD  ``policy.weights_payload`` (JSON object)           LoadSpec's
+LEGATO_POLICY_LOAD_TIMEOUT ``policy.load_timeout`` (s per load request)           LoadSpec's
+LEGATO_POLICY_LOAD_WAIT    ``policy.load_wait`` (s for the server's weights lock) LoadSpec's
 LEGATO_BACKEND             ``desktops.backend``                                   fake
 LEGATO_DESKTOPS            ``desktops.desktops``                                  4
 LEGATO_DESKTOP_URLS        ``desktops.urls`` (space/comma-separated URLs)         none
@@ -26,6 +26,9 @@ LEGATO_CHECKPOINT_READY    ``checkpoints.ready_marker``                         
 LEGATO_CHECKPOINT_STABLE_S ``checkpoints.stable_s`` (s; 0: count when complete)   30
 =========================  =====================================================  ==========
 
+The ``LEGATO_POLICY_*`` load variables are declared on the engine's
+:class:`~legato_pipelines.policy.load_spec.LoadSpec` with the field they set (its default is
+the default here: an unset variable passes nothing) and read by :func:`env_settings`.
 String and integer settings that are set become ``EnvVar`` references (resolved when a run
 starts, shown as the variable's name in the UI); unset ones take the default. Every value is
 checked when the code location loads, so a bad one (``LEGATO_POLICY_SERVER=tgi``,
@@ -43,13 +46,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, Literal, get_args, get_origin
 
 import dagster as dg
+from pydantic import BaseModel, ValidationError
 
 from ..errors import ConfigError
-from ..policy.config import API_KEY_ENV
-from ..policy.loading import LoadSpec
+from ..policy.config import API_KEY_ENV, PolicyConfig
+from ..policy.load_spec import LoadSpec
+from ..setting_fields import env_fields, exposure, user_name
 from .checkpoints import CheckpointSourceResource
 from .desktops import DesktopPoolResource
 from .lake import LakeResource
@@ -81,28 +86,8 @@ def _env_int(name: str, default: int, minimum: int = 0) -> Any:
     return dg.EnvVar.int(name)
 
 
-def _env_float(name: str, default: float, *, zero_ok: bool = False) -> float:
-    """The variable as a number of seconds, > 0 (>= 0 with ``zero_ok``; ``ConfigError``
-    naming the variable otherwise), or ``default`` when unset."""
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = None
-    if value is None or value < 0 or (value == 0 and not zero_ok) or value != value:
-        bound = ">= 0" if zero_ok else "> 0"
-        raise ConfigError(
-            f"{name}={raw!r} is not a number of seconds {bound} (fix: set {name} to one, or "
-            "unset it for the default)"
-        )
-    return value
-
-
 _JSON_EXAMPLES = {
     "LEGATO_BACKEND_OPTIONS": '{"latency": {"act": 0.1}}',
-    "LEGATO_POLICY_WEIGHTS_PAYLOAD": '{"model_path": "{checkpoint}"}',
 }
 
 
@@ -139,19 +124,43 @@ def _env_choice(name: str, resource: type[dg.ConfigurableResource], field: str) 
     return raw
 
 
-def _env_route(name: str, default: str) -> Any:
-    """``EnvVar(name)`` when set, checked now as the loader checks it (a path on the server,
-    ``/...``, not a URL); ``ConfigError`` naming the variable otherwise."""
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        LoadSpec.checked(weights_route=raw)
-    except ConfigError as exc:
-        raise ConfigError(
-            str(exc).replace("(fix: --weights-route)", f"(fix: set {name})")
-        ) from None
-    return dg.EnvVar(name)
+def env_settings(model: type[BaseModel]) -> dict[str, Any]:
+    """The policy resource's fields that ``model``'s variables set
+    (:func:`~legato_pipelines.setting_fields.env_fields`), for the variables that are set:
+    each value checked now by ``model`` itself (its bounds and validators), else a
+    ``ConfigError`` naming the variable, what a valid value is and the fix. Passed as
+    ``EnvVar`` / ``EnvVar.int`` for a plain text / whole-number field the model takes as
+    written, else as the checked value (a choice in any case, a number of seconds, a JSON
+    object). Unset variables are left out: the field keeps the model's default."""
+    out: dict[str, Any] = {}
+    for variable, (field, info) in env_fields(model).items():
+        raw = os.environ.get(variable)
+        if not raw:
+            continue
+        name = user_name(model, field)
+        try:
+            checked = model.__pydantic_validator__.validate_assignment(
+                model.model_construct(), field, raw
+            )
+        except ValidationError:
+            choices = get_args(info.annotation) if get_origin(info.annotation) is Literal else ()
+            if choices:
+                raise ConfigError(
+                    f"{variable}={raw!r} is not a valid {name} (fix: set {variable} to one of "
+                    f"{', '.join(choices)}, or unset it for the default)"
+                ) from None
+            raise ConfigError(
+                f"{variable}={raw!r} is not {exposure(info).get('rule') or 'valid'} (fix: set "
+                f"{variable} to one, or unset it for the default)"
+            ) from None
+        value = getattr(checked, field)
+        if info.annotation is int:
+            out[name] = dg.EnvVar.int(variable)
+        elif info.annotation is str and value == raw:
+            out[name] = dg.EnvVar(variable)
+        else:
+            out[name] = value
+    return out
 
 
 def default_resources() -> dict[str, dg.ConfigurableResource]:
@@ -161,16 +170,9 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:
             base_url=_env("LEGATO_POLICY_URL", None),
             model=_env("LEGATO_POLICY_MODEL", DEFAULT_POLICY_MODEL),
             api_key=dg.EnvVar(API_KEY_ENV) if os.environ.get(API_KEY_ENV) else None,
-            load=_env_choice("LEGATO_POLICY_LOAD", PolicyResource, "load") or "none",
-            load_server=_env_choice("LEGATO_POLICY_SERVER", PolicyResource, "load_server")
-            or "auto",
-            load_keep=_env_int("LEGATO_POLICY_LOAD_KEEP", 2, minimum=1),
-            weights_route=_env_route("LEGATO_POLICY_WEIGHTS_ROUTE", "/update_weights"),
-            weights_payload=_env_json("LEGATO_POLICY_WEIGHTS_PAYLOAD")
-            or {"model_path": "{checkpoint}"},
-            load_timeout=_env_float("LEGATO_POLICY_LOAD_TIMEOUT", 600.0),
-            load_wait=_env_float("LEGATO_POLICY_LOAD_WAIT", 3600.0, zero_ok=True),
             checkpoint_root=_env("LEGATO_CHECKPOINTS", None),
+            **env_settings(PolicyConfig),
+            **env_settings(LoadSpec),
         ),
         "desktops": DesktopPoolResource(
             backend=_env_choice("LEGATO_BACKEND", DesktopPoolResource, "backend") or "fake",

@@ -14,23 +14,29 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import dagster as dg
-from pydantic import Field
+from pydantic import BaseModel, Field, create_model
+from pydantic.fields import FieldInfo
 
 from ..errors import ConfigError, LoadError
 from ..policy.config import API_KEY_ENV, PolicyConfig
-from ..policy.loading import LoadSpec
+from ..policy.load_spec import LoadSpec
+from ..setting_fields import exposure, from_user, unchecked, user_settings
 
 
-class PolicyResource(dg.ConfigurableResource):
+class _PolicyResource(dg.ConfigurableResource):
     """Where the policy is served.
 
     Fields: ``base_url`` (server root, ``http://HOST:PORT`` or ``.../v1``; no default: a
     deployment names its server, so a run never calls a port that happens to be free), ``model`` (the
-    ``/v1/models`` id), ``api_key`` (secret: ``EnvVar`` only), sampling (``temperature``,
-    ``top_p``, ``max_tokens`` [tokens], ``sampling_seed``; ``logprobs_mode`` recorded) and ``extra_body`` (server-specific request fields).
+    ``/v1/models`` id), ``api_key`` (secret: ``EnvVar`` only), ``checkpoint_root``, and the
+    settings generated from the engine's models (:mod:`legato_pipelines.setting_fields`):
+    sampling (``temperature``, ``top_p``, ``max_tokens`` [tokens], ``sampling_seed``;
+    ``logprobs_mode`` recorded; ``extra_body``: server-specific request fields) from
+    :class:`~legato_pipelines.policy.config.PolicyConfig`, and loading from
+    :class:`~legato_pipelines.policy.load_spec.LoadSpec`.
     The policy *version* is not a field: it is the partition key of the run.
 
     How a version reaches the server (:mod:`legato_pipelines.policy.loading`; ``legato collect
@@ -55,54 +61,15 @@ class PolicyResource(dg.ConfigurableResource):
         repr=False,
         description="Bearer key; set it with EnvVar('LEGATO_POLICY_KEY'), never as a literal.",
     )
-    temperature: float = Field(
-        default=1.0, ge=0, description="Sampling temperature (RL: 1.0, the behaviour policy)."
-    )
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    max_tokens: int = Field(default=2048, ge=1, description="Completion tokens per step.")
-    sampling_seed: int | None = Field(
-        default=None, description="The request's sampling seed (None: not sent)."
-    )
-    logprobs_mode: str | None = Field(
-        default=None,
-        description="The server's logprobs mode as started (vLLM --logprobs-mode); recorded only.",
-    )
-    extra_body: dict[str, Any] = Field(
-        default_factory=dict, description="Server-specific request fields."
-    )
-    load: Literal["none", "lora", "weights", "external"] = Field(
-        default="none",
-        description="How a version reaches the server before collecting: none | lora | weights "
-        "| external (LEGATO_POLICY_LOAD).",
-    )
-    load_server: Literal["auto", "vllm", "sglang"] = Field(
-        default="auto", description="Server kind for loading (LEGATO_POLICY_SERVER)."
-    )
-    load_keep: int = Field(
-        default=2, description="LoRA adapters of the checkpoints directory kept loaded."
-    )
-    weights_route: str = Field(
-        default="/update_weights",
-        description="vLLM full-weights route, e.g. prime-rl's (LEGATO_POLICY_WEIGHTS_ROUTE).",
-    )
-    weights_payload: dict[str, Any] = Field(
-        default_factory=lambda: {"model_path": "{checkpoint}"},
-        description="JSON body of weights_route; {checkpoint} and {version} are filled in.",
-    )
-    load_timeout: float = Field(
-        default=600.0,
-        description="Seconds one load / unload request may take (LEGATO_POLICY_LOAD_TIMEOUT).",
-    )
-    load_wait: float = Field(
-        default=3600.0,
-        description="Seconds a weights run waits for another run holding the server's weights "
-        "(LEGATO_POLICY_LOAD_WAIT).",
-    )
     checkpoint_root: str | None = Field(
         default=None,
         description="Checkpoints directory: a version's folder is <root>/<version> unless the "
         "run's legato/checkpoint tag names it (LEGATO_CHECKPOINTS).",
     )
+
+    def _settings(self, model: type[BaseModel]) -> dict[str, Any]:
+        """This resource's fields generated from ``model``, as ``model``'s keyword arguments."""
+        return from_user(model, {n: getattr(self, n) for n in type(self).model_fields}, "dagster")
 
     def config(self, version: str, *, model: str | None = None) -> PolicyConfig:
         """The engine's :class:`PolicyConfig` for one policy version (the partition key).
@@ -115,12 +82,7 @@ class PolicyResource(dg.ConfigurableResource):
             base_url=self.api_base(),
             model=model or self.model,
             version=version,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            max_tokens=self.max_tokens,
-            sampling_seed=self.sampling_seed,
-            logprobs_mode=self.logprobs_mode,
-            extra_body=dict(self.extra_body),
+            **self._settings(PolicyConfig),
         )
 
     def load_spec(
@@ -144,17 +106,7 @@ class PolicyResource(dg.ConfigurableResource):
                     "LEGATO_CHECKPOINTS/<version>) (fix: the folder there, LEGATO_CHECKPOINTS, "
                     "or the legato/checkpoint tag on the run)"
                 )
-        return LoadSpec.checked(
-            mode=self.load,
-            checkpoint=checkpoint,
-            server=self.load_server,
-            keep=self.load_keep,
-            adapter=adapter,
-            weights_route=self.weights_route,
-            weights_payload=dict(self.weights_payload),
-            timeout=self.load_timeout,
-            wait=self.load_wait,
-        )
+        return LoadSpec.checked(**self._settings(LoadSpec), checkpoint=checkpoint, adapter=adapter)
 
     def api_base(self) -> str:
         """``base_url``; raises ``ConfigError`` naming LEGATO_POLICY_URL when it is not set."""
@@ -201,3 +153,30 @@ class PolicyResource(dg.ConfigurableResource):
 
         with self.credentials():
             return asyncio.run(ask())
+
+
+def _resource_field(field: FieldInfo) -> FieldInfo:
+    """A resource field from an engine model's field: its default and description (and the
+    variable that sets it, named). A field a variable sets keeps no bounds or validators: the
+    variable is checked when the code location loads (:mod:`.defaults`), and an
+    ``EnvVar.int`` placeholder would fail a bound before it is resolved; every value is checked
+    by the engine model when a run builds its config (the error names the setting)."""
+    meta = exposure(field)
+    env = meta.get("env")
+    description = f"{field.description} ({env})" if env else field.description
+    if env:
+        return unchecked(field, description)
+    return FieldInfo.merge_field_infos(field, description=description)
+
+
+PolicyResource = create_model(
+    "PolicyResource",
+    __base__=_PolicyResource,
+    __module__=__name__,
+    __doc__=_PolicyResource.__doc__,
+    **{
+        name: (field.annotation, _resource_field(field))
+        for model in (PolicyConfig, LoadSpec)
+        for name, (_, field) in user_settings(model, "dagster").items()
+    },
+)

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import ConfigError
+from ..policy.config import PolicyConfig
 
 OVERRIDES_POLICY = ("step_timeout", "retries")
 """Settings that, when set, override the :class:`PolicyConfig`'s field of the same name."""
@@ -71,13 +72,16 @@ class CollectSettings(BaseModel):
         ge=1,
     )
     step_timeout: float = _setting(
-        60.0,
+        PolicyConfig.model_fields["step_timeout"].default,
         "Seconds per model call: a hard deadline, even if the server trickles bytes.",
         rule="must be > 0 seconds",
         gt=0,
     )
     retries: int = _setting(
-        1, "Re-tries of a failed model call (backoff with jitter).", rule="must be >= 0", ge=0
+        PolicyConfig.model_fields["retries"].default,
+        "Re-tries of a failed model call (backoff with jitter).",
+        rule="must be >= 0",
+        ge=0,
     )
     rollout_timeout: float | None = _setting(
         None,
