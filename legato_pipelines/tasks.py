@@ -118,7 +118,8 @@ def load_tasks(source: str | Path | list, *, osworld: str | Path | None = None) 
     Raises :class:`TaskListError` for a missing file, bad JSON, or invalid entries; nothing
     is started before the whole list has been checked. Every problem of the list is found
     at once: the error's ``problems`` lists them all (one line each, ``tasks[i] (task_id
-    'x'[, file PATH]): field 'config.instruction' ...``), its message the first 20.
+    'x'[, file PATH]): field 'config.instruction' ...``), its message the first 20; its
+    ``tasks`` holds the entries that were valid all the same, with their index.
     """
     path: str | None = None
     if isinstance(source, (str, Path)):
@@ -175,6 +176,7 @@ def load_tasks(source: str | Path | list, *, osworld: str | Path | None = None) 
         raise TaskListError.listing(
             [problem for _, problem in problems],
             f"the task list {path}" if path else "the task list",
+            tasks=[(seen[t.task_id], t) for t in tasks],  # the valid entries all the same
         )
     return TaskSet(tuple(tasks), task_set_id(tasks), path)
 
