@@ -71,11 +71,15 @@ class Evaluation:
     """A task attempt's grade: ``reward`` in [0, 1] and, when the evaluator raised, its
     reason (reward 0). What ``Desktop.evaluate`` and the OSWorld-format evaluators return.
     ``notes``: facts about what was compared that explain the grade without changing it,
-    each ``"<kind>: <text>"`` (e.g. ``uncached_formulas: ...``), recorded as ``eval_notes``."""
+    each ``"<kind>: <text>"`` (e.g. ``uncached_formulas: ...``), recorded as ``eval_notes``.
+    ``postconfig_failures``: the evaluator's postconfig steps that failed the way OSWorld
+    carries on after (a command exiting non-zero, a window step matching no window), each
+    ``{step, type, exit_status, error}``, recorded as ``postconfig_failures``."""
 
     reward: float
     error: str | None = None
     notes: tuple[str, ...] = ()
+    postconfig_failures: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

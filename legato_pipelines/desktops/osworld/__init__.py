@@ -23,6 +23,7 @@ _LAZY = {
     "desktop_ports": ".channel",
     "hand_over": ".confine",
     "prepare_dir": ".confine",
+    "evaluation_of": ".grader",
     "installed_grader": ".grader",
     "local_grader": ".grader",
     "osworld_python": ".install",
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from ..child_env import worker_env
     from .channel import WorkerProcess, confinement, desktop_ports
     from .confine import hand_over, prepare_dir
-    from .grader import installed_grader, local_grader
+    from .grader import evaluation_of, installed_grader, local_grader
     from .install import osworld_python
     from .template import WorkerTemplate, acquire_template, release_template, template_started
 
@@ -49,6 +50,7 @@ __all__ = [
     "acquire_template",
     "confinement",
     "desktop_ports",
+    "evaluation_of",
     "hand_over",
     "prepare_dir",
     "installed_grader",
