@@ -265,7 +265,7 @@ def _window_step(step_type: str) -> Handler:
 
 def no_window_message(name: str, strict: bool, by_class: bool) -> str:
     """The fact's ``error`` for a window step that matched no window (the same words as the
-    osworld worker's, ``desktops/osworld/setup_facts.py``)."""
+    osworld worker's, ``desktops/osworld_worker/setup_facts.py``)."""
     what = "class" if by_class else "title"
     how = "is" if strict else "contains"
     return f"no window whose {what} {how} {name!r}"
