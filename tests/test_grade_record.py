@@ -69,13 +69,16 @@ def _task() -> dict:
     }
 
 
-async def _collect(tmp_path, grader: str):
-    tasks = load_tasks([_task()])
-    out = tmp_path / "run"
+def _local(grader: str) -> DesktopConfig:
     options = {"grader": grader}
     if grader == "osworld":
         options["osworld_python"] = osworld_python()
-    desktop = DesktopConfig(backend="local", screen_width=800, screen_height=600, options=options)
+    return DesktopConfig(backend="local", screen_width=800, screen_height=600, options=options)
+
+
+async def _collect(tmp_path, desktop: DesktopConfig):
+    tasks = load_tasks([_task()])
+    out = tmp_path / "run"
     script = {"tasks": {INSTRUCTION: [TERMINATE]}}
     with ScriptedPolicyServer(flavor="vllm", script=script) as server:
         policy = PolicyConfig(base_url=server.url, model=server.model)
@@ -125,18 +128,44 @@ def _check_facts(out, summary, record) -> None:
     assert row["grader_log"] == record.get("grader_log")
 
 
-@needs_vm_python
-async def test_osworlds_grader_records_the_postconfig_and_keeps_its_log(tmp_path):
-    out, summary, record = await _collect(tmp_path, "osworld")
-    _check_facts(out, summary, record)
-    # the grader's log survives the batch (its work directory is gone), named by the record
+def _check_log(out, record) -> None:
     assert record["grader_log"] == f"grader-logs/{record['rollout_id']}.log"
     text = (out / record["grader_log"]).read_text()
     assert "postconfig step 3 (execute) failed" in text and "postconfig broke" in text
     assert "postconfig step 1 (close_window) failed" in text
 
 
+@needs_vm_python
+async def test_osworlds_grader_records_the_postconfig_and_keeps_its_log(tmp_path):
+    out, summary, record = await _collect(tmp_path, _local("osworld"))
+    _check_facts(out, summary, record)
+    # the grader's log survives the batch (its work directory is gone), named by the record
+    _check_log(out, record)
+
+
+@needs_vm_python
+async def test_the_osworld_backend_records_the_same_and_keeps_the_attempts_log(tmp_path):
+    """``--backend osworld --osworld-provider local``: DesktopEnv end to end on a local desktop;
+    its worker's log holds every attempt of the desktop, the run keeps this attempt's part."""
+    options = {
+        "osworld_python": osworld_python(),
+        "provider": "local",
+        "cache_dir": str(tmp_path / "cache"),
+        "work_dir": str(tmp_path / "work"),
+    }
+    earlier = b"osworld-worker ERROR an earlier batch's line\n"
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "osworld-0.log").write_bytes(earlier)  # the desktop's log, appended
+    config = DesktopConfig(backend="osworld", options=options)
+    out, summary, record = await _collect(tmp_path, config)
+    _check_facts(out, summary, record)
+    _check_log(out, record)
+    whole = (tmp_path / "work" / "osworld-0.log").read_bytes()
+    kept = (out / record["grader_log"]).read_bytes()
+    assert whole.startswith(earlier) and kept in whole and earlier not in kept
+
+
 async def test_the_own_grader_records_the_same_postconfig_facts(tmp_path):
-    out, summary, record = await _collect(tmp_path, "own")
+    out, summary, record = await _collect(tmp_path, _local("own"))
     _check_facts(out, summary, record)
     assert "grader_log" not in record  # the own subset runs in the collector: no log of its own
