@@ -7,6 +7,8 @@ directories are gone."""
 
 from __future__ import annotations
 
+import re
+
 import orjson
 import pyarrow.parquet as pq
 import pytest
@@ -16,6 +18,7 @@ from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from legato_pipelines.rollout.engine import collect_async
 from legato_pipelines.store.lake_tables import Lineage, profile_table, rollouts_table
 from legato_pipelines.tasks import load_tasks
+from legato_pipelines.view import write_report
 from tests.desktop_local_support import needs_apps, needs_xvfb
 from tests.osworld_backend_support import needs_vm_python, osworld_python
 
@@ -141,6 +144,12 @@ async def test_osworlds_grader_records_the_postconfig_and_keeps_its_log(tmp_path
     _check_facts(out, summary, record)
     # the grader's log survives the batch (its work directory is gone), named by the record
     _check_log(out, record)
+    # the report's rollout page shows the facts and links the log
+    page_path = write_report(out).rollout_page(record["rollout_id"])
+    page = page_path.read_text()
+    assert "no window whose title is &#39;Nowhere&#39;" in page and "postconfig broke" in page
+    (href,) = re.findall(r'<a href="([^"]+)">grader\'s log</a>', page)
+    assert (page_path.parent / href).resolve() == (out / record["grader_log"]).resolve()
 
 
 @needs_vm_python
