@@ -152,6 +152,10 @@ class BackendSupport(BaseModel):
     ``none``, ``own``; ``None``: not known, desktops attached by URL) and ``local_desktops`` how many
     run at once (collect's runners + spares): together they decide whether a task whose
     setup or grader reaches Chrome's or VLC's port can run (:mod:`.ports`).
+    ``local_route_out``: the local desktops' network reaches outside (their ``network`` and the
+    reachability check of ``desktops/web.py``), so tasks opening live websites or installing
+    packages run; ``local_route_why`` says why not. ``local_proxy``: an upstream proxy is set
+    (desktop option ``proxy``), which OSWorld's ``proxy: true`` tasks need besides a route out.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -163,6 +167,9 @@ class BackendSupport(BaseModel):
     osworld_grader: GraderNames | None = None
     local_network: Literal["auto", "host", "none", "own"] | None = "auto"
     local_desktops: int = Field(1, ge=1)
+    local_route_out: bool = False
+    local_route_why: str = "not checked"
+    local_proxy: bool = False
 
 
 class TaskClass(BaseModel):
@@ -330,16 +337,17 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     ]
     urls: list[str] = []  # live websites and downloads by command (not served by any cache)
     reasons: list[str] = []
+    google: list[str] = []  # Google accounts: no route out gives a local desktop one
     for step in all_steps:
         params = step.get("parameters") or {}
         if step.get("type") == "chrome_open_tabs":
             urls.extend(u for u in params.get("urls_to_open", []) if not _is_loopback(u))
         elif step.get("type") in ("googledrive", "login"):
-            reasons.append(f"{step['type']} (Google account)")
+            google.append(f"{step['type']} (Google account)")
     getters = evaluator_getters(evaluator)
     for getter in getters:
         if getter.get("type") == "googledrive_file":
-            reasons.append("googledrive_file getter (Google account)")
+            google.append("googledrive_file getter (Google account)")
     launched = {
         _command_text(s.get("parameters", {}).get("command"))
         for s in all_steps
@@ -349,10 +357,10 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
         if text in launched or NETWORK_CLIENT_RE.search(text):
             urls.extend(u for u in URL_RE.findall(text) if not _is_loopback(u))
         reasons.extend(reason for reason, pattern in NEEDS_NETWORK_PATTERNS if pattern.search(text))
-    if config.get("proxy"):
-        reasons.append("proxy")
-    live = _unique(urls)
-    urls, reasons = _unique(file_urls + urls), _unique(reasons)
+    proxy = bool(config.get("proxy"))
+    live, net_reasons, google = _unique(urls), _unique(reasons), _unique(google)
+    reasons = _unique([*google, *reasons, *(["proxy"] if proxy else [])])
+    urls = _unique(file_urls + urls)
     needs_internet = bool(urls or reasons)
 
     # Apps.
@@ -395,8 +403,10 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
 
     # Backends.
     local_blockers: list[str] = [f"step type {t}" for t in unsupported_steps]
-    if needs_internet:
+    web = _web_problems(live, net_reasons, google, proxy, support)
+    if file_urls:
         local_blockers.append("needs the internet")
+    local_blockers += [blocker for blocker, _ in web]
     missing_apps = [a for a in apps if a not in support.local_apps and a != "os"]
     local_blockers += [f"app {a}" for a in missing_apps]
     if "os" in apps and not (set(apps) & support.local_apps):
@@ -418,8 +428,8 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     }
     if any(_STEP_PARAMETER.search(p) for p in problems["local"]):  # e.g. 'comand'
         local_blockers.append("setup step parameters")
-    problems["local"] += _host_problems(
-        live, reasons, missing_apps, "os" in apps and not (set(apps) & support.local_apps),
+    problems["local"] += [problem for _, problem in web] + _host_problems(
+        missing_apps, "os" in apps and not (set(apps) & support.local_apps),
         not support.local_pyautogui and any("pyautogui" in text for text in commands),
     ) + network + [
         f"needs {name} ({SYSTEM_SERVICES_WHY[name]}), which local desktops do not run (fix: "
@@ -482,19 +492,42 @@ def _unsupported_parts(evaluator: dict, grader: GraderNames) -> list[str]:
     return _unique(missing)
 
 
-def _host_problems(
-    live: list[str], reasons: list[str], missing_apps: list[str], gnome: bool, pyautogui: bool
-) -> list[str]:
-    """What this host's local desktops lack for a task (the part of the local verdict the task
-    list cannot fix): live websites, apps, OSWorld's GNOME session, pyautogui."""
+def _web_problems(
+    live: list[str], reasons: list[str], google: list[str], proxy: bool, support: BackendSupport
+) -> list[tuple[str, str]]:
+    """``(blocker, problem)`` pairs of what a task's websites need of this host's local
+    desktops (``desktops/web.py``): a Google account (never there), a route out for live
+    websites and package installs, and an upstream proxy for OSWorld's ``proxy: true``."""
     out = []
-    if live or reasons:
-        what = ", ".join([*live[:3], *reasons[:2]]) + (" ..." if len(live) > 3 else "")
-        out.append(
-            f"needs the internet ({what}): local desktops reach no live website (fix: run the "
-            "task on the osworld backend with a network)"
-        )
-    out += [
+    if google:
+        out.append((
+            "needs a Google account",
+            f"needs a Google account ({', '.join(google[:2])}), which local desktops do not have"
+            " (fix: run the task on the osworld backend with OSWorld's Google settings)",
+        ))  # fmt: skip
+    if (live or reasons or proxy) and not support.local_route_out:
+        shown = [*live[:3], *reasons[:2], *(["proxy: true"] if proxy else [])]
+        what = ", ".join(shown) + (" ..." if len(live) > 3 else "")
+        out.append((
+            "needs a route out",
+            f"needs the internet ({what}): this host's local desktops have no route out"
+            f" ({support.local_route_why}) (fix: desktop option network=own on a host that"
+            " reaches the sites, or run the task on the osworld backend with a network)",
+        ))  # fmt: skip
+    elif proxy and not support.local_proxy:
+        out.append((
+            "needs a proxy",
+            "OSWorld runs it through a proxy (config 'proxy': true: its sites block automated"
+            " browsers) and no proxy is set (fix: desktop option proxy=http://HOST:PORT or the"
+            " environment variable LEGATO_PROXY)",
+        ))  # fmt: skip
+    return out
+
+
+def _host_problems(missing_apps: list[str], gnome: bool, pyautogui: bool) -> list[str]:
+    """What this host's local desktops lack for a task (the part of the local verdict the task
+    list cannot fix): apps, OSWorld's GNOME session, pyautogui."""
+    out = [
         f"app {app!r} is not installed for this host's local desktops (fix: install it, "
         "docs/local-desktop.md §1, or run the task on the osworld backend)"
         for app in missing_apps

@@ -53,6 +53,10 @@ one (or ``grader=own``) the project's own subset runs them (``osworld_format.run
   grader        ``auto`` (default: OSWorld's own setup and evaluators when its venv is
                 installed, else the own subset), ``osworld`` (required) or ``own``
   osworld_python the OSWorld interpreter (default: the venv of ``legato osworld install``)
+  proxy         upstream proxy of the sandboxed desktops' Chromium, ``http://HOST:PORT``
+                (default: environment variable LEGATO_PROXY; none); ``desktops/web.py``
+  web_probe     ``HOST:PORT`` the preflight's reachability check connects to (default
+                LEGATO_WEB_PROBE, else huggingface.co:443)
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ from ..osworld import template_started
 from ..popups import PopupGuard
 from ..processes import ForkRendezvous, PidfdProcess, Spawned, pdeathsig_guard, stop_early
 from ..server_tasks import ServerTasks
+from ..web import web_settings
 from .osworld_grader import OSWorldGrader
 from .server_template import (
     GO,
@@ -111,6 +116,8 @@ OPTION_NAMES = frozenset(
         "start_timeout",
         "grader",
         "osworld_python",
+        "proxy",
+        "web_probe",
     }
 )
 log = logging.getLogger(__name__)
@@ -147,6 +154,7 @@ class ServerProcess:
         ready_source: str = "damage",
         fork: bool = False,
         limits: Any = True,
+        proxy: str | None = None,
     ):
         self.width, self.height, self.host, self.port = width, height, host, port
         self.sandbox, self.network = sandbox, network
@@ -155,6 +163,7 @@ class ServerProcess:
         self.prebuild = None if prebuild is None else tuple(prebuild)
         self.fork = fork
         self.limits = limits  # desktop option ``limits`` as given (JSON value)
+        self.proxy = proxy  # Chromium's upstream proxy (desktops/web.py), checked
         self.forked = False
         self.url: str | None = None
         self.ports: dict[str, int] = {}
@@ -208,6 +217,8 @@ class ServerProcess:
         argv += ["--ready-source", self.ready_source]
         if self.sandbox and self.limits is not True:
             argv += ["--limits", json.dumps(self.limits)]
+        if self.sandbox and self.proxy:
+            argv += ["--proxy", self.proxy]
         if self.template:
             argv += ["--template", str(self.template)]
         if self.prebuild is not None:  # None: the server's default
@@ -560,6 +571,7 @@ async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> 
             sandbox=sandbox,
             network=server_network(network),
             limits=limits_option(options.get("limits", True)),
+            proxy=web_settings(options).proxy,
             fork=True,  # from the template all servers of this event loop share
         )
         token = server.choose_token()

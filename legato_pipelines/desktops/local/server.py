@@ -60,6 +60,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ...scratch import scratch_dir, sweep
+from ..web import WebSettings, chromium_flags, proxy_url
 from . import chrome
 from . import home as home_mod
 from .auth import TokenAuth
@@ -233,6 +234,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         " logged). Unsandboxed desktops are on the host's network",
     )
     parser.add_argument(
+        "--proxy",
+        default=None,
+        help="sandboxed desktops: the upstream proxy their Chromium uses, SCHEME://HOST:PORT"
+        " (google-chrome's --proxy-server; desktops/web.py). Default: none",
+    )
+    parser.add_argument(
         "--limits",
         type=_limits_arg,
         default=Caps(),
@@ -299,6 +306,7 @@ def main(argv: list[str] | None = None) -> None:
         network=args.network == "host",
         forward=own_network_forward() if args.network == "own" else None,
         limits=args.limits if args.sandbox else None,
+        browser_flags=chromium_flags(WebSettings(proxy=proxy_url(args.proxy))),
     )
     server = DesktopServer(
         session, remove_state=own_state or args.remove_state, ready_source=args.ready_source

@@ -34,6 +34,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from . import accessibility, app_profiles, chrome, dbus_session
@@ -142,6 +143,8 @@ class Session:
                      ``pasta``, which also gives the namespace a route out (:class:`.Sandbox`)
       limits         sandboxed only: the desktop's resource caps (:class:`.limits.Caps`: a
                      cgroup and a size-capped disk, :mod:`.limits`); ``None``: uncapped
+      browser_flags  sandboxed only: flags ``google-chrome`` adds (:mod:`.chrome`), e.g.
+                     ``--proxy-server`` (``desktops/web.py``)
     """
 
     def __init__(
@@ -157,6 +160,7 @@ class Session:
         network: bool = True,
         forward: dict[int, int] | None = None,
         limits=None,
+        browser_flags: Sequence[str] = (),
     ):
         #: the profiles were asked for (a build that fails is then an error, not a warning)
         self.prebuild_asked = prebuild is not None
@@ -187,7 +191,13 @@ class Session:
 
                     name = f"{self.state.name}-{os.getpid()}"
                     capped = DesktopLimits(limits, name, self.state / "sandbox")
-                self.sandbox = Sandbox(self.state, network=network, forward=forward, limits=capped)
+                self.sandbox = Sandbox(
+                    self.state,
+                    network=network,
+                    forward=forward,
+                    limits=capped,
+                    browser_flags=browser_flags,
+                )
             except SandboxError as exc:
                 raise SessionError(str(exc)) from None
             self.user, self.uid, self.gid = SANDBOX_USER, SANDBOX_UID, SANDBOX_UID
