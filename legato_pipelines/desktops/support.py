@@ -69,6 +69,8 @@ def backend_support(
         fields["local_grader"] = local_grader(options)[0]
         web = web_settings(options)
         fields["local_proxy"] = web.proxy is not None
+        if web.mode == "replay":
+            fields["local_web_archive"] = web.archive
         fields["local_route_out"], fields["local_route_why"] = route_out(
             fields["local_network"], web
         )

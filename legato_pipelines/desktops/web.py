@@ -18,6 +18,13 @@ Settings (desktop options of the ``local`` backend, with an environment default)
   visible to the desktop's processes, so a URL holding ``user:password@`` is refused.
 - ``web_probe`` (``LEGATO_WEB_PROBE``): ``HOST:PORT`` the reachability check connects to
   (default :data:`DEFAULT_PROBE`).
+- ``web``: ``live`` (default), ``record:ARCHIVE`` or ``replay:ARCHIVE``: mitmproxy between the
+  desktop's Chromium and the sites, one flow file per task in the folder ARCHIVE
+  (``desktops/local/recorder.py``). Replay serves the archive and reaches no site: a task
+  whose live sites are recorded there runs with no route out; what the archive lacks is
+  answered 404 and noted on the attempt (:data:`WEB_MISS_NOTE`).
+- ``web_hosts``: ``{name: "addr[:port]"}``, sites served at another address (stand-ins,
+  mirrors); ``web_ca``: PEM files of CAs the desktops' Chromium and the recorder trust.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import functools
 import ipaddress
 import os
 import socket
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -42,6 +50,9 @@ DEFAULT_PROBE = "huggingface.co:443"
 #: Seconds the reachability check waits (name lookup and TCP handshake together).
 PROBE_TIMEOUT_S = 3.0
 PROXY_SCHEMES = ("http", "https", "socks4", "socks5")
+WEB_MODES = ("live", "record", "replay")
+#: The kind of the evaluation note listing a replay's requests the archive lacked.
+WEB_MISS_NOTE = "web_replay_missing"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +64,14 @@ class WebSettings:
 
     proxy: str | None = None
     probe: tuple[str, int] = ("huggingface.co", 443)
+    mode: str = "live"
+    archive: Path | None = None
+    hosts: tuple[tuple[str, str], ...] = ()
+    cas: tuple[Path, ...] = ()
+
+    def archived(self, task_id: str) -> bool:
+        """Replay: the archive holds a recording of ``task_id``."""
+        return self.archive is not None and (self.archive / f"{task_id}.flows").is_file()
 
 
 def _host_port(text: str, field: str, fix: str) -> tuple[str, int]:
@@ -107,10 +126,45 @@ def web_settings(options: dict[str, Any] | None) -> WebSettings:
     options = options or {}
     proxy = options["proxy"] if "proxy" in options else os.environ.get(PROXY_ENV)
     probe = options.get("web_probe") or os.environ.get(PROBE_ENV) or DEFAULT_PROBE
+    web = str(options.get("web") or "live")
+    mode, _, archive = web.partition(":")
+    if mode not in WEB_MODES or (mode != "live") != bool(archive):
+        raise ConfigError(
+            f"desktop option 'web' must be live, record:ARCHIVE or replay:ARCHIVE, got {web!r}"
+            " (fix: --web replay:/path/to/archive)"
+        )
+    hosts = options.get("web_hosts") or {}
+    cas = options.get("web_ca") or []
+    if not isinstance(hosts, dict) or not all(isinstance(v, str) for v in hosts.values()):
+        raise ConfigError(
+            f"desktop option 'web_hosts' must map names to 'addr[:port]', got {hosts!r}"
+        )
+    if isinstance(cas, str):
+        cas = [cas]
+    missing = [c for c in cas if not Path(str(c)).expanduser().is_file()]
+    if missing:
+        raise ConfigError(f"desktop option 'web_ca': no such PEM file {missing[0]!r}")
     return WebSettings(
         proxy=proxy_url(proxy),
         probe=_host_port(str(probe), "web_probe", "web_probe=example.org:443"),
+        mode=mode,
+        archive=Path(archive).expanduser().resolve() if archive else None,
+        hosts=tuple(sorted((str(k), v) for k, v in hosts.items())),
+        cas=tuple(Path(str(c)).expanduser().resolve() for c in cas),
     )
+
+
+def web_server_args(settings: WebSettings) -> list[str]:
+    """The desktop server's flags for ``settings``' web mode, sites and CAs
+    (``python -m legato_pipelines.desktops.local.server --web ...``)."""
+    argv = []
+    if settings.mode != "live":
+        argv += ["--web", f"{settings.mode}:{settings.archive}"]
+    for name, addr in settings.hosts:
+        argv += ["--web-host", f"{name}={addr}"]
+    for ca in settings.cas:
+        argv += ["--web-ca", str(ca)]
+    return argv
 
 
 def _is_loopback(host: str) -> bool:

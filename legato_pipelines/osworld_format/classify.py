@@ -156,6 +156,9 @@ class BackendSupport(BaseModel):
     reachability check of ``desktops/web.py``), so tasks opening live websites or installing
     packages run; ``local_route_why`` says why not. ``local_proxy``: an upstream proxy is set
     (desktop option ``proxy``), which OSWorld's ``proxy: true`` tasks need besides a route out.
+    ``local_web_archive``: desktop option ``web=replay:ARCHIVE``'s folder: a task recorded
+    there (``<task_id>.flows``) has its live websites (and proxy) served from it, with no
+    route out.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -170,6 +173,7 @@ class BackendSupport(BaseModel):
     local_route_out: bool = False
     local_route_why: str = "not checked"
     local_proxy: bool = False
+    local_web_archive: Path | None = None
 
 
 class TaskClass(BaseModel):
@@ -403,7 +407,7 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
 
     # Backends.
     local_blockers: list[str] = [f"step type {t}" for t in unsupported_steps]
-    web = _web_problems(live, net_reasons, google, proxy, support)
+    web = _web_problems(task.task_id, live, net_reasons, google, proxy, support)
     if file_urls:
         local_blockers.append("needs the internet")
     local_blockers += [blocker for blocker, _ in web]
@@ -493,12 +497,29 @@ def _unsupported_parts(evaluator: dict, grader: GraderNames) -> list[str]:
 
 
 def _web_problems(
-    live: list[str], reasons: list[str], google: list[str], proxy: bool, support: BackendSupport
+    task_id: str,
+    live: list[str],
+    reasons: list[str],
+    google: list[str],
+    proxy: bool,
+    support: BackendSupport,
 ) -> list[tuple[str, str]]:
     """``(blocker, problem)`` pairs of what a task's websites need of this host's local
     desktops (``desktops/web.py``): a Google account (never there), a route out for live
-    websites and package installs, and an upstream proxy for OSWorld's ``proxy: true``."""
+    websites and package installs, and an upstream proxy for OSWorld's ``proxy: true``; in
+    replay (``local_web_archive``), a recording of the task instead of the last two for its
+    websites."""
     out = []
+    archive = support.local_web_archive
+    if archive is not None and (live or proxy):
+        if not (archive / f"{task_id}.flows").is_file():
+            out.append((
+                "no recorded archive",
+                f"opens live websites ({', '.join(live[:3]) or 'proxy: true'}) and the web"
+                f" archive {archive} holds no recording of it ({task_id}.flows) (fix: `legato"
+                " web record` the task into it, or drop --web replay)",
+            ))  # fmt: skip
+        live, proxy = [], False  # the archive serves them
     if google:
         out.append((
             "needs a Google account",
