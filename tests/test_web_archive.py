@@ -24,8 +24,8 @@ import orjson
 import pytest
 
 from legato_pipelines import DesktopConfig, PolicyConfig, collect, read_records
-from legato_pipelines.desktops.local import chrome
-from legato_pipelines.desktops.local.recorder import mitmdump
+from legato_pipelines.desktops.server import chrome
+from legato_pipelines.desktops.server.recorder import mitmdump
 from legato_pipelines.errors import TaskListError
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from legato_pipelines.policy.synthetic import qwen_response

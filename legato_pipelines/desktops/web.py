@@ -20,7 +20,7 @@ Settings (desktop options of the ``local`` backend, with an environment default)
   (default :data:`DEFAULT_PROBE`).
 - ``web``: ``live`` (default), ``record:ARCHIVE`` or ``replay:ARCHIVE``: mitmproxy between the
   desktop's Chromium and the sites, one flow file per task in the folder ARCHIVE
-  (``desktops/local/recorder.py``). Replay serves the archive and reaches no site: a task
+  (``desktops/server/recorder.py``). Replay serves the archive and reaches no site: a task
   whose live sites are recorded there runs with no route out; what the archive lacks is
   answered 404 and noted on the attempt (:data:`WEB_MISS_NOTE`).
 - ``web_hosts``: ``{name: "addr[:port]"}``, sites served at another address (stand-ins,
@@ -156,7 +156,7 @@ def web_settings(options: dict[str, Any] | None) -> WebSettings:
 
 def web_server_args(settings: WebSettings) -> list[str]:
     """The desktop server's flags for ``settings``' web mode, sites and CAs
-    (``python -m legato_pipelines.desktops.local.server --web ...``)."""
+    (``python -m legato_pipelines.desktops.server.main --web ...``)."""
     argv = []
     if settings.mode != "live":
         argv += ["--web", f"{settings.mode}:{settings.archive}"]
@@ -231,5 +231,5 @@ def route_out(network: str | None, settings: WebSettings) -> tuple[bool, str]:
 
 def chromium_flags(settings: WebSettings) -> list[str]:
     """Flags the desktops' ``google-chrome`` wrapper adds for ``settings``
-    (``desktops/local/chrome.py``): ``--proxy-server`` when a proxy is set."""
+    (``desktops/server/chrome.py``): ``--proxy-server`` when a proxy is set."""
     return [f"--proxy-server={settings.proxy}"] if settings.proxy else []
