@@ -16,14 +16,17 @@ the page's title as Chromium loads it). The task:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 
 import orjson
 import pytest
+from typer.testing import CliRunner
 
 from legato_pipelines import DesktopConfig, PolicyConfig, collect, read_records
+from legato_pipelines.cli import app
 from legato_pipelines.desktops.server import chrome
 from legato_pipelines.desktops.server.recorder import mitmdump
 from legato_pipelines.errors import TaskListError
@@ -106,9 +109,19 @@ def test_live_with_a_route_out_recorded_then_replayed_without_the_site(site, tmp
     assert (live["status"], live["reward"], live.get("eval_error")) == ("ok", 1.0, None), live
     served = len(standin.requests)
     assert any(r.startswith("/page") for r in standin.requests)
-    # recorded: every exchange through mitmproxy into the archive
+    # recorded by `legato web record` (the default policy terminates at once): every
+    # exchange through mitmproxy into the archive
     archive = tmp_path / "archive"
-    recorded = _collect(tasks, tmp_path / "record", {**routed, "web": f"record:{archive}"})
+    flags = [
+        f"--desktop-option={k}={json.dumps(v)}" for k, v in {"cache_dir": "", **routed}.items()
+    ]
+    result = CliRunner().invoke(
+        app,
+        ["web", "record", str(tmp_path / "tasks.json"), "--archive", str(archive), *flags],
+    )
+    assert result.exit_code == 0, result.output
+    assert "recorded 1 of 1 task(s)" in " ".join(result.output.split())
+    (recorded,) = read_records(archive / "run")
     assert (recorded["status"], recorded["reward"]) == ("ok", 1.0), recorded
     assert len(standin.requests) > served  # the recorder fetched from the site
     assert (archive / f"{TASK_ID}.flows").stat().st_size > 0

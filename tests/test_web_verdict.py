@@ -9,7 +9,9 @@ import json
 import socket
 
 import pytest
+from typer.testing import CliRunner
 
+from legato_pipelines.cli import app
 from legato_pipelines.desktops import web
 from legato_pipelines.desktops.support import backend_support
 from legato_pipelines.errors import ConfigError
@@ -126,3 +128,53 @@ def test_a_bad_proxy_is_refused_by_name_and_never_echoes_a_password(value, needl
         backend_support("local", {"proxy": value})
     assert "'proxy'" in str(caught.value) and needle in str(caught.value)
     assert "s3cret" not in str(caught.value)
+
+
+def test_replay_accepts_a_recorded_task_with_no_route_out(tmp_path):
+    task = _task(*AMAZON)  # live sites and proxy: true, both served by a recording
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    support = backend_support("local", {"cache_dir": "", "web": f"replay:{archive}"})
+    assert not support.local_route_out and support.local_web_archive == archive.resolve()
+    (problem,) = [p for p in preflight([task], "local", support=support) if "archive" in p]
+    assert f"holds no recording of it ({task.task_id}.flows)" in problem
+    assert "legato web record" in problem
+    (archive / f"{task.task_id}.flows").write_bytes(b"")  # what `legato web record` writes
+    support = backend_support("local", {"cache_dir": "", "web": f"replay:{archive}"})
+    assert preflight([task], "local", support=support) == []
+    # a download by a command's own client (curl) is no browser traffic: it needs a route out
+    curl = Task(
+        task_id=task.task_id,
+        domain="os",
+        config={
+            "instruction": "x",
+            "config": [
+                {"type": "execute", "parameters": {"command": "curl -O https://example.org/f"}}
+            ],
+            "evaluator": {"func": "infeasible"},
+        },
+        source="inline",
+    )
+    (problem,) = preflight([curl], "local", support=support)
+    assert "https://example.org/f" in problem and "no route out" in problem
+
+
+def test_collect_web_flag_reaches_the_preflight(tmp_path):
+    """``legato collect --web replay:ARCHIVE`` refuses an unrecorded task before any desktop
+    or policy request."""
+    task_id = AMAZON[1]
+    config = json.loads((OSWORLD / AMAZON[0] / f"{task_id}.json").read_text())
+    tasks = tmp_path / "tasks.json"
+    tasks.write_text(json.dumps([{"task_id": task_id, "domain": "chrome", "config": config}]))
+    argv = ["collect", "--tasks", str(tasks), "--policy-url", "http://127.0.0.1:9", "--model", "m"]
+    argv += [
+        "--out",
+        str(tmp_path / "out"),
+        "--backend",
+        "local",
+        "--desktop-option",
+        'cache_dir=""',
+    ]
+    out = CliRunner().invoke(app, [*argv, "--web", f"replay:{tmp_path / 'archive'}"])
+    assert out.exit_code == 2
+    assert f"holds no recording of it ({task_id}.flows)" in " ".join(out.output.split())

@@ -100,6 +100,8 @@ URL_RE = re.compile(r"https?://[^\s'\"<>]+")
 NETWORK_CLIENT_RE = re.compile(
     r"\b(wget|curl|git\s+clone|google-chrome|chromium|firefox|xdg-open|requests|urllib|httpx|aria2c)\b"
 )
+#: Commands whose URLs the desktop's browser opens (what a web archive of Chromium serves).
+BROWSER_RE = re.compile(r"\b(google-chrome|chromium|firefox|xdg-open)\b")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "0.0.0.0", "[::1]")
 
 # related_apps spellings -> one app name.
@@ -357,14 +359,18 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
         for s in all_steps
         if s.get("type") == "launch"
     }
+    fetched: list[str] = []  # by a command's own client (wget, curl...), not the browser
     for text in commands:
         if text in launched or NETWORK_CLIENT_RE.search(text):
-            urls.extend(u for u in URL_RE.findall(text) if not _is_loopback(u))
+            found = [u for u in URL_RE.findall(text) if not _is_loopback(u)]
+            browser = text in launched or BROWSER_RE.search(text)
+            (urls if browser else fetched).extend(found)
         reasons.extend(reason for reason, pattern in NEEDS_NETWORK_PATTERNS if pattern.search(text))
     proxy = bool(config.get("proxy"))
     live, net_reasons, google = _unique(urls), _unique(reasons), _unique(google)
+    net_reasons = _unique([*fetched, *net_reasons])  # what no browser archive serves
     reasons = _unique([*google, *reasons, *(["proxy"] if proxy else [])])
-    urls = _unique(file_urls + urls)
+    urls = _unique(file_urls + urls + fetched)
     needs_internet = bool(urls or reasons)
 
     # Apps.
