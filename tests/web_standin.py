@@ -23,6 +23,13 @@ from cryptography.x509.oid import NameOID
 
 NAME = "www.standin.test"
 TITLE = "Stand-in shop"
+#: ``/gallery?N``: a page of 24 images (each its own request), for the recorder's benchmark.
+GALLERY = "<html><head><title>Gallery</title></head><body>{}</body></html>"
+#: A 1x1 PNG.
+PIXEL = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360f8cf00000301010018dd8db40000000049454e44ae426082"
+)
 PAGE = f"""<html><head><title>{TITLE}</title><link rel="stylesheet" href="/style.css"></head>
 <body><h1>{TITLE}</h1><script>fetch("/fresh?" + Math.random())</script></body></html>"""
 
@@ -106,14 +113,20 @@ def serve_standin(site_cert: Path, site_key: Path, host: str = "127.0.0.1") -> I
 
         def do_GET(self):  # noqa: N802 (http.server's name)
             standin.requests.append(self.path)
-            path = self.path.split("?")[0]
+            path, _, query = self.path.partition("?")
+            images = "".join(f'<img src="/img/{query}-{i}.png">' for i in range(24))
             body, kind = {
                 "/page": (PAGE.encode(), "text/html"),
                 "/style.css": (b"h1 { color: #a33; }", "text/css"),
                 "/fresh": (b"{}", "application/json"),
-            }.get(path, (b"not here", "text/plain"))
-            self.send_response(200 if path in ("/page", "/style.css", "/fresh") else 404)
+                "/gallery": (GALLERY.format(images).encode(), "text/html"),
+            }.get(path, (PIXEL, "image/png") if path.startswith("/img/") else (b"no", "text/plain"))
+            found = path in ("/page", "/style.css", "/fresh", "/gallery") or path.startswith(
+                "/img/"
+            )
+            self.send_response(200 if found else 404)
             self.send_header("Content-Type", kind)
+            self.send_header("Cache-Control", "no-store")  # every reload fetches again
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

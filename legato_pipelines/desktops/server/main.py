@@ -174,12 +174,12 @@ def _web(args: argparse.Namespace, state: Path) -> tuple[WebRecorder | None, lis
         sys.exit(f"error: --web must be live, record:ARCHIVE or replay:ARCHIVE, got {args.web!r}")
     hosts = dict(h.split("=", 1) for h in args.web_host if "=" in h)
     trusted = list(args.web_ca)
+    # in every mode, so the screens match (Chromium shows its "unsupported command-line flag"
+    # bar for it: web_hosts are for stand-ins); through the recorder Chromium resolves no site
+    rules = ", ".join(f"MAP {name} {addr}" for name, addr in hosts.items())
+    resolve = [f"--host-resolver-rules={rules}"] if hosts else []
     if mode == "live":
-        flags = chromium_flags(WebSettings(proxy=proxy_url(args.proxy)))
-        if hosts:
-            rules = ", ".join(f"MAP {name} {addr}" for name, addr in hosts.items())
-            flags.append(f"--host-resolver-rules={rules}")
-        return None, flags, trusted
+        return None, chromium_flags(WebSettings(proxy=proxy_url(args.proxy))) + resolve, trusted
     if not args.sandbox:
         sys.exit(f"error: --web {mode} needs the sandbox (drop --no-sandbox)")
     try:
@@ -196,7 +196,7 @@ def _web(args: argparse.Namespace, state: Path) -> tuple[WebRecorder | None, lis
         hosts=hosts,
         trusted=trusted,
     )
-    return recorder, [f"--proxy-server=http://127.0.0.1:{port}"], [*trusted, ca]
+    return recorder, [f"--proxy-server=http://127.0.0.1:{port}", *resolve], [*trusted, ca]
 
 
 def own_network_port() -> int:
