@@ -59,6 +59,7 @@ VLC_SAVE = click(904, 698, "Save the preferences.")
 
 SAVE_KEEP = [
     key("ctrl", "s", what="Save the document with Ctrl+S."),
+    qwen_response("Wait for the format question.", {"action": "wait", "time": 2}),
     key("enter", what="Keep the current format in the dialog."),
 ]
 
@@ -93,7 +94,7 @@ def command_search(command: str) -> list[str]:
     7.2+), type its label, Enter. No pixels: the same on every screen size and toolbar layout."""
     return [
         key("shift", "escape", what="Open LibreOffice's Search Commands box."),
-        wait(1, "Wait for the box."),
+        wait(2, "Wait for the box."),
         type_(command, f"Search for {command}."),
         wait(1, "Wait for the matches."),
         key("enter", what=f"Run {command}."),
@@ -209,7 +210,8 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         [
             key("ctrl", "a", what="Select all text."),
             *command_search("Character"),
-            wait(1, "Wait for the Character dialog (Font tab, Family field)."),
+            wait(1, "Wait for the Character dialog (its Font tab has the focus)."),
+            key("tab", what="Into the tab's first field, Family."),
             key("ctrl", "a", what="Select the family name."),
             type_("Times New Roman", "Set the font family."),
             key("enter", what="OK."),
@@ -347,11 +349,12 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "impress",
         [
             key("ctrl", "shift", "s", what="Save As."),
+            wait(2, "Wait for the file chooser."),
             key("ctrl", "a", what="Select the file name."),
             type_("/home/user/Desktop/pre.pptx", "Name the copy."),
             wait(1, "Let the file chooser's path completion settle."),
             key("enter", what="Save."),
-            wait(1, "Wait for the format question."),
+            wait(2, "Wait for the format question."),
             key("enter", what="Keep the current format."),
             done(),
         ],
@@ -361,8 +364,13 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "ce88f674-ab7a-43da-9201-468d38539e4a",
         "impress",
         [
-            *command_search("Slide Properties"),
-            wait(1, "Wait for the Slide Properties dialog."),
+            key("f10", what="Open the File menu."),
+            *[key("right") for _ in range(4)],
+            key("right", what="The Slide menu (Search Commands does not list its items)."),
+            *[key("down") for _ in range(5)],
+            key("down", what="Slide Properties... (Delete Slide and Save Background are off)."),
+            key("enter", what="Open Slide Properties."),
+            wait(2, "Wait for the Slide Properties dialog."),
             key("alt", "p", what="Orientation: Portrait."),
             key("enter", what="OK."),
             *SAVE_KEEP,
@@ -370,23 +378,6 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         ],
     ),
     # --- os: more settings from a terminal; the infeasible ones answered FAIL ---
-    (
-        "os",
-        "28cc3b7e-b194-4bc9-8353-d04c0f4d56d2",
-        "terminal",
-        terminal("pactl set-sink-volume @DEFAULT_SINK@ 100%"),
-    ),
-    (
-        "os",
-        "13584542-872b-42d8-b299-866967b5c3ef",
-        "terminal",
-        terminal(
-            'P="org.gnome.Terminal.Legacy.Profile:/org/gnome/terminal/legacy/profiles:/:'
-            '$(gsettings get org.gnome.Terminal.ProfilesList default | tr -d "\'")/"',
-            'gsettings set "$P" default-size-columns 132; gsettings set "$P" default-size-rows 43',
-            "exit",
-        ),
-    ),
     (
         "os",
         "a462a795-fdc7-4b23-b689-e8b6df786b78",
@@ -632,21 +623,9 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
     ),
     (
         "os",
-        "4127319a-8b79-4410-b58a-7a151e15f3d7",
-        "terminal",
-        terminal("cd ~/project && find . -name '*.php' -exec cat {} + | wc -l"),
-    ),
-    (
-        "os",
         "5ea617a3-0e86-4ba6-aab2-dac9aa2e8d57",
         "terminal",
         terminal("mv ~/.local/share/Trash/files/poster_party_night.webp ~/Desktop/"),
-    ),
-    (
-        "os",
-        "23393935-50c7-4a86-aeea-2b78fd089c5c",
-        "terminal",
-        terminal("find ~/Desktop/photos -name '*.jpg' -exec cp {} ~/Desktop/cpjpg/ \\;"),
     ),
     # --- LibreOffice Writer and Calc: more documents (files.py) ---
     (
@@ -682,7 +661,27 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "libreoffice_calc",
         "1334ca3e-f9e3-4db8-9ca7-b4c653be7d17",
         "calc",
-        [*command_search("Zoom Out"), *command_search("Zoom Out"), *SAVE_KEEP, done()],
+        [
+            *command_search("Zoom"),
+            wait(1, "Wait for the Zoom dialog (its Variable field has the focus)."),
+            key("ctrl", "a"),
+            type_("150%\n", "Zoom to 150 %."),
+            *SAVE_KEEP,
+            done(),
+        ],
+    ),
+    (
+        "libreoffice_writer",
+        "0810415c-bde4-4443-9047-d5f70165a697",
+        "writer",
+        [
+            key("ctrl", "home", what="Go to the first paragraph."),
+            key("ctrl", "shift", "down", what="Select to its end."),
+            key("ctrl", "shift", "down", what="And to the end of the second."),
+            key("ctrl", "2", what="Double line spacing."),
+            *SAVE_KEEP,
+            done(),
+        ],
     ),
 ]
 
@@ -692,7 +691,7 @@ LIBREOFFICE = ("writer", "calc", "impress")
 #: A loaded machine shows LibreOffice's document window before it takes keys (its toolbars and
 #: status bar not drawn yet): the keys sent then are lost. The LibreOffice scripts wait first.
 LO_READY = qwen_response(
-    "Wait for LibreOffice to finish loading the document.", {"action": "wait", "time": 3}
+    "Wait for LibreOffice to finish loading the document.", {"action": "wait", "time": 5}
 )
 
 

@@ -38,9 +38,16 @@ from legato_pipelines.osworld_format.files import task_files
 from legato_pipelines.tasks import Task
 
 
-def _docx(paragraphs: list[str], *, heading: str | None = None, page_breaks: int = 0) -> bytes:
+def _docx(
+    paragraphs: list[str],
+    *,
+    heading: str | None = None,
+    page_breaks: int = 0,
+    double_spaced: int = 0,
+) -> bytes:
     """A Word document: an optional heading, then ``paragraphs``; ``page_breaks`` manual page
-    breaks spread after the first paragraphs (each one page: ``w:br w:type="page"``)."""
+    breaks spread after the first paragraphs (each one page: ``w:br w:type="page"``);
+    ``double_spaced``: the first paragraphs with double line spacing."""
     doc = docx.Document()
     if heading is not None:
         doc.add_paragraph(heading, style="Heading 1")
@@ -48,6 +55,8 @@ def _docx(paragraphs: list[str], *, heading: str | None = None, page_breaks: int
         paragraph = doc.add_paragraph(text)
         if i < page_breaks:
             paragraph.add_run().add_break(WD_BREAK.PAGE)
+        if i < double_spaced:
+            paragraph.paragraph_format.line_spacing = 2.0
     out = io.BytesIO()
     doc.save(out)
     return out.getvalue()
@@ -183,24 +192,10 @@ SLIDES = [
 ]
 
 
-def _jpeg(colour: tuple[int, int, int]) -> bytes:
-    """A small JPEG of one colour (PIL)."""
-    out = io.BytesIO()
-    PIL.Image.new("RGB", (64, 48), colour).save(out, "JPEG")
-    return out.getvalue()
-
-
 def _webp() -> bytes:
     """A small WebP poster (PIL)."""
     out = io.BytesIO()
     PIL.Image.new("RGB", (64, 96), (120, 30, 160)).save(out, "WEBP")
-    return out.getvalue()
-
-
-def _png(colour: tuple[int, int, int] = (200, 120, 40)) -> bytes:
-    """A small PNG of one colour (PIL)."""
-    out = io.BytesIO()
-    PIL.Image.new("RGB", (64, 48), colour).save(out, "PNG")
     return out.getvalue()
 
 
@@ -258,15 +253,6 @@ OS_SCRIPTS = {
             "got=\"$(find ./fails -type f 2>/dev/null | sort | tr '\\n' ' ' | sed 's/ $//')\"",
             'if [ "$got" = "$want" ]; then echo "Evaluation successful."; '
             'else echo "Evaluation failed: $got"; fi',
-        ),
-    },
-    "4127319a": {
-        "setup.sh": _sh(
-            "mkdir -p project/src/lib project/web",
-            "seq 1 20 > project/index.php",
-            "seq 1 25 > project/src/app.php",
-            "seq 1 9 > project/src/lib/util.php",
-            "seq 1 7 > project/web/readme.txt",
         ),
     },
 }
@@ -342,6 +328,11 @@ BUILDERS: dict[str, dict[str, Callable[[], bytes]]] = {
         "AM_Last_Page_Template.pptx": lambda: _pptx([("Thank you", "Questions welcome")]),
     },
     "5ea617a3-0e86-4ba6-aab2-dac9aa2e8d57": {"poster_party_night.webp": _webp},
+    "0810415c-bde4-4443-9047-d5f70165a697": {
+        "Novels_Intro_Packet.docx": lambda: _docx(GEOGRAPHY),
+        "Novels_Intro_Packet_Gold.docx": lambda: _docx(GEOGRAPHY, double_spaced=2),
+        "Novels_Intro_Packet_Gold_2.docx": lambda: _docx(GEOGRAPHY, double_spaced=2),
+    },
     "72b810ef-4156-4d09-8f08-a0cf57e7cefe": {
         "GEOG2169_Course_Outline_2022-23.docx": lambda: _docx(OUTLINE),
         "GEOG2169_Course_Outline_2022-23_Gold.docx": lambda: _docx(OUTLINE),
@@ -356,16 +347,6 @@ BUILDERS: dict[str, dict[str, Callable[[], bytes]]] = {
         "Zoom_Out_Oversized_Cells.xlsx": lambda: _xlsx(PAYMENTS, zoom=400),
         "Zoom_Out_Oversized_Cells_gold.xlsx": lambda: _xlsx(PAYMENTS),
     },
-    "23393935-50c7-4a86-aeea-2b78fd089c5c": {
-        name: (lambda colour=colour: _jpeg(colour))
-        for name, colour in (
-            ("monk252520thailand252520wat252520arun252520scaled25255B225255D.jpg", (200, 80, 20)),
-            ("hong-kong-china.jpg", (20, 80, 200)),
-            ("hk_group_photo.jpg", (20, 160, 60)),
-            ("emnlp2023.jpg", (160, 160, 20)),
-        )
-    }
-    | {"us_3.png": _png},
     **{
         task_id: {name: (lambda data=data: data) for name, data in OS_SCRIPTS[task_id[:8]].items()}
         for task_id in (
@@ -373,7 +354,6 @@ BUILDERS: dict[str, dict[str, Callable[[], bytes]]] = {
             "6f56bf42-85b8-4fbb-8e06-6c44960184ba",
             "4d117223-a354-47fb-8b45-62ab1390a95f",
             "5c1075ca-bb34-46a3-a7a0-029bd7463e79",
-            "4127319a-8b79-4410-b58a-7a151e15f3d7",
         )
     },
 }

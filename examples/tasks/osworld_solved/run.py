@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -41,6 +42,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 OSWORLD = REPO / "tests" / "data" / "osworld"
 
+#: The solving scripts (``build.py`` writes them).
+SOLVE = HERE / "scripts" / "solve.json"
 #: The do-nothing policy: every task's first answer ends the attempt as done.
 NOTHING = {"default": [qwen_response("Done.", {"action": "terminate", "status": "success"})]}
 
@@ -74,45 +77,86 @@ def fill(cache: Path, tasks, desktops: int) -> None:
 
 
 def collect_pass(
-    script: dict | Path, tasks_json: Path, out: Path, args, extra: list[str]
+    script: dict | Path, tasks_json: Path, out: Path, cache: Path, collect_args: list[str]
 ) -> tuple[dict[str, dict], float]:
-    """One ``legato collect`` batch answered by ``script``; the records by task id and the
-    pass's wall time [s]."""
+    """One ``legato collect`` batch of ``tasks_json`` answered by ``script`` into ``out``; the
+    records by task id and the pass's wall time [s]. ``collect_args``: collect's backend
+    options (``--backend``, ``--desktops`` ...)."""
     started = time.monotonic()
     with ScriptedPolicyServer(script=script) as server:
         command = [
-            sys.executable,
-            "-m",
-            "legato_pipelines",
-            "collect",
-            "--tasks",
-            str(tasks_json),
-            "--osworld",
-            str(OSWORLD),
-            "--backend",
-            args.backend,
-            "--desktops",
-            str(args.desktops),
-            "--spares",
-            "0",
-            "--group",
-            "1",
-            "--max-steps",
-            str(args.max_steps),
-            "--policy-url",
-            server.url,
-            "--model",
-            server.model,
-            "--out",
-            str(out),
-            "--desktop-option",
-            f"cache_dir={args.cache}",
-            "--no-progress",
+            *(sys.executable, "-m", "legato_pipelines", "collect"),
+            *("--tasks", str(tasks_json), "--osworld", str(OSWORLD)),
+            *("--spares", "0", "--group", "1"),
+            *("--policy-url", server.url, "--model", server.model, "--out", str(out)),
+            *("--desktop-option", f"cache_dir={cache}", "--no-progress"),
+            *collect_args,
         ]
-        if args.osworld_provider:
-            command += ["--osworld-provider", args.osworld_provider]
-        subprocess.run(command + extra, check=False)
+        subprocess.run(command, check=False)
     return {r["task_id"]: r for r in read_records(out)}, time.monotonic() - started
+
+
+@dataclass
+class Outcome:
+    """One task's two attempts: ``solved`` (its script) and ``idle`` (doing nothing); a record
+    is ``None`` when its pass wrote none."""
+
+    task_id: str
+    domain: str
+    solved: dict | None
+    idle: dict | None
+    check_idle: bool = True
+
+    @property
+    def solved_ok(self) -> bool:
+        """The script's attempt ended ``ok`` and scored 1."""
+        return bool(self.solved) and self.solved["status"] == "ok" and self.solved["reward"] == 1.0
+
+    @property
+    def idle_ok(self) -> bool:
+        """Doing nothing scored 0 (or that pass was skipped)."""
+        return not self.check_idle or (bool(self.idle) and self.idle["reward"] == 0.0)
+
+    @property
+    def ok(self) -> bool:
+        return self.solved_ok and self.idle_ok
+
+    def problem(self) -> str:
+        """Why the task is not as expected ('' when it is)."""
+        text = "" if self.solved_ok else _why(self.solved)
+        if not self.idle_ok:
+            text += f" do-nothing: {_why(self.idle) or 'scored ' + str(self.idle['reward'])}"
+        return text.strip()
+
+
+def run_suite(
+    entries: list[dict],
+    out: Path,
+    collect_args: list[str],
+    *,
+    desktops: int = 2,
+    nothing: bool = True,
+) -> tuple[list[Outcome], dict[str, float]]:
+    """Run ``entries`` (task list entries) with the solving scripts, then (``nothing``) with the
+    do-nothing policy, through ``legato collect`` with ``collect_args`` into ``out/solve`` and
+    ``out/nothing``; each task's :class:`Outcome` and each pass's wall time [s]."""
+    out.mkdir(parents=True, exist_ok=True)
+    tasks_json = out / "tasks.json"
+    tasks_json.write_text(json.dumps(entries, indent=2) + "\n")
+    cache = out / "cache"
+    fill(cache, list(load_tasks(tasks_json, osworld=OSWORLD)), desktops)
+    args = ["--desktops", str(desktops), *collect_args]
+    solved, solved_s = collect_pass(SOLVE, tasks_json, out / "solve", cache, args)
+    idle, idle_s = (
+        collect_pass(NOTHING, tasks_json, out / "nothing", cache, args) if nothing else ({}, 0.0)
+    )
+    outcomes = [
+        Outcome(
+            e["task_id"], e["domain"], solved.get(e["task_id"]), idle.get(e["task_id"]), nothing
+        )
+        for e in entries
+    ]
+    return outcomes, {"solved": solved_s, "nothing": idle_s}
 
 
 def _why(record: dict | None) -> str:
@@ -120,7 +164,7 @@ def _why(record: dict | None) -> str:
         return "no record"
     parts = [record["status"]] if record["status"] != "ok" else []
     parts += [str(record[k])[:80] for k in ("error", "eval_error") if record.get(k)]
-    return " ".join(parts)
+    return " ".join(parts) or f"scored {record['reward']}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="local", help="local (default) | osworld")
     parser.add_argument("--osworld-provider", help="backend osworld: e.g. local")
     parser.add_argument("--desktops", type=int, default=2, help="desktops at once (default 2)")
-    parser.add_argument("--max-steps", type=int, default=20, help="policy calls per attempt")
+    parser.add_argument("--max-steps", type=int, default=25, help="policy calls per attempt")
     parser.add_argument(
         "--only", action="append", default=[], help="a domain or task id prefix (repeatable)"
     )
@@ -141,49 +185,40 @@ def main(argv: list[str] | None = None) -> int:
 
     entries = select(json.loads((HERE / "tasks.json").read_text()), args.only)
     out = args.out or Path(tempfile.mkdtemp(prefix="oracle-suite-"))
-    out.mkdir(parents=True, exist_ok=True)
-    tasks_json = out / "tasks.json"
-    tasks_json.write_text(json.dumps(entries, indent=2) + "\n")
-    tasks = load_tasks(tasks_json, osworld=OSWORLD)
-    args.cache = out / "cache"
-    fill(args.cache, list(tasks), args.desktops)
+    collect_args = ["--backend", args.backend, "--max-steps", str(args.max_steps)]
+    if args.osworld_provider:
+        collect_args += ["--osworld-provider", args.osworld_provider]
     os.environ.setdefault("PYTHONPATH", str(REPO))
 
     console = Console()
     console.print(f"{len(entries)} tasks, backend {args.backend}, run directory {out}")
-    solved, solved_s = collect_pass(
-        HERE / "scripts" / "solve.json", tasks_json, out / "solve", args, extra
+    outcomes, seconds = run_suite(
+        entries,
+        out,
+        collect_args + extra,
+        desktops=args.desktops,
+        nothing=not args.skip_nothing,
     )
-    nothing, nothing_s = ({}, 0.0)
-    if not args.skip_nothing:
-        nothing, nothing_s = collect_pass(NOTHING, tasks_json, out / "nothing", args, extra)
-
     table = Table(title=f"oracle suite, backend {args.backend}")
     for column in ("task", "domain", "solved", "do-nothing", "problem"):
         table.add_column(column)
-    failures = 0
-    for entry in entries:
-        task_id = entry["task_id"]
-        good, idle = solved.get(task_id), nothing.get(task_id)
-        ok_solved = good is not None and good["status"] == "ok" and good["reward"] == 1.0
-        ok_idle = args.skip_nothing or (idle is not None and idle["reward"] == 0.0)
-        failures += not (ok_solved and ok_idle)
-        problem = "" if ok_solved else _why(good)
-        if not ok_idle:
-            problem += f" do-nothing: {_why(idle) or 'scored ' + str(idle['reward'])}"
+    for o in outcomes:
         table.add_row(
-            task_id[:8],
-            entry["domain"],
-            "-" if good is None else f"[{'green' if ok_solved else 'red'}]{good['reward']}",
-            "-" if idle is None else f"[{'green' if ok_idle else 'red'}]{idle['reward']}",
-            problem.strip(),
+            o.task_id[:8],
+            o.domain,
+            "-"
+            if o.solved is None
+            else f"[{'green' if o.solved_ok else 'red'}]{o.solved['reward']}",
+            "-" if o.idle is None else f"[{'green' if o.idle_ok else 'red'}]{o.idle['reward']}",
+            o.problem(),
         )
     console.print(table)
+    good = sum(o.ok for o in outcomes)
     console.print(
-        f"solved pass {solved_s:.0f} s, do-nothing pass {nothing_s:.0f} s; "
-        f"{len(entries) - failures}/{len(entries)} tasks as expected"
+        f"solved pass {seconds['solved']:.0f} s, do-nothing pass {seconds['nothing']:.0f} s; "
+        f"{good}/{len(outcomes)} tasks as expected"
     )
-    return 1 if failures else 0
+    return 0 if good == len(outcomes) else 1
 
 
 if __name__ == "__main__":
