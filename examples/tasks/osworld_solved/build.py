@@ -55,7 +55,7 @@ VLC_PREFS = [
     key("ctrl", "p", what="Open VLC's Simple Preferences (Tools > Preferences)."),
     qwen_response("Wait for the preferences dialog.", {"action": "wait", "time": 1}),
 ]
-VLC_SAVE = click(904, 698, "Save the preferences.")
+VLC_SAVE = key("alt", "s", what="Save the preferences (the dialog's Save button, Alt+S).")
 
 SAVE_KEEP = [
     key("ctrl", "s", what="Save the document with Ctrl+S."),
@@ -74,8 +74,11 @@ OPEN_TERMINAL = key("ctrl", "alt", "t", what="Open a terminal with Ctrl+Alt+T.")
 
 
 def terminal(*commands: str) -> list[str]:
-    """Open a terminal (:data:`OPEN_TERMINAL`), then :func:`shell`."""
-    return [OPEN_TERMINAL, *shell(*commands)]
+    """Open a terminal (:data:`OPEN_TERMINAL`), give it 2 s more than the desktop's wait for it
+    (at most 5 s: on a loaded machine it came later, and the first command went to the app
+    below), then :func:`shell`."""
+    settle = qwen_response("Wait for the terminal.", {"action": "wait", "time": 2})
+    return [OPEN_TERMINAL, settle, *shell(*commands)]
 
 
 def wait(seconds: float, what: str) -> str:
@@ -215,6 +218,8 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
             key("ctrl", "a", what="Select the family name."),
             type_("Times New Roman", "Set the font family."),
             key("enter", what="OK."),
+            wait(2, "Wait for the dialog to close."),
+            key("ctrl", "home", what="Drop the selection (the Enter below must not replace it)."),
             *SAVE_KEEP,
             done(),
         ],
@@ -678,7 +683,7 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
             key("ctrl", "home", what="Go to the first paragraph."),
             key("ctrl", "shift", "down", what="Select to its end."),
             key("ctrl", "shift", "down", what="And to the end of the second."),
-            key("ctrl", "2", what="Double line spacing."),
+            *command_search("Line Spacing: 2"),
             *SAVE_KEEP,
             done(),
         ],

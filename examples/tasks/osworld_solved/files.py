@@ -47,7 +47,8 @@ def _docx(
 ) -> bytes:
     """A Word document: an optional heading, then ``paragraphs``; ``page_breaks`` manual page
     breaks spread after the first paragraphs (each one page: ``w:br w:type="page"``);
-    ``double_spaced``: the first paragraphs with double line spacing."""
+    ``double_spaced``: the first paragraphs with double line spacing, the others with 1.15, as
+    LibreOffice writes them back (python-docx's template's default spacing, made explicit)."""
     doc = docx.Document()
     if heading is not None:
         doc.add_paragraph(heading, style="Heading 1")
@@ -55,8 +56,8 @@ def _docx(
         paragraph = doc.add_paragraph(text)
         if i < page_breaks:
             paragraph.add_run().add_break(WD_BREAK.PAGE)
-        if i < double_spaced:
-            paragraph.paragraph_format.line_spacing = 2.0
+        if double_spaced:
+            paragraph.paragraph_format.line_spacing = 2.0 if i < double_spaced else 1.15
     out = io.BytesIO()
     doc.save(out)
     return out.getvalue()
