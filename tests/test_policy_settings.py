@@ -64,7 +64,7 @@ def test_the_names_users_set_are_unchanged():
     variables = {var: info for m in MODELS for var, (_, info) in env_fields(m).items()}
     assert set(variables) == set(ENV_NAMES)
     for var, name in ENV_NAMES.items():  # each variable sets the resource field it always set
-        assert PolicyResource.model_fields[name].description.endswith(f"({var})")
+        assert PolicyResource.model_fields[name].description.endswith(f" ({var}).")
     flags = {p.name for p in inspect.signature(collect_command).parameters.values()}
     assert set(CLI_NAMES) <= flags
     assert set(DAGSTER_NAMES) <= set(PolicyResource.model_fields)
@@ -83,14 +83,13 @@ def test_flag_field_and_environment_defaults_are_the_models(no_policy_env):
         assert field.get_default(call_default_factory=True) == default, name
         assert getattr(resource, name) == default, name
         described = PolicyResource.model_fields[name].description
-        assert described.startswith(
-            next(
-                f.description
-                for m in MODELS
-                for n, (_, f) in user_settings(m, "dagster").items()
-                if n == name
-            )
+        declared = next(
+            f.description
+            for m in MODELS
+            for n, (_, f) in user_settings(m, "dagster").items()
+            if n == name
         )
+        assert described.startswith(declared.rstrip(".")), name
     # the resource's engine objects come back with the model's defaults
     assert resource.load_spec("step-1") == LoadSpec()
     config = PolicyResource(base_url="http://127.0.0.1:9", model="m").config("v1")

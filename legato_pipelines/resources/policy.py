@@ -163,7 +163,7 @@ def _resource_field(field: FieldInfo) -> FieldInfo:
     by the engine model when a run builds its config (the error names the setting)."""
     meta = exposure(field)
     env = meta.get("env")
-    description = f"{field.description} ({env})" if env else field.description
+    description = f"{field.description.rstrip('.')} ({env})." if env else field.description
     if env:
         return unchecked(field, description)
     return FieldInfo.merge_field_infos(field, description=description)
