@@ -304,6 +304,12 @@ def check_command(
                 "grader_source": support.local_grader.source,
                 "network": support.local_network,
                 "desktops": support.local_desktops,
+                "route_out": support.local_route_out,
+                "route_out_why_not": support.local_route_why or None,
+                "proxy": support.local_proxy,
+                "web_archive": str(support.local_web_archive)
+                if support.local_web_archive
+                else None,
             }
             if "local" in checked
             else None,
@@ -336,6 +342,16 @@ def check_command(
                 f"[dim]local desktops on this host have: {', '.join(sorted(support.local_apps))};"
                 f" {pyautogui} pyautogui (docs/local-desktop.md §11); graded by "
                 f"{escape(support.local_grader.source)}[/]",
+                highlight=False,
+            )
+            route = "a route out" if support.local_route_out else "no route out"
+            why = "" if support.local_route_out else f" ({support.local_route_why})"
+            archive = support.local_web_archive
+            _out.print(
+                f"[dim]their network has {route}{escape(why)};"
+                f" {'a' if support.local_proxy else 'no'} proxy"
+                + (f"; websites replayed from {escape(str(archive))}" if archive else "")
+                + " (docs/local-desktop.md §15)[/]",
                 highlight=False,
             )
         ports = [c for c in classes if c.desktop_ports]
