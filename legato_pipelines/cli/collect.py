@@ -500,6 +500,12 @@ def print_profile(summary: dict) -> None:
         f"{notes['attempts']} attempts"
         + "".join(f"  {kind} {n}" for kind, n in notes["by_kind"].items()),
     )
+    missing = summary.get("web_replay_missing") or {"attempts": 0}
+    if missing["attempts"]:
+        table.add_row(
+            "web requests not in the archive",
+            f"{missing['requests']} in {missing['attempts']} replayed attempts",
+        )
     quality = summary.get("quality")
     if quality:
         table.add_row(
