@@ -115,6 +115,12 @@ def test_recorded_through_the_upstream_proxy_then_replayed_without_the_site(tmp_
     replay = WebRecorder("replay", archive, tmp_path / "work2", _free_port())
     try:
         assert replay.begin("shop", None)["archived"] is True
+        # mitmdump parses what the desktop sends: root without any capability
+        status = dict(
+            line.split(":\t", 1)
+            for line in open(f"/proc/{replay._proc.pid}/status").read().splitlines()
+        )
+        assert status["CapEff"] == status["CapBnd"] == "0000000000000000"
         status, body = _get(replay.port, "/page")
         assert status == "200" and f"<title>{TITLE}</title>" in body
         assert _get(replay.port, "/fresh?1")[0] == "404"
