@@ -16,31 +16,6 @@ from ..child_env import PASS_ENV, worker_env  # noqa: F401 - the workers' enviro
 from .install import default_venv, venv_python
 
 PROVIDERS = ("docker", "local", "vmware", "virtualbox", "aws", "azure", "aliyun", "volcengine")
-OPTION_NAMES = frozenset(
-    {
-        "osworld_python",
-        "provider",
-        "path_to_vm",
-        "region",
-        "snapshot_name",
-        "os_type",
-        "client_password",
-        "headless",
-        "enable_proxy",
-        "cache_dir",
-        "work_dir",
-        "ready",
-        "fast_mode",
-        "start_timeout",
-        "call_timeout",
-        "reset_timeout",
-        "user",
-        "template",
-        "sandbox",
-        "network",
-        "log_level",
-    }
-)
 #: The HOME baseline of a local desktop in ``fast_mode`` ``vm`` (expanded by the desktop's shell).
 LOCAL_VM_BASELINE = "$TMPDIR/legato-home-baseline"
 
@@ -76,6 +51,12 @@ def claim_cache_dir(cache_dir: str | Path) -> IO[str]:
     lock.write(f"{os.getpid()}\n")
     lock.flush()
     return lock
+
+
+def runs_desktop_servers(options: Any) -> bool:
+    """Whether desktops of ``options`` run project desktop servers here as their "VM"
+    (provider ``local``), whose sandbox and network the server options choose."""
+    return options.get("provider") == "local"
 
 
 def _start_request(config: DesktopConfig, provider: str, cache_dir: Path) -> dict[str, Any]:
@@ -121,7 +102,7 @@ def plan_desktops(config: DesktopConfig, n: int) -> list[dict[str, Any]]:
     Raises ``ConfigError`` for unknown options, an unknown provider, or ``ready="server"``
     without provider ``local``.
     """
-    check_options(config, OPTION_NAMES, "osworld")
+    check_options(config)
     options = dict(config.options)
     if n < 1:
         raise ConfigError(f"desktops must be >= 1, got {n}")

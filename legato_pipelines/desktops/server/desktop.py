@@ -94,24 +94,6 @@ from .template import (
 )
 from .wire import DEFAULT_TOKEN_ENV, READY_LINE
 
-OPTION_NAMES = frozenset(
-    {
-        "urls",
-        "token_env",
-        "base_port",
-        "host",
-        "user",
-        "sandbox",
-        "network",
-        "limits",
-        "template",
-        "prebuild",
-        "cache_dir",
-        "start_timeout",
-        "grader",
-        "osworld_python",
-    }
-)
 log = logging.getLogger(__name__)
 
 
@@ -533,7 +515,7 @@ async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> 
     ``DesktopError(kind="crash")`` when a server or a grader does not come up (the others are
     stopped).
     """
-    check_options(config, OPTION_NAMES, "local")
+    check_options(config)
     options = dict(config.options)
     if n < 1:
         raise ConfigError(f"desktops must be >= 1, got {n}")
