@@ -45,12 +45,19 @@ BUILTIN: dict[str, str] = {
     "osworld": ".backends.osworld",
 }
 
-#: How the task verdict (``osworld_format``) checks a task for a backend: ``own`` (the
-#: project's OSWorld-format runtime runs setup and grading on a desktop of this host: every
-#: check, the host's apps included), ``desktop_env`` (OSWorld's own DesktopEnv does: the
-#: structure, and names when the installed desktop-env's are known), ``fake`` (nothing of
-#: OSWorld's format runs: only the task's ``fake`` block).
-TaskChecks = Literal["own", "desktop_env", "fake"]
+#: Backends that start processes on ``legato``'s first line (``desktops/early.py``): name ->
+#: a module (below ``legato_pipelines.desktops``) whose ``templates_for(options)`` lists them,
+#: stdlib-only (that line runs before pydantic, so not the backend's own module).
+EARLY: dict[str, str] = {"local": ".backends.local_early"}
+
+#: Which of the task verdict's kinds (``osworld_format.problems.BACKENDS``) checks a task for a
+#: backend: ``local`` (the project's OSWorld-format runtime runs setup and grading on a desktop
+#: of this host: every check, the host's apps included), ``osworld`` (OSWorld's own DesktopEnv
+#: does: the structure, and names when the installed desktop-env's are known), ``fake``
+#: (nothing of OSWorld's format runs: only the task's ``fake`` block). The verdict's kinds
+#: still carry the built-in backends' names (its public output, ``legato tasks check
+#: --json``, is keyed by them); a new backend picks the kind that fits it.
+TaskChecks = Literal["local", "osworld", "fake"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +74,7 @@ class Capabilities:
                     chooses (``auto``: ``own`` for a batch whose tasks need one)
     scratch         its desktops leave directories in the temp folder, which the batch's first
                     opening sweeps of killed processes' leftovers (``scratch.py``)
-    task_checks     how the verdict checks a task for it (:data:`TaskChecks`)
+    task_checks     the verdict's kind that checks a task for it (:data:`TaskChecks`)
     """
 
     opens_late: bool = False
@@ -75,7 +82,7 @@ class Capabilities:
     attaches_urls: bool = False
     chooses_network: bool = False
     scratch: bool = True
-    task_checks: TaskChecks = "own"
+    task_checks: TaskChecks = "local"
 
 
 Opener = Callable[[DesktopConfig, int, int], Awaitable[Sequence[Desktop]]]
@@ -180,6 +187,10 @@ def capabilities(name: str, options: Mapping[str, Any] | None = None) -> Capabil
     return get(name).capabilities(dict(options or {}))
 
 
-def task_checks() -> dict[str, TaskChecks]:
-    """Every backend's name -> how the verdict checks a task for it (default options)."""
-    return {name: get(name).capabilities({}).task_checks for name in names()}
+def early_hook(name: str) -> Callable[[dict[str, Any]], list] | None:
+    """``templates_for(options)`` of backend ``name``'s early hook (:data:`EARLY`), or
+    ``None`` for a backend with none (or an unknown name)."""
+    module = EARLY.get(name)
+    if module is None:
+        return None
+    return importlib.import_module(module, __package__).templates_for

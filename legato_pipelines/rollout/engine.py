@@ -481,7 +481,8 @@ def _preflight(task_set: TaskSet, desktop: DesktopConfig, desktops: int = 1) -> 
     from ..osworld_format import preflight
 
     support = backend_support(desktop.backend, desktop.options, desktops=desktops)
-    problems = preflight(task_set, desktop.backend, support=support)
+    checks = capabilities(desktop.backend, desktop.options).task_checks  # the verdict's kind
+    problems = preflight(task_set, checks, support=support)
     if problems:
         shown = "\n  ".join(problems[:10])
         more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""

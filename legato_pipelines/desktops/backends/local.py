@@ -70,7 +70,7 @@ def _capabilities(options: Mapping[str, Any]) -> Capabilities:
         default_spares=here,
         attaches_urls=True,
         chooses_network=here,
-        task_checks="own",
+        task_checks="local",
     )
 
 

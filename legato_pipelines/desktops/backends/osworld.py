@@ -60,7 +60,7 @@ async def _open(config, n: int, first: int = 0) -> list:
 def _capabilities(options: Mapping[str, Any]) -> Capabilities:
     from ..osworld_worker.options import runs_desktop_servers
 
-    return Capabilities(chooses_network=runs_desktop_servers(options), task_checks="desktop_env")
+    return Capabilities(chooses_network=runs_desktop_servers(options), task_checks="osworld")
 
 
 def _support(options: Mapping[str, Any], desktops: int = 1):
