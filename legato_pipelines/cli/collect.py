@@ -514,6 +514,12 @@ def print_profile(summary: dict) -> None:
         f"{setup['attempts']} attempts"
         + "".join(f"\n  {where}: {n}" for where, n in list(setup["by_step"].items())[:5]),
     )
+    post = summary.get("postconfig_failures") or {"attempts": 0, "by_step": {}}
+    table.add_row(
+        "postconfig failures",
+        f"{post['attempts']} attempts"
+        + "".join(f"\n  {where}: {n}" for where, n in list(post["by_step"].items())[:5]),
+    )
     windows = summary.get("unexpected_windows") or {"attempts": 0, "by_window": {}}
     table.add_row(
         "unexpected windows closed",

@@ -17,7 +17,7 @@ import httpx
 from ..actions import Action
 from ..errors import DesktopError
 from ..images import Screenshot
-from ..osworld_format.controller import EXECUTE_TIMEOUT_S
+from ..osworld_format.controller import EXECUTE_TIMEOUT_S, WINDOW_FOUND_HEADER, window_found
 
 DEFAULT_TIMEOUT_S = 30.0
 RESET_TIMEOUT_S = 60.0
@@ -168,29 +168,31 @@ class DesktopClient:
 
     async def activate_window(
         self, window_name: str, strict: bool = False, by_class: bool = False
-    ) -> None:
-        """No window matching is not an error: OSWorld's server on Linux answers 200 whatever
-        ``wmctrl`` found, and so does the local one. Raises ``DesktopError`` (kind ``setup``)
-        when the server refuses the request (e.g. no ``window_name``)."""
-        await self._request(
-            "POST",
-            "/setup/activate_window",
-            kind="setup",
-            json={"window_name": window_name, "strict": strict, "by_class": by_class},
-        )
+    ) -> bool | None:
+        """``POST /setup/activate_window``: see :meth:`_window_step`."""
+        return await self._window_step("activate_window", window_name, strict, by_class)
 
     async def close_window(
         self, window_name: str, strict: bool = False, by_class: bool = False
-    ) -> None:
+    ) -> bool | None:
+        """``POST /setup/close_window``: see :meth:`_window_step`."""
+        return await self._window_step("close_window", window_name, strict, by_class)
+
+    async def _window_step(
+        self, route: str, window_name: str, strict: bool, by_class: bool
+    ) -> bool | None:
         """No window matching is not an error: OSWorld's server on Linux answers 200 whatever
-        ``wmctrl`` found, and so does the local one. Raises ``DesktopError`` (kind ``setup``)
-        when the server refuses the request (e.g. no ``window_name``)."""
-        await self._request(
+        ``wmctrl`` found, and so does the local one, which says whether a window matched in
+        :data:`WINDOW_FOUND_HEADER`: returned as ``True`` / ``False`` (``None``: the server
+        does not say). Raises ``DesktopError`` (kind ``setup``) when the server refuses the
+        request (e.g. no ``window_name``)."""
+        response = await self._request(
             "POST",
-            "/setup/close_window",
+            f"/setup/{route}",
             kind="setup",
             json={"window_name": window_name, "strict": strict, "by_class": by_class},
         )
+        return window_found(response.headers.get(WINDOW_FOUND_HEADER))
 
     async def upload(self, path: str, data: bytes) -> None:
         await self._request(

@@ -2,7 +2,8 @@
 
 Nothing here touches a desktop. :func:`classify_task` reads the task's setup steps, evaluator
 (postconfig, getters, metrics) and commands and answers: which step types, which apps, whether
-it needs the internet (and which URLs), whether it changes state outside ``/home/user`` (so a
+it needs the internet (and which URLs; a website the instruction names counts too:
+:mod:`.instruction_web`), whether it changes state outside ``/home/user`` (so a
 fast reset cannot undo it: docs/osworld.md §6), whether its evaluator runs locally, and which
 backends (``local`` / ``osworld`` / ``fake``) can run it. ``legato tasks check`` prints it.
 :func:`~.verdict.preflight` lists, per backend, the problems that make tasks unrunnable there
@@ -28,6 +29,7 @@ from ..tasks import Task
 from .evaluate import evaluator_parts, evaluator_unsupported
 from .files import evaluator_getters, task_files
 from .grader_names import OWN_GRADER, GraderNames
+from .instruction_web import instruction_websites
 from .ports import grader_port_parts, held_ports, network_problems
 from .problems import BACKENDS, BackendName, evaluator_problems, task_problems
 from .sources import find_source, is_internet_url
@@ -351,6 +353,8 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
         reasons.extend(reason for reason, pattern in NEEDS_NETWORK_PATTERNS if pattern.search(text))
     if config.get("proxy"):
         reasons.append("proxy")
+    # the instruction sends the agent to a website (its config may name none): instruction_web.py
+    urls.extend(instruction_websites(config.get("instruction")))
     live = _unique(urls)
     urls, reasons = _unique(file_urls + urls), _unique(reasons)
     needs_internet = bool(urls or reasons)

@@ -47,6 +47,9 @@ def summarize(
     counts ``type`` actions whose text did not all reach the desktop (``not_typed`` on the
     action: characters the desktop could not type); ``eval_errors`` counts
     graded attempts whose evaluator failed (scored 0 with the reason in ``eval_error``);
+    ``setup_failures`` / ``postconfig_failures`` count the attempts whose task setup / whose
+    evaluator's postconfig had a step OSWorld carries on after (:func:`_setup_failures`,
+    :func:`_postconfig_failures`);
     ``keyboard_restores`` counts resets that restored a keyboard layout an earlier attempt had
     switched (:func:`_keyboard_restores`); ``unexpected_windows`` counts attempts whose desktop
     closed a window nobody asked for before the policy's first action
@@ -159,6 +162,7 @@ def summarize(
         "not_typed_actions": sum(1 for s in steps for a in s.actions or () if a.not_typed),
         "eval_errors": sum(1 for r in final if r.eval_error),
         "setup_failures": _setup_failures(records),
+        "postconfig_failures": _postconfig_failures(records),
         "keyboard_restores": _keyboard_restores(records),
         "unexpected_windows": _unexpected_windows(records),
         "eval_notes": _eval_notes(records),
@@ -382,10 +386,25 @@ def percentile(ordered: list[float], q: float) -> float:
 def _setup_failures(records: list[Record]) -> dict[str, Any]:
     """Attempts whose setup had a step OSWorld carries on after (``reset.setup_failures``):
     how many, and the count per ``task_id`` and step type (``{"attempts", "by_step"}``)."""
+    return _step_failures(records, lambda r: r.reset.setup_failures if r.reset else None)
+
+
+def _postconfig_failures(records: list[Record]) -> dict[str, Any]:
+    """Attempts whose evaluator's postconfig (the steps between the policy's end and the
+    grade) had a step OSWorld carries on after (``postconfig_failures``: a failed command, a
+    close or activate that found no window): ``{"attempts", "by_step"}`` as
+    :func:`_setup_failures`."""
+    return _step_failures(records, lambda r: r.postconfig_failures)
+
+
+def _step_failures(records: list[Record], failures_of) -> dict[str, Any]:
+    """``{"attempts", "by_step"}`` over ``failures_of(record)`` (a list of
+    :class:`~legato_pipelines.record.SetupFailure` or ``None``): the attempts with any, and
+    the count per ``"<task_id> step <i> (<type>)"``, most frequent first."""
     by_step: Counter = Counter()
     attempts = 0
     for r in records:
-        failures = (r.reset.setup_failures if r.reset is not None else None) or []
+        failures = failures_of(r) or []
         if failures:
             attempts += 1
         for f in failures:

@@ -414,6 +414,12 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
             self._force_full = True  # a hung evaluation may leave the desktop in any state
             raise
 
+    def take_grader_log(self) -> bytes | None:
+        """What OSWorld's grader wrote for the last attempt (its setup and evaluation), for the
+        run directory (``OSWorldGrader.take_grader_log``); ``None`` with the own subset (it
+        runs in the collector: its logging is the collector's)."""
+        return self.grader.take_grader_log() if self.grader is not None else None
+
     async def recover(self) -> None:
         """Make the desktop usable again: restart an owned server that died or does not answer,
         else a full restart of its display; raise ``DesktopError(kind="crash")`` if that fails."""
