@@ -265,7 +265,7 @@ OTHER_MEANINGS: dict[str, dict[str, str]] = {
     f"{PACKAGE}.desktops.osworld_worker.desktop_grader": {"local": "DesktopEnv provider"},
     f"{PACKAGE}.desktops.osworld_worker.options": {"local": "DesktopEnv provider"},
     f"{PACKAGE}.desktops.osworld_worker.template": {"local": "DesktopEnv provider"},
-    f"{PACKAGE}.desktops.osworld_worker.worker": {"local": "DesktopEnv provider"},
+    f"{PACKAGE}.desktops.osworld_worker.worker_desktop_env": {"local": "DesktopEnv provider"},
     f"{PACKAGE}.desktops.osworld_worker.grader": {"osworld": "grader choice"},
     f"{PACKAGE}.osworld_format.grader_names": {"osworld": "grader kind"},
     f"{PACKAGE}.desktops.osworld_worker.channel": {"osworld": "a worker's default name"},
