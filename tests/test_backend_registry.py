@@ -240,3 +240,20 @@ async def test_every_backend_conforms_to_the_desktop_protocol(name, tmp_path):
             assert evaluation.reward == 1.0
         finally:
             await desktop.close()
+
+
+def test_tasks_check_takes_a_registered_backend(toy, tmp_path):
+    """``legato tasks check --backend toy`` checks the tasks by the verdict kind the toy
+    backend registered (``fake``: its tasks' ``fake`` block), with no CLI edit."""
+    import orjson
+    from typer.testing import CliRunner
+
+    from legato_pipelines.cli import app
+
+    tasks = tmp_path / "tasks.json"
+    tasks.write_bytes(orjson.dumps(fake_tasks(2)))
+    done = CliRunner().invoke(app, ["tasks", "check", str(tasks), "--backend", "TOY", "--json"])
+    assert done.exit_code == 0, done.output
+    assert orjson.loads(done.output)["backends_checked"] == ["fake"]
+    bad = CliRunner().invoke(app, ["tasks", "check", str(tasks), "--backend", "nope"])
+    assert bad.exit_code != 0 and "toy" in bad.output
