@@ -145,9 +145,7 @@ def _task_doc(c: TaskClass, checked: tuple[str, ...]) -> dict:
     return doc
 
 
-def _support(
-    backend: str | None, cache_dir: Path | None, desktop_option: list[str], desktops: int
-):
+def _support(backend: str | None, cache_dir: Path | None, desktop_option: list[str], desktops: int):
     """What collect's preflight would use (``desktops/support.py``) with the same
     ``--desktop-option`` items and ``desktops`` open at once: one backend's, or (no
     ``--backend``) the local and osworld backends' together. Raises ``ValueError`` for a
