@@ -179,6 +179,22 @@ def test_capabilities_replace_the_names():
     assert not opens_late(DesktopConfig(backend="osworld"))
 
 
+def test_options_are_typed_by_the_backends_model():
+    """A wrong type is a ``ConfigError`` naming the option and the backend, before anything
+    starts; a value the model coerces is taken (``headless="false"`` is False, as the
+    worker's start request then says)."""
+    from legato_pipelines.desktops.osworld_worker.options import plan_desktops
+
+    with pytest.raises(ConfigError, match="'frames' of the fake backend"):
+        get("fake").check_options({"frames": "many"})
+    with pytest.raises(ConfigError, match="'headless' of the osworld backend"):
+        get("osworld").check_options({"headless": "maybe"})
+    with pytest.raises(ConfigError, match="'urls' of the local backend"):
+        get("local").check_options({"urls": "http://one-url-not-a-list"})
+    config = DesktopConfig(backend="osworld", options={"headless": "false"})
+    assert plan_desktops(config, 1)[0]["headless"] is False
+
+
 # --- conformance: every registered backend that can run here ----------------------------
 
 INFEASIBLE = Task(
@@ -213,7 +229,7 @@ def _runs_here(name: str, tmp_path) -> DesktopConfig | None:
 @pytest.mark.desktop
 @pytest.mark.parametrize("name", list(BUILTIN))
 async def test_every_backend_conforms_to_the_desktop_protocol(name, tmp_path):
-    """open, reset, observe, act, evaluate, recover, close on one desktop of each built-in
+    """open, reset, observe, act, evaluate, close on one desktop of each built-in
     backend that can run here (osworld only with provider local: no VM), and the parts of
     its registry entry: an unknown option refused, capabilities, the support check."""
     spec = get(name)

@@ -168,7 +168,7 @@ def names() -> tuple[str, ...]:
     """Every backend's name: the built-in ones, then those registered since, in order."""
     for name in BUILTIN:
         _load_builtin(name)
-    return tuple(_REGISTRY)
+    return tuple(BUILTIN) + tuple(name for name in _REGISTRY if name not in BUILTIN)
 
 
 def get(name: str) -> BackendSpec:

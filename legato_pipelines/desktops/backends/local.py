@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,12 +35,14 @@ class LocalOptions(BaseModel):
     sandbox: Any = Field(None, description="run each desktop in a sandbox (default: on)")
     network: Any = Field(None, description="auto | host | none | own")
     limits: Any = Field(None, description="resource caps of a desktop (true, false or caps)")
-    template: Any = Field(None, description="HOME template directory of the desktops")
+    template: str | Path | None = Field(None, description="HOME template directory of the desktops")
     prebuild: Any = Field(None, description="apps whose profile the baseline HOME holds")
-    cache_dir: Any = Field(None, description="file cache of the tasks' downloads")
+    cache_dir: str | Path | None = Field(None, description="file cache of the tasks' downloads")
     start_timeout: Any = Field(None, description="seconds a server may take to come up")
     grader: Any = Field(None, description="auto | osworld | own")
-    osworld_python: Any = Field(None, description="interpreter with desktop-env (grader osworld)")
+    osworld_python: str | Path | None = Field(
+        None, description="interpreter with desktop-env (grader osworld)"
+    )
 
 
 async def _open(config, n: int, first: int = 0) -> list:

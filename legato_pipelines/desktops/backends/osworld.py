@@ -6,6 +6,7 @@ it). The options below are documented at length in ``desktops/osworld_worker/des
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -15,34 +16,43 @@ from ..registry import BackendSpec, Capabilities, register
 
 
 class OSWorldOptions(BaseModel):
-    """The osworld backend's options (``--desktop-option KEY=VALUE``). ``provider``,
+    """The osworld backend's options (``--desktop-option KEY=VALUE``), typed (a wrong type is a
+    ``ConfigError`` naming the option when the desktops open). ``provider``,
     ``ready`` and ``fast_mode`` are checked together by
     :func:`~legato_pipelines.desktops.osworld_worker.options.plan_desktops` (errors naming
     the option and the fix); the DesktopEnv arguments are passed on as they are."""
 
     model_config = ConfigDict(extra="forbid")
 
-    osworld_python: Any = Field(None, description="interpreter with desktop-env")
-    provider: Any = Field(None, description="docker (default) | local | vmware | aws | ...")
-    path_to_vm: Any = Field(None, description="DesktopEnv's path_to_vm")
-    region: Any = Field(None, description="DesktopEnv's region")
-    snapshot_name: Any = Field(None, description="DesktopEnv's snapshot_name")
-    os_type: Any = Field(None, description="DesktopEnv's os_type")
-    client_password: Any = Field(None, description="DesktopEnv's client_password")
-    headless: Any = Field(None, description="DesktopEnv's headless (default true)")
-    enable_proxy: Any = Field(None, description="DesktopEnv's enable_proxy")
-    cache_dir: Any = Field(None, description="root of the per-desktop DesktopEnv cache dirs")
-    work_dir: Any = Field(None, description="the workers' working directory and logs")
-    ready: Any = Field(None, description="screenshot (default) | server (provider local)")
-    fast_mode: Any = Field(None, description="vm | server (provider local)")
-    start_timeout: Any = Field(None, description="seconds a worker may take to start its VM")
-    call_timeout: Any = Field(None, description="seconds for observe/act")
-    reset_timeout: Any = Field(None, description="seconds for a reset with the task's setup")
+    osworld_python: str | Path | None = Field(None, description="interpreter with desktop-env")
+    provider: str | None = Field(None, description="docker (default) | local | vmware | aws | ...")
+    path_to_vm: str | None = Field(None, description="DesktopEnv's path_to_vm")
+    region: str | None = Field(None, description="DesktopEnv's region")
+    snapshot_name: str | None = Field(None, description="DesktopEnv's snapshot_name")
+    os_type: str | None = Field(None, description="DesktopEnv's os_type")
+    client_password: str | None = Field(None, description="DesktopEnv's client_password")
+    headless: bool | None = Field(None, description="DesktopEnv's headless (default true)")
+    enable_proxy: bool | None = Field(None, description="DesktopEnv's enable_proxy")
+    cache_dir: str | Path | None = Field(
+        None, description="root of the per-desktop DesktopEnv cache dirs"
+    )
+    work_dir: str | Path | None = Field(None, description="the workers' working directory and logs")
+    ready: str | None = Field(None, description="screenshot (default) | server (provider local)")
+    fast_mode: str | None = Field(None, description="vm | server (provider local)")
+    start_timeout: float | None = Field(
+        None, description="seconds a worker may take to start its VM"
+    )
+    call_timeout: float | None = Field(None, description="seconds for observe/act")
+    reset_timeout: float | None = Field(
+        None, description="seconds for a reset with the task's setup"
+    )
     user: Any = Field(None, description="provider local: the desktop servers' user")
-    template: Any = Field(None, description="provider local: the desktops' HOME template")
+    template: str | Path | None = Field(
+        None, description="provider local: the desktops' HOME template"
+    )
     sandbox: Any = Field(None, description="provider local: the desktop servers' sandbox")
     network: Any = Field(None, description="provider local: auto | host | none | own")
-    log_level: Any = Field(None, description="the worker's logging level (default WARNING)")
+    log_level: str | None = Field(None, description="the worker's logging level (default WARNING)")
 
 
 async def _open(config, n: int, first: int = 0) -> list:

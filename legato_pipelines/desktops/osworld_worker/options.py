@@ -59,8 +59,9 @@ def runs_desktop_servers(options: Any) -> bool:
     return options.get("provider") == "local"
 
 
-def _start_request(config: DesktopConfig, provider: str, cache_dir: Path) -> dict[str, Any]:
-    opts = config.options
+def _start_request(
+    config: DesktopConfig, opts: dict[str, Any], provider: str, cache_dir: Path
+) -> dict[str, Any]:
     request: dict[str, Any] = {
         "provider": provider,
         "screen": [config.screen_width, config.screen_height],
@@ -102,8 +103,7 @@ def plan_desktops(config: DesktopConfig, n: int) -> list[dict[str, Any]]:
     Raises ``ConfigError`` for unknown options, an unknown provider, or ``ready="server"``
     without provider ``local``.
     """
-    check_options(config)
-    options = dict(config.options)
+    options = check_options(config).model_dump(exclude_none=True)  # typed (backends/osworld.py)
     if n < 1:
         raise ConfigError(f"desktops must be >= 1, got {n}")
     provider = str(options.get("provider") or "docker").lower()
@@ -122,7 +122,7 @@ def plan_desktops(config: DesktopConfig, n: int) -> list[dict[str, Any]]:
             f"desktop option fast_mode={fast_mode!r}: use 'vm', or 'server' with provider 'local'"
         )
     root = Path(options.get("cache_dir") or default_cache_root()).expanduser().resolve()
-    requests = [_start_request(config, provider, root / f"desktop-{i}") for i in range(n)]
+    requests = [_start_request(config, options, provider, root / f"desktop-{i}") for i in range(n)]
     for request in requests:
         request["fast_mode"] = fast_mode
         if provider == "local" and fast_mode == "vm":
