@@ -43,6 +43,11 @@ class LocalOptions(BaseModel):
     osworld_python: str | Path | None = Field(
         None, description="interpreter with desktop-env (grader osworld)"
     )
+    proxy: Any = Field(None, description="proxy the desktops' browser uses (LEGATO_PROXY)")
+    web_probe: Any = Field(None, description="URL the route-out check reaches")
+    web: Any = Field(None, description="live | record:ARCHIVE | replay:ARCHIVE")
+    web_hosts: Any = Field(None, description="resolver rules for stand-in sites")
+    web_ca: Any = Field(None, description="CA the desktops' browser trusts")
 
 
 async def _open(config, n: int, first: int = 0) -> list:
@@ -90,15 +95,18 @@ def _support(options: Mapping[str, Any], desktops: int = 1):
     there), the grader of option ``grader`` (``osworld_worker/grader.py``: OSWorld's names
     when its venv is installed), option ``network`` (``auto`` by default; not known for
     ``urls``, whose servers chose theirs) which with ``desktops`` decides the tasks reaching
-    Chrome's or VLC's port (``osworld_format/ports.py``), and the file cache of option
-    ``cache_dir``. Raises ``ConfigError`` for a bad ``grader``, ``cache_dir``, ``sandbox``,
-    ``network``, ``prebuild``, ``base_port``, ``start_timeout`` or ``limits`` option."""
+    Chrome's or VLC's port (``osworld_format/ports.py``) and, with options ``proxy`` and
+    ``web_probe``, whether the desktops reach outside (``desktops/web.py``: the reachability
+    check runs once per process), and the file cache of option ``cache_dir``. Raises
+    ``ConfigError`` for a bad ``grader``, ``cache_dir``, ``sandbox``, ``network``,
+    ``prebuild``, ``base_port``, ``start_timeout``, ``limits`` or ``proxy`` option."""
     from ...osworld_format.classify import BackendSupport
     from ...osworld_format.sources import file_cache_dir
     from ..network import sandbox_options
     from ..osworld_worker import local_grader
     from ..server.apps import DESKTOP_APPS
     from ..server.desktop import limits_option, prebuild_option, server_numbers
+    from ..web import route_out, web_settings
 
     options = dict(options)
     fields: dict[str, Any] = {"cache_dir": file_cache_dir(options)}
@@ -116,6 +124,11 @@ def _support(options: Mapping[str, Any], desktops: int = 1):
     else:
         fields["local_apps"], fields["local_pyautogui"] = _host_local()
     fields["local_grader"] = local_grader(options)[0]
+    web = web_settings(options)
+    fields["local_proxy"] = web.proxy is not None
+    if web.mode == "replay":
+        fields["local_web_archive"] = web.archive
+    fields["local_route_out"], fields["local_route_why"] = route_out(fields["local_network"], web)
     return BackendSupport(**fields)
 
 
