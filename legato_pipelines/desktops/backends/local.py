@@ -44,10 +44,10 @@ class LocalOptions(BaseModel):
         None, description="interpreter with desktop-env (grader osworld)"
     )
     proxy: Any = Field(None, description="proxy the desktops' browser uses (LEGATO_PROXY)")
-    web_probe: Any = Field(None, description="URL the route-out check reaches")
+    web_probe: Any = Field(None, description="HOST:PORT the route-out check reaches")
     web: Any = Field(None, description="live | record:ARCHIVE | replay:ARCHIVE")
-    web_hosts: Any = Field(None, description="resolver rules for stand-in sites")
-    web_ca: Any = Field(None, description="CA the desktops' browser trusts")
+    web_hosts: Any = Field(None, description="{name: 'addr[:port]'}: sites served elsewhere")
+    web_ca: Any = Field(None, description="PEM files of CAs the browser and recorder trust")
 
 
 async def _open(config, n: int, first: int = 0) -> list:
