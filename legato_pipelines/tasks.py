@@ -419,7 +419,7 @@ def fake_config_problem(config: dict[str, Any]) -> str | None:
     """Why ``config["fake"]`` is invalid for the fake backend, or ``None`` when it is fine.
 
     ``fake`` is optional; when given it is an object whose ``success`` (default 0.5) is the
-    probability of reward 1, a number in [0, 1] (see :mod:`legato_pipelines.desktops.fake`).
+    probability of reward 1, a number in [0, 1] (see :mod:`legato_pipelines.desktops.backends.fake`).
     The message starts ``field 'config.fake...'``.
     """
     try:

@@ -11,28 +11,28 @@ APT_PACKAGES=(
   # the desktops' sandboxes (util-linux's unshare/nsenter are essential packages)
   tini sudo iproute2
   xterm l3afpad libreoffice-calc
-  # OSWorld's other apps, from Debian (desktops/local/apps.py DESKTOP_APPS): ~195 MB of archives,
+  # OSWorld's other apps, from Debian (desktops/server/apps.py DESKTOP_APPS): ~195 MB of archives,
   # Thunderbird 80 MB of them
   libreoffice-writer libreoffice-impress gimp vlc thunderbird nautilus gnome-terminal
   # GNOME's Document Viewer (the VM's PDF viewer), Videos (the VM's default video player,
-  # desktops/local/mime_defaults.py) and MusicBrainz Picard: 68 packages, 20 MB of archives
+  # desktops/server/mime_defaults.py) and MusicBrainz Picard: 68 packages, 20 MB of archives
   evince totem picard
-  # their session D-Bus with dconf, so gsettings persists (desktops/local/dbus_session.py), and
+  # their session D-Bus with dconf, so gsettings persists (desktops/server/dbus_session.py), and
   # the GNOME schemas and helpers OSWorld's os tasks read (gnome-shell's and the settings
   # daemon's schemas only, not the programs; bc in evaluator commands): ~2 MB
   dconf-service dconf-gsettings-backend libglib2.0-bin gsettings-desktop-schemas
   gnome-shell-common gnome-settings-daemon-common bc
   # headless browser for the Dagster UI end-to-end test; inside desktops it is `google-chrome`
-  # (desktops/local/chrome.py), with socat for OSWorld's DevTools bridge (9222 -> 1337)
+  # (desktops/server/chrome.py), with socat for OSWorld's DevTools bridge (9222 -> 1337)
   chromium socat
-  # AT-SPI behind /accessibility (desktops/local/accessibility.py): the accessibility bus and
+  # AT-SPI behind /accessibility (desktops/server/accessibility.py): the accessibility bus and
   # pyatspi for the system python3: ~0.7 MB (at-spi2-core often there already)
   at-spi2-core python3-pyatspi
   # LibreOffice's GTK 3 front end: without it LibreOffice is not in the accessibility tree, and
   # tasks graded from the tree (Impress's slide pane) score 0 when solved (2.2 MB; issue 33)
   libreoffice-gtk3
   # pasta: desktops' own networks with a route out and their CDP/VLC ports forwarded
-  # (--network own, desktops/local/sandbox.py): 0.4 MB
+  # (--network own, desktops/server/sandbox.py): 0.4 MB
   passt
   # the sandbox escape tests build a small /etc/ld.so.preload library (tests/test_desktop_sandbox_escapes.py)
   gcc libc6-dev

@@ -223,7 +223,7 @@ def test_local_knows_the_apps_this_hosts_desktops_have(tmp_path):
     """OSWorld tasks of GIMP, VLC and the os domain (GNOME session, pyautogui commands) stop
     being refused for a missing app once the apps are installed (they are infeasible or
     gsettings tasks, so nothing else stops them)."""
-    from legato_pipelines.desktops.local.apps import desktop_python_has_pyautogui, installed_apps
+    from legato_pipelines.desktops.server.apps import desktop_python_has_pyautogui, installed_apps
 
     apps = installed_apps()
     if not {"gimp", "vlc", "os"} <= apps or not desktop_python_has_pyautogui():
@@ -299,8 +299,8 @@ def test_the_local_network_option_is_checked_and_changes_the_verdict(tmp_path):
     collect's preflight does: none cuts the port off, host shares it among all desktops
     (refused with 2+ at once), own gives each desktop its own, and so does auto (the
     default) for a batch with such a task."""
-    from legato_pipelines.desktops.local.apps import installed_apps
-    from legato_pipelines.desktops.osworld import osworld_python
+    from legato_pipelines.desktops.osworld_worker import osworld_python
+    from legato_pipelines.desktops.server.apps import installed_apps
 
     if "chrome" not in installed_apps() or osworld_python({}) is None:
         pytest.skip("needs chromium for the local desktops and the OSWorld venv (setup.sh)")
@@ -345,8 +345,8 @@ def test_collect_refuses_a_bad_network_and_a_shared_port_before_anything_runs(
     """collect's preflight: the same verdict as `tasks check --desktops N` (runners + spares),
     before the policy or any desktop is touched and nothing written."""
     from legato_pipelines import DesktopConfig, PolicyConfig, collect, load_tasks
-    from legato_pipelines.desktops.local.apps import installed_apps
-    from legato_pipelines.desktops.osworld import osworld_python
+    from legato_pipelines.desktops.osworld_worker import osworld_python
+    from legato_pipelines.desktops.server.apps import installed_apps
     from legato_pipelines.errors import ConfigError, TaskListError
 
     if "chrome" not in installed_apps() or osworld_python({}) is None:

@@ -2,7 +2,7 @@
 
 Every ``activate_window`` / ``close_window`` step (setup and postconfig) of every config in
 ``tests/data/osworld`` is checked against what local desktops' apps name their windows
-(:data:`~legato_pipelines.desktops.local.vm_windows.LOCAL_WINDOWS`); then a real sandboxed
+(:data:`~legato_pipelines.desktops.server.vm_windows.LOCAL_WINDOWS`); then a real sandboxed
 desktop shows Thunderbird's main window under the VM's class ``Mail.thunderbird`` (which six
 thunderbird configs close before grading) and Chromium's found as ``Google Chrome``.
 """
@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from legato_pipelines.desktops.local import chrome, vm_windows
+from legato_pipelines.desktops.server import chrome, vm_windows
 from tests.desktop_local_support import needs_xvfb, server_fixture
 from tests.osworld_data import OSWORLD
 

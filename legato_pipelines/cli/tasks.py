@@ -249,7 +249,7 @@ def check_command(
     Exit status: 0 when every task can run; 1 when some task cannot run on the backend given with --backend, or (no --backend) on any backend it is written for: a real desktop (local or osworld), or fake for a task with a 'fake' block (the fake backend never grades, so running there alone does not count); 2 when the task list itself is bad (nothing classified).
     """
     if osworld_provider is not None:
-        from ..desktops.osworld.options import PROVIDERS
+        from ..desktops.osworld_worker.options import PROVIDERS
 
         if osworld_provider not in PROVIDERS:
             fail(f"--osworld-provider {osworld_provider!r}: use one of {', '.join(PROVIDERS)}")

@@ -19,7 +19,7 @@ from ..osworld_format.sources import file_cache_dir
 
 @functools.lru_cache(maxsize=1)
 def _host_local() -> tuple[frozenset[str], bool]:
-    from .local.apps import desktop_python_has_pyautogui, installed_apps
+    from .server.apps import desktop_python_has_pyautogui, installed_apps
 
     return installed_apps(), desktop_python_has_pyautogui()
 
@@ -32,7 +32,7 @@ def backend_support(
 
     ``local``: this host's apps and pyautogui (probed once per process; desktops attached by
     ``urls`` run elsewhere, so no app is held against a task there), the grader of option
-    ``grader`` (``desktops/osworld/grader.py``: OSWorld's names when its venv is installed),
+    ``grader`` (``desktops/osworld_worker/grader.py``: OSWorld's names when its venv is installed),
     option ``network`` (``auto`` by default; not known for ``urls``, whose servers chose
     theirs) which with ``desktops`` decides the tasks reaching Chrome's or VLC's port
     (``osworld_format/ports.py``); ``osworld``: the installed desktop-env's names when its
@@ -42,10 +42,10 @@ def backend_support(
     (local) ``prebuild``, ``base_port``, ``start_timeout`` or ``limits`` option, naming the
     option and its allowed values.
     """
-    from .local.apps import DESKTOP_APPS
-    from .local.backend import limits_option, prebuild_option, server_numbers
     from .network import sandbox_options
-    from .osworld import installed_grader, local_grader, osworld_python
+    from .osworld_worker import installed_grader, local_grader, osworld_python
+    from .server.apps import DESKTOP_APPS
+    from .server.desktop import limits_option, prebuild_option, server_numbers
 
     options = dict(options or {})
     fields: dict[str, Any] = {"cache_dir": file_cache_dir(options)}

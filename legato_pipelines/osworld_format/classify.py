@@ -139,13 +139,13 @@ class BackendSupport(BaseModel):
 
     ``local_apps``: app names a local desktop has (default: terminal, text_editor,
     libreoffice_calc; ``legato tasks check`` passes what this host's desktops have:
-    :func:`legato_pipelines.desktops.local.apps.installed_apps`). ``os`` in it: OSWorld's GNOME
+    :func:`legato_pipelines.desktops.server.apps.installed_apps`). ``os`` in it: OSWorld's GNOME
     session (persistent gsettings, gnome-terminal, nautilus). ``local_pyautogui``: the desktops'
     ``python`` has pyautogui, so OSWorld's ``python -c "import pyautogui; ..."`` commands run
     there. ``cache_dir``: a local file cache; download/cloud_file URLs found there (or
     ``file://``) do not count as needing the internet. ``local_grader``: the names the local
     backend's grader knows (OSWorld's own when the venv is installed, else the own subset:
-    ``desktops/osworld/grader.py``); ``osworld_grader``: the installed desktop-env's names for
+    ``desktops/osworld_worker/grader.py``); ``osworld_grader``: the installed desktop-env's names for
     the osworld backend (``None``: not known, names are checked when a task resets).
     ``local_network``: the local desktops' desktop option ``network`` (``auto``, the default:
     ``own`` for a batch with a task needing a network, ``desktops/network.py``; ``host``,

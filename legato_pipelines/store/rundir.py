@@ -179,7 +179,7 @@ class RunWriter:
         one ``run.json`` records: the records already there came from those weights. A
         ``run.json`` from before loading existed (no ``checkpoint`` entry) resumes with load
         ``none`` (nothing was proven then, nothing is now)."""
-        from ..policy.loading import same_fingerprint
+        from ..policy.checkpoint_files import same_fingerprint
 
         was, now = old.get("checkpoint"), meta.get("checkpoint") or {}
         mode = now.get("load", "none")

@@ -1,6 +1,6 @@
 """The ``local`` backend: :class:`LocalDesktop` drives one desktop server through its client.
 
-Each desktop is a server process (``python -m legato_pipelines.desktops.local.server``) that
+Each desktop is a server process (``python -m legato_pipelines.desktops.server.main``) that
 this backend starts (and restarts in ``recover()`` when it died), or a server somebody else
 started (``legato desktop serve``) that it attaches to by URL. Per attempt::
 
@@ -81,12 +81,11 @@ from ..base import DesktopConfig, WaitsByMode, check_options
 from ..child_env import desktop_server_env
 from ..client import DesktopClient
 from ..network import sandbox_options, server_network
-from ..osworld import template_started
+from ..osworld_worker import OSWorldGrader, template_started
 from ..popups import PopupGuard
 from ..processes import ForkRendezvous, PidfdProcess, Spawned, pdeathsig_guard, stop_early
 from ..server_tasks import ServerTasks
-from .osworld_grader import OSWorldGrader
-from .server_template import (
+from .template import (
     GO,
     ServerTemplate,
     acquire_server_template,
@@ -124,7 +123,7 @@ class ServerProcess:
     come up within ``start_timeout`` seconds.
 
     ``fork``: fork the server from the desktop server template its event loop's servers share
-    (:mod:`.server_template`: the server's imports done once) instead of spawning it; it is
+    (:mod:`.template`: the server's imports done once) instead of spawning it; it is
     spawned anyway, with a warning, when the template cannot start or the fork fails.
     ``forked``: whether the running server came from the template (then it is the template's
     child, not ours, watched through a pidfd; its exit code is unknown).
@@ -186,7 +185,7 @@ class ServerProcess:
         return self.token
 
     def server_args(self) -> list[str]:
-        """The server's own arguments (after ``python -m legato_pipelines.desktops.local.server``)."""
+        """The server's own arguments (after ``python -m legato_pipelines.desktops.server.main``)."""
         argv = [
             "--host",
             self.host,
@@ -269,11 +268,11 @@ class ServerProcess:
         return self.url
 
     async def _spawn_server(self, args: list[str], env: dict[str, str]) -> asyncio.StreamReader:
-        """Spawn the server (``python -m legato_pipelines.desktops.local.server``); its stdout."""
+        """Spawn the server (``python -m legato_pipelines.desktops.server.main``); its stdout."""
         # A parent-death signal: if this process dies (even by SIGKILL), the server gets SIGTERM
         # and shuts its desktop down instead of leaking it.
         guard = pdeathsig_guard()
-        argv = [*guard, sys.executable, "-m", "legato_pipelines.desktops.local.server", *args]
+        argv = [*guard, sys.executable, "-m", "legato_pipelines.desktops.server.main", *args]
         proc = await asyncio.create_subprocess_exec(
             *argv, env=env, stdout=asyncio.subprocess.PIPE, start_new_session=True
         )
@@ -284,7 +283,7 @@ class ServerProcess:
         self, template: ServerTemplate, args: list[str], env: dict[str, str]
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Fork the server from ``template``; its stdout (the streams of a connection to a Unix
-        socket in a private directory; the child waits for :data:`.server_template.GO` on it
+        socket in a private directory; the child waits for :data:`.template.GO` on it
         before it runs the server, so a child whose start was given up exits). Raises ``DesktopError(kind="transport")``
         when the template is not there, refuses, or the child does not connect within
         ``start_timeout``; the child, if any, is killed then."""
@@ -633,9 +632,9 @@ async def _start(server: ServerProcess, grader: OSWorldGrader | None) -> None:
 @contextlib.asynccontextmanager
 async def warm_up_local(config: DesktopConfig, evaluators: Sequence[dict] = ()):
     """``desktops.warm_up`` for local desktops: started in the background for the block, the
-    template the desktop servers are forked from (:mod:`.server_template`; not for servers
+    template the desktop servers are forked from (:mod:`.template`; not for servers
     attached by URL) and, when option ``grader`` picks OSWorld's code, the OSWorld graders'
-    template (:func:`~legato_pipelines.desktops.osworld.template_started`, given the batch's
+    template (:func:`~legato_pipelines.desktops.osworld_worker.template_started`, given the batch's
     ``evaluators``, whose modules it imports before its first fork); each takes over
     the one ``legato`` started on its first line when there is one (``desktops/early.py``),
     and one started there that neither took is stopped. Raises ``ConfigError`` as
@@ -681,9 +680,9 @@ def prebuild_option(value: Any) -> tuple[str, ...] | None:
 
 def _grader_python(options: dict[str, Any]):
     """The OSWorld interpreter the graders run under, ``None`` for the own subset (option
-    ``grader``; :func:`~legato_pipelines.desktops.osworld.grader.local_grader`). Raises
+    ``grader``; :func:`~legato_pipelines.desktops.osworld_worker.grader.local_grader`). Raises
     ``ConfigError`` when option ``grader``/``osworld_python`` names what is not there."""
-    from ..osworld import local_grader
+    from ..osworld_worker import local_grader
 
     return local_grader(options)[1]
 
@@ -697,7 +696,7 @@ def _grader(
     options: dict[str, Any],
 ) -> OSWorldGrader:
     """The osworld worker of desktop ``name`` (not started), forked from the template its
-    interpreter's graders share (``osworld/template.py``: desktop_env is imported once)."""
+    interpreter's graders share (``osworld_worker/template.py``: desktop_env is imported once)."""
     return OSWorldGrader(
         name=name,
         python=str(python),

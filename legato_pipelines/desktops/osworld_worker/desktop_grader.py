@@ -2,7 +2,7 @@
 
 When an OSWorld interpreter is installed (``legato osworld install``, scripts/osworld_venv.sh;
 desktop option ``grader``, :mod:`..osworld.grader`), each local desktop gets one osworld worker
-(``desktops/osworld/worker.py``, the same process and JSON protocol as the osworld backend)
+(``desktops/osworld_worker/worker.py``, the same process and JSON protocol as the osworld backend)
 whose ``DesktopEnv`` drives that desktop's server through provider ``local`` (by URL and
 token). The local backend keeps owning reset, observe, act and the ready waits; the worker
 runs only the task's setup (OSWorld's ``SetupController``: ``chrome_open_tabs`` over CDP,
@@ -10,7 +10,7 @@ runs only the task's setup (OSWorld's ``SetupController``: ``chrome_open_tabs`` 
 metric and getter of desktop-env, FAIL as the last action for infeasible tasks). With
 ``template=True`` (the local backend's graders) importing desktop_env is paid once for all
 desktops: the worker is forked from one preloaded template worker shared by the graders
-(``osworld/template.py``). Each worker grades one attempt: after its evaluation it is
+(``osworld_worker/template.py``). Each worker grades one attempt: after its evaluation it is
 retired; the next attempt's is forked and attached in the background while the attempt runs
 (:meth:`OSWorldGrader._prepare_next`).
 
@@ -21,7 +21,7 @@ task's setup it is emptied and every file the task references that the read-only
 writing a file of the same name must never change the cache). DesktopEnv never downloads then,
 unless the preflight let an uncached URL through (it does not).
 
-Confinement (``osworld/confine.py``, docs/sandbox.md §6): the worker reads what the desktop
+Confinement (``osworld_worker/confine.py``, docs/sandbox.md §6): the worker reads what the desktop
 returns (a policy with ``sudo`` inside can make ``gsettings`` print Python that a metric
 ``eval``s), so it runs in namespaces of its own as the grader user, forked or spawned alike.
 Its work directory and ``cache/`` are root's with the grader's group (0750: it reads them and
@@ -43,16 +43,10 @@ from ...osworld_format.files import cache_file_paths, task_files
 from ...osworld_format.sources import cache_dir_path, find_source
 from ...scratch import scratch_dir
 from ...tasks import Evaluation, Task
-from ..osworld import (
-    WorkerProcess,
-    acquire_template,
-    confinement,
-    desktop_ports,
-    hand_over,
-    prepare_dir,
-    release_template,
-    worker_env,
-)
+from ..child_env import worker_env
+from .channel import WorkerProcess, confinement, desktop_ports
+from .confine import hand_over, prepare_dir
+from .template import acquire_template, release_template
 
 VM_TOKEN_ENV = "LEGATO_OSWORLD_VM_TOKEN"
 START_TIMEOUT_S = 120.0

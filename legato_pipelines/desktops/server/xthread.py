@@ -26,7 +26,7 @@ from .windows import Windows
 from .xstate import watch
 
 T = TypeVar("T")
-log = logging.getLogger("legato_pipelines.desktops.local")
+log = logging.getLogger("legato_pipelines.desktops.server")
 
 
 @dataclass

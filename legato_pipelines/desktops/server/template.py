@@ -3,9 +3,9 @@
 A desktop server spends ~0.45 s of CPU importing its modules (numpy, starlette, uvicorn, Xlib,
 mss, PIL...) before it starts its desktop; a batch of the local suite starts 4 of them on 2
 cores at once. Instead, the batch's first :class:`.backend.ServerProcess` starts a *template*
-(``python -m legato_pipelines.desktops.local.server_template``) that imports the server once
+(``python -m legato_pipelines.desktops.server.template``) that imports the server once
 and then forks every server of the batch: a few milliseconds of CPU each. The same idea as the
-osworld worker template (``osworld/template.py``, ``osworld/worker.py`` op ``fork``).
+osworld worker template (``osworld_worker/template.py``, ``osworld_worker/worker.py`` op ``fork``).
 
 Protocol (JSON lines; requests on the template's stdin, answers on its stdout)::
 
@@ -94,7 +94,7 @@ RUN_TIME_MODULES = (
     "PIL.ImageSequence",
     "PIL.PngImagePlugin",
     "fractions",
-    "legato_pipelines.desktops.local.mime_defaults",
+    "legato_pipelines.desktops.server.mime_defaults",
     "csv",
     "ctypes.util",
     "importlib.metadata",
@@ -304,9 +304,9 @@ def _forked_child(req: dict, template_pid: int, protocol_fd: int) -> None:
         import random
 
         random.seed()
-        from . import server
+        from . import main
 
-        server.main([str(a) for a in req["argv"]])
+        main.main([str(a) for a in req["argv"]])
         code = 0
     except SystemExit as exc:
         if isinstance(exc.code, str):
@@ -351,7 +351,7 @@ def main() -> None:
     import importlib
     import threading
 
-    from . import server  # noqa: F401
+    from . import main  # noqa: F401
 
     for name in RUN_TIME_MODULES:
         with contextlib.suppress(ImportError):

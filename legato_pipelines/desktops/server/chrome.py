@@ -53,7 +53,7 @@ DISABLED_FEATURES = "LocalNetworkAccessChecks"
 
 WRAPPER = f"""#!/bin/sh
 # google-chrome on a legato local desktop: Debian's Chromium with OSWorld's profile folder and
-# DevTools port (legato_pipelines/desktops/local/chrome.py). Flags given later win.
+# DevTools port (legato_pipelines/desktops/server/chrome.py). Flags given later win.
 export CHROME_WRAPPER=/usr/bin/google-chrome CHROME_DESKTOP=google-chrome.desktop
 exec /{CHROME_BINARY} \\
   --user-data-dir="$HOME/.config/google-chrome" \\
@@ -67,7 +67,7 @@ SOCAT = "/usr/bin/socat"
 SOCAT_WRAPPER = f"""#!/bin/sh
 # socat on a legato local desktop: tcp-listen addresses get reuseaddr, so a task's bridge binds
 # while the previous task's closed connections wait in TIME_WAIT
-# (legato_pipelines/desktops/local/chrome.py).
+# (legato_pipelines/desktops/server/chrome.py).
 for arg do
   shift
   case "$arg" in

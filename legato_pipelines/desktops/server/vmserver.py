@@ -38,20 +38,20 @@ import logging
 import time
 from typing import Any
 
-from ..actions import Action
-from ..errors import DesktopError
-from ..images import Screenshot
-from ..osworld_format import needs_full_reset
-from ..tasks import Evaluation, Task
-from .base import DesktopConfig, WaitsByMode, act_facts, osworld_code, screenshot_of
-from .client import DesktopClient
-from .domains import REVERT_DOMAINS, baseline_script, domain_processes, fast_reset_script
-from .popups import PopupGuard, WmctrlWindows
-from .ready import ScreenshotReady
-from .reconnect import reconnect
-from .server_tasks import ServerTasks
+from ...actions import Action
+from ...errors import DesktopError
+from ...images import Screenshot
+from ...osworld_format import needs_full_reset
+from ...tasks import Evaluation, Task
+from ..base import DesktopConfig, WaitsByMode, act_facts, osworld_code, screenshot_of
+from ..client import DesktopClient
+from ..domains import REVERT_DOMAINS, baseline_script, domain_processes, fast_reset_script
+from ..popups import PopupGuard, WmctrlWindows
+from ..ready import ScreenshotReady
+from ..reconnect import reconnect
+from ..server_tasks import ServerTasks
 
-log = logging.getLogger("legato_pipelines.desktops.vmserver")
+log = logging.getLogger("legato_pipelines.desktops.server.vmserver")
 
 #: What OSWorld's ``PythonController.execute_python_command`` puts before an action's code.
 PYAUTOGUI_PREFIX = "import pyautogui; import time; pyautogui.FAILSAFE = False; "

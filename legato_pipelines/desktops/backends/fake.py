@@ -38,11 +38,11 @@ import struct
 import zlib
 from typing import Any
 
-from ..actions import Action
-from ..errors import ConfigError, DesktopError
-from ..images import Screenshot, resized_png
-from ..tasks import Evaluation, Task
-from .base import DesktopConfig, Wait, check_options
+from ...actions import Action
+from ...errors import ConfigError, DesktopError
+from ...images import Screenshot, resized_png
+from ...tasks import Evaluation, Task
+from ..base import DesktopConfig, Wait, check_options
 
 PHASES = ("reset", "act", "observe", "evaluate")
 FAULTS = (

@@ -114,8 +114,8 @@ _file_notes = _load_by_path(os.path.join("osworld_format", "file_notes.py"), "le
 _images = _load_by_path("images.py", "legato_images")
 #: ``desktops/reaping.py``: the SIGCHLD handler the fork templates share.
 _reaping = _load_by_path(os.path.join("desktops", "reaping.py"), "legato_reaping")
-#: ``desktops/osworld/confine.py``: the namespaces and user a grading worker runs in.
-_confine = _load_by_path(os.path.join("desktops", "osworld", "confine.py"), "legato_confine")
+#: ``desktops/osworld_worker/confine.py``: the namespaces and user a grading worker runs in.
+_confine = _load_by_path(os.path.join("desktops", "osworld_worker", "confine.py"), "legato_confine")
 DOMAIN_PROCESSES = _domains.DOMAIN_PROCESSES
 BASELINE_DIR = _domains.BASELINE_DIR
 baseline_script = _domains.baseline_script

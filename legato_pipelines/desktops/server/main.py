@@ -1,6 +1,6 @@
 """The local desktop server: one process per desktop, OSWorld's in-VM API plus ``/legato/``.
 
-Run it as ``python -m legato_pipelines.desktops.local.server --port P`` (or ``legato desktop
+Run it as ``python -m legato_pipelines.desktops.server.main --port P`` (or ``legato desktop
 serve``). It owns its Xvfb display, openbox, the desktop user's HOME baseline and the task's
 processes (as their subreaper), and serves:
 
@@ -173,7 +173,7 @@ def _limits_arg(text: str) -> Caps | None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m legato_pipelines.desktops.local.server",
+        prog="python -m legato_pipelines.desktops.server.main",
         description=__doc__.split("\n\n")[0],
     )
     parser.add_argument(

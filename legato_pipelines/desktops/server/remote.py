@@ -7,7 +7,7 @@ more desktops started on this host besides (``options["local"]``).
 
 A URL may also be an OSWorld VM's own in-VM server (port 5000, base API, no token): the
 first ``GET /legato/health`` answering 404/405 says so, and that desktop is driven in base-API
-mode (:class:`~legato_pipelines.desktops.vmserver.VMServerDesktop`: fast reset, setup and
+mode (:class:`~legato_pipelines.desktops.server.vmserver.VMServerDesktop`: fast reset, setup and
 evaluation through the API; no snapshot revert).
 
 Options (besides the local backend's own, which apply to the desktops started here):
@@ -36,15 +36,16 @@ import os
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError, DesktopError
-from ..tasks import Task
-from .base import Desktop, DesktopConfig
-from .client import DesktopClient
-from .local import DEFAULT_TOKEN_ENV, LocalDesktop, open_local_desktops
-from .reconnect import reconnect
+from ...errors import ConfigError, DesktopError
+from ...tasks import Task
+from ..base import Desktop, DesktopConfig
+from ..client import DesktopClient
+from ..reconnect import reconnect
+from .desktop import LocalDesktop, open_local_desktops
 from .vmserver import attach_vm_server
+from .wire import DEFAULT_TOKEN_ENV
 
-log = logging.getLogger("legato_pipelines.desktops.remote")
+log = logging.getLogger("legato_pipelines.desktops.server.remote")
 
 HEALTH_TIMEOUT_S = 5.0
 DEFAULT_RECONNECT_S = 20.0
@@ -113,7 +114,7 @@ async def _probe(url: str, token: str, config: DesktopConfig, reconnect_s: float
 async def open_remote_pool(config: DesktopConfig, n: int) -> list[Desktop]:
     """Up to ``n`` desktops: attached servers from ``options["urls"]`` that answer a health
     check (first; legato desktop servers as :class:`AttachedDesktop`, OSWorld VM servers as
-    :class:`~legato_pipelines.desktops.vmserver.VMServerDesktop`), then desktops started here
+    :class:`~legato_pipelines.desktops.server.vmserver.VMServerDesktop`), then desktops started here
     (at most ``options["local"]``).
 
     Raises ``ConfigError`` for bad options, ``n`` above the desktops configured, or no desktop

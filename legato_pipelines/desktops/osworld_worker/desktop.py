@@ -50,7 +50,7 @@ HOME, docs/osworld.md §6), and the first reset after a failure.
   log_level       the worker's logging level (default WARNING)
 
 Provider ``local``: the "VM" is a project local desktop server this backend starts per desktop
-(``desktops/local``); DesktopEnv, SetupController and OSWorld's evaluators run unchanged
+(``desktops/server``); DesktopEnv, SetupController and OSWorld's evaluators run unchanged
 against it (``provider_local.py``). Needs a ``python`` with pyautogui on the desktop's PATH
 (``scripts/osworld_venv.sh``), as OSWorld's VM image has.
 """
@@ -73,10 +73,10 @@ from ...tasks import Evaluation, Task
 from ..base import DesktopConfig, WaitsByMode, act_facts, osworld_code, screenshot_of
 from ..client import DesktopClient
 from ..domains import REVERT_DOMAINS
-from ..local import ServerProcess
 from ..network import sandbox_options, server_network
 from ..popups import PopupGuard, WmctrlWindows
 from ..ready import ScreenshotReady
+from ..server import ServerProcess
 from .channel import WorkerProcess, confinement, desktop_ports
 from .confine import hand_over
 from .options import (

@@ -186,5 +186,5 @@ def osworld_python(options: dict[str, Any]) -> Path | None:
     return python if python.exists() else None
 
 
-if __name__ == "__main__":  # python -m legato_pipelines.desktops.osworld.install [PATH]
+if __name__ == "__main__":  # python -m legato_pipelines.desktops.osworld_worker.install [PATH]
     print(install(Path(sys.argv[1]) if len(sys.argv) > 1 else None, quiet=False))

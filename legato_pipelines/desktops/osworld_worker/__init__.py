@@ -1,13 +1,15 @@
-"""The ``osworld`` backend: OSWorld's DesktopEnv in a worker process under its own interpreter.
+"""The OSWorld worker building block: OSWorld's DesktopEnv in a worker process under its own
+interpreter.
 
-``backend.py`` (project side, asyncio) drives ``worker.py`` (OSWorld side: stdlib and
-``desktop_env`` only) over JSON lines; ``provider_local.py`` is the worker-side provider whose
-"VM" is a project local desktop server; ``install.py`` builds the OSWorld interpreter.
+``desktop.py`` (project side, asyncio: the ``osworld`` backend's desktop) drives ``worker.py``
+(OSWorld side: stdlib and ``desktop_env`` only) over JSON lines (``channel.py``);
+``provider_local.py`` is the worker-side provider whose "VM" is a project desktop server;
+``install.py`` builds the OSWorld interpreter; ``desktop_grader.py`` attaches a worker to a
+desktop server as its OSWorld grader (the ``local`` backend's ``grader=osworld``).
 
-What other backends may use (the local backend attaches a worker to its desktops as their
-OSWorld grader: ``desktops/local/osworld_grader.py``): the worker channel, its clean
-environment, the shared template its workers are forked from (``template.py``) and the
-choice of grader.
+What other building blocks may use (this face): the worker channel, its clean environment,
+the shared template its workers are forked from (``template.py``), the attached grader and
+the choice of grader.
 """
 
 from typing import TYPE_CHECKING
@@ -18,6 +20,7 @@ from ...lazy import lazy_getattr
 #: needed on ``legato``'s first line (``desktops/early.py``), before pydantic and the task
 #: format that ``grader.py`` imports.
 _LAZY = {
+    "OSWorldGrader": ".desktop_grader",
     "WorkerProcess": ".channel",
     "confinement": ".channel",
     "desktop_ports": ".channel",
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
     from ..child_env import worker_env
     from .channel import WorkerProcess, confinement, desktop_ports
     from .confine import hand_over, prepare_dir
+    from .desktop_grader import OSWorldGrader
     from .grader import installed_grader, local_grader
     from .install import osworld_python
     from .template import WorkerTemplate, acquire_template, release_template, template_started
@@ -44,6 +48,7 @@ if TYPE_CHECKING:
 __getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 __all__ = [
+    "OSWorldGrader",
     "WorkerProcess",
     "WorkerTemplate",
     "acquire_template",

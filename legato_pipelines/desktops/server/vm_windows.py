@@ -40,7 +40,7 @@ THUNDERBIRD_DEBIAN_WRAPPER = "usr/lib/legato/thunderbird-debian"
 THUNDERBIRD_CLASS = "thunderbird"
 THUNDERBIRD_WRAPPER = f"""#!/bin/sh
 # Thunderbird on a legato local desktop: Debian's wrapper with the window class of OSWorld's VM
-# (Mail.thunderbird; legato_pipelines/desktops/local/vm_windows.py).
+# (Mail.thunderbird; legato_pipelines/desktops/server/vm_windows.py).
 exec /{THUNDERBIRD_DEBIAN_WRAPPER} --class={THUNDERBIRD_CLASS} "$@"
 """
 #: VM window names -> the local desktop's: Chromium's titles end in "Chromium".
