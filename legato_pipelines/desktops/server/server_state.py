@@ -321,8 +321,8 @@ class DesktopServer:
         ]
         if not judged:
             return []
-        table = await asyncio.to_thread(own_process_table)
-        self.launched_pids(table)
+        if loading:  # after an action: the pids the reset's waits saw (a /proc scan is ~8 ms)
+            self.launched_pids(await asyncio.to_thread(own_process_table))
 
         def look() -> tuple[dict[int, list], np.ndarray]:
             return self._main_windows_by_pid(), self.x.ctx().screen.frame()
