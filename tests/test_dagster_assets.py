@@ -155,7 +155,7 @@ def test_partition_materializes_lake_views_lineage_and_checks(
                 profile_meta[chart].value.startswith("![")
                 and "data:image/png;base64," in profile_meta[chart].value
             )
-        # A trainer reads every table folder as the README says: pyarrow and pandas.
+        # A trainer reads every table folder as docs/lake.md says: pyarrow and pandas.
         for table in ("rollouts", "steps", "samples", "profile"):
             folder = lake_root / table
             data = ds.dataset(folder, format="parquet", partitioning="hive").to_table()

@@ -399,14 +399,14 @@ def test_load_choices_are_case_insensitive_and_new_settings_reach_the_spec(monke
 
 
 def test_the_readme_pool_setting_is_a_valid_instance_setting(tmp_path, repo_root):
-    """README: one collection at a time with `dagster instance concurrency set
+    """docs/dagster.md: one collection at a time with `dagster instance concurrency set
     legato_collection 1` (dagster.yaml's pools take only default_limit): the command runs
     against the repository's dagster.yaml and the instance then limits the pool to 1."""
     import shutil
     import subprocess
     import sys
 
-    readme = (repo_root / "README.md").read_text()
+    readme = (repo_root / "docs" / "dagster.md").read_text()
     command = "dagster instance concurrency set legato_collection 1"
     assert command in readme and "`legato_collection: 1` in `dagster.yaml`" not in readme
     shutil.copy(repo_root / "dagster.yaml", tmp_path / "dagster.yaml")

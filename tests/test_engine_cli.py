@@ -1,5 +1,8 @@
 """The `legato collect/export/profile` commands as users run them: real subprocesses, a real
-kill -9 mid-batch and resume, the secret key never written anywhere, hung model calls cut."""
+kill -9 mid-batch and resume, the secret key never written anywhere, hung model calls cut.
+Calls that end at the argument and input checks (exit status 2, nothing started) run the same
+command in this process (:func:`legato_checks`): a subprocess there only adds an interpreter's
+start-up."""
 
 from __future__ import annotations
 
@@ -14,8 +17,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
 from legato_pipelines import read_records
+from legato_pipelines.cli import app
 from tests.engine_support import SECRET, fake_tasks
 
 
@@ -28,6 +33,16 @@ def legato(*args, env=None, **kw) -> subprocess.CompletedProcess:
         timeout=120,
         **kw,
     )
+
+
+def legato_checks(*args, env=None) -> subprocess.CompletedProcess:
+    """``legato ARGS`` in this process (typer's CliRunner), as a ``CompletedProcess`` like
+    :func:`legato`'s, for a call that ends at its argument and input checks. An exception the
+    command lets escape (what a user would see as a traceback) fails the test."""
+    result = CliRunner().invoke(app, [str(a) for a in args], env=env)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
 
 
 def write_tasks(path: Path, n: int, success: float = 0.5) -> Path:
@@ -146,7 +161,7 @@ def test_bad_input_names_the_field(policy_server, tmp_path):
             [{"task_id": "a", "config": {"instruction": "x"}}, {"task_id": "b", "config": {}}]
         )
     )
-    res = legato(*collect_args(policy_server, tasks, tmp_path / "run"))
+    res = legato_checks(*collect_args(policy_server, tasks, tmp_path / "run"))
     assert res.returncode == 2
     assert "tasks[1]" in res.stderr and "'b'" in res.stderr and "instruction" in res.stderr
     assert not (tmp_path / "run").exists()
@@ -159,23 +174,23 @@ def test_bad_input_names_the_field(policy_server, tmp_path):
             ]
         )
     )
-    res = legato(*collect_args(policy_server, tasks, tmp_path / "run"))
+    res = legato_checks(*collect_args(policy_server, tasks, tmp_path / "run"))
     assert res.returncode == 2 and not (tmp_path / "run").exists()
     text = " ".join(res.stderr.split())
     assert "2 problems in the task list" in text
     assert "tasks[1] (task_id 'b'): field 'config.instruction' is missing" in text
     assert "tasks[2]: field 'task_id' is missing" in text
-    res = legato(
+    res = legato_checks(
         *collect_args(
             policy_server, write_tasks(tmp_path / "ok.json", 1), tmp_path / "run", "--group", "0"
         )
     )
     assert res.returncode == 2 and "group" in res.stderr
-    res = legato(
+    res = legato_checks(
         *collect_args(policy_server, tmp_path / "ok.json", tmp_path / "run", "--fixed-wait", "2")
     )
     assert res.returncode == 2 and "ready" in res.stderr.lower()
-    res = legato(
+    res = legato_checks(
         "collect",
         "--backend",
         "fake",
@@ -242,8 +257,8 @@ def test_a_key_in_the_policy_url_query_is_refused_and_never_echoed(policy_server
     url = f"{policy_server.url}/?key={SECRET}"
     args = collect_args(policy_server, tasks, tmp_path / "run")
     args[args.index(policy_server.url)] = url
-    res = legato(*args)
-    probe = legato("probe", "--policy-url", url, "--model", policy_server.model)
+    res = legato_checks(*args)
+    probe = legato_checks("probe", "--policy-url", url, "--model", policy_server.model)
     for done in (res, probe):
         said = " ".join(done.stderr.split())
         assert done.returncode == 2 and "query string" in said and "LEGATO_POLICY_KEY" in said
@@ -288,11 +303,11 @@ def test_output_paths_and_unusable_batches_are_clear(tmp_path):
     tasks = write_tasks(tmp_path / "tasks.json", 1)
     (tmp_path / "a-file").write_text("x")
     with ScriptedPolicyServer(flavor="vllm", faults=Faults(no_logprobs=True)) as server:
-        res = legato(*collect_args(server, tasks, tmp_path / "a-file"))
+        res = legato_checks(*collect_args(server, tasks, tmp_path / "a-file"))
         assert res.returncode == 2 and "is a file" in res.stderr and "Traceback" not in res.stderr
         (tmp_path / "mine").mkdir()
         (tmp_path / "mine" / "summary.json").write_text("{}")
-        res = legato(*collect_args(server, tasks, tmp_path / "mine"))
+        res = legato_checks(*collect_args(server, tasks, tmp_path / "mine"))
         said = " ".join(res.stderr.split())
         assert res.returncode == 2 and "not a run directory" in said and "--out" in said
         assert (tmp_path / "mine" / "summary.json").read_text() == "{}"
@@ -300,7 +315,7 @@ def test_output_paths_and_unusable_batches_are_clear(tmp_path):
     assert res.returncode == 0
     assert "no logprobs" in res.stderr and "legato probe" in res.stderr
     (tmp_path / "dir.parquet").mkdir()
-    res = legato("export", tmp_path / "run", "--out", tmp_path / "dir.parquet")
+    res = legato_checks("export", tmp_path / "run", "--out", tmp_path / "dir.parquet")
     assert res.returncode == 2 and "--out" in res.stderr and "Traceback" not in res.stderr
 
 
@@ -313,7 +328,7 @@ def test_export_never_overwrites_its_run_and_failed_batches_exit_nonzero(policy_
         == 0
     )
     before = (tmp_path / "run" / "rollouts.jsonl").read_bytes()
-    res = legato("export", tmp_path / "run", "--out", tmp_path / "run" / "rollouts.jsonl")
+    res = legato_checks("export", tmp_path / "run", "--out", tmp_path / "run" / "rollouts.jsonl")
     assert res.returncode == 2 and "inside the run directory" in res.stderr
     assert (tmp_path / "run" / "rollouts.jsonl").read_bytes() == before
     with ScriptedPolicyServer(flavor="vllm", faults=Faults(error_every=1)) as server:
@@ -400,7 +415,9 @@ def test_screen_flag_sets_the_desktops_screen_size(policy_server, tmp_path):
     from legato_pipelines.images import png_size
 
     assert {png_size(p.read_bytes()) for p in (out / "images").glob("*.png")} == {(1920, 1088)}
-    bad = legato(*collect_args(policy_server, tasks, tmp_path / "bad", "--screen", "1920*1080"))
+    bad = legato_checks(
+        *collect_args(policy_server, tasks, tmp_path / "bad", "--screen", "1920*1080")
+    )
     assert bad.returncode == 2 and "--screen" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -412,16 +429,16 @@ def test_backend_any_case_and_screen_bounds_name_the_flag(policy_server, tmp_pat
     args[args.index("fake")] = "FAKE"
     res = legato(*args)
     assert res.returncode == 0, res.stderr
-    bad = legato(*collect_args(policy_server, tasks, tmp_path / "bad", "--screen", "10x10"))
+    bad = legato_checks(*collect_args(policy_server, tasks, tmp_path / "bad", "--screen", "10x10"))
     text = " ".join(bad.stderr.split())
     assert bad.returncode == 2 and "--screen '10x10' (width): Input should be greater" in text
     assert "screen_width" not in text and "--screen '10x10' (height)" in text
     # sampling fields are named by their flags too (a newcomer read "top_p: Input should...")
-    bad = legato(*collect_args(policy_server, tasks, tmp_path / "bad", "--top-p", "0"))
+    bad = legato_checks(*collect_args(policy_server, tasks, tmp_path / "bad", "--top-p", "0"))
     text = " ".join(bad.stderr.split())
     assert bad.returncode == 2 and "--top-p: Input should be greater than 0, got 0.0" in text
     assert "(fix: --top-p)" in text and "top_p" not in text
-    wrong = legato(*[a if a != "FAKE" else "vm" for a in args])
+    wrong = legato_checks(*[a if a != "FAKE" else "vm" for a in args])
     assert (
         wrong.returncode == 2 and "--backend 'vm': use one of fake, local, osworld" in wrong.stderr
     )
@@ -465,7 +482,7 @@ def test_view_of_an_unknown_version_lists_the_lakes_versions(policy_server, tmp_
     out = lake / "runs" / "policy_version=step-3"
     res = legato(*collect_args(policy_server, tasks, out, "--group", "1", "--max-steps", "1"))
     assert res.returncode == 0, res.stderr
-    res = legato("view", "--lake", lake, "--version", "nope", "--out", tmp_path / "report")
+    res = legato_checks("view", "--lake", lake, "--version", "nope", "--out", tmp_path / "report")
     text = " ".join(res.stderr.split())
     assert res.returncode == 2 and "--version 'nope': no such version in the lake" in text
     assert "(versions: step-3;" in text and "not a legato run directory" not in text

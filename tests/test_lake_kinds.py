@@ -75,7 +75,7 @@ def _old_lake(tmp_path: Path) -> Lake:
 
 def test_readers_get_every_column_of_a_lake_written_by_two_releases(tmp_path):
     lake = _old_lake(tmp_path)
-    # what the old README snippet did: the first file's 19 columns only
+    # what the old snippet of the docs did: the first file's 19 columns only
     naive = ds.dataset(lake.root / "samples", format="parquet", partitioning="hive").schema
     assert not set(NEWER) & set(naive.names)
 
@@ -96,7 +96,7 @@ def test_readers_get_every_column_of_a_lake_written_by_two_releases(tmp_path):
     with pytest.raises(FileNotFoundError, match="step-9"):
         read_samples(lake.root, ["step-9"])
 
-    # the README's snippet for a trainer without legato-pipelines installed
+    # docs/lake.md's snippet for a trainer without legato-pipelines installed
     folder = str(lake.root / "samples")
     files = ds.dataset(folder, format="parquet", partitioning=None)
     schema = pa.unify_schemas(

@@ -79,7 +79,7 @@ def rollout_batch(
     with in_dagster("rollout_batch run config"):
         settings = config.settings(desktops=desktops.count())
     with in_dagster("policy"):
-        task_set = load_tasks(config.tasks, osworld=desktops.osworld_worker)
+        task_set = load_tasks(config.tasks, osworld=desktops.osworld)
         policy_config = policy.config(version, model=config.model)
         load = policy.load_spec(
             version,
@@ -112,7 +112,7 @@ def rollout_batch(
                 run_dir,
                 settings=settings,
                 desktop=desktops.config(),
-                osworld=desktops.osworld_worker,
+                osworld=desktops.osworld,
                 on_record=progress,
                 load=load,
                 collected_by=context.run.run_id,

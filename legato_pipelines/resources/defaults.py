@@ -17,7 +17,7 @@ LEGATO_BACKEND             ``desktops.backend``                                 
 LEGATO_DESKTOPS            ``desktops.desktops``                                  4
 LEGATO_DESKTOP_URLS        ``desktops.urls`` (space/comma-separated URLs)         none
 LEGATO_BACKEND_OPTIONS     ``desktops.options`` (JSON object)                     {}
-LEGATO_OSWORLD             ``desktops.osworld_worker``                                   none
+LEGATO_OSWORLD             ``desktops.osworld``                                   none
 LEGATO_LAKE                ``lake.root``                                          ./lake
 LEGATO_CHECKPOINTS         ``checkpoints.directory``, ``policy.checkpoint_root``  none
 LEGATO_CHECKPOINT_SOURCE   ``checkpoints.source`` (directory | models)            directory

@@ -79,6 +79,8 @@ from ..ready import ScreenshotReady
 from ..server import ServerProcess
 from .channel import WorkerProcess, confinement, desktop_ports
 from .confine import hand_over
+from .grader import evaluation_of
+from .grader_log import AttemptLog
 from .options import (
     claim_cache_dir,
     default_cache_root,
@@ -124,6 +126,7 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
         #: facts of the last reset's setup (steps OSWorld carries on after, as on the local
         #: backend: ``setup_facts.py``); kept on the attempt's record (``reset.setup_failures``)
         self.setup_failures: list[dict[str, Any]] = []
+        self._attempt_log = AttemptLog()  # the current attempt's part of the worker's log
         self.last_start: dict[str, Any] | None = None
         self._force_revert = False
         self._http = None
@@ -208,6 +211,7 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
             or needs_full_reset(task)
         )
         task_config = {**task.config, "id": task.config.get("id") or task.task_id}
+        self._attempt_log.start(self.worker.log_path if self.worker is not None else None)
         self._guard_reset()
         self._ready_signal.prepare(task)
         self.setup_failures = []
@@ -270,9 +274,13 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
         result = await self._call(
             "evaluate", self.config.eval_timeout, last_action_fail=last_action_fail
         )
-        return Evaluation(
-            float(result["reward"]), result.get("error"), tuple(result.get("notes") or ())
-        )
+        return evaluation_of(result)
+
+    def take_grader_log(self) -> bytes | None:
+        """What the worker wrote to its log (``<work_dir>/<name>.log``: DesktopEnv's logging,
+        tracebacks, the facts of ``setup_facts.py``) since the last reset began, for the run
+        directory; ``None`` when nothing (``grader_log.AttemptLog``)."""
+        return self._attempt_log.take()
 
     async def recover(self) -> None:
         """Restart the worker and its VM (DesktopEnv constructed anew); next reset reverts.

@@ -46,6 +46,8 @@ from ...tasks import Evaluation, Task
 from ..child_env import worker_env
 from .channel import WorkerProcess, confinement, desktop_ports
 from .confine import hand_over, prepare_dir
+from .grader import evaluation_of
+from .grader_log import AttemptLog
 from .template import acquire_template, release_template
 
 VM_TOKEN_ENV = "LEGATO_OSWORLD_VM_TOKEN"
@@ -98,9 +100,11 @@ class OSWorldGrader:
     """One osworld worker attached to the local desktop server at ``url`` (``token``).
 
     ``python``: the OSWorld interpreter; ``screen_size``: (width, height) pixels; ``cache_dir``:
-    the read-only file cache (option ``cache_dir``) or ``None``; ``name``: the desktop's name
-    (log file ``<work>/<name>.log``); ``template``: fork the worker from the template shared
-    by this interpreter's graders (a lease from the first :meth:`spawn` to :meth:`close`).
+    the read-only file cache (option ``cache_dir``) or ``None``; ``name``: the desktop's name;
+    ``template``: fork the worker from the template shared by this interpreter's graders (a
+    lease from the first :meth:`spawn` to :meth:`close`). Each worker logs to a file of its
+    own in the work directory (``worker-<n>.log``); what the workers of an attempt wrote is
+    :meth:`take_grader_log`'s, for the run directory (the work directory goes with the batch).
     Every method raises ``DesktopError`` when the worker fails or misses its deadline (kinds
     as the osworld backend's: ``setup``, ``evaluator``, ``vm``, ``transport``).
     """
@@ -142,6 +146,8 @@ class OSWorldGrader:
         #: seconds of the last setup / evaluation inside the worker (DesktopEnv's own work)
         self.last_setup_s: float | None = None
         self.last_eval_s: float | None = None
+        self._workers_made = 0  # numbers the workers' log files
+        self._attempt_log = AttemptLog()  # the current attempt's part of the workers' logs
 
     def __repr__(self) -> str:
         return f"OSWorldGrader({self.name!r}, {self.url!r})"
@@ -170,12 +176,13 @@ class OSWorldGrader:
         if self.template and self._lease is None:
             self._lease = acquire_template(self.python)
         template = await self._lease.ready() if self._lease is not None else None
+        self._workers_made += 1
         worker = WorkerProcess(
             self.python,
             env=worker_env({VM_TOKEN_ENV: self.token}, provider="local"),  # no credential
             cwd=str(self.work_dir),
             name=f"{self.name}-osworld",
-            log_path=str(self.work_dir / "worker.log"),
+            log_path=str(self.work_dir / f"worker-{self._workers_made}.log"),
             template=template,
             confine=confinement(),
         )
@@ -245,6 +252,7 @@ class OSWorldGrader:
             task_config["evaluator"] = {"func": "infeasible"}
         self._task_config = task_config
         self._used = True
+        self._attempt_log.start(self.worker.log_path)
         try:
             answer = await self.worker.call("setup", timeout, task_config=task_config)
         except BaseException:
@@ -264,6 +272,7 @@ class OSWorldGrader:
             await self._take_next()
             if not self.alive():
                 await self.start()
+            self._attempt_log.mark(self.worker.log_path)  # this attempt's grade is logged here
             try:
                 await self.worker.call("load_task", START_TIMEOUT_S, task_config=self._task_config)
             except BaseException:
@@ -280,9 +289,21 @@ class OSWorldGrader:
         finally:
             self._retire()
         self.last_eval_s = result.get("eval_s")
-        return Evaluation(
-            float(result["reward"]), result.get("error"), tuple(result.get("notes") or ())
-        )
+        return evaluation_of(result)
+
+    def take_grader_log(self) -> bytes | None:
+        """What this attempt's workers wrote to their logs since its setup (its setup and
+        evaluation: OSWorld's logging, tracebacks, the facts of ``setup_facts.py``), at most
+        ``grader_log.GRADER_LOG_MAX_BYTES``; ``None`` when they wrote nothing. The log files
+        of workers that have retired are removed then (the work directory is the batch's)."""
+        paths = self._attempt_log.paths
+        data = self._attempt_log.take()
+        current = self.worker.log_path if self.worker is not None else None
+        for path in paths:
+            if path != current:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        return data
 
     def _retire(self) -> None:
         """Stop the worker that ran this attempt's setup or evaluation, in the background. It

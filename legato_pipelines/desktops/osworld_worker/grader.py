@@ -26,6 +26,7 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...osworld_format.grader_names import OWN_GRADER, GraderNames, osworld_grader
+from ...tasks import Evaluation
 from ...user_cache import legato_cache
 from .channel import WORKER_SCRIPT
 from .install import osworld_python
@@ -128,3 +129,15 @@ def local_grader(options: dict[str, Any]) -> tuple[GraderNames, Path | None]:
             )
         return OWN_GRADER, None
     return installed_grader(str(python)), python
+
+
+def evaluation_of(answer: dict[str, Any]) -> Evaluation:
+    """The worker's ``evaluate`` answer (``{reward, error, notes, postconfig_failures}``,
+    ``worker.py``) as the :class:`~legato_pipelines.tasks.Evaluation` a desktop returns: the
+    osworld backend's and the local backend's OSWorld grader read it the same way."""
+    return Evaluation(
+        float(answer["reward"]),
+        answer.get("error"),
+        tuple(answer.get("notes") or ()),
+        tuple(answer.get("postconfig_failures") or ()),
+    )

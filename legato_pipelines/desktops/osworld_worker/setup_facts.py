@@ -17,14 +17,25 @@ Each fact is ``{step, type, exit_status, error}``: ``step`` the 0-based index, `
 step type, ``exit_status`` the command's status (``execute``; a ``launch`` that died at once:
 the server's ``returncode``) or ``None``, ``error`` the stderr tail or the server's message
 (at most :data:`FAILURE_TAIL_CHARS` characters).
+
+With :attr:`SetupFacts.postconfig` (the evaluator's ``postconfig``, run by
+``DesktopEnv.evaluate`` through the same controller) an ``activate_window`` /
+``close_window`` that matched no window is a fact too, when the server says so: the
+project's desktop servers answer 200 either way, as OSWorld's does, and add the header
+:data:`WINDOW_FOUND_HEADER` (``false``: no match); OSWorld's own server says nothing, so
+nothing is known there. The wording is ``osworld_format/setup.py``'s ``no_window_message``.
+Each fact is also written to stderr, the worker's log (``grader_log`` on the record).
 """
 
 from __future__ import annotations
 
+import sys
 import urllib.parse
 from typing import Any
 
 FAILURE_TAIL_CHARS = 500
+#: ``osworld_format.controller.WINDOW_FOUND_HEADER`` (this module imports no project code)
+WINDOW_FOUND_HEADER = "X-Legato-Window-Found"
 #: Server routes whose refusal (HTTP >= 400) OSWorld logs and carries on after, by step type.
 REFUSALS = {
     "/setup/launch": "launch",
@@ -46,6 +57,8 @@ class SetupFacts:
 
     def __init__(self, setup_module) -> None:
         self.failures: list[dict[str, Any]] = []
+        #: the evaluator's postconfig runs: a window step that matched no window is a fact
+        self.postconfig = False
         self._step: tuple[int, str, dict] | None = None
         self._refused = False
         if not isinstance(setup_module.requests, _Watched):
@@ -92,6 +105,13 @@ class SetupFacts:
                 and not parameters.get("until")
             ):
                 self._fail(index, step_type, code, body.get("error") or "")
+        elif (
+            path in ("/setup/activate_window", "/setup/close_window")
+            and response.status_code < 400
+            and self.postconfig
+            and (response.headers.get(WINDOW_FOUND_HEADER) or "").lower() == "false"
+        ):
+            self._fail(index, step_type, None, _no_window(parameters))
         elif path in REFUSALS and response.status_code >= 400:
             if body.get("kind") not in REFUSAL_KINDS:
                 return
@@ -101,6 +121,13 @@ class SetupFacts:
             self._refused = True
 
     def _fail(self, index: int, step_type: str, exit_status, error: str) -> None:
+        what = "postconfig" if self.postconfig else "setup"
+        print(
+            f"osworld-worker WARNING legato: {what} step {index} ({step_type}) failed, carrying "
+            f"on as OSWorld does: exit status {exit_status}: {(error or '').strip()[-300:]}",
+            file=sys.stderr,
+            flush=True,
+        )
         self.failures.append(
             {
                 "step": index,
@@ -109,6 +136,13 @@ class SetupFacts:
                 "error": (error or "")[-FAILURE_TAIL_CHARS:],
             }
         )
+
+
+def _no_window(parameters: dict) -> str:
+    """``osworld_format.setup.no_window_message`` for a window step's parameters."""
+    what = "class" if parameters.get("by_class") else "title"
+    how = "is" if parameters.get("strict") else "contains"
+    return f"no window whose {what} {how} {parameters.get('window_name')!r}"
 
 
 class _Watched:

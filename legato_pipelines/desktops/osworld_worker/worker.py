@@ -36,9 +36,12 @@ Operations (``result`` shapes):
             ``images.png_codecs()``)
   step      {code, pause?}: ``DesktopEnv.step(code, pause)`` (pause 0 unless given);
             {done, info, returncode, error, output} (``output``: the code's stdout tail)
-  evaluate  {last_action_fail}: ``DesktopEnv.evaluate()``; {reward, error, notes}. An exception
-            from the evaluator is a reward 0 with its reason, not a failure; ``notes`` are facts
-            about the files the metrics were given (``osworld_format/file_notes.py``).
+  evaluate  {last_action_fail}: ``DesktopEnv.evaluate()``; {reward, error, notes,
+            postconfig_failures}. An exception from the evaluator is a reward 0 with its reason,
+            not a failure; ``notes`` are facts about the files the metrics were given
+            (``osworld_format/file_notes.py``); ``postconfig_failures`` the postconfig's steps
+            OSWorld carries on after, a window step that matched no window included
+            (``setup_facts.py``).
   close     ``DesktopEnv.close()`` (stops the VM), then the worker exits.
   fork      {socket, env, cwd, log_path, confine?}: only on a worker whose DesktopEnv is not started
             (typically a "template" that ran ``preload``): ``os.fork()``; the child starts a
@@ -870,6 +873,8 @@ class Worker:
             env.step("FAIL", pause=0)  # OSWorld's FAIL: infeasible scores 1, other metrics 0
         t0 = time.perf_counter()
         self.eval_notes = []
+        if self.facts is not None:  # the postconfig runs through the watched setup controller
+            self.facts.failures, self.facts.postconfig = [], True
         try:
             reward = float(env.evaluate())
             error = None
@@ -877,11 +882,16 @@ class Worker:
             raise
         except Exception as exc:
             reward, error = 0.0, _describe(exc)
+            traceback.print_exc(file=sys.stderr)  # the grader's log keeps where it raised
+        finally:
+            if self.facts is not None:
+                self.facts.postconfig = False
         notes = list(dict.fromkeys(self.eval_notes))
         return {
             "reward": reward,
             "error": error,
             "notes": notes,
+            "postconfig_failures": list(self.facts.failures) if self.facts is not None else [],
             "eval_s": time.perf_counter() - t0,
         }
 

@@ -12,7 +12,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from ...osworld_format.controller import EXECUTE_TIMEOUT_S
+from ...osworld_format.controller import EXECUTE_TIMEOUT_S, WINDOW_FOUND_HEADER
 from . import accessibility as a11y
 from . import apps
 from .procs import OutputTooLarge
@@ -141,7 +141,7 @@ def window_route(close: bool):
         # VM, with no setup failure; the header says whether a window matched
         return PlainTextResponse(
             "Window closed successfully." if close else "Window activated successfully",
-            headers={"X-Legato-Window-Found": "true" if found else "false"},
+            headers={WINDOW_FOUND_HEADER: "true" if found else "false"},
         )
 
     return handler
