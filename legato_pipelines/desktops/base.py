@@ -25,18 +25,17 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..actions import Action
-from ..errors import ConfigError, DesktopError
+from ..errors import DesktopError
 from ..harness.render import not_typed_in, render_osworld_code
 from ..images import Screenshot
 from ..osworld_format.controller import EXECUTE_TIMEOUT_S
 from ..tasks import Evaluation, Task
-
-Backend = Literal["fake", "local", "osworld"]
+from .registry import DEFAULT_BACKEND, get
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +155,8 @@ class DesktopConfig(BaseModel):
     """How desktops are made and waited on. Defaults in one place (the httpx ``Timeout`` idea).
 
     Fields:
-      backend       ``fake`` | ``local`` | ``osworld``
+      backend       a registered backend's name (:mod:`.registry`; default
+                    :data:`.registry.DEFAULT_BACKEND`)
       screen_width, screen_height   pixels (1280x720 default; OSWorld VMs are 1920x1080)
       ready_signal  wait until the screen is stable after actions and reset (on by default)
       fixed_wait    seconds to sleep instead (the OSWorld-style baseline; needs ready_signal off)
@@ -169,7 +169,7 @@ class DesktopConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Backend = "fake"
+    backend: str = DEFAULT_BACKEND
     screen_width: int = Field(1280, ge=64, le=8192)
     screen_height: int = Field(720, ge=64, le=8192)
     ready_signal: bool = True
@@ -178,6 +178,13 @@ class DesktopConfig(BaseModel):
     eval_timeout: float = Field(120.0, gt=0)
     waits: Waits = Field(default_factory=Waits)
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("backend")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        """A registered backend (:func:`.registry.get`; ``ValueError`` naming the known ones)."""
+        get(name)
+        return name
 
     @model_validator(mode="before")
     @classmethod
@@ -207,13 +214,12 @@ class DesktopConfig(BaseModel):
         return (self.screen_width, self.screen_height)
 
 
-def check_options(config: DesktopConfig, allowed: frozenset[str], backend: str) -> None:
-    """Raise ``ConfigError`` naming the options of ``config`` that ``backend`` does not know."""
-    unknown = set(config.options) - allowed
-    if unknown:
-        raise ConfigError(
-            f"desktop options {sorted(unknown)} are not {backend}-backend options; allowed: {sorted(allowed)}"
-        )
+def check_options(config: DesktopConfig) -> BaseModel:
+    """``config.options`` as its backend's options model (:meth:`.registry.BackendSpec.check_options`).
+    Raises ``ConfigError`` naming the options the backend does not know, or a wrong value."""
+    from .registry import get
+
+    return get(config.backend).check_options(config.options)
 
 
 def screenshot_of(png: bytes, name: str, kind: str = "observe") -> Screenshot:
