@@ -496,6 +496,11 @@ def print_profile(summary: dict) -> None:
             )
         ),
     )
+    undrawn = summary.get("undrawn_observations") or {"count": 0, "resets": 0, "actions": 0}
+    table.add_row(
+        "observations of an undrawn app",
+        f"{undrawn['count']} (after resets {undrawn['resets']}, after actions {undrawn['actions']})",
+    )
     table.add_row("evaluator errors", str(summary.get("eval_errors", 0)))
     notes = summary.get("eval_notes") or {"attempts": 0, "by_kind": {}}
     table.add_row(

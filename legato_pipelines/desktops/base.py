@@ -45,12 +45,15 @@ class Wait:
     ``wait_s`` is the whole wait. ``ready_s`` is the ready signal's answer (seconds until the
     screen was stable), or ``None`` when a fixed wait (the OSWorld-style baseline) was used.
     ``timed_out``: the ready signal hit its cap (:class:`Waits`) before the screen was stable;
-    ``None`` with a fixed wait.
+    ``None`` with a fixed wait. ``undrawn``: the wait ended with an app's window still blank
+    or the app still loading (a desktop server's content wait), so the screen handed out next
+    shows it undrawn; ``None`` where the backend cannot tell.
     """
 
     wait_s: float
     ready_s: float | None = None
     timed_out: bool | None = None
+    undrawn: bool | None = None
 
 
 @runtime_checkable
@@ -258,8 +261,11 @@ class WaitsByMode:
 
     config: DesktopConfig
 
-    async def _ready(self, mode: str, cap_s: float) -> tuple[float, bool]:
-        """Wait until the screen is stable, at most ``cap_s`` seconds; ``(ready_s, timed_out)``."""
+    async def _ready(
+        self, mode: str, cap_s: float
+    ) -> tuple[float, bool] | tuple[float, bool, bool]:
+        """Wait until the screen is stable, at most ``cap_s`` seconds; ``(ready_s, timed_out)``,
+        or ``(ready_s, timed_out, undrawn)`` from a backend that tells (:class:`Wait`)."""
         raise NotImplementedError
 
     async def _wait(self, mode: str) -> Wait:
@@ -267,8 +273,8 @@ class WaitsByMode:
         if not self.config.ready_signal:
             await asyncio.sleep(self.config.fixed_wait or 0.0)
             return Wait(time.perf_counter() - t0, None)
-        ready_s, timed_out = await self._ready(mode, self.config.waits.ready_cap(mode))
-        return Wait(time.perf_counter() - t0, ready_s, timed_out)
+        ready_s, timed_out, *undrawn = await self._ready(mode, self.config.waits.ready_cap(mode))
+        return Wait(time.perf_counter() - t0, ready_s, timed_out, undrawn[0] if undrawn else None)
 
     async def wait_after_reset(self) -> Wait:
         return await self._wait("reset")

@@ -509,13 +509,13 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
     async def _close_windows(self, ids: list[Any]) -> dict[Any, str]:
         return await self.client.close_windows(ids)
 
-    async def _ready(self, mode: str, cap_s: float) -> tuple[float, bool]:
+    async def _ready(self, mode: str, cap_s: float) -> tuple[float, bool, bool]:
         if mode == "reset":  # an app the setup launched: its main window, within its own cap
             app_window_s = self.config.waits.ready_app_window_s
             result = await self.client.wait(mode, timeout_s=cap_s, app_window_s=app_window_s)
         else:
             result = await self.client.wait(mode, timeout_s=cap_s)
-        return float(result["ready_s"]), bool(result.get("timed_out"))
+        return float(result["ready_s"]), bool(result.get("timed_out")), bool(result.get("undrawn"))
 
     async def _healthy(self) -> bool:
         if self.server is not None and not self.server.alive():
