@@ -51,6 +51,7 @@ from typing import Any, Literal, get_args, get_origin
 import dagster as dg
 from pydantic import BaseModel, ValidationError
 
+from ..desktops.registry import DEFAULT_BACKEND, names
 from ..errors import ConfigError
 from ..policy.config import API_KEY_ENV, PolicyConfig
 from ..policy.load_spec import LoadSpec
@@ -105,14 +106,21 @@ def _env_json(name: str) -> dict[str, Any]:
     return value
 
 
-def _env_choice(name: str, resource: type[dg.ConfigurableResource], field: str) -> str | None:
-    """The variable's value if it is one of the resource field's ``Literal`` choices, ``None``
-    when unset; raises ``ConfigError`` naming the variable and the valid values otherwise
-    (instead of a pydantic error about the field that never mentions the variable)."""
+def _env_choice(
+    name: str,
+    resource: type[dg.ConfigurableResource],
+    field: str,
+    choices: tuple[str, ...] | None = None,
+) -> str | None:
+    """The variable's value if it is one of ``choices`` (default: the resource field's
+    ``Literal`` choices), ``None`` when unset; raises ``ConfigError`` naming the variable and
+    the valid values otherwise (instead of a pydantic error about the field that never
+    mentions the variable)."""
     raw = os.environ.get(name)
     if not raw:
         return None
-    choices = get_args(resource.model_fields[field].annotation)
+    if choices is None:
+        choices = get_args(resource.model_fields[field].annotation)
     folded = {c.lower(): c for c in choices}
     if raw.strip().lower() in folded:
         return folded[raw.strip().lower()]
@@ -175,7 +183,8 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:
             **env_settings(LoadSpec),
         ),
         "desktops": DesktopPoolResource(
-            backend=_env_choice("LEGATO_BACKEND", DesktopPoolResource, "backend") or "fake",
+            backend=_env_choice("LEGATO_BACKEND", DesktopPoolResource, "backend", names())
+            or DEFAULT_BACKEND,
             desktops=_env_int("LEGATO_DESKTOPS", 4),
             options=_env_json("LEGATO_BACKEND_OPTIONS"),
             osworld=_env("LEGATO_OSWORLD", None),
