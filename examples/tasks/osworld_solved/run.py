@@ -59,12 +59,12 @@ def _files():
 def select(entries: list[dict], only: list[str]) -> list[dict]:
     """The task list entries whose domain or task id prefix is in ``only`` (all when empty).
 
-    Raises ``SystemExit`` (status 2) naming a selector that matches no task."""
+    Raises ``ValueError`` naming a selector that matches no task."""
     if not only:
         return entries
     for selector in only:
         if not any(e["domain"] == selector or e["task_id"].startswith(selector) for e in entries):
-            raise SystemExit(f"--only {selector!r}: no task has that domain or id prefix")
+            raise ValueError(f"--only {selector!r}: no task has that domain or id prefix")
     return [e for e in entries if any(e["domain"] == s or e["task_id"].startswith(s) for s in only)]
 
 
@@ -183,7 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-nothing", action="store_true", help="no do-nothing pass")
     args = parser.parse_args(argv)
 
-    entries = select(json.loads((HERE / "tasks.json").read_text()), args.only)
+    try:
+        entries = select(json.loads((HERE / "tasks.json").read_text()), args.only)
+    except ValueError as error:
+        parser.error(str(error))  # exit status 2
     out = args.out or Path(tempfile.mkdtemp(prefix="oracle-suite-"))
     collect_args = ["--backend", args.backend, "--max-steps", str(args.max_steps)]
     if args.osworld_provider:
