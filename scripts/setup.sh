@@ -31,6 +31,9 @@ APT_PACKAGES=(
   # pasta: desktops' own networks with a route out and their CDP/VLC ports forwarded
   # (--network own, desktops/server/sandbox.py): 0.4 MB
   passt
+  # certutil: the desktops' Chromium trusts the web recorder's CA (and web_ca) through an NSS
+  # database in the baseline HOME (desktops/server/recorder.py)
+  libnss3-tools
   # the sandbox escape tests build a small /etc/ld.so.preload library (tests/test_desktop_sandbox_escapes.py)
   gcc libc6-dev
   # scale-out proof (Postgres run storage, Redis broker for Celery run workers)
@@ -53,6 +56,9 @@ python3 -m pip install -q -e '.[dev]'
 # The osworld backend: OSWorld's desktop-env in its own venv, and pyautogui for the local
 # desktops' "VM python" (see scripts/osworld_venv.sh).
 scripts/osworld_venv.sh
+
+# The local desktops' web recorder: mitmproxy in its own venv (see scripts/web_venv.sh).
+scripts/web_venv.sh
 
 # The real-vLLM tests (tests/test_vllm_real.py) and benchmarks/bench_vllm_client.py: vLLM's CPU
 # build in its own venv (see scripts/vllm_venv.sh; 2-3 min and ~6.3 GB the first time).

@@ -54,6 +54,14 @@ def collect_command(
         list[str] | None,
         typer.Option("--desktop-option", help="Backend option KEY=JSON (repeatable)."),
     ] = None,
+    web: Annotated[
+        str | None,
+        typer.Option(
+            "--web",
+            help="Local desktops' websites: live (default), replay:ARCHIVE (served from an"
+            " archive of `legato web record`, no network) or record:ARCHIVE.",
+        ),
+    ] = None,
     screen: Annotated[
         str,
         typer.Option(
@@ -167,6 +175,8 @@ def collect_command(
             options = parse_desktop_options(desktop_option or [])
         except ValueError as exc:
             fail(str(exc))
+        if web is not None:
+            options["web"] = web
         if osworld_python is not None:
             options["osworld_python"] = str(osworld_python)
         if osworld_provider is not None:

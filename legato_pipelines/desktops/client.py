@@ -306,6 +306,19 @@ class DesktopClient:
         )
         return None if response.status_code in (404, 405) else response.json()
 
+    async def web_begin(self, task_id: str) -> dict[str, Any]:
+        """``POST /legato/web``: start the web recorder's attempt for ``task_id`` (desktop
+        option ``web`` record/replay); ``{"mode", "task", "archived"}``."""
+        return (
+            await self._request(
+                "POST", "/legato/web", kind="reset", timeout=RESET_TIMEOUT_S, json={"task": task_id}
+            )
+        ).json()
+
+    async def web_misses(self) -> list[dict[str, str]]:
+        """``GET /legato/web``: the running replay attempt's requests not in the archive."""
+        return list((await self._request("GET", "/legato/web", kind="evaluator")).json()["misses"])
+
     async def processes(self) -> dict[str, Any]:
         return (await self._request("GET", "/legato/processes", kind="transport")).json()
 

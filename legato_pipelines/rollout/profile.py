@@ -5,6 +5,7 @@ and the ``profile`` table report. Computed from the records alone, so it can be 
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -55,7 +56,9 @@ def summarize(
     closed a window nobody asked for before the policy's first action
     (:func:`_unexpected_windows`); ``eval_notes`` counts graded attempts whose evaluator
     noted a fact about the compared files
-    (:func:`_eval_notes`; the reward is OSWorld's, unchanged). ``missing`` is the
+    (:func:`_eval_notes`; the reward is OSWorld's, unchanged); ``web_replay_missing`` counts
+    attempts replayed from a web archive that lacked requests, and those requests
+    (:func:`_web_replay_missing`). ``missing`` is the
     number of logical attempts without a settling record (0 after a complete batch) and
     ``retries`` the records a later execution of their logical attempt replaced (``retried``,
     or an ``error`` a resume re-ran: :func:`~legato_pipelines.record.superseded`), so
@@ -166,6 +169,7 @@ def summarize(
         "keyboard_restores": _keyboard_restores(records),
         "unexpected_windows": _unexpected_windows(records),
         "eval_notes": _eval_notes(records),
+        "web_replay_missing": _web_replay_missing(records),
         "desktops": desktop_health(records),
         "reset_critical": reset_critical(records),
         "sampling": meta.get("sampling"),
@@ -449,6 +453,25 @@ def _eval_notes(records: list[Record]) -> dict[str, Any]:
             attempts += 1
             by_kind.update(str(n).partition(": ")[0] for n in r.eval_notes)
     return {"attempts": attempts, "by_kind": dict(by_kind.most_common())}
+
+
+#: The note a replayed attempt carries for requests its web archive lacked
+#: (``desktops/web.py`` WEB_MISS_NOTE: ``web_replay_missing: N request(s) ...``).
+_WEB_MISS = re.compile(r"^web_replay_missing: (\d+) request")
+
+
+def _web_replay_missing(records: list[Record]) -> dict[str, Any]:
+    """Graded attempts replayed from a web archive that lacked some of their requests
+    (desktop option ``web=replay:``), and how many requests in all: ``{"attempts",
+    "requests"}``."""
+    counts = [
+        int(m[1])
+        for r in records
+        if r.final and r.eval_notes
+        for m in (_WEB_MISS.match(str(n)) for n in r.eval_notes)
+        if m
+    ]
+    return {"attempts": len(counts), "requests": sum(counts)}
 
 
 def _share(steps: list[Step], key: str) -> float | None:

@@ -31,6 +31,8 @@ Nothing of the host changes: the files exist only inside the desktops' sandboxes
 from __future__ import annotations
 
 import os
+import shlex
+from collections.abc import Sequence
 from pathlib import Path
 
 #: Debian's Chromium binary (package ``chromium``) and its launcher.
@@ -60,7 +62,7 @@ exec /{CHROME_BINARY} \\
   --no-first-run --no-default-browser-check --password-store=basic \\
   --disable-background-networking --disable-component-update --disable-breakpad \\
   --disable-features={DISABLED_FEATURES} \\
-  --remote-debugging-port={CDP_PORT} "$@"
+  --remote-debugging-port={CDP_PORT} {{flags}}"$@"
 """
 
 SOCAT = "/usr/bin/socat"
@@ -99,8 +101,15 @@ def available() -> bool:
     return os.access(CHROMIUM_BINARY, os.X_OK)
 
 
-def write_seed(seed: Path) -> list[str]:
-    """Lay the ``google-chrome`` files into a sandbox's seed directory (``seed/usr/...``).
+def wrapper_script(flags: Sequence[str] = ()) -> str:
+    """The ``google-chrome`` wrapper script, with ``flags`` (e.g. ``--proxy-server=...``:
+    ``desktops/web.py``) after the built-in ones and before the caller's."""
+    return WRAPPER.replace("{flags}", "".join(f"{shlex.quote(f)} " for f in flags))
+
+
+def write_seed(seed: Path, flags: Sequence[str] = ()) -> list[str]:
+    """Lay the ``google-chrome`` files into a sandbox's seed directory (``seed/usr/...``);
+    the wrapper adds ``flags`` to every start (:func:`wrapper_script`).
 
     The socat wrapper is laid whenever socat is installed; the rest does nothing when Chromium
     is not installed. Returns the paths written, relative to ``seed``. Existing files are
@@ -118,7 +127,7 @@ def write_seed(seed: Path) -> list[str]:
     if not available():
         return written
     for rel, text, mode in (
-        ("usr/bin/google-chrome", WRAPPER, 0o755),
+        ("usr/bin/google-chrome", wrapper_script(flags), 0o755),
         ("usr/share/applications/google-chrome.desktop", DESKTOP_ENTRY, 0o644),
     ):
         path = seed / rel

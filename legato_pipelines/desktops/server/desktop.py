@@ -53,21 +53,32 @@ one (or ``grader=own``) the project's own subset runs them (``osworld_format.run
   grader        ``auto`` (default: OSWorld's own setup and evaluators when its venv is
                 installed, else the own subset), ``osworld`` (required) or ``own``
   osworld_python the OSWorld interpreter (default: the venv of ``legato osworld install``)
+  proxy         upstream proxy of the sandboxed desktops' Chromium, ``http://HOST:PORT``
+                (default: environment variable LEGATO_PROXY; none); ``desktops/web.py``
+  web_probe     ``HOST:PORT`` the preflight's reachability check connects to (default
+                LEGATO_WEB_PROBE, else huggingface.co:443)
+  web           ``live`` (default), ``record:ARCHIVE`` or ``replay:ARCHIVE``: mitmproxy between
+                Chromium and the sites, one flow file per task (:mod:`.recorder`)
+  web_hosts     ``{name: "addr[:port]"}``: sites served elsewhere (stand-ins, mirrors)
+  web_ca        PEM files of CAs the desktops' Chromium and the recorder trust for sites
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import shutil
 import signal
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ...actions import Action
 from ...errors import ConfigError, DesktopError
@@ -85,6 +96,7 @@ from ..osworld_worker import OSWorldGrader, template_started
 from ..popups import PopupGuard
 from ..processes import ForkRendezvous, PidfdProcess, Spawned, pdeathsig_guard, stop_early
 from ..server_tasks import ServerTasks
+from ..web import WEB_MISS_NOTE, web_server_args, web_settings
 from .template import (
     GO,
     ServerTemplate,
@@ -110,6 +122,11 @@ OPTION_NAMES = frozenset(
         "start_timeout",
         "grader",
         "osworld_python",
+        "proxy",
+        "web_probe",
+        "web",
+        "web_hosts",
+        "web_ca",
     }
 )
 log = logging.getLogger(__name__)
@@ -146,6 +163,8 @@ class ServerProcess:
         ready_source: str = "damage",
         fork: bool = False,
         limits: Any = True,
+        proxy: str | None = None,
+        web: Any = None,
     ):
         self.width, self.height, self.host, self.port = width, height, host, port
         self.sandbox, self.network = sandbox, network
@@ -154,6 +173,8 @@ class ServerProcess:
         self.prebuild = None if prebuild is None else tuple(prebuild)
         self.fork = fork
         self.limits = limits  # desktop option ``limits`` as given (JSON value)
+        self.proxy = proxy  # Chromium's upstream proxy (desktops/web.py), checked
+        self.web = web  # desktops/web.py WebSettings: mode, archive, hosts, CAs
         self.forked = False
         self.url: str | None = None
         self.ports: dict[str, int] = {}
@@ -207,6 +228,10 @@ class ServerProcess:
         argv += ["--ready-source", self.ready_source]
         if self.sandbox and self.limits is not True:
             argv += ["--limits", json.dumps(self.limits)]
+        if self.sandbox and self.proxy:
+            argv += ["--proxy", self.proxy]
+        if self.sandbox and self.web is not None:
+            argv += web_server_args(self.web)
         if self.template:
             argv += ["--template", str(self.template)]
         if self.prebuild is not None:  # None: the server's default
@@ -386,6 +411,8 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
         self._guard_reset()
         self.last_reset = await self.client.reset(full=full)
         self._force_full = False
+        if self.web_mode != "live":  # the recorder's attempt, before the setup opens a site
+            await self.client.web_begin(task.task_id)
         if self.last_reset.get("keyboard_restored"):  # an earlier attempt switched the layout
             self.reset_facts["keyboard_restored"] = self.last_reset["keyboard_restored"]
         if self.grader is not None:
@@ -424,10 +451,12 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
         """
         try:
             if self.grader is not None and task.evaluator:  # none: the own path says so
-                return await self.grader.evaluate(
+                graded = await self.grader.evaluate(
                     last_action_fail=last_action_fail, timeout=self.config.eval_timeout
                 )
-            return await self._grade(task, last_action_fail)
+            else:
+                graded = await self._grade(task, last_action_fail)
+            return await self._web_notes(graded)
         except DesktopError:
             self._force_full = True  # a hung evaluation may leave the desktop in any state
             raise
@@ -470,6 +499,32 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
         self._drop_work_dir()
 
     # -- helpers -------------------------------------------------------------------------------
+
+    @property
+    def web_mode(self) -> str:
+        """``live``, ``record`` or ``replay`` (desktop option ``web``; servers this backend
+        started only)."""
+        if self.server is None or not self.sandboxed:
+            return "live"
+        return str(self.config.options.get("web") or "live").partition(":")[0]
+
+    async def _web_notes(self, graded: Evaluation) -> Evaluation:
+        """``graded`` with the replay's misses as a note (``web_replay_missing: N request(s)
+        not in the archive, by host: HOST n, ...; first: METHOD URL``), a fact of the attempt
+        the profile counts."""
+        if self.web_mode != "replay":
+            return graded
+        misses = await self.client.web_misses()
+        if not misses:
+            return graded
+        hosts = Counter(urlsplit(m["url"]).hostname or "?" for m in misses)
+        by_host = ", ".join(f"{host} {n}" for host, n in hosts.most_common(5))
+        first = f"{misses[0]['method']} {misses[0]['url'][:200]}"
+        note = (
+            f"{WEB_MISS_NOTE}: {len(misses)} request(s) not in the archive, by host: {by_host};"
+            f" first: {first}"
+        )
+        return dataclasses.replace(graded, notes=(*graded.notes, note))
 
     async def _list_windows(self) -> list[dict[str, Any]] | None:
         return await self.client.windows()  # None from an older server: the guard is off
@@ -565,6 +620,8 @@ async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> 
             sandbox=sandbox,
             network=server_network(network),
             limits=limits_option(options.get("limits", True)),
+            proxy=web_settings(options).proxy,
+            web=web_settings(options),
             fork=True,  # from the template all servers of this event loop share
         )
         token = server.choose_token()

@@ -60,11 +60,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ...scratch import scratch_dir, sweep
+from ..web import WebSettings, chromium_flags, proxy_url
 from . import chrome
 from . import home as home_mod
+from . import recorder as recorder_mod
 from .auth import TokenAuth
 from .limits import Caps, parse_caps
 from .procs import become_subreaper
+from .recorder import WebRecorder
 from .route_params import error_response
 from .routes_legato import LEGATO_ROUTES
 from .routes_osworld import OSWORLD_ROUTES
@@ -162,6 +165,48 @@ def own_network_forward() -> dict[int, int]:
             sock.close()
 
 
+def _web(args: argparse.Namespace, state: Path) -> tuple[WebRecorder | None, list[str], list[Path]]:
+    """``(recorder, google-chrome's flags, CAs the baseline HOME trusts)`` of ``--web``,
+    ``--web-host``, ``--web-ca`` and ``--proxy`` (desktops/web.py, :mod:`.recorder`); exits
+    with the problem for a bad value or a missing CA tool."""
+    mode, _, archive = args.web.partition(":")
+    if mode not in ("live", "record", "replay") or (mode != "live") != bool(archive):
+        sys.exit(f"error: --web must be live, record:ARCHIVE or replay:ARCHIVE, got {args.web!r}")
+    hosts = dict(h.split("=", 1) for h in args.web_host if "=" in h)
+    trusted = list(args.web_ca)
+    # in every mode, so the screens match (Chromium shows its "unsupported command-line flag"
+    # bar for it: web_hosts are for stand-ins); through the recorder Chromium resolves no site
+    rules = ", ".join(f"MAP {name} {addr}" for name, addr in hosts.items())
+    resolve = [f"--host-resolver-rules={rules}"] if hosts else []
+    if mode == "live":
+        return None, chromium_flags(WebSettings(proxy=proxy_url(args.proxy))) + resolve, trusted
+    if not args.sandbox:
+        sys.exit(f"error: --web {mode} needs the sandbox (drop --no-sandbox)")
+    try:
+        ca = recorder_mod.ca_dir() / recorder_mod.CA_CERT
+    except recorder_mod.RecorderError as exc:
+        sys.exit(f"error: --web {mode}: {exc}")
+    port = own_network_port()
+    recorder = WebRecorder(
+        mode,
+        Path(archive),
+        state / "web",
+        port,
+        upstream=proxy_url(args.proxy),
+        hosts=hosts,
+        trusted=trusted,
+    )
+    return recorder, [f"--proxy-server=http://127.0.0.1:{port}", *resolve], [*trusted, ca]
+
+
+def own_network_port() -> int:
+    """A port free on this host's loopback now (the recorder's, also inside the desktop's own
+    network namespace, where every port is free)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _limits_arg(text: str) -> Caps | None:
     try:
         return parse_caps(json.loads(text))
@@ -233,6 +278,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         " logged). Unsandboxed desktops are on the host's network",
     )
     parser.add_argument(
+        "--proxy",
+        default=None,
+        help="sandboxed desktops: the upstream proxy their Chromium uses, SCHEME://HOST:PORT"
+        " (google-chrome's --proxy-server; desktops/web.py). Default: none",
+    )
+    parser.add_argument(
+        "--web",
+        default="live",
+        help="sandboxed desktops: live (default: the sites themselves), record:ARCHIVE or"
+        " replay:ARCHIVE (mitmproxy between Chromium and the sites, per attempt: recorder.py)",
+    )
+    parser.add_argument(
+        "--web-host",
+        action="append",
+        default=[],
+        help="NAME=ADDR[:PORT]: connect to ADDR for site NAME (Chromium's --host-resolver-rules"
+        " live, the recorder's addon otherwise; repeatable)",
+    )
+    parser.add_argument(
+        "--web-ca",
+        action="append",
+        default=[],
+        type=Path,
+        help="PEM file of a CA the desktops' Chromium (and the recorder) trusts for sites"
+        " (repeatable)",
+    )
+    parser.add_argument(
         "--limits",
         type=_limits_arg,
         default=Caps(),
@@ -288,6 +360,7 @@ def main(argv: list[str] | None = None) -> None:
     if own_state:
         sweep()  # what servers killed with SIGKILL left in the temp folder
     state = Path(scratch_dir("legato-desktop-")) if own_state else args.state_dir
+    recorder, browser_flags, trusted = _web(args, state)
     session = Session(
         width=args.width,
         height=args.height,
@@ -299,10 +372,13 @@ def main(argv: list[str] | None = None) -> None:
         network=args.network == "host",
         forward=own_network_forward() if args.network == "own" else None,
         limits=args.limits if args.sandbox else None,
+        browser_flags=browser_flags,
+        trusted_cas=trusted,
     )
     server = DesktopServer(
         session, remove_state=own_state or args.remove_state, ready_source=args.ready_source
     )
+    server.recorder = recorder
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so (else Nagle +
     # delayed ACK add ~40 ms to every response).
     sock = socket.socket(

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from .app_windows import window_pids
 from .limits import RESOURCE_LIMIT
 from .procs import own_process_table
+from .recorder import RecorderError
 from .route_params import BadRequest, error_response, param, parse_action, request_params
 from .screen import model_png
 from .server_state import desktop_of
@@ -118,6 +119,29 @@ async def reset(request: Request) -> Response:
         return JSONResponse(await s.reset(param(p, "full", bool, False)))
     except SessionError as exc:
         return error_response(500, f"reset failed: {exc}", "reset")
+
+
+async def web(request: Request) -> Response:
+    """``POST /legato/web {task}``: start the web recorder's attempt for ``task`` in the
+    running sandbox's network (:mod:`.recorder`); ``GET``: ``{"mode", "task", "misses"}`` of
+    the running attempt. 404 when the desktop has no recorder (desktop option ``web=live``)."""
+    s = desktop_of(request)
+    recorder = s.recorder
+    if recorder is None:
+        return error_response(404, "this desktop records and replays no web (web=live)", "web")
+    if request.method == "GET":
+        misses = await asyncio.to_thread(recorder.misses)
+        return JSONResponse({"mode": recorder.mode, "task": recorder.task, "misses": misses})
+    p = await request_params(request)
+    task = param(p, "task", str, "")
+    sandbox = s.session.sandbox
+    netns = sandbox.init_pid if sandbox is not None and not sandbox.network else None
+    try:
+        return JSONResponse(await asyncio.to_thread(recorder.begin, task, netns))
+    except ValueError as exc:
+        return error_response(400, str(exc), "web")
+    except RecorderError as exc:
+        return error_response(500, f"web recorder: {exc}", "web")
 
 
 async def health(request: Request) -> Response:
@@ -224,6 +248,7 @@ LEGATO_ROUTES = [
     ("/legato/observe", observe, ["GET", "POST"]),
     ("/legato/reset", reset, ["POST"]),
     ("/legato/health", health, ["GET"]),
+    ("/legato/web", web, ["GET", "POST"]),
     ("/legato/processes", processes, ["GET"]),
     ("/legato/windows", windows, ["GET"]),
     ("/legato/windows/close", close_windows, ["POST"]),

@@ -61,6 +61,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -371,6 +372,7 @@ class Sandbox:
                    host ports): a revert starts it anew (~20 ms)
       spare        keep a clean spare sandbox ready for the next revert
       tmpfs_size   size limit of each of ``/dev/shm``, ``/run``, ``/root`` (tmpfs ``size=``)
+      browser_flags flags the ``google-chrome`` wrapper adds (:mod:`.chrome`: a proxy)
       limits       the desktop's resource caps (:class:`.limits.DesktopLimits`: a cgroup the
                    sandbox's init and every process entered join before they run anything,
                    and a size-capped filesystem mounted on ``sandbox/``); ``None``: uncapped
@@ -389,6 +391,7 @@ class Sandbox:
         spare: bool = True,
         tmpfs_size: str = TMPFS_SIZE,
         limits=None,
+        browser_flags: Sequence[str] = (),
     ):
         if forward and network:
             raise SandboxError("forward needs a network namespace of its own (network=False)")
@@ -403,6 +406,7 @@ class Sandbox:
         self.keep_spare = spare
         self.tmpfs_size = tmpfs_size
         self.limits = limits  # .limits.DesktopLimits | None
+        self.browser_flags = tuple(browser_flags)
         self.home = self.dir / "homes" / SANDBOX_USER
         self._active: _Instance | None = None
         self._spare: Future | None = None
@@ -458,7 +462,9 @@ class Sandbox:
             os.chmod(path, mode)
         from . import chrome, mime_defaults  # here: the module's top imports stay stdlib-only
 
-        chrome.write_seed(self.dir / "seed")  # google-chrome as Chromium (chrome.py)
+        chrome.write_seed(
+            self.dir / "seed", self.browser_flags
+        )  # google-chrome as Chromium (chrome.py)
         mime_defaults.write_seed(self.dir / "seed")  # Ubuntu's default apps (mime_defaults.py)
 
     def start(

@@ -83,6 +83,7 @@ READ_ONLY_ROUTES = frozenset(
         "/legato/observe",
         "/legato/wait",
         "/legato/health",
+        "/legato/web",  # the web recorder: nothing of the desktop changes
         "/legato/processes",
         "/legato/windows",
         "/platform",
@@ -106,6 +107,8 @@ class DesktopServer:
         if ready_source not in READY_SOURCES:
             raise ValueError(f"ready_source must be one of {READY_SOURCES}, got {ready_source!r}")
         self.session = session
+        #: the web recorder of desktop option ``web`` record/replay (:mod:`.recorder`), or None
+        self.recorder = None
         self.remove_state = remove_state
         self.ready_source = ready_source
         self.x = XThread(session)
@@ -154,6 +157,9 @@ class DesktopServer:
         if self._heavy_refresh is not None:
             with contextlib.suppress(Exception):
                 await self._heavy_refresh  # a /proc scan in a thread: let it end
+        if self.recorder is not None:  # its last attempt's flows into the archive
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.recorder.end)
         await self.x.run(self.x.drop_ctx)
         await self.x.run(self.session.close)
         self.x.shutdown()

@@ -34,6 +34,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from . import accessibility, app_profiles, chrome, dbus_session
@@ -142,6 +143,10 @@ class Session:
                      ``pasta``, which also gives the namespace a route out (:class:`.Sandbox`)
       limits         sandboxed only: the desktop's resource caps (:class:`.limits.Caps`: a
                      cgroup and a size-capped disk, :mod:`.limits`); ``None``: uncapped
+      browser_flags  sandboxed only: flags ``google-chrome`` adds (:mod:`.chrome`), e.g.
+                     ``--proxy-server`` (``desktops/web.py``)
+      trusted_cas    PEM files of CAs the baseline HOME's NSS database trusts for websites
+                     (Chromium's; the web recorder's CA: :mod:`.recorder`)
     """
 
     def __init__(
@@ -157,6 +162,8 @@ class Session:
         network: bool = True,
         forward: dict[int, int] | None = None,
         limits=None,
+        browser_flags: Sequence[str] = (),
+        trusted_cas: Sequence[Path] = (),
     ):
         #: the profiles were asked for (a build that fails is then an error, not a warning)
         self.prebuild_asked = prebuild is not None
@@ -169,6 +176,7 @@ class Session:
                 f"cannot pre-build profiles of {sorted(unknown)}; known: {sorted(PREBUILD_APPS)}"
             )
         self.prebuild = tuple(prebuild)
+        self.trusted_cas = tuple(trusted_cas)
         self.width, self.height = width, height
         self.state = Path(state_dir)
         self.template = template
@@ -187,7 +195,13 @@ class Session:
 
                     name = f"{self.state.name}-{os.getpid()}"
                     capped = DesktopLimits(limits, name, self.state / "sandbox")
-                self.sandbox = Sandbox(self.state, network=network, forward=forward, limits=capped)
+                self.sandbox = Sandbox(
+                    self.state,
+                    network=network,
+                    forward=forward,
+                    limits=capped,
+                    browser_flags=browser_flags,
+                )
             except SandboxError as exc:
                 raise SessionError(str(exc)) from None
             self.user, self.uid, self.gid = SANDBOX_USER, SANDBOX_UID, SANDBOX_UID
@@ -331,6 +345,13 @@ class Session:
         profile = self._libreoffice_profile() if "libreoffice" in self.prebuild else None
         templates = [t for t in (profile, self.template) if t is not None]  # the user's last
         home_mod.build_baseline(self.baseline, uid=self.uid, gid=self.gid, templates=templates)
+        if self.trusted_cas:
+            from .recorder import RecorderError, trust_cas
+
+            try:
+                trust_cas(self.baseline, self.trusted_cas, self.uid, self.gid)
+            except RecorderError as exc:
+                raise SessionError(str(exc)) from None
         self._baseline_settings()
         home_mod.restore(self.baseline, self.home)
         self.start_x()
