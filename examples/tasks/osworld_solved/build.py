@@ -74,10 +74,10 @@ OPEN_TERMINAL = key("ctrl", "alt", "t", what="Open a terminal with Ctrl+Alt+T.")
 
 
 def terminal(*commands: str) -> list[str]:
-    """Open a terminal (:data:`OPEN_TERMINAL`), give it 2 s more than the desktop's wait for it
-    (at most 5 s: on a loaded machine it came later, and the first command went to the app
-    below), then :func:`shell`."""
-    settle = qwen_response("Wait for the terminal.", {"action": "wait", "time": 2})
+    """Open a terminal (:data:`OPEN_TERMINAL`), give it 4 s more than the desktop's wait for it
+    (at most 5 s: on a loaded machine it came up to 8 s after the key, and the first command
+    went to the app below), then :func:`shell`."""
+    settle = qwen_response("Wait for the terminal.", {"action": "wait", "time": 4})
     return [OPEN_TERMINAL, settle, *shell(*commands)]
 
 
