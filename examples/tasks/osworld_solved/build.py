@@ -698,6 +698,9 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
 ]
 
 
+#: run.py's ``--image-max``: the longest script the scripted server follows to its end.
+IMAGE_MAX = 40
+
 #: The apps whose documents a setup opens; their scripts start with :data:`LO_READY`.
 LIBREOFFICE = ("writer", "calc", "impress")
 #: A loaded machine shows LibreOffice's document window before it takes keys (its toolbars and
@@ -726,6 +729,9 @@ def instruction(domain: str, task_id: str) -> str:
 def main() -> None:
     tasks = [entry(domain, task_id) for domain, task_id, _, _ in SOLVED]
     scripts = {instruction(d, t): script(app, responses) for d, t, app, responses in SOLVED}
+    longest = max(len(responses) for responses in scripts.values())
+    if longest > IMAGE_MAX:  # run.py's --image-max: the scripted server would repeat a step
+        raise SystemExit(f"a script has {longest} responses, more than run.py's {IMAGE_MAX}")
     (HERE / "tasks.json").write_text(json.dumps(tasks, indent=2, ensure_ascii=False) + "\n")
     (HERE / "scripts" / "solve.json").write_text(
         json.dumps({"tasks": scripts}, indent=2, ensure_ascii=False) + "\n"

@@ -44,6 +44,12 @@ OSWORLD = REPO / "tests" / "data" / "osworld"
 
 #: The solving scripts (``build.py`` writes them).
 SOLVE = HERE / "scripts" / "solve.json"
+#: Screenshots kept in the prompt (collect's ``--image-max``, default 20). The scripted server
+#: knows a task's step by the assistant turns in the request, and a prompt keeps one per kept
+#: screenshot: with 20, step 20 and later were answered as step 19, so a script of more than 20
+#: responses never reached its end (two LibreOffice scripts of 21). ``build.py`` keeps every
+#: script within it.
+IMAGE_MAX = 40
 #: The do-nothing policy: every task's first answer ends the attempt as done.
 NOTHING = {"default": [qwen_response("Done.", {"action": "terminate", "status": "success"})]}
 
@@ -145,7 +151,7 @@ def run_suite(
     tasks_json.write_text(json.dumps(entries, indent=2) + "\n")
     cache = out / "cache"
     fill(cache, list(load_tasks(tasks_json, osworld=OSWORLD)), desktops)
-    args = ["--desktops", str(desktops), *collect_args]
+    args = ["--desktops", str(desktops), "--image-max", str(IMAGE_MAX), *collect_args]
     solved, solved_s = collect_pass(SOLVE, tasks_json, out / "solve", cache, args)
     idle, idle_s = (
         collect_pass(NOTHING, tasks_json, out / "nothing", cache, args) if nothing else ({}, 0.0)
