@@ -52,6 +52,9 @@ WAIT = qwen_response("Wait for GIMP to finish starting.", {"action": "wait", "ti
 #: VLC's preferences dialog draws its pages lazily; on loaded cores the first click can land
 #: before the page is there, so the scripts wait a second before clicking in it.
 VLC_PREFS = [
+    # the middle of the screen is VLC's video area on any screen size (OSWorld's own VLC setups
+    # click there): on the osworld backend VLC's window was once not focused, and Ctrl+P was lost
+    click(SCREEN[0] // 2, SCREEN[1] // 2, "Click VLC's window to focus it."),
     key("ctrl", "p", what="Open VLC's Simple Preferences (Tools > Preferences)."),
     qwen_response("Wait for the preferences dialog.", {"action": "wait", "time": 1}),
 ]
