@@ -32,7 +32,7 @@ from pathlib import Path, PurePosixPath
 from legato_pipelines.actions import Action
 from legato_pipelines.desktops import open_desktops
 from legato_pipelines.desktops.base import DesktopConfig
-from legato_pipelines.desktops.osworld.install import default_venv, venv_python
+from legato_pipelines.desktops.osworld_worker.install import default_venv, venv_python
 from legato_pipelines.tasks import load_tasks
 
 OSWORLD = Path(__file__).resolve().parents[1] / "tests" / "data" / "osworld"

@@ -125,7 +125,7 @@ def desktop_side(screen: str, frame: Path | None, repeats: int = 20) -> dict:
     the whole screen (what the collector did before)."""
     from PIL import Image
 
-    from legato_pipelines.desktops.fake import frame_pool
+    from legato_pipelines.desktops.backends.fake import frame_pool
     from legato_pipelines.harness.resize import QWEN3VL_RESIZE
     from legato_pipelines.images import Screenshot, resized_png
 

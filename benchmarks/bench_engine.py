@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import CLICK, policy_server_process  # noqa: E402
 
 from legato_pipelines import DesktopConfig, PolicyConfig, collect, load_tasks  # noqa: E402
-from legato_pipelines.desktops.fake import frame_pool  # noqa: E402
+from legato_pipelines.desktops.backends.fake import frame_pool  # noqa: E402
 
 BASELINE_RSS = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 

@@ -37,7 +37,7 @@ from rich.table import Table
 
 from legato_pipelines.actions import Action
 from legato_pipelines.desktops.base import DesktopConfig
-from legato_pipelines.desktops.local import open_local_desktops
+from legato_pipelines.desktops.server import open_local_desktops
 
 ATTACKS = {
     "idle": None,

@@ -42,7 +42,7 @@ from rich.table import Table
 
 from legato_pipelines.actions import Action
 from legato_pipelines.desktops.base import DesktopConfig
-from legato_pipelines.desktops.local import open_local_desktops
+from legato_pipelines.desktops.server import open_local_desktops
 from legato_pipelines.harness import Harness
 from legato_pipelines.tasks import Task
 
@@ -131,8 +131,8 @@ async def bench_calc(width: int, height: int, n: int) -> dict:
 
 
 def probe_cost(display: str, n: int = 200) -> dict:
-    from legato_pipelines.desktops.local.screen import Screen
     from legato_pipelines.desktops.ready import frame_delta
+    from legato_pipelines.desktops.server.screen import Screen
 
     screen = Screen(display)
     previous = screen.frame()
@@ -232,8 +232,8 @@ LATER_S = 0.5  # an early return: the returned frame differs from the frame this
 def settled_later(display: str):
     """A checker ``check() -> (early, changed_px)``: grabs the frame now and ``LATER_S``
     later (raw, without the cursor) and compares them with the ready signal's caret rule."""
-    from legato_pipelines.desktops.local.screen import Screen
     from legato_pipelines.desktops.ready import ReadyPolicy, frame_delta, is_quiet
+    from legato_pipelines.desktops.server.screen import Screen
 
     screen = Screen(display)
 

@@ -23,7 +23,7 @@ import statistics
 import time
 
 from legato_pipelines.desktops.base import DesktopConfig
-from legato_pipelines.desktops.local import open_local_desktops
+from legato_pipelines.desktops.server import open_local_desktops
 from legato_pipelines.tasks import load_tasks
 from tests.osworld_data import LOCAL_SUITE, OSWORLD
 

@@ -22,7 +22,7 @@ from legato_pipelines.actions import Action
 from legato_pipelines.desktops import open_desktops
 from legato_pipelines.desktops.base import DesktopConfig
 from legato_pipelines.desktops.client import DesktopClient
-from legato_pipelines.desktops.osworld.install import default_venv, venv_python
+from legato_pipelines.desktops.osworld_worker.install import default_venv, venv_python
 from legato_pipelines.tasks import load_tasks
 
 NOOP_ACTION = "import pyautogui; import time; pyautogui.FAILSAFE = False; pass"

@@ -30,7 +30,7 @@ from rich.console import Console
 
 from legato_pipelines.actions import Action
 from legato_pipelines.desktops.base import DesktopConfig
-from legato_pipelines.desktops.local import open_local_desktops
+from legato_pipelines.desktops.server import open_local_desktops
 
 
 async def open_one(width: int, height: int, **options):

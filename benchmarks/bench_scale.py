@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import CLICK, DONE, policy_server_process  # noqa: E402
 
 from legato_pipelines import DesktopConfig, PolicyConfig, collect_async, load_tasks  # noqa: E402
-from legato_pipelines.desktops.fake import FakeDesktop, frame_pool  # noqa: E402
+from legato_pipelines.desktops.backends.fake import FakeDesktop, frame_pool  # noqa: E402
 from legato_pipelines.store.rundir import read_typed_records  # noqa: E402
 
 

@@ -4,7 +4,7 @@
 
 Each local desktop is a desktop server process; a spawned one imports its modules first
 (~0.45 s of CPU: numpy, starlette, uvicorn, Xlib, mss, PIL...). ``ServerProcess(fork=True)``
-forks it from a template that imported them once (``desktops/local/server_template.py``).
+forks it from a template that imported them once (``desktops/server/template.py``).
 Per side, ``--n`` servers at 1280x720 one after the other, each until its READY line: wall
 time of ``start()`` (client side), the server process's own CPU just after READY (utime +
 stime from ``/proc/<pid>/stat``, 10 ms ticks; for a fork plus what the template spent on the
@@ -22,8 +22,8 @@ import statistics
 import sys
 import time
 
-from legato_pipelines.desktops.local.backend import ServerProcess
-from legato_pipelines.desktops.local.server_template import (
+from legato_pipelines.desktops.server.desktop import ServerProcess
+from legato_pipelines.desktops.server.template import (
     acquire_server_template,
     release_server_template,
 )

@@ -4,7 +4,7 @@
 
 Each local desktop's OSWorld grader is an osworld worker; ``preload`` imports desktop_env
 (~1.0-1.4 s of CPU on 2 cores). Since issue 18 the graders fork their workers from one
-template that imported it once (``desktops/osworld/template.py``). Per side, ``--n`` workers
+template that imported it once (``desktops/osworld_worker/template.py``). Per side, ``--n`` workers
 one after the other, each until it answers ``preload`` and ``plan``: wall time (client side),
 the worker's CPU (utime + stime from ``/proc/<pid>/stat``, 10 ms ticks; for a fork it counts
 what the template spent on the fork too) and this process's CPU. The template's own start is
@@ -31,9 +31,9 @@ import tempfile
 import time
 
 from legato_pipelines.desktops.child_env import SINGLE_THREADED
-from legato_pipelines.desktops.osworld import WorkerProcess, osworld_python, worker_env
-from legato_pipelines.desktops.osworld.channel import confinement
-from legato_pipelines.desktops.osworld.confine import prepare_dir
+from legato_pipelines.desktops.osworld_worker import WorkerProcess, osworld_python, worker_env
+from legato_pipelines.desktops.osworld_worker.channel import confinement
+from legato_pipelines.desktops.osworld_worker.confine import prepare_dir
 
 TICK = os.sysconf("SC_CLK_TCK")
 PLAN = {"provider": "local", "vm_url": "http://127.0.0.1:1", "cache_dir": "/tmp/unused"}

@@ -6,7 +6,7 @@ and its mail account), unpacks it over HOME and launches Thunderbird. This machi
 internet, so for the benchmarks this builds a tarball of the same shape: the same profile
 folder, made a used one by a real Thunderbird start (headless; 10-35 s in all here), with a Local Folders
 account and the first-start windows off (the baseline HOME's ``user.js`` prefs,
-``legato_pipelines/desktops/local/home.py``) instead of OSWorld's Outlook account. It is written
+``legato_pipelines/desktops/server/home.py``) instead of OSWorld's Outlook account. It is written
 under the URL's own file name into a file cache directory, where the local backend's
 ``download`` steps find it (``--desktop-option cache_dir=DIR``; docs/osworld.md §10).
 
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from legato_pipelines.desktops.local.home import (
+from legato_pipelines.desktops.server.home import (
     THUNDERBIRD_INSTALL_HASH,
     THUNDERBIRD_PREFS,
     _user_js,

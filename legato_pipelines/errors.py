@@ -23,6 +23,8 @@ redacted from server messages before they are quoted.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class LegatoError(Exception):
     """Base class of every error legato-pipelines raises on purpose."""
@@ -42,18 +44,28 @@ class ModelFilesError(ConfigError):
 class TaskListError(ConfigError):
     """Entries of a task list are invalid. The message names each one's index, task_id (and
     the OSWorld file it came from) and field; ``problems`` holds every problem found, one
-    line each (just the message when the error is about the list as a whole)."""
+    line each (just the message when the error is about the list as a whole). ``tasks``:
+    the entries that were valid all the same, as ``(index in the list, Task)`` pairs, so that
+    a check can still report their own problems in the same run (``legato tasks check``)."""
 
-    def __init__(self, message: str, problems: list[str] | tuple[str, ...] = (), what: str = ""):
+    def __init__(
+        self,
+        message: str,
+        problems: list[str] | tuple[str, ...] = (),
+        what: str = "",
+        tasks: Any = (),
+    ):
         super().__init__(message)
         self.problems: tuple[str, ...] = tuple(problems) or (message,)
         self.what = what or "the task list"
+        self.tasks: tuple[tuple[int, Any], ...] = tuple(tasks)
 
     @classmethod
-    def listing(cls, problems: list[str], what: str) -> TaskListError:
+    def listing(cls, problems: list[str], what: str, tasks: Any = ()) -> TaskListError:
         """One error for all ``problems`` of ``what`` (e.g. "the task list tasks.json"); its
-        message is :meth:`describe` with the first 20."""
-        error = cls("", problems, what)
+        message is :meth:`describe` with the first 20. ``tasks``: the valid entries'
+        ``(index, Task)`` pairs (class docstring)."""
+        error = cls("", problems, what, tasks)
         error.args = (error.describe(20),)
         return error
 

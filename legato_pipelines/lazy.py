@@ -1,6 +1,6 @@
 """Public names a package hands on lazily (PEP 562), so importing it stays cheap.
 
-A desktop server process imports ``legato_pipelines`` and ``legato_pipelines.desktops.local``
+A desktop server process imports ``legato_pipelines`` and ``legato_pipelines.desktops.server``
 for a few light names; the client side (httpx, the engine, the osworld worker's channel) is
 imported only by whoever uses it (issue 18: a server's start-up CPU).
 """

@@ -419,9 +419,17 @@ class Record(_Format):
     collected it, e.g. the Dagster run id, so a resumed run keeps each attempt's own;
     ``eval_notes`` (written only when there were any): facts about what the evaluator
     compared that explain the reward without changing it, each ``"<kind>: <text>"`` (e.g.
-    ``uncached_formulas``: an xlsx whose formulas hold no cached values)."""
+    ``uncached_formulas``: an xlsx whose formulas hold no cached values);
+    ``postconfig_failures`` (written only when there were any): the steps between the
+    policy's end and the grade (the evaluator's ``postconfig``) that failed the way OSWorld
+    carries on after: a command exiting non-zero, an ``activate_window`` / ``close_window``
+    that found no window (:class:`SetupFailure`); ``grader_log`` (written only when the grader
+    is a process of its own, OSWorld's code): the path, relative to the run directory, of
+    what that process wrote for this execution (``grader-logs/<rollout_id>.log``)."""
 
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"truncation", "collected_by", "eval_notes"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset(
+        {"truncation", "collected_by", "eval_notes", "postconfig_failures", "grader_log"}
+    )
 
     format: str = FORMAT
     rollout_id: str
@@ -447,6 +455,8 @@ class Record(_Format):
     truncation: str | None = None
     collected_by: str | None = None
     eval_notes: list[str] | None = None
+    postconfig_failures: list[SetupFailure] | None = None
+    grader_log: str | None = None
 
     @property
     def reward_valid(self) -> bool:

@@ -71,11 +71,15 @@ class Evaluation:
     """A task attempt's grade: ``reward`` in [0, 1] and, when the evaluator raised, its
     reason (reward 0). What ``Desktop.evaluate`` and the OSWorld-format evaluators return.
     ``notes``: facts about what was compared that explain the grade without changing it,
-    each ``"<kind>: <text>"`` (e.g. ``uncached_formulas: ...``), recorded as ``eval_notes``."""
+    each ``"<kind>: <text>"`` (e.g. ``uncached_formulas: ...``), recorded as ``eval_notes``.
+    ``postconfig_failures``: the evaluator's postconfig steps that failed the way OSWorld
+    carries on after (a command exiting non-zero, a window step matching no window), each
+    ``{step, type, exit_status, error}``, recorded as ``postconfig_failures``."""
 
     reward: float
     error: str | None = None
     notes: tuple[str, ...] = ()
+    postconfig_failures: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +122,8 @@ def load_tasks(source: str | Path | list, *, osworld: str | Path | None = None) 
     Raises :class:`TaskListError` for a missing file, bad JSON, or invalid entries; nothing
     is started before the whole list has been checked. Every problem of the list is found
     at once: the error's ``problems`` lists them all (one line each, ``tasks[i] (task_id
-    'x'[, file PATH]): field 'config.instruction' ...``), its message the first 20.
+    'x'[, file PATH]): field 'config.instruction' ...``), its message the first 20; its
+    ``tasks`` holds the entries that were valid all the same, with their index.
     """
     path: str | None = None
     if isinstance(source, (str, Path)):
@@ -175,6 +180,7 @@ def load_tasks(source: str | Path | list, *, osworld: str | Path | None = None) 
         raise TaskListError.listing(
             [problem for _, problem in problems],
             f"the task list {path}" if path else "the task list",
+            tasks=[(seen[t.task_id], t) for t in tasks],  # the valid entries all the same
         )
     return TaskSet(tuple(tasks), task_set_id(tasks), path)
 
@@ -419,7 +425,7 @@ def fake_config_problem(config: dict[str, Any]) -> str | None:
     """Why ``config["fake"]`` is invalid for the fake backend, or ``None`` when it is fine.
 
     ``fake`` is optional; when given it is an object whose ``success`` (default 0.5) is the
-    probability of reward 1, a number in [0, 1] (see :mod:`legato_pipelines.desktops.fake`).
+    probability of reward 1, a number in [0, 1] (see :mod:`legato_pipelines.desktops.backends.fake`).
     The message starts ``field 'config.fake...'``.
     """
     try:

@@ -11,26 +11,29 @@ APT_PACKAGES=(
   # the desktops' sandboxes (util-linux's unshare/nsenter are essential packages)
   tini sudo iproute2
   xterm l3afpad libreoffice-calc
-  # OSWorld's other apps, from Debian (desktops/local/apps.py DESKTOP_APPS): ~195 MB of archives,
+  # OSWorld's other apps, from Debian (desktops/server/apps.py DESKTOP_APPS): ~195 MB of archives,
   # Thunderbird 80 MB of them
   libreoffice-writer libreoffice-impress gimp vlc thunderbird nautilus gnome-terminal
   # GNOME's Document Viewer (the VM's PDF viewer), Videos (the VM's default video player,
-  # desktops/local/mime_defaults.py) and MusicBrainz Picard: 68 packages, 20 MB of archives
+  # desktops/server/mime_defaults.py) and MusicBrainz Picard: 68 packages, 20 MB of archives
   evince totem picard
-  # their session D-Bus with dconf, so gsettings persists (desktops/local/dbus_session.py), and
+  # their session D-Bus with dconf, so gsettings persists (desktops/server/dbus_session.py), and
   # the GNOME schemas and helpers OSWorld's os tasks read (gnome-shell's and the settings
   # daemon's schemas only, not the programs; bc in evaluator commands): ~2 MB
   dconf-service dconf-gsettings-backend libglib2.0-bin gsettings-desktop-schemas
   gnome-shell-common gnome-settings-daemon-common bc
   # headless browser for the Dagster UI end-to-end test; inside desktops it is `google-chrome`
-  # (desktops/local/chrome.py), with socat for OSWorld's DevTools bridge (9222 -> 1337)
+  # (desktops/server/chrome.py), with socat for OSWorld's DevTools bridge (9222 -> 1337)
   chromium socat
-  # AT-SPI behind /accessibility (desktops/local/accessibility.py): the accessibility bus and
+  # AT-SPI behind /accessibility (desktops/server/accessibility.py): the accessibility bus and
   # pyatspi for the system python3: ~0.7 MB (at-spi2-core often there already)
   at-spi2-core python3-pyatspi
   # pasta: desktops' own networks with a route out and their CDP/VLC ports forwarded
-  # (--network own, desktops/local/sandbox.py): 0.4 MB
+  # (--network own, desktops/server/sandbox.py): 0.4 MB
   passt
+  # certutil: the desktops' Chromium trusts the web recorder's CA (and web_ca) through an NSS
+  # database in the baseline HOME (desktops/server/recorder.py)
+  libnss3-tools
   # the sandbox escape tests build a small /etc/ld.so.preload library (tests/test_desktop_sandbox_escapes.py)
   gcc libc6-dev
   # scale-out proof (Postgres run storage, Redis broker for Celery run workers)
@@ -53,6 +56,9 @@ python3 -m pip install -q -e '.[dev]'
 # The osworld backend: OSWorld's desktop-env in its own venv, and pyautogui for the local
 # desktops' "VM python" (see scripts/osworld_venv.sh).
 scripts/osworld_venv.sh
+
+# The local desktops' web recorder: mitmproxy in its own venv (see scripts/web_venv.sh).
+scripts/web_venv.sh
 
 # The real-vLLM tests (tests/test_vllm_real.py) and benchmarks/bench_vllm_client.py: vLLM's CPU
 # build in its own venv (see scripts/vllm_venv.sh; 2-3 min and ~6.3 GB the first time).

@@ -18,8 +18,8 @@ import orjson
 import pytest
 
 from legato_pipelines.desktops.client import DesktopClient
-from legato_pipelines.desktops.local.limits import release_disk
-from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV, READY_LINE
+from legato_pipelines.desktops.server.limits import release_disk
+from legato_pipelines.desktops.server.wire import DEFAULT_TOKEN_ENV, READY_LINE
 
 needs_xvfb = pytest.mark.skipif(
     shutil.which("Xvfb") is None or shutil.which("openbox") is None,
@@ -122,7 +122,7 @@ class RunningServer:
             [
                 sys.executable,
                 "-m",
-                "legato_pipelines.desktops.local.server",
+                "legato_pipelines.desktops.server.main",
                 "--width",
                 str(width),
                 "--height",
@@ -182,7 +182,7 @@ def zombie_children(pid: int) -> list[int]:
 def still_alive(watched: set[tuple[int, str]], timeout: float = 10.0) -> list[tuple[int, str]]:
     """Which of ``watched`` (pid, comm) still run (not zombies) after up to ``timeout``
     seconds of waiting for them all to end; ``[]`` as soon as none does."""
-    from legato_pipelines.desktops.local.procs import process_table
+    from legato_pipelines.desktops.server.procs import process_table
 
     deadline = time.monotonic() + timeout
     while True:

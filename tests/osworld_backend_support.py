@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from legato_pipelines.desktops.osworld.install import (
+from legato_pipelines.desktops.osworld_worker.install import (
     default_venv,
     install,
     is_installed,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV
+from legato_pipelines.desktops.server.wire import DEFAULT_TOKEN_ENV
 
 PG_BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
 

@@ -13,7 +13,7 @@ import time
 import lxml.etree
 import pytest
 
-from legato_pipelines.desktops.local import accessibility, chrome
+from legato_pipelines.desktops.server import accessibility, chrome
 from tests.desktop_local_support import needs_xvfb, server_fixture
 from tests.osworld_backend_support import osworld_python
 

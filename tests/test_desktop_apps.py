@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from legato_pipelines.desktops.local.apps import DESKTOP_APPS, DesktopApp
+from legato_pipelines.desktops.server.apps import DESKTOP_APPS, DesktopApp
 from tests.desktop_local_support import needs_xvfb, server_fixture
 
 pytestmark = [

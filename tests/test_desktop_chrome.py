@@ -13,8 +13,8 @@ import time
 import pytest
 
 from legato_pipelines import DesktopConfig
-from legato_pipelines.desktops.local import chrome
-from legato_pipelines.desktops.local.backend import open_local_desktops
+from legato_pipelines.desktops.server import chrome
+from legato_pipelines.desktops.server.desktop import open_local_desktops
 from legato_pipelines.tasks import Task
 from tests.desktop_local_support import needs_xvfb
 

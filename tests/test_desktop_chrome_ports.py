@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from legato_pipelines import DesktopConfig
-from legato_pipelines.desktops.local import chrome
-from legato_pipelines.desktops.local.backend import open_local_desktops
+from legato_pipelines.desktops.server import chrome
+from legato_pipelines.desktops.server.desktop import open_local_desktops
 from tests.desktop_local_support import needs_xvfb
 from tests.osworld_backend_support import osworld_python
 from tests.test_desktop_chrome import chrome_task

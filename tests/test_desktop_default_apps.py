@@ -1,5 +1,5 @@
 """A sandboxed desktop's default apps are those of OSWorld's Ubuntu GNOME VM
-(``desktops/local/mime_defaults.py``): ``/setup/open_file`` of a PDF opens GNOME's Document
+(``desktops/server/mime_defaults.py``): ``/setup/open_file`` of a PDF opens GNOME's Document
 Viewer (evince) through ``xdg-open``, with the window title OSWorld's configs activate
 (``<file> — <document title>``); ``xdg-mime`` answers totem for video and evince for PDF, the
 user's ``xdg-mime default`` wins over that, and a reset restores the VM's defaults. Real

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from legato_pipelines import DesktopConfig, PolicyConfig, collect_async, read_records
-from legato_pipelines.desktops.local.limits import (
+from legato_pipelines.desktops.server.limits import (
     Caps,
     DesktopLimits,
     cgroup_version,
@@ -220,7 +220,7 @@ def test_v2_without_the_controllers_refuses_with_the_fix(tmp_path):
     root = tmp_path / "cg"
     root.mkdir()
     (root / "cgroup.controllers").write_text("cpuset io\n")
-    from legato_pipelines.desktops.local.limits import LimitsError
+    from legato_pipelines.desktops.server.limits import LimitsError
 
     with pytest.raises(LimitsError, match="limits=false"):
         make_cgroup("d1", Caps(), root)
@@ -255,7 +255,7 @@ def test_own_process_table_is_this_process_subtree_only():
     desktop's fork bomb."""
     import subprocess
 
-    from legato_pipelines.desktops.local.procs import descendants, own_process_table
+    from legato_pipelines.desktops.server.procs import descendants, own_process_table
 
     class ProcInfo:  # a process not (yet) in the table
         state = ""

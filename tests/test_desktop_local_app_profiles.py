@@ -1,5 +1,5 @@
 """LibreOffice's profile, pre-built once per machine for every desktop's baseline HOME
-(``desktops/local/app_profiles.py``): built by the real soffice, cached, built once when
+(``desktops/server/app_profiles.py``): built by the real soffice, cached, built once when
 servers start side by side, and the desktop option naming it checked."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from legato_pipelines.desktops.local import app_profiles
-from legato_pipelines.desktops.local.backend import prebuild_option
-from legato_pipelines.desktops.local.home import LIBREOFFICE_REGISTRY, build_baseline
+from legato_pipelines.desktops.server import app_profiles
+from legato_pipelines.desktops.server.desktop import prebuild_option
+from legato_pipelines.desktops.server.home import LIBREOFFICE_REGISTRY, build_baseline
 from legato_pipelines.errors import ConfigError
 
 needs_soffice = pytest.mark.skipif(

@@ -9,8 +9,8 @@ import pytest
 
 from legato_pipelines.actions import Action
 from legato_pipelines.desktops.base import Desktop, DesktopConfig
-from legato_pipelines.desktops.local import LocalDesktop, open_local_desktops
-from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV
+from legato_pipelines.desktops.server import LocalDesktop, open_local_desktops
+from legato_pipelines.desktops.server.wire import DEFAULT_TOKEN_ENV
 from legato_pipelines.errors import ConfigError, DesktopError
 from legato_pipelines.tasks import Task
 from tests.desktop_local_support import RunningServer, needs_apps, needs_xvfb, proc_state
@@ -178,7 +178,7 @@ async def test_the_server_its_apps_and_its_grader_never_see_cloud_credentials(mo
     """A local desktop needs no cloud: neither its server, the commands run on it (the policy's
     too), nor its grader worker (OSWorld's code, provider local) inherit AWS, Azure, Google or
     hub credentials, whatever this process holds."""
-    from legato_pipelines.desktops.osworld import osworld_python
+    from legato_pipelines.desktops.osworld_worker import osworld_python
 
     for name, value in CLOUD_CREDENTIALS.items():
         monkeypatch.setenv(name, value)

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV
+from legato_pipelines.desktops.server.wire import DEFAULT_TOKEN_ENV
 from tests.desktop_local_support import needs_xvfb, proc_state
 
 pytestmark = [needs_xvfb, pytest.mark.desktop]

@@ -15,9 +15,9 @@ from Xlib import X
 from Xlib.display import Display
 
 from legato_pipelines.actions import Action
-from legato_pipelines.desktops.local.damage import Damage, DamageUnavailable
-from legato_pipelines.desktops.local.xthread import XContext
 from legato_pipelines.desktops.ready import ReadyPolicy, frame_delta, is_quiet, png_frame
+from legato_pipelines.desktops.server.damage import Damage, DamageUnavailable
+from legato_pipelines.desktops.server.xthread import XContext
 from tests.desktop_local_support import (
     RunningServer,
     client_fixture,

@@ -23,7 +23,7 @@ import pytest
 from legato_pipelines import DesktopConfig
 from legato_pipelines.actions import Action
 from legato_pipelines.desktops import open_desktops
-from legato_pipelines.desktops.local import apps
+from legato_pipelines.desktops.server import apps
 from legato_pipelines.tasks import Task
 from tests.desktop_local_support import client_fixture, needs_apps, needs_xvfb, server_fixture
 

@@ -17,7 +17,7 @@ import pytest
 from legato_pipelines import DesktopConfig, PolicyConfig, collect_async, read_records
 from legato_pipelines.actions import Action
 from legato_pipelines.desktops import open_desktops
-from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV
+from legato_pipelines.desktops.server.wire import DEFAULT_TOKEN_ENV
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from legato_pipelines.tasks import Task
 from tests.desktop_local_support import RunningServer, needs_apps, needs_xvfb

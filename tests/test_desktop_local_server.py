@@ -376,7 +376,7 @@ async def test_a_profile_cache_that_cannot_be_written_fails_only_an_explicit_pre
     finally:
         server.stop()
     refused = subprocess.run(
-        [sys.executable, "-m", "legato_pipelines.desktops.local.server", "--width", "640",
+        [sys.executable, "-m", "legato_pipelines.desktops.server.main", "--width", "640",
          "--height", "480", "--state-dir", str(tmp_path / "state"), "--prebuild", "libreoffice"],
         env=dict(os.environ, **broken, LEGATO_DESKTOP_TOKEN="t"),
         capture_output=True, text=True, timeout=120,
@@ -403,7 +403,7 @@ def test_an_unsandboxed_server_killed_with_sigkill_takes_its_session_bus_along()
     """``kill -9`` of a desktop server without a sandbox (``--no-sandbox``): Xvfb and openbox
     die with it (their parent-death signal), and so does its session bus now; before, the
     bus was re-parented to init and ran on, one per killed server."""
-    from legato_pipelines.desktops.local.procs import descendants, process_table
+    from legato_pipelines.desktops.server.procs import descendants, process_table
 
     server = RunningServer(320, 240, extra_args=("--no-sandbox",))
     try:

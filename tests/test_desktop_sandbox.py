@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from legato_pipelines import DesktopConfig, PolicyConfig, collect_async, load_tasks
-from legato_pipelines.desktops.local import session as session_mod
-from legato_pipelines.desktops.local.backend import open_local_desktops
+from legato_pipelines.desktops.server import session as session_mod
+from legato_pipelines.desktops.server.desktop import open_local_desktops
 from legato_pipelines.errors import DesktopError
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from legato_pipelines.rollout.profile import profile
@@ -24,7 +24,7 @@ from tests.desktop_sandbox_support import osworld_task
 
 pytestmark = [needs_xvfb, pytest.mark.desktop]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes need root (uid maps)")
-SANDBOX_PY = Path(__file__).parents[1] / "legato_pipelines/desktops/local/sandbox.py"
+SANDBOX_PY = Path(__file__).parents[1] / "legato_pipelines/desktops/server/sandbox.py"
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +171,7 @@ async def test_sandbox_false_is_explicit_and_runs_on_the_host():
         [
             "python3",
             "-m",
-            "legato_pipelines.desktops.local.server",
+            "legato_pipelines.desktops.server.main",
             "--no-sandbox",
             "--network",
             "none",
@@ -439,7 +439,7 @@ def test_a_server_killed_with_sigkill_leaves_no_sandbox_process_nor_session_bus(
     session bus included. (The parent-death signal ``unshare --kill-child`` sets did not
     survive the exec chain to tini: both inits, their sleeps, the bus and the bus's nsenter
     were left running, re-parented to init, one set per killed server.)"""
-    from legato_pipelines.desktops.local.procs import descendants, process_table
+    from legato_pipelines.desktops.server.procs import descendants, process_table
 
     server = RunningServer(320, 240)
     try:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from legato_pipelines import DesktopConfig
-from legato_pipelines.desktops.local.backend import open_local_desktops
 from legato_pipelines.desktops.network import HOST_WARNING, resolve_network
+from legato_pipelines.desktops.server.desktop import open_local_desktops
 from legato_pipelines.tasks import load_tasks
 from tests.desktop_local_support import LOCAL_SUITE, RunningServer, needs_xvfb
 
@@ -405,7 +405,7 @@ async def test_a_huge_file_or_endless_output_is_cut_not_held_in_the_servers_memo
     stop at ``procs.MAX_OUTPUT_BYTES`` and answer 413, and the desktop goes on."""
     import httpx
 
-    from legato_pipelines.desktops.local.procs import MAX_OUTPUT_BYTES
+    from legato_pipelines.desktops.server.procs import MAX_OUTPUT_BYTES
 
     size = MAX_OUTPUT_BYTES + 64 * 1024 * 1024
     made = await sh(server, f"truncate -s {size} ~/Desktop/result.xlsx && echo made")

@@ -10,8 +10,8 @@ import os
 import pytest
 
 from legato_pipelines import DesktopConfig, PolicyConfig, collect_async, load_tasks
-from legato_pipelines.desktops.local import dbus_session
-from legato_pipelines.desktops.local.backend import open_local_desktops
+from legato_pipelines.desktops.server import dbus_session
+from legato_pipelines.desktops.server.desktop import open_local_desktops
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from tests.desktop_local_support import RunningServer, needs_xvfb, server_fixture
 from tests.desktop_sandbox_support import osworld_task

@@ -21,8 +21,8 @@ from legato_pipelines import PolicyConfig, collect_async, read_records
 from legato_pipelines.actions import Action
 from legato_pipelines.desktops.base import DesktopConfig
 from legato_pipelines.desktops.client import DesktopClient
-from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV
-from legato_pipelines.desktops.vmserver import VMServerDesktop
+from legato_pipelines.desktops.server.vmserver import VMServerDesktop
+from legato_pipelines.desktops.server.wire import DEFAULT_TOKEN_ENV
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from tests.desktop_local_support import RunningServer, needs_apps, needs_xvfb, server_fixture
 from tests.osworld_backend_support import needs_vm_python

@@ -20,7 +20,7 @@ from xml.etree import ElementTree
 import httpx
 import pytest
 
-from legato_pipelines.desktops.local.home import VLC_HTTP_PORT
+from legato_pipelines.desktops.server.home import VLC_HTTP_PORT
 from tests.desktop_local_support import RunningServer, needs_xvfb
 from tests.osworld_backend_support import osworld_python
 

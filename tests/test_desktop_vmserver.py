@@ -1,4 +1,4 @@
-"""OSWorld VM servers attached by URL (``desktops/vmserver.py``): a server that speaks only
+"""OSWorld VM servers attached by URL (``desktops/server/vmserver.py``): a server that speaks only
 OSWorld's base API is detected at attach and driven through it (fast reset over
 /setup/execute, actions as ``python -c "import pyautogui; ..."`` over /execute, ready signal by
 polling /screenshot, OSWorld-format setup and evaluation), with the local backend's rewards.
@@ -20,8 +20,8 @@ import pytest
 from legato_pipelines import DesktopConfig, PolicyConfig, collect_async, load_tasks, read_records
 from legato_pipelines.actions import Action
 from legato_pipelines.desktops import open_desktops
-from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV
-from legato_pipelines.desktops.vmserver import VMServerDesktop
+from legato_pipelines.desktops.server.vmserver import VMServerDesktop
+from legato_pipelines.desktops.server.wire import DEFAULT_TOKEN_ENV
 from legato_pipelines.errors import DesktopError
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from tests.desktop_local_support import RunningServer, needs_apps, needs_xvfb

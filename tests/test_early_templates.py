@@ -17,9 +17,9 @@ import time
 import pytest
 
 from legato_pipelines.desktops import early, processes
-from legato_pipelines.desktops.local.procs import process_table
-from legato_pipelines.desktops.local.server_template import ServerTemplate, template_command
-from legato_pipelines.desktops.osworld.template import WorkerTemplate, preloading_command
+from legato_pipelines.desktops.osworld_worker.template import WorkerTemplate, preloading_command
+from legato_pipelines.desktops.server.procs import process_table
+from legato_pipelines.desktops.server.template import ServerTemplate, template_command
 from tests.osworld_backend_support import osworld_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -131,7 +131,7 @@ def test_templates_nobody_took_are_stopped_when_legato_exits(tmp_path):
         import json, sys
         sys.path.insert(0, {REPO!r})
         from legato_pipelines.desktops import early, processes
-        from legato_pipelines.desktops.local.server_template import template_command
+        from legato_pipelines.desktops.server.template import template_command
         argv, env = template_command()
         processes.spawn_early(argv, env, own_dir=True)
         print(json.dumps([[s.popen.pid, s.cwd] for s in processes._early]))
@@ -198,7 +198,7 @@ def test_a_signal_during_the_cli_imports_stops_the_templates(tmp_path, signum):
     templates: list[int] = []
     deadline = time.monotonic() + 20.0
     while len(templates) < 2 and time.monotonic() < deadline:
-        templates = children_running(proc.pid, (b"server_template", b"--preload"))
+        templates = children_running(proc.pid, (b"desktops.server.template", b"--preload"))
         time.sleep(0.005)
     assert len(templates) == 2
     proc.send_signal(signum)

@@ -290,7 +290,7 @@ def test_unexpected_exceptions_end_the_attempt_not_the_batch(policy_server, tmp_
 def test_a_desktop_whose_recover_raises_retires_without_aborting(policy_server, tmp_path):
     """A backend bug in recover() (a plain exception) retires that desktop; the other desktop
     finishes the batch and nothing is lost."""
-    from legato_pipelines.desktops.fake import FakeDesktop
+    from legato_pipelines.desktops.backends.fake import FakeDesktop
 
     class BrokenRecover(FakeDesktop):
         async def recover(self) -> None:
@@ -732,7 +732,7 @@ def test_collector_does_no_pixel_work_when_the_desktop_resizes(
     and sends is what the collector-side path makes of the full screen, pixel for pixel."""
     from PIL import Image
 
-    from legato_pipelines.desktops.fake import frame_pool
+    from legato_pipelines.desktops.backends.fake import frame_pool
     from legato_pipelines.harness import Harness
     from legato_pipelines.harness import episode as episode_module
     from legato_pipelines.images import Screenshot
@@ -790,8 +790,8 @@ async def test_desktop_client_calls_leave_no_cyclic_garbage():
 
     import httpx
 
+    from legato_pipelines.desktops.backends.fake import frame_pool
     from legato_pipelines.desktops.client import DesktopClient
-    from legato_pipelines.desktops.fake import frame_pool
 
     png = frame_pool(640, 480, frames=1)[0].png
     transport = httpx.MockTransport(lambda request: httpx.Response(200, content=png))
@@ -816,7 +816,7 @@ def test_a_desktop_whose_observe_takes_no_size_gets_the_collector_side_resize(
 ):
     """A subclass of a resizing backend that overrides observe() without ``size`` (a test
     double, a wrapper) is called as observe() and the engine resizes what it sends."""
-    from legato_pipelines.desktops.fake import FakeDesktop
+    from legato_pipelines.desktops.backends.fake import FakeDesktop
     from legato_pipelines.images import png_size
     from legato_pipelines.rollout.attempt import observes_at_size
 
@@ -843,7 +843,7 @@ def _qwen_call(args: dict) -> str:
 def test_click_outside_the_model_image_is_a_parse_error_and_sends_no_input(tmp_path):
     # qwen25vl sees a 1280x720 screen as a 1288x728 image: x 1800 is off it. The fake desktop
     # counts every action it is sent; an off-image click must not reach it (no edge click).
-    from legato_pipelines.desktops.fake import FakeDesktop
+    from legato_pipelines.desktops.backends.fake import FakeDesktop
     from legato_pipelines.policy.scripted import ScriptedPolicyServer
 
     class Counting(FakeDesktop):

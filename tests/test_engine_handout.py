@@ -16,7 +16,7 @@ import pytest
 
 from legato_pipelines import DesktopConfig, PolicyConfig, collect, load_tasks, read_records
 from legato_pipelines.desktops import open_desktops
-from legato_pipelines.desktops.fake import FakeDesktop
+from legato_pipelines.desktops.backends.fake import FakeDesktop
 from legato_pipelines.errors import ConfigError, DesktopError
 from legato_pipelines.policy.scripted import Latency
 from legato_pipelines.rollout import engine, handout

@@ -9,7 +9,7 @@ from PIL import Image
 
 from legato_pipelines import ConfigError, DesktopConfig, DesktopError, load_tasks
 from legato_pipelines.actions import Action
-from legato_pipelines.desktops.fake import FakeDesktop
+from legato_pipelines.desktops.backends.fake import FakeDesktop
 
 
 def task(success=0.5):

@@ -203,8 +203,8 @@ def test_a_planted_gsettings_runs_confined_in_the_osworld_backends_worker(tmp_pa
 COLLECTOR = """
 import asyncio, os, sys, time
 from legato_pipelines.desktops.child_env import SINGLE_THREADED, worker_env
-from legato_pipelines.desktops.osworld.channel import WorkerProcess, confinement
-from legato_pipelines.desktops.osworld.confine import prepare_dir
+from legato_pipelines.desktops.osworld_worker.channel import WorkerProcess, confinement
+from legato_pipelines.desktops.osworld_worker.confine import prepare_dir
 
 PLAN = {"provider": "local", "vm_url": "http://127.0.0.1:1", "cache_dir": "/tmp/unused"}
 

@@ -284,7 +284,7 @@ def test_a_partition_deleted_while_collecting_keeps_the_records_and_names_lake_d
     import dagster as dg
 
     from legato_pipelines.assets import policy_versions
-    from legato_pipelines.desktops.fake import FakeDesktop
+    from legato_pipelines.desktops.backends.fake import FakeDesktop
     from legato_pipelines.policy.scripted import ScriptedPolicyServer
 
     graded = FakeDesktop.evaluate

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from legato_pipelines.desktops.local.osworld_grader import stage_task_files
-from legato_pipelines.desktops.osworld.grader import installed_grader, local_grader
+from legato_pipelines.desktops.osworld_worker.desktop_grader import stage_task_files
+from legato_pipelines.desktops.osworld_worker.grader import installed_grader, local_grader
 from legato_pipelines.errors import ConfigError
 from legato_pipelines.osworld_format.grader_names import OWN_GRADER
 from legato_pipelines.tasks import Task

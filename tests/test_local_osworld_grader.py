@@ -23,7 +23,7 @@ import orjson
 import pytest
 
 from legato_pipelines import read_records
-from legato_pipelines.desktops.local.osworld_grader import stage_task_files
+from legato_pipelines.desktops.osworld_worker.desktop_grader import stage_task_files
 from legato_pipelines.osworld_format.files import task_files
 from legato_pipelines.osworld_format.sources import cache_names
 from legato_pipelines.policy.scripted import ScriptedPolicyServer

@@ -1,4 +1,4 @@
-"""Desktop servers forked from one preloaded template (``local/server_template.py``): real
+"""Desktop servers forked from one preloaded template (``server/template.py``): real
 template, real forked servers, real Xvfb. Forked servers serve with their own tokens, are the
 template's children, never see the policy key, end on ``stop()``/``kill()`` and with their
 template; a dead template makes the next start spawn instead."""
@@ -14,8 +14,8 @@ import time
 import pytest
 
 from legato_pipelines.desktops.client import DesktopClient
-from legato_pipelines.desktops.local.backend import ServerProcess
-from legato_pipelines.desktops.local.procs import descendants, process_table
+from legato_pipelines.desktops.server.desktop import ServerProcess
+from legato_pipelines.desktops.server.procs import descendants, process_table
 from legato_pipelines.errors import DesktopError
 from legato_pipelines.policy.key import API_KEY_ENV
 from tests.desktop_local_support import needs_xvfb
@@ -177,7 +177,7 @@ def templates() -> set[int]:
     for pid in below(os.getpid()):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"server_template" in f.read():
+                if b"desktops.server.template" in f.read():
                     found.add(pid)
         except OSError:
             continue

@@ -11,9 +11,9 @@ import pytest
 
 from legato_pipelines.desktops import open_desktops, warm_up
 from legato_pipelines.desktops.base import DesktopConfig
-from legato_pipelines.desktops.local import open_local_desktops
-from legato_pipelines.desktops.local.procs import descendants, process_table
-from legato_pipelines.desktops.osworld import acquire_template, release_template
+from legato_pipelines.desktops.osworld_worker import acquire_template, release_template
+from legato_pipelines.desktops.server import open_local_desktops
+from legato_pipelines.desktops.server.procs import descendants, process_table
 from legato_pipelines.errors import ConfigError
 from legato_pipelines.tasks import Task
 from tests.desktop_local_support import needs_xvfb
@@ -22,9 +22,10 @@ from tests.osworld_backend_support import needs_desktop_apps, needs_vm_python, o
 pytestmark = [needs_xvfb, pytest.mark.desktop]
 
 
-def servers_below_us(marker: bytes = b"legato_pipelines.desktops.local.server") -> set[int]:
-    """Desktop server processes (or others whose command line holds ``marker``) under this
-    test process."""
+def servers_below_us(marker: bytes = b"legato_pipelines.desktops.server.") -> set[int]:
+    """Desktop server processes (``-m legato_pipelines.desktops.server.main``, or forked from
+    ``...server.template``; or others whose command line holds ``marker``) under this test
+    process."""
     table = process_table()
     found = set()
     for pid in descendants(os.getpid(), table):
@@ -95,14 +96,14 @@ async def test_the_grader_imports_desktop_env_while_its_server_starts():
     finally:
         await asyncio.gather(*(d.close() for d in desktops))
     assert servers_below_us() == set()
-    assert servers_below_us(b"osworld/worker.py") == set()  # the template was stopped too
+    assert servers_below_us(b"osworld_worker/worker.py") == set()  # the template was stopped too
 
 
 def templates_below_us() -> set[int]:
-    """The desktop server templates this process started (``local/server_template.py``; the
+    """The desktop server templates this process started (``server/template.py``; the
     servers forked from one share its command line but are its children, not ours)."""
     found = set()
-    for pid in servers_below_us(b"legato_pipelines.desktops.local.server_template"):
+    for pid in servers_below_us(b"legato_pipelines.desktops.server.template"):
         try:
             with open(f"/proc/{pid}/stat") as f:
                 if int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
@@ -118,7 +119,7 @@ async def test_a_cancelled_start_stops_every_server_it_began(monkeypatch, hold_a
     forked from), none of their state dirs. The cancel lands at a fixed point of the real
     start, whatever this machine's speed: right after each server was forked (its READY line
     not read yet), or once each had said READY (the batch's other starts still under way)."""
-    from legato_pipelines.desktops.local.backend import ServerProcess
+    from legato_pipelines.desktops.server.desktop import ServerProcess
 
     held: list[ServerProcess] = []
     hold = asyncio.Event()  # never set: only the cancel ends the wait
@@ -169,29 +170,31 @@ async def test_warm_up_starts_the_graders_template_before_any_desktop_and_stops_
     )
     async with warm_up(config):
         for _ in range(600):  # its start is under way while the block goes on
-            if servers_below_us(b"osworld/worker.py"):
+            if servers_below_us(b"osworld_worker/worker.py"):
                 break
             await asyncio.sleep(0.05)
-        assert len(servers_below_us(b"osworld/worker.py")) == 1
+        assert len(servers_below_us(b"osworld_worker/worker.py")) == 1
         for _ in range(600):
-            if servers_below_us(b"desktops.local.server_template"):
+            if servers_below_us(b"desktops.server.template"):
                 break
             await asyncio.sleep(0.05)
-        assert len(servers_below_us(b"desktops.local.server_template")) == 1
-        assert servers_below_us() - servers_below_us(b"server_template") == set()  # no server
+        assert len(servers_below_us(b"desktops.server.template")) == 1
+        assert (
+            servers_below_us() - servers_below_us(b"desktops.server.template") == set()
+        )  # no server
         template = acquire_template(osworld_python())
         try:
             worker = await template.ready()  # the start under way, not a second one
             assert worker is not None and worker.alive()
-            assert servers_below_us(b"osworld/worker.py") == {worker.pid}
+            assert servers_below_us(b"osworld_worker/worker.py") == {worker.pid}
         finally:
             await release_template(template)
-    assert servers_below_us(b"osworld/worker.py") == set()
-    assert servers_below_us(b"server_template") == set()
+    assert servers_below_us(b"osworld_worker/worker.py") == set()
+    assert servers_below_us(b"desktops.server.template") == set()
     async with warm_up(config):
         await asyncio.sleep(0.05)  # left while the templates still import
-    assert servers_below_us(b"osworld/worker.py") == set()
-    assert servers_below_us(b"server_template") == set()
+    assert servers_below_us(b"osworld_worker/worker.py") == set()
+    assert servers_below_us(b"desktops.server.template") == set()
 
 
 async def test_warm_up_needs_nothing_for_the_own_grader_or_other_backends():
@@ -200,15 +203,15 @@ async def test_warm_up_needs_nothing_for_the_own_grader_or_other_backends():
     ConfigError naming the option, before anything runs."""
     own = DesktopConfig(backend="local", options={"grader": "own"})
     async with warm_up(own):
-        assert servers_below_us(b"osworld/worker.py") == set()
+        assert servers_below_us(b"osworld_worker/worker.py") == set()
     for config in (
         DesktopConfig(backend="fake"),
         DesktopConfig(backend="local", options={"grader": "own", "urls": ["http://127.0.0.1:9"]}),
     ):
         async with warm_up(config):
             await asyncio.sleep(0.2)
-            assert servers_below_us(b"osworld/worker.py") == set()
-            assert servers_below_us(b"server_template") == set()
+            assert servers_below_us(b"osworld_worker/worker.py") == set()
+            assert servers_below_us(b"desktops.server.template") == set()
     missing = DesktopConfig(
         backend="local", options={"grader": "osworld", "osworld_python": "/nonexistent/python"}
     )
@@ -225,10 +228,10 @@ def test_a_server_whose_starter_is_gone_ends_quietly_and_leaves_nothing():
     import subprocess
     import sys
 
-    from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV
+    from legato_pipelines.desktops.server.wire import DEFAULT_TOKEN_ENV
 
     env = {**os.environ, DEFAULT_TOKEN_ENV: "t" * 24}
-    cmd = [sys.executable, "-m", "legato_pipelines.desktops.local.server"]
+    cmd = [sys.executable, "-m", "legato_pipelines.desktops.server.main"]
     states = set(glob.glob("/tmp/legato-desktop-*"))
     proc = subprocess.Popen(
         [*cmd, "--width", "320", "--height", "240"],

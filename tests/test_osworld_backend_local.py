@@ -145,8 +145,8 @@ async def test_fixed_wait_baseline_and_the_servers_own_ready_endpoint(tmp_path):
 async def test_the_vm_screen_wins_over_the_requested_size(tmp_path):
     """The VM's own screen (docker's image: 1920x1080) sets the desktop size and DesktopEnv's
     setup placeholders, whatever size was asked for."""
-    from legato_pipelines.desktops.local.backend import ServerProcess
-    from legato_pipelines.desktops.osworld.backend import OSWorldDesktop
+    from legato_pipelines.desktops.osworld_worker.desktop import OSWorldDesktop
+    from legato_pipelines.desktops.server.desktop import ServerProcess
     from legato_pipelines.tasks import Task
 
     config = osworld_config(tmp_path)
@@ -281,7 +281,7 @@ async def test_model_size_observation_is_the_collector_resize_of_the_vm_screen(t
     and then the VM's own PNG comes back for the collector to resize."""
     import subprocess
 
-    from legato_pipelines.desktops.osworld import channel
+    from legato_pipelines.desktops.osworld_worker import channel
     from legato_pipelines.harness import Harness
     from legato_pipelines.harness.resize import resize_screenshot
     from legato_pipelines.images import png_codecs
@@ -317,7 +317,7 @@ async def test_setup_failures_are_the_same_facts_on_both_backends(tmp_path):
     """Steps OSWorld logs and carries on after are facts (``setup_failures``) on the osworld
     backend as on the local one: a failing command, a launch that dies at once (xterm exits 0
     when its command fails), an ``open`` of a missing file; the next step still runs."""
-    from legato_pipelines.desktops.local.backend import open_local_desktops
+    from legato_pipelines.desktops.server.desktop import open_local_desktops
     from legato_pipelines.tasks import Task
 
     task = Task(

@@ -20,8 +20,8 @@ import pytest
 from legato_pipelines.actions import Action
 from legato_pipelines.desktops.base import DesktopConfig
 from legato_pipelines.desktops.domains import DOMAIN_PROCESSES, fast_reset_script
-from legato_pipelines.desktops.osworld import channel
-from legato_pipelines.desktops.osworld import options as osworld_options
+from legato_pipelines.desktops.osworld_worker import channel
+from legato_pipelines.desktops.osworld_worker import options as osworld_options
 from legato_pipelines.errors import ConfigError, DesktopError
 from legato_pipelines.harness import render
 
@@ -255,7 +255,7 @@ async def test_each_desktop_spares_included_holds_a_cache_folder_of_its_own(pyth
     DesktopEnv cache folder; another batch on this host with the same cache_dir is refused
     before any worker starts, rather than sharing desktop-<i> (where DesktopEnv and the
     getters write a task's files), and may go once the first one closed its desktops."""
-    from legato_pipelines.desktops.osworld.backend import open_osworld_desktops
+    from legato_pipelines.desktops.osworld_worker.desktop import open_osworld_desktops
 
     root = tmp_path / "c"
     config = DesktopConfig(
@@ -448,7 +448,7 @@ def test_worker_resize_is_the_collectors_byte_for_byte(python, interpreter, tmp_
     Pillow and imagecodecs (``images.png_codecs``); a screenshot already at the model's size,
     or a worker whose codecs are not the collector's versions (the OSWorld venv pins its own
     Pillow), sends the VM's own bytes (the collector then resizes)."""
-    from legato_pipelines.desktops.fake import frame_pool
+    from legato_pipelines.desktops.backends.fake import frame_pool
     from legato_pipelines.harness import Harness
     from legato_pipelines.harness.resize import resize_screenshot
     from legato_pipelines.images import png_codecs
@@ -528,7 +528,7 @@ def test_installing_a_recipe_that_is_there_runs_no_pip(python, monkeypatch, tmp_
     runs its steps (pip is only recorded here: the real venv is not touched)."""
     import json
 
-    from legato_pipelines.desktops.osworld import install as install_mod
+    from legato_pipelines.desktops.osworld_worker import install as install_mod
 
     venv = Path(python).parents[1]
     recipe = venv / install_mod.RECIPE_FILE

@@ -214,7 +214,7 @@ def test_collect_and_check_read_the_default_cache_the_cache_command_fills(
     `legato tasks check` and collect's preflight then find the files there with no cache
     option given (one default, ``sources.default_cache_dir``); ``cache_dir=`` means none."""
     from legato_pipelines.desktops.base import DesktopConfig
-    from legato_pipelines.desktops.osworld.install import default_venv
+    from legato_pipelines.desktops.osworld_worker.install import default_venv
     from legato_pipelines.desktops.support import backend_support
     from legato_pipelines.errors import TaskListError
     from legato_pipelines.osworld_format.sources import default_cache_dir

@@ -192,7 +192,7 @@ def test_setup_step_parameters_against_desktop_envs_signatures(tmp_path, monkeyp
     """An ``execute`` step with ``comand`` fails at reset in OSWorld's SetupController
     ("unexpected keyword argument 'comand'"): osworld and local (both run SetupController)
     refuse it up front, against the installed desktop-env's ``_<type>_setup`` signatures."""
-    from legato_pipelines.desktops.osworld.grader import installed_grader
+    from legato_pipelines.desktops.osworld_worker.grader import installed_grader
     from legato_pipelines.desktops.support import backend_support
     from tests.osworld_backend_support import osworld_python
 

@@ -15,9 +15,9 @@ import time
 import pytest
 
 from legato_pipelines.desktops.child_env import SINGLE_THREADED
-from legato_pipelines.desktops.local.osworld_grader import OSWorldGrader
-from legato_pipelines.desktops.osworld import channel, template
-from legato_pipelines.desktops.osworld.options import worker_env
+from legato_pipelines.desktops.osworld_worker import channel, template
+from legato_pipelines.desktops.osworld_worker.desktop_grader import OSWorldGrader
+from legato_pipelines.desktops.osworld_worker.options import worker_env
 from legato_pipelines.errors import DesktopError
 
 from .osworld_backend_support import osworld_python

@@ -125,13 +125,12 @@ def test_osworld_format_never_imports_desktops():
     assert wrong == set()
 
 
-#: The desktop backends. One backend may use another only through its package's face
-#: (``desktops/local/__init__.py``: what it exports), never its modules.
+#: The desktop building blocks and backends. One may use another only through its package's
+#: face (``desktops/server/__init__.py``: what it exports), never its modules.
 BACKENDS = {
-    "fake": f"{PACKAGE}.desktops.fake",
-    "local": f"{PACKAGE}.desktops.local",
-    "osworld": f"{PACKAGE}.desktops.osworld",
-    "vmserver": f"{PACKAGE}.desktops.vmserver",
+    "fake": f"{PACKAGE}.desktops.backends.fake",
+    "server": f"{PACKAGE}.desktops.server",
+    "osworld_worker": f"{PACKAGE}.desktops.osworld_worker",
 }
 
 
@@ -158,7 +157,7 @@ def test_backends_do_not_reach_into_each_other():
 def test_the_graph_is_read():
     """Guards the reader itself: known edges are found."""
     assert f"{PACKAGE}.desktops.base" in GRAPH[f"{PACKAGE}.rollout.attempt"]
-    assert f"{PACKAGE}.errors" in GRAPH[f"{PACKAGE}.desktops.fake"]
+    assert f"{PACKAGE}.errors" in GRAPH[f"{PACKAGE}.desktops.backends.fake"]
 
 
 def in_a_child(probe: str) -> str:
@@ -176,7 +175,7 @@ def test_legato_collect_imports_no_numpy_pyarrow_or_duckdb():
     of CPU at every start; issue 18): they are imported where tables are made or queried."""
     probe = (
         "import sys; import legato_pipelines.cli, legato_pipelines.rollout.engine, "
-        "legato_pipelines.desktops.fake, legato_pipelines.policy.client; "
+        "legato_pipelines.desktops.backends.fake, legato_pipelines.policy.client; "
         "print(sorted(m for m in ('numpy', 'pyarrow', 'duckdb') if m in sys.modules))"
     )
     assert in_a_child(probe) == "[]"
@@ -187,11 +186,11 @@ def test_the_desktop_server_imports_no_client_side():
     engine, the backend's client side, the policy client, nor the task schemas (pydantic),
     the harness or OSWorld's task format beyond the one constant it uses (0.77 -> 0.50 s of
     CPU per start on the 2-core machine; issue 18): the package, ``desktops``,
-    ``desktops.local`` and ``osworld_format`` hand their names on lazily."""
+    ``desktops.server`` and ``osworld_format`` hand their names on lazily."""
     probe = (
-        "import sys; import legato_pipelines.desktops.local.server; "
+        "import sys; import legato_pipelines.desktops.server.main; "
         "print(sorted(m for m in ('httpx', 'legato_pipelines.rollout.engine', "
-        "'legato_pipelines.desktops.local.backend', 'legato_pipelines.policy.client', "
+        "'legato_pipelines.desktops.server.desktop', 'legato_pipelines.policy.client', "
         "'legato_pipelines.desktops.client', 'pydantic', 'legato_pipelines.tasks', "
         "'legato_pipelines.harness', 'legato_pipelines.desktops.base', "
         "'legato_pipelines.osworld_format.classify') if m in sys.modules))"
@@ -201,8 +200,8 @@ def test_the_desktop_server_imports_no_client_side():
 
 def test_the_lazy_public_names_are_the_modules_own():
     import legato_pipelines
-    import legato_pipelines.desktops.local as local
-    from legato_pipelines.desktops.local.backend import open_local_desktops
+    import legato_pipelines.desktops.server as local
+    from legato_pipelines.desktops.server.desktop import open_local_desktops
     from legato_pipelines.rollout.engine import collect
 
     assert legato_pipelines.collect is collect and local.open_local_desktops is open_local_desktops

@@ -350,3 +350,19 @@ def test_completeness_of_folders_a_trainer_is_still_writing(tmp_path):
     assert incomplete(config_only).startswith("config.json without model weights yet")
     (config_only / "model.safetensors").write_bytes(b"w")
     assert incomplete(config_only) is None
+
+
+def test_server_kinds_come_from_one_loader_table(tmp_path, no_policy_key):
+    """``--load-server``'s choices are ``auto`` and the kinds of the loader table, one loader
+    class per kind; ``auto`` asks each kind's identifying route of the real server."""
+    from typing import get_args
+
+    from legato_pipelines.policy.load_spec import LoadPlan, ServerKind
+    from legato_pipelines.policy.loaders import LOADERS, ServerLoader, detect_kind
+
+    assert get_args(ServerKind) == ("auto", *LOADERS)
+    assert all(issubclass(cls, ServerLoader) and cls.kind == k for k, cls in LOADERS.items())
+    for flavor, kind in (("sglang", "sglang"), ("vllm", "vllm")):
+        with ScriptedPolicyServer(flavor=flavor) as server:
+            plan = LoadPlan(LoadSpec(), "v1", None, "m", "m", None, None, root=server.url)
+            assert asyncio.run(detect_kind(plan)) == kind

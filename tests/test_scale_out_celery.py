@@ -29,7 +29,7 @@ import fsspec
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
-from legato_pipelines.desktops.remote import desktop_name
+from legato_pipelines.desktops.server.remote import desktop_name
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from legato_pipelines.policy.synthetic import qwen_response
 from legato_pipelines.store.lake import Lake

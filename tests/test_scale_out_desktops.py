@@ -22,8 +22,8 @@ import pytest
 from legato_pipelines import PolicyConfig, collect_async, export_steps, profile, read_records
 from legato_pipelines.desktops import open_desktops
 from legato_pipelines.desktops.base import DesktopConfig
-from legato_pipelines.desktops.local.wire import DEFAULT_TOKEN_ENV
-from legato_pipelines.desktops.remote import desktop_name
+from legato_pipelines.desktops.server.remote import desktop_name
+from legato_pipelines.desktops.server.wire import DEFAULT_TOKEN_ENV
 from legato_pipelines.errors import ConfigError, DesktopError
 from legato_pipelines.resources import DesktopPoolResource
 from legato_pipelines.rollout import statuses as st

@@ -203,11 +203,58 @@ def test_every_bad_entry_is_named_at_once(tmp_path):
         {"domain": "os"},
     ]
     proc = legato(str(write(tmp_path, "two_bad.json", bad)))
-    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.returncode == 2
     text = " ".join(proc.stderr.split())  # rich may wrap long lines
     assert "2 problems in the task list" in text
     assert "tasks[1] (task_id 'no-instruction'): field 'config.instruction' is missing" in text
     assert "tasks[2]: field 'task_id' is missing" in text
+    assert "tasks[0] (task_id 'ok'):" in proc.stdout  # the valid entry's own (no evaluator)
+
+
+def test_an_entry_without_instruction_hides_no_other_entrys_problems(tmp_path):
+    """Issue 33: one run reports the list's structural error (an entry without
+    ``instruction``) and every other entry's problems, not the latter after the first fix."""
+    good = {
+        "task_id": "good",
+        "config": {"instruction": "x", "evaluator": {"func": "infeasible"}},
+    }
+    no_instruction = {"task_id": "no-instruction", "config": {"evaluator": {"func": "infeasible"}}}
+    no_evaluator = {"task_id": "no-evaluator", "config": {"instruction": "x"}}
+    unknown_step = {
+        "task_id": "unknown-step",
+        "config": {
+            "instruction": "x",
+            "config": [{"type": "lanuch", "parameters": {"command": ["xterm"]}}],
+            "evaluator": {"func": "infeasible"},
+        },
+    }
+    tasks = write(tmp_path, "tasks.json", [good, no_instruction, no_evaluator, unknown_step])
+    proc = legato(str(tasks), "--json")
+    assert proc.returncode == 2, proc.stderr
+    errors = " ".join(proc.stderr.split())
+    assert "tasks[1] (task_id 'no-instruction'): field 'config.instruction' is missing" in errors
+    doc = orjson.loads(proc.stdout)
+    assert not doc["ok"] and doc["task_set"] is None
+    assert doc["list_problems"] == [
+        "tasks[1] (task_id 'no-instruction'): field 'config.instruction' is missing"
+    ]
+    assert [t["task_id"] for t in doc["tasks"]] == ["good", "no-evaluator", "unknown-step"]
+    for backend in ("local", "osworld"):
+        found = doc["problems"][backend]
+        # each named by its own index in the list, not its place among the valid ones
+        assert any(p.startswith("tasks[2] (task_id 'no-evaluator'): ") for p in found), found
+        assert any(
+            p.startswith("tasks[3] (task_id 'unknown-step'): ") and "lanuch" in p for p in found
+        ), found
+        assert not any("'good'" in p for p in found)
+    assert "evaluator" in " ".join(p for p in doc["problems"]["osworld"] if "tasks[2]" in p)
+    assert "did you mean launch" in " ".join(doc["problems"]["local"])
+
+    table = legato(str(tasks), "--backend", "local")
+    assert table.returncode == 2
+    out = " ".join(table.stdout.split())
+    assert "tasks[2] (task_id 'no-evaluator')" in out and "tasks[3] (task_id 'unknown-step')" in out
+    assert "field 'config.instruction' is missing" in " ".join(table.stderr.split())
 
 
 def test_more_problems_than_a_message_shows_are_all_listed(tmp_path):
@@ -223,7 +270,7 @@ def test_local_knows_the_apps_this_hosts_desktops_have(tmp_path):
     """OSWorld tasks of GIMP, VLC and the os domain (GNOME session, pyautogui commands) stop
     being refused for a missing app once the apps are installed (they are infeasible or
     gsettings tasks, so nothing else stops them)."""
-    from legato_pipelines.desktops.local.apps import desktop_python_has_pyautogui, installed_apps
+    from legato_pipelines.desktops.server.apps import desktop_python_has_pyautogui, installed_apps
 
     apps = installed_apps()
     if not {"gimp", "vlc", "os"} <= apps or not desktop_python_has_pyautogui():
@@ -299,8 +346,8 @@ def test_the_local_network_option_is_checked_and_changes_the_verdict(tmp_path):
     collect's preflight does: none cuts the port off, host shares it among all desktops
     (refused with 2+ at once), own gives each desktop its own, and so does auto (the
     default) for a batch with such a task."""
-    from legato_pipelines.desktops.local.apps import installed_apps
-    from legato_pipelines.desktops.osworld import osworld_python
+    from legato_pipelines.desktops.osworld_worker import osworld_python
+    from legato_pipelines.desktops.server.apps import installed_apps
 
     if "chrome" not in installed_apps() or osworld_python({}) is None:
         pytest.skip("needs chromium for the local desktops and the OSWorld venv (setup.sh)")
@@ -345,8 +392,8 @@ def test_collect_refuses_a_bad_network_and_a_shared_port_before_anything_runs(
     """collect's preflight: the same verdict as `tasks check --desktops N` (runners + spares),
     before the policy or any desktop is touched and nothing written."""
     from legato_pipelines import DesktopConfig, PolicyConfig, collect, load_tasks
-    from legato_pipelines.desktops.local.apps import installed_apps
-    from legato_pipelines.desktops.osworld import osworld_python
+    from legato_pipelines.desktops.osworld_worker import osworld_python
+    from legato_pipelines.desktops.server.apps import installed_apps
     from legato_pipelines.errors import ConfigError, TaskListError
 
     if "chrome" not in installed_apps() or osworld_python({}) is None:

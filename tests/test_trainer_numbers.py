@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from legato_pipelines import PolicyConfig, group_advantages, profile, read_records
+from legato_pipelines.desktops.backends.fake import FakeDesktop
 from legato_pipelines.desktops.base import DesktopConfig
-from legato_pipelines.desktops.fake import FakeDesktop
 from legato_pipelines.errors import ResumeError
 from legato_pipelines.policy.scripted import Faults, ScriptedPolicyServer
 from legato_pipelines.record import decode_prompt_ids, encode_prompt_ids

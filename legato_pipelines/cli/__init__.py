@@ -16,6 +16,7 @@ from . import osworld as _osworld  # noqa: F401
 from . import policy as _policy  # noqa: F401
 from . import tasks as _tasks  # noqa: F401
 from . import view as _view  # noqa: F401
+from . import web as _web  # noqa: F401
 from .root import app
 
 __all__ = ["app", "main"]

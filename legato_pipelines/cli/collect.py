@@ -54,6 +54,14 @@ def collect_command(
         list[str] | None,
         typer.Option("--desktop-option", help="Backend option KEY=JSON (repeatable)."),
     ] = None,
+    web: Annotated[
+        str | None,
+        typer.Option(
+            "--web",
+            help="Local desktops' websites: live (default), replay:ARCHIVE (served from an"
+            " archive of `legato web record`, no network) or record:ARCHIVE.",
+        ),
+    ] = None,
     screen: Annotated[
         str,
         typer.Option(
@@ -167,6 +175,8 @@ def collect_command(
             options = parse_desktop_options(desktop_option or [])
         except ValueError as exc:
             fail(str(exc))
+        if web is not None:
+            options["web"] = web
         if osworld_python is not None:
             options["osworld_python"] = str(osworld_python)
         if osworld_provider is not None:
@@ -510,6 +520,12 @@ def print_profile(summary: dict) -> None:
         "setup failures",
         f"{setup['attempts']} attempts"
         + "".join(f"\n  {where}: {n}" for where, n in list(setup["by_step"].items())[:5]),
+    )
+    post = summary.get("postconfig_failures") or {"attempts": 0, "by_step": {}}
+    table.add_row(
+        "postconfig failures",
+        f"{post['attempts']} attempts"
+        + "".join(f"\n  {where}: {n}" for where, n in list(post["by_step"].items())[:5]),
     )
     windows = summary.get("unexpected_windows") or {"attempts": 0, "by_window": {}}
     table.add_row(

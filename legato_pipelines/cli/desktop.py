@@ -22,8 +22,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ..desktops.local.backend import NETWORKS, ServerProcess, limits_option
-from ..desktops.local.wire import DEFAULT_TOKEN_ENV, READY_SOURCES
+from ..desktops.server.desktop import NETWORKS, ServerProcess, limits_option
+from ..desktops.server.wire import DEFAULT_TOKEN_ENV, READY_SOURCES
 from ..errors import ConfigError, LegatoError
 from .console import console, fail
 from .console import err as _err

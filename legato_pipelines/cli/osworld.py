@@ -45,7 +45,7 @@ def install_command(
 
     Prints the interpreter to pass as ``legato collect --backend osworld --osworld-python``.
     """
-    from ..desktops.osworld.install import install
+    from ..desktops.osworld_worker.install import install
 
     with console.status("installing desktop-env into its own venv ..."):
         try:

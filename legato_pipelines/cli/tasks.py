@@ -246,33 +246,42 @@ def check_command(
     the problems that make it unrunnable on a backend (misspelled metric/getter/step names,
     missing evaluator parts or step parameters, internet-only downloads).
 
-    Exit status: 0 when every task can run; 1 when some task cannot run on the backend given with --backend, or (no --backend) on any backend it is written for: a real desktop (local or osworld), or fake for a task with a 'fake' block (the fake backend never grades, so running there alone does not count); 2 when the task list itself is bad (nothing classified).
+    A list with entries that are no task (e.g. one without `instruction`) still reports every
+    other entry's problems in the same run, then the bad entries, and exits 2.
+
+    Exit status: 0 when every task can run; 1 when some task cannot run on the backend given with --backend, or (no --backend) on any backend it is written for: a real desktop (local or osworld), or fake for a task with a 'fake' block (the fake backend never grades, so running there alone does not count); 2 when the task list itself is bad (an entry that is no task; the valid entries are classified all the same).
     """
     if osworld_provider is not None:
-        from ..desktops.osworld.options import PROVIDERS
+        from ..desktops.osworld_worker.options import PROVIDERS
 
         if osworld_provider not in PROVIDERS:
             fail(f"--osworld-provider {osworld_provider!r}: use one of {', '.join(PROVIDERS)}")
         if backend not in (None, Backend.osworld):
             fail(f"--osworld-provider is for --backend osworld, not {backend.value}")
+    path = None
+    list_error: TaskListError | None = None  # entries that are not tasks at all
     try:
         path = _resolve_tasks_path(tasks, osworld)
         task_set = load_tasks(path, osworld=osworld)
+        entries = list(enumerate(task_set))
     except TaskListError as exc:
-        fail(exc.describe())  # every problem of the list, not only the first 20
+        if not exc.tasks:
+            fail(exc.describe())  # every problem of the list, not only the first 20
+        # the other entries' own problems are reported in the same run (exit 2 all the same)
+        list_error, task_set, entries = exc, None, list(exc.tasks)
     try:
         support = _support(backend, cache_dir, desktop_option or [], desktops)
     except (ConfigError, ValueError) as exc:
         fail(str(exc))
     # the engine's preflight judges with classify_task's problems too (osworld_format/verdict.py)
-    classes = [classify_task(task, backend_support=support) for task in task_set]
+    classes = [classify_task(task, backend_support=support) for _, task in entries]
     checked: tuple[str, ...] = (backend.value,) if backend else BACKENDS
     # only the checked backends were judged with their own support: report no other
     totals = summarize(classes, backends=checked)
     problems = {
         name: [
             f"tasks[{index}] (task_id {c.task_id!r}): {problem}"
-            for index, c in enumerate(classes)
+            for (index, _), c in zip(entries, classes, strict=True)
             for problem in c.problems.get(name, [])
         ]
         for name in checked
@@ -285,16 +294,18 @@ def check_command(
     else:
         failing = [
             c
-            for task, c in zip(task_set, classes, strict=True)
+            for (_, task), c in zip(entries, classes, strict=True)
             if not set(c.backends) & set(_meant_for(task.config))
         ]
     if as_json:
         doc = {
             "path": str(path),
-            "task_set": task_set.task_set,
+            "task_set": task_set.task_set if task_set is not None else None,
             "backends_checked": list(checked),
             "osworld_provider": osworld_provider,
-            "ok": not failing,
+            "ok": not failing and list_error is None,
+            # entries that are no task (each names its index and field); null: none
+            "list_problems": list(list_error.problems) if list_error is not None else None,
             "problems": problems,
             "not_runnable": not_runnable,
             "local_desktops": {
@@ -326,10 +337,11 @@ def check_command(
                         f"  [dim]... {len(lines) - limit} more (--backend {name} or --json lists all)[/]"
                     )
         _out.print(_totals_table(totals, checked))
-        _out.print(
-            f"[dim]{escape(str(path))}: {len(task_set)} tasks, task set {task_set.task_set}[/]",
-            highlight=False,
-        )
+        if task_set is not None:
+            _out.print(
+                f"[dim]{escape(str(path))}: {len(task_set)} tasks, task set {task_set.task_set}[/]",
+                highlight=False,
+            )
         if "local" in checked:
             pyautogui = "with" if support.local_pyautogui else "without"
             _out.print(
@@ -353,6 +365,11 @@ def check_command(
                 f"[dim]tasks not runnable per backend: {counts} (--backend NAME fails on them)[/]",
                 highlight=False,
             )
+    if list_error is not None:  # after the other entries' problems: the list is still bad
+        fail(
+            f"{list_error.describe()}\n(the other {len(entries)} entries were checked: their "
+            "problems are above)"
+        )
     if failing:
         if backend:
             what = f"cannot run on the {backend.value} backend"

@@ -40,14 +40,14 @@ def warm_up(
     """What every desktop of a batch on ``config`` shares, started when the block is entered
     so that it is ready when the desktops open (the engine enters it before its policy check
     and keeps it for the batch): the templates the ``local`` backend's desktop servers and
-    OSWorld graders are forked from (``local/server_template.py``, ``osworld/template.py``);
+    OSWorld graders are forked from (``server/template.py``, ``osworld_worker/template.py``);
     nothing for the other backends. ``evaluators``: the batch's tasks' evaluator objects
     (OSWorld format), whose metric and getter modules the graders' template imports before
     it forks the workers. Raises
     ``ConfigError`` when the local desktops' option ``grader``/``osworld_python`` names what is
     not there (as opening them would)."""
     if config.backend == "local":
-        from .local.backend import warm_up_local
+        from .server.desktop import warm_up_local
 
         return warm_up_local(config, evaluators)
     return contextlib.nullcontext()
@@ -70,7 +70,7 @@ async def open_desktops(config: DesktopConfig, n: int, first: int = 0) -> list[D
     if n < 1:
         raise ConfigError(f"desktops: need at least 1 desktop, got {n} (fix: --desktops N)")
     if config.backend == "fake":
-        from .fake import FakeDesktop
+        from .backends.fake import FakeDesktop
 
         return [FakeDesktop(config, i) for i in range(first, first + n)]
     if first == 0:  # a batch's first desktops: clear what killed processes left (scratch.py)
@@ -79,8 +79,8 @@ async def open_desktops(config: DesktopConfig, n: int, first: int = 0) -> list[D
         await asyncio.to_thread(sweep)
     if config.backend == "local":
         try:
-            from .local.backend import open_local_desktops
-            from .remote import open_remote_pool
+            from .server.desktop import open_local_desktops
+            from .server.remote import open_remote_pool
         except ImportError as exc:
             raise ConfigError(f"backend 'local' is not available: {exc}") from None
         if config.options.get("urls"):  # servers on other hosts, health-checked (remote.py)
@@ -88,7 +88,7 @@ async def open_desktops(config: DesktopConfig, n: int, first: int = 0) -> list[D
         return list(await open_local_desktops(config, n, first))
     if config.backend == "osworld":
         try:
-            from .osworld.backend import open_osworld_desktops
+            from .osworld_worker.desktop import open_osworld_desktops
         except ImportError:
             raise ConfigError(
                 "backend 'osworld' is not available yet in this build (fix: --backend local or --backend fake)"

@@ -1,6 +1,6 @@
 """What the processes the desktops run may inherit of this process's environment.
 
-A desktop server (``desktops/local/server.py``) and every app, setup command and policy action
+A desktop server (``desktops/server/main.py``) and every app, setup command and policy action
 on its desktop run with the server's environment; an osworld worker (DesktopEnv) with its own.
 None of them needs the policy API key, and only an osworld worker whose provider is a cloud
 needs that cloud's credentials. So:
@@ -112,7 +112,7 @@ PASS_ENV = (
 #: One BLAS/OpenMP thread (numpy's OpenBLAS and OpenMP start a thread pool at import unless
 #: told not to): a template process must have no thread but the one that forks (a lock held
 #: by another thread at the fork would stay held in every child); both templates
-#: (``local/server_template.py``, ``osworld/template.py``) run with it.
+#: (``server/template.py``, ``osworld_worker/template.py``) run with it.
 SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 

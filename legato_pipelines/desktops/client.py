@@ -17,7 +17,7 @@ import httpx
 from ..actions import Action
 from ..errors import DesktopError
 from ..images import Screenshot
-from ..osworld_format.controller import EXECUTE_TIMEOUT_S
+from ..osworld_format.controller import EXECUTE_TIMEOUT_S, WINDOW_FOUND_HEADER, window_found
 
 DEFAULT_TIMEOUT_S = 30.0
 RESET_TIMEOUT_S = 60.0
@@ -168,29 +168,31 @@ class DesktopClient:
 
     async def activate_window(
         self, window_name: str, strict: bool = False, by_class: bool = False
-    ) -> None:
-        """No window matching is not an error: OSWorld's server on Linux answers 200 whatever
-        ``wmctrl`` found, and so does the local one. Raises ``DesktopError`` (kind ``setup``)
-        when the server refuses the request (e.g. no ``window_name``)."""
-        await self._request(
-            "POST",
-            "/setup/activate_window",
-            kind="setup",
-            json={"window_name": window_name, "strict": strict, "by_class": by_class},
-        )
+    ) -> bool | None:
+        """``POST /setup/activate_window``: see :meth:`_window_step`."""
+        return await self._window_step("activate_window", window_name, strict, by_class)
 
     async def close_window(
         self, window_name: str, strict: bool = False, by_class: bool = False
-    ) -> None:
+    ) -> bool | None:
+        """``POST /setup/close_window``: see :meth:`_window_step`."""
+        return await self._window_step("close_window", window_name, strict, by_class)
+
+    async def _window_step(
+        self, route: str, window_name: str, strict: bool, by_class: bool
+    ) -> bool | None:
         """No window matching is not an error: OSWorld's server on Linux answers 200 whatever
-        ``wmctrl`` found, and so does the local one. Raises ``DesktopError`` (kind ``setup``)
-        when the server refuses the request (e.g. no ``window_name``)."""
-        await self._request(
+        ``wmctrl`` found, and so does the local one, which says whether a window matched in
+        :data:`WINDOW_FOUND_HEADER`: returned as ``True`` / ``False`` (``None``: the server
+        does not say). Raises ``DesktopError`` (kind ``setup``) when the server refuses the
+        request (e.g. no ``window_name``)."""
+        response = await self._request(
             "POST",
-            "/setup/close_window",
+            f"/setup/{route}",
             kind="setup",
             json={"window_name": window_name, "strict": strict, "by_class": by_class},
         )
+        return window_found(response.headers.get(WINDOW_FOUND_HEADER))
 
     async def upload(self, path: str, data: bytes) -> None:
         await self._request(
@@ -303,6 +305,19 @@ class DesktopClient:
             "GET", "/legato/health", kind="crash", allow=(404, 405), timeout=timeout
         )
         return None if response.status_code in (404, 405) else response.json()
+
+    async def web_begin(self, task_id: str) -> dict[str, Any]:
+        """``POST /legato/web``: start the web recorder's attempt for ``task_id`` (desktop
+        option ``web`` record/replay); ``{"mode", "task", "archived"}``."""
+        return (
+            await self._request(
+                "POST", "/legato/web", kind="reset", timeout=RESET_TIMEOUT_S, json={"task": task_id}
+            )
+        ).json()
+
+    async def web_misses(self) -> list[dict[str, str]]:
+        """``GET /legato/web``: the running replay attempt's requests not in the archive."""
+        return list((await self._request("GET", "/legato/web", kind="evaluator")).json()["misses"])
 
     async def processes(self) -> dict[str, Any]:
         return (await self._request("GET", "/legato/processes", kind="transport")).json()

@@ -1,7 +1,7 @@
 """The local desktops' templates, started on ``legato collect``'s first line (issue 18).
 
-A local batch forks its desktop servers from one template process (``local/server_template.py``:
-~0.6 s of imports) and OSWorld's graders from another (``osworld/template.py``: desktop_env,
+A local batch forks its desktop servers from one template process (``server/template.py``:
+~0.6 s of imports) and OSWorld's graders from another (``osworld_worker/template.py``: desktop_env,
 ~1.3 s of imports). The batch's warm-up starts both, but only once the command has imported
 its CLI and the engine (~1.2 s on one core of two, the other idle), so the graders' template
 was the start-up's critical path: the first desktops opened ~3.5 s after the launch.
@@ -9,7 +9,7 @@ was the start-up's critical path: the first desktops opened ~3.5 s after the lau
 :func:`start`, called by the ``legato`` entry point before anything heavy is imported, reads
 the command line and, for ``collect --backend local``, starts those templates at once with the
 command line and whole environment the warm-up would give them (the functions that build them
-are the warm-up's own: :func:`.server_template.template_command`,
+are the warm-up's own: :func:`.server.template.template_command`,
 :func:`.osworld.template.preloading_command`). The warm-up then takes them over
 (:func:`.processes.take_early`: same command line, same environment, still running) instead
 of starting its own. A template nobody takes is stopped: once the warm-up has taken its own
@@ -80,15 +80,15 @@ def _templates_for(argv: list[str]) -> list[tuple[list[str], dict[str, str], boo
         options["osworld_python"] = flags["--osworld-python"][-1]
     templates = []
     if not options.get("urls"):
-        from .local.server_template import template_command
+        from .server.template import template_command
 
         templates.append((*template_command(), False))
     if options.get("grader", "auto") != "own":
-        from .osworld.install import osworld_python
+        from .osworld_worker.install import osworld_python
 
         python = osworld_python(options)
         if python is not None:
-            from .osworld.template import preloading_command
+            from .osworld_worker.template import preloading_command
 
             templates.append((*preloading_command(str(python)), True))
     return templates

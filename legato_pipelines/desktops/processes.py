@@ -1,8 +1,8 @@
 """Child processes of the desktops, spawned by us or forked from a template, behind one face.
 
 A process we spawned is asyncio's (:class:`Spawned`: its exit code is known). A process forked
-from a *template* (the osworld worker template, ``osworld/template.py``; the desktop server
-template, ``local/server_template.py``) is the template's child, not ours: it is watched and
+from a *template* (the osworld worker template, ``osworld_worker/template.py``; the desktop server
+template, ``server/template.py``) is the template's child, not ours: it is watched and
 signalled through a pidfd (:class:`PidfdProcess`; ``os.pidfd_open``, Linux >= 5.3: no pid
 reuse race) and its exit code is unknown. Both offer ``pid``, ``returncode``, ``exited``,
 ``send_signal``, ``kill`` and ``wait``. A process spawned before the event loop ran (a

@@ -21,7 +21,7 @@ Two sources of "did the screen change", one decision loop (:func:`wait_until_rea
   a floor of one stable window (3 pairs, ~0.15 s) because a change between two grabs is
   invisible until the next one.
 - drawing reported by the X server (the DAMAGE extension, local desktops only:
-  ``local/damage.py``): look every ``tick_s`` (20 ms) at what was drawn since the last look.
+  ``server/damage.py``): look every ``tick_s`` (20 ms) at what was drawn since the last look.
   Damage is exact (no sampling gap), so once something drew after the action the screen is
   ready after ``quiet_s`` without drawing (60 ms after an action, 150 ms while a heavy app
   runs: LibreOffice's idle timers repaint ~80 ms after its first answer); when nothing drew,

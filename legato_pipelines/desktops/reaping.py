@@ -1,5 +1,5 @@
 """The SIGCHLD handler of the fork templates: the desktop server template
-(``local/server_template.py``) and the osworld worker template (``osworld/worker.py``).
+(``server/template.py``) and the osworld worker template (``osworld_worker/worker.py``).
 
 Standard library only: the osworld worker runs under OSWorld's interpreter and loads this
 module by its path.

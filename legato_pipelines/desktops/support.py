@@ -19,7 +19,7 @@ from ..osworld_format.sources import file_cache_dir
 
 @functools.lru_cache(maxsize=1)
 def _host_local() -> tuple[frozenset[str], bool]:
-    from .local.apps import desktop_python_has_pyautogui, installed_apps
+    from .server.apps import desktop_python_has_pyautogui, installed_apps
 
     return installed_apps(), desktop_python_has_pyautogui()
 
@@ -32,20 +32,23 @@ def backend_support(
 
     ``local``: this host's apps and pyautogui (probed once per process; desktops attached by
     ``urls`` run elsewhere, so no app is held against a task there), the grader of option
-    ``grader`` (``desktops/osworld/grader.py``: OSWorld's names when its venv is installed),
+    ``grader`` (``desktops/osworld_worker/grader.py``: OSWorld's names when its venv is installed),
     option ``network`` (``auto`` by default; not known for ``urls``, whose servers chose
     theirs) which with ``desktops`` decides the tasks reaching Chrome's or VLC's port
-    (``osworld_format/ports.py``); ``osworld``: the installed desktop-env's names when its
+    (``osworld_format/ports.py``) and, with options ``proxy`` and ``web_probe``, whether the
+    desktops reach outside (``desktops/web.py``: the reachability check runs once per
+    process); ``osworld``: the installed desktop-env's names when its
     interpreter exists; every backend: the file cache of option ``cache_dir``, by default
     ``legato osworld cache``'s directory (``osworld_format.sources.file_cache_dir``).
     Raises ``ConfigError`` for a bad ``grader``, ``cache_dir``, ``sandbox``, ``network`` or
-    (local) ``prebuild``, ``base_port``, ``start_timeout`` or ``limits`` option, naming the
-    option and its allowed values.
+    (local) ``prebuild``, ``base_port``, ``start_timeout``, ``limits`` or ``proxy`` option,
+    naming the option and its allowed values.
     """
-    from .local.apps import DESKTOP_APPS
-    from .local.backend import limits_option, prebuild_option, server_numbers
     from .network import sandbox_options
-    from .osworld import installed_grader, local_grader, osworld_python
+    from .osworld_worker import installed_grader, local_grader, osworld_python
+    from .server.apps import DESKTOP_APPS
+    from .server.desktop import limits_option, prebuild_option, server_numbers
+    from .web import route_out, web_settings
 
     options = dict(options or {})
     fields: dict[str, Any] = {"cache_dir": file_cache_dir(options)}
@@ -64,6 +67,13 @@ def backend_support(
         else:
             fields["local_apps"], fields["local_pyautogui"] = _host_local()
         fields["local_grader"] = local_grader(options)[0]
+        web = web_settings(options)
+        fields["local_proxy"] = web.proxy is not None
+        if web.mode == "replay":
+            fields["local_web_archive"] = web.archive
+        fields["local_route_out"], fields["local_route_why"] = route_out(
+            fields["local_network"], web
+        )
     elif backend == "osworld":
         python = osworld_python(options)
         if python is not None:

@@ -2,7 +2,8 @@
 
 Nothing here touches a desktop. :func:`classify_task` reads the task's setup steps, evaluator
 (postconfig, getters, metrics) and commands and answers: which step types, which apps, whether
-it needs the internet (and which URLs), whether it changes state outside ``/home/user`` (so a
+it needs the internet (and which URLs; a website the instruction names counts too:
+:mod:`.instruction_web`), whether it changes state outside ``/home/user`` (so a
 fast reset cannot undo it: docs/osworld.md §6), whether its evaluator runs locally, and which
 backends (``local`` / ``osworld`` / ``fake``) can run it. ``legato tasks check`` prints it.
 :func:`~.verdict.preflight` lists, per backend, the problems that make tasks unrunnable there
@@ -28,6 +29,7 @@ from ..tasks import Task
 from .evaluate import evaluator_parts, evaluator_unsupported
 from .files import evaluator_getters, task_files
 from .grader_names import OWN_GRADER, GraderNames
+from .instruction_web import instruction_websites
 from .ports import grader_port_parts, held_ports, network_problems
 from .problems import BACKENDS, BackendName, evaluator_problems, task_problems
 from .sources import find_source, is_internet_url
@@ -100,6 +102,8 @@ URL_RE = re.compile(r"https?://[^\s'\"<>]+")
 NETWORK_CLIENT_RE = re.compile(
     r"\b(wget|curl|git\s+clone|google-chrome|chromium|firefox|xdg-open|requests|urllib|httpx|aria2c)\b"
 )
+#: Commands whose URLs the desktop's browser opens (what a web archive of Chromium serves).
+BROWSER_RE = re.compile(r"\b(google-chrome|chromium|firefox|xdg-open)\b")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "0.0.0.0", "[::1]")
 
 # related_apps spellings -> one app name.
@@ -139,19 +143,26 @@ class BackendSupport(BaseModel):
 
     ``local_apps``: app names a local desktop has (default: terminal, text_editor,
     libreoffice_calc; ``legato tasks check`` passes what this host's desktops have:
-    :func:`legato_pipelines.desktops.local.apps.installed_apps`). ``os`` in it: OSWorld's GNOME
+    :func:`legato_pipelines.desktops.server.apps.installed_apps`). ``os`` in it: OSWorld's GNOME
     session (persistent gsettings, gnome-terminal, nautilus). ``local_pyautogui``: the desktops'
     ``python`` has pyautogui, so OSWorld's ``python -c "import pyautogui; ..."`` commands run
     there. ``cache_dir``: a local file cache; download/cloud_file URLs found there (or
     ``file://``) do not count as needing the internet. ``local_grader``: the names the local
     backend's grader knows (OSWorld's own when the venv is installed, else the own subset:
-    ``desktops/osworld/grader.py``); ``osworld_grader``: the installed desktop-env's names for
+    ``desktops/osworld_worker/grader.py``); ``osworld_grader``: the installed desktop-env's names for
     the osworld backend (``None``: not known, names are checked when a task resets).
     ``local_network``: the local desktops' desktop option ``network`` (``auto``, the default:
     ``own`` for a batch with a task needing a network, ``desktops/network.py``; ``host``,
     ``none``, ``own``; ``None``: not known, desktops attached by URL) and ``local_desktops`` how many
     run at once (collect's runners + spares): together they decide whether a task whose
     setup or grader reaches Chrome's or VLC's port can run (:mod:`.ports`).
+    ``local_route_out``: the local desktops' network reaches outside (their ``network`` and the
+    reachability check of ``desktops/web.py``), so tasks opening live websites or installing
+    packages run; ``local_route_why`` says why not. ``local_proxy``: an upstream proxy is set
+    (desktop option ``proxy``), which OSWorld's ``proxy: true`` tasks need besides a route out.
+    ``local_web_archive``: desktop option ``web=replay:ARCHIVE``'s folder: a task recorded
+    there (``<task_id>.flows``) has its live websites (and proxy) served from it, with no
+    route out.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -163,6 +174,10 @@ class BackendSupport(BaseModel):
     osworld_grader: GraderNames | None = None
     local_network: Literal["auto", "host", "none", "own"] | None = "auto"
     local_desktops: int = Field(1, ge=1)
+    local_route_out: bool = False
+    local_route_why: str = "not checked"
+    local_proxy: bool = False
+    local_web_archive: Path | None = None
 
 
 class TaskClass(BaseModel):
@@ -330,29 +345,36 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     ]
     urls: list[str] = []  # live websites and downloads by command (not served by any cache)
     reasons: list[str] = []
+    google: list[str] = []  # Google accounts: no route out gives a local desktop one
     for step in all_steps:
         params = step.get("parameters") or {}
         if step.get("type") == "chrome_open_tabs":
             urls.extend(u for u in params.get("urls_to_open", []) if not _is_loopback(u))
         elif step.get("type") in ("googledrive", "login"):
-            reasons.append(f"{step['type']} (Google account)")
+            google.append(f"{step['type']} (Google account)")
     getters = evaluator_getters(evaluator)
     for getter in getters:
         if getter.get("type") == "googledrive_file":
-            reasons.append("googledrive_file getter (Google account)")
+            google.append("googledrive_file getter (Google account)")
     launched = {
         _command_text(s.get("parameters", {}).get("command"))
         for s in all_steps
         if s.get("type") == "launch"
     }
+    fetched: list[str] = []  # by a command's own client (wget, curl...), not the browser
     for text in commands:
         if text in launched or NETWORK_CLIENT_RE.search(text):
-            urls.extend(u for u in URL_RE.findall(text) if not _is_loopback(u))
+            found = [u for u in URL_RE.findall(text) if not _is_loopback(u)]
+            browser = text in launched or BROWSER_RE.search(text)
+            (urls if browser else fetched).extend(found)
         reasons.extend(reason for reason, pattern in NEEDS_NETWORK_PATTERNS if pattern.search(text))
-    if config.get("proxy"):
-        reasons.append("proxy")
-    live = _unique(urls)
-    urls, reasons = _unique(file_urls + urls), _unique(reasons)
+    proxy = bool(config.get("proxy"))
+    # the instruction sends the agent to a website (its config may name none): instruction_web.py
+    urls.extend(instruction_websites(config.get("instruction")))
+    live, net_reasons, google = _unique(urls), _unique(reasons), _unique(google)
+    net_reasons = _unique([*fetched, *net_reasons])  # what no browser archive serves
+    reasons = _unique([*google, *reasons, *(["proxy"] if proxy else [])])
+    urls = _unique(file_urls + urls + fetched)
     needs_internet = bool(urls or reasons)
 
     # Apps.
@@ -395,8 +417,10 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
 
     # Backends.
     local_blockers: list[str] = [f"step type {t}" for t in unsupported_steps]
-    if needs_internet:
+    web = _web_problems(task.task_id, live, net_reasons, google, proxy, support)
+    if file_urls:
         local_blockers.append("needs the internet")
+    local_blockers += [blocker for blocker, _ in web]
     missing_apps = [a for a in apps if a not in support.local_apps and a != "os"]
     local_blockers += [f"app {a}" for a in missing_apps]
     if "os" in apps and not (set(apps) & support.local_apps):
@@ -418,8 +442,8 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
     }
     if any(_STEP_PARAMETER.search(p) for p in problems["local"]):  # e.g. 'comand'
         local_blockers.append("setup step parameters")
-    problems["local"] += _host_problems(
-        live, reasons, missing_apps, "os" in apps and not (set(apps) & support.local_apps),
+    problems["local"] += [problem for _, problem in web] + _host_problems(
+        missing_apps, "os" in apps and not (set(apps) & support.local_apps),
         not support.local_pyautogui and any("pyautogui" in text for text in commands),
     ) + network + [
         f"needs {name} ({SYSTEM_SERVICES_WHY[name]}), which local desktops do not run (fix: "
@@ -482,19 +506,59 @@ def _unsupported_parts(evaluator: dict, grader: GraderNames) -> list[str]:
     return _unique(missing)
 
 
-def _host_problems(
-    live: list[str], reasons: list[str], missing_apps: list[str], gnome: bool, pyautogui: bool
-) -> list[str]:
-    """What this host's local desktops lack for a task (the part of the local verdict the task
-    list cannot fix): live websites, apps, OSWorld's GNOME session, pyautogui."""
+def _web_problems(
+    task_id: str,
+    live: list[str],
+    reasons: list[str],
+    google: list[str],
+    proxy: bool,
+    support: BackendSupport,
+) -> list[tuple[str, str]]:
+    """``(blocker, problem)`` pairs of what a task's websites need of this host's local
+    desktops (``desktops/web.py``): a Google account (never there), a route out for live
+    websites and package installs, and an upstream proxy for OSWorld's ``proxy: true``; in
+    replay (``local_web_archive``), a recording of the task instead of the last two for its
+    websites."""
     out = []
-    if live or reasons:
-        what = ", ".join([*live[:3], *reasons[:2]]) + (" ..." if len(live) > 3 else "")
-        out.append(
-            f"needs the internet ({what}): local desktops reach no live website (fix: run the "
-            "task on the osworld backend with a network)"
-        )
-    out += [
+    archive = support.local_web_archive
+    if archive is not None and (live or proxy):
+        if not (archive / f"{task_id}.flows").is_file():
+            out.append((
+                "no recorded archive",
+                f"opens live websites ({', '.join(live[:3]) or 'proxy: true'}) and the web"
+                f" archive {archive} holds no recording of it ({task_id}.flows) (fix: `legato"
+                " web record` the task into it, or drop --web replay)",
+            ))  # fmt: skip
+        live, proxy = [], False  # the archive serves them
+    if google:
+        out.append((
+            "needs a Google account",
+            f"needs a Google account ({', '.join(google[:2])}), which local desktops do not have"
+            " (fix: run the task on the osworld backend with OSWorld's Google settings)",
+        ))  # fmt: skip
+    if (live or reasons or proxy) and not support.local_route_out:
+        shown = [*live[:3], *reasons[:2], *(["proxy: true"] if proxy else [])]
+        what = ", ".join(shown) + (" ..." if len(live) > 3 else "")
+        out.append((
+            "needs a route out",
+            f"needs the internet ({what}): this host's local desktops have no route out"
+            f" ({support.local_route_why}) (fix: desktop option network=own on a host that"
+            " reaches the sites, or run the task on the osworld backend with a network)",
+        ))  # fmt: skip
+    elif proxy and not support.local_proxy:
+        out.append((
+            "needs a proxy",
+            "OSWorld runs it through a proxy (config 'proxy': true: its sites block automated"
+            " browsers) and no proxy is set (fix: desktop option proxy=http://HOST:PORT or the"
+            " environment variable LEGATO_PROXY)",
+        ))  # fmt: skip
+    return out
+
+
+def _host_problems(missing_apps: list[str], gnome: bool, pyautogui: bool) -> list[str]:
+    """What this host's local desktops lack for a task (the part of the local verdict the task
+    list cannot fix): apps, OSWorld's GNOME session, pyautogui."""
+    out = [
         f"app {app!r} is not installed for this host's local desktops (fix: install it, "
         "docs/local-desktop.md §1, or run the task on the osworld backend)"
         for app in missing_apps

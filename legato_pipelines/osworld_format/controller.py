@@ -14,6 +14,17 @@ from typing import Any, Protocol, runtime_checkable
 #: Seconds a command of ``/execute`` may run unless told otherwise: OSWorld's server's own
 #: ``subprocess.run`` timeout. The one definition the server, its client and the setup steps use.
 EXECUTE_TIMEOUT_S = 120.0
+#: Response header of ``/setup/activate_window`` and ``/setup/close_window`` on the project's
+#: desktop servers: ``true`` / ``false``, whether a window matched. OSWorld's server answers 200
+#: whatever ``wmctrl`` found and sends no such header (nothing is known then).
+WINDOW_FOUND_HEADER = "X-Legato-Window-Found"
+
+
+def window_found(header: str | None) -> bool | None:
+    """The :data:`WINDOW_FOUND_HEADER` value as ``True`` / ``False``; ``None`` when absent or
+    anything else (a server that does not say)."""
+    value = (header or "").strip().lower()
+    return True if value == "true" else False if value == "false" else None
 
 
 @runtime_checkable
@@ -37,13 +48,15 @@ class DesktopController(Protocol):
 
     async def activate_window(
         self, window_name: str, strict: bool = False, by_class: bool = False
-    ) -> None:
-        """``POST /setup/activate_window`` (wmctrl ``-a`` semantics)."""
+    ) -> bool | None:
+        """``POST /setup/activate_window`` (wmctrl ``-a`` semantics). Whether a window matched
+        (:data:`WINDOW_FOUND_HEADER`), ``None`` when the server does not say."""
 
     async def close_window(
         self, window_name: str, strict: bool = False, by_class: bool = False
-    ) -> None:
-        """``POST /setup/close_window`` (wmctrl ``-c`` semantics)."""
+    ) -> bool | None:
+        """``POST /setup/close_window`` (wmctrl ``-c`` semantics). Whether a window matched
+        (:data:`WINDOW_FOUND_HEADER`), ``None`` when the server does not say."""
 
     async def upload(self, path: str, data: bytes) -> None:
         """``POST /setup/upload``: write ``data`` to ``path`` on the desktop (parents created)."""

@@ -135,9 +135,11 @@ async def evaluate_task(
     removed afterwards; pass the one given to ``run_setup`` to read setup captures).
     ``screen_size`` (pixels) and ``client_password`` fill postconfig placeholders.
 
-    Returns ``Evaluation(reward, error, notes)``; ``error`` is set when the evaluator could not
-    run; ``notes`` (``"<kind>: <text>"``) are facts about the compared files
-    (:func:`.file_notes.file_notes`), never a change of the reward.
+    Returns ``Evaluation(reward, error, notes, postconfig_failures)``; ``error`` is set when
+    the evaluator could not run; ``notes`` (``"<kind>: <text>"``) are facts about the compared
+    files (:func:`.file_notes.file_notes`), never a change of the reward;
+    ``postconfig_failures`` the postconfig's steps OSWorld carries on after
+    (:func:`.setup.run_setup` with ``window_misses``).
     Raises ``DesktopError`` only when the desktop itself failed (transport, timeout, crash).
     """
     evaluator = task.evaluator
@@ -179,9 +181,12 @@ async def _evaluate(
     ctx = EvalContext(
         controller=controller, task_id=task.task_id, work_dir=work_dir, cache_dir=cache_dir
     )
-    evaluation = await _graded(task, ctx, last_action_fail, screen_size, client_password)
+    facts: list[dict[str, Any]] = []  # the postconfig's steps OSWorld carries on after
+    evaluation = await _graded(task, ctx, last_action_fail, screen_size, client_password, facts)
     if ctx.notes:  # facts about the compared files: the grade stays OSWorld's
         evaluation = replace(evaluation, notes=tuple(dict.fromkeys(ctx.notes)))
+    if facts:
+        evaluation = replace(evaluation, postconfig_failures=tuple(facts))
     return evaluation
 
 
@@ -191,11 +196,12 @@ async def _graded(
     last_action_fail: bool,
     screen_size: tuple[int, int],
     client_password: str,
+    facts: list[dict[str, Any]],
 ) -> Evaluation:
     evaluator = task.evaluator
     controller, cache_dir, work_dir = ctx.controller, ctx.cache_dir, ctx.work_dir
     try:
-        await run_setup(
+        facts += await run_setup(
             task,
             controller,
             steps=list(evaluator.get("postconfig") or []),
@@ -203,6 +209,7 @@ async def _graded(
             work_dir=work_dir,
             screen_size=screen_size,
             client_password=client_password,
+            window_misses=True,  # a close/activate that found nothing explains a grade
         )
         if evaluator["func"] == "infeasible":
             return Evaluation(1.0 if last_action_fail else 0.0)

@@ -1,7 +1,7 @@
 """The names a grader knows: metrics, getters and setup step types, per grader.
 
 Two graders run OSWorld-format tasks on the local backend: OSWorld's own code (desktop-env in
-its venv, through the osworld worker: ``desktops/osworld/grader.py``) and, without that venv,
+its venv, through the osworld worker: ``desktops/osworld_worker/grader.py``) and, without that venv,
 this package's own subset (:mod:`.setup`, :mod:`.getters`, :mod:`.metrics`). A task naming a
 metric, getter or step type its grader lacks cannot run; :mod:`.problems` says so before any
 desktop starts, against the :class:`GraderNames` of the grader that will run it.

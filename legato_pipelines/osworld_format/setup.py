@@ -11,11 +11,16 @@ the placeholders of :mod:`.placeholders`, and a command that exits non-zero stil
   ...) raise :class:`UnsupportedStep` before any step runs, instead of failing half-way;
 - an ``execute`` with ``until`` polls at most ``UNTIL_TIMEOUT_S`` seconds (OSWorld has no bound);
 - what OSWorld logs and carries on after is a *fact* here, returned by :func:`run_setup` and
-  kept on the attempt's record (``reset.setup_failures``): an ``execute``/``command`` that
-  exits non-zero, a ``launch`` the desktop refuses or whose process dies at once, an ``open``
-  of a missing file, a window step that matches no window. Each fact is
-  ``{step, type, exit_status, error}`` (``error``: the stderr tail or the server's message,
-  at most :data:`FAILURE_TAIL_CHARS` characters);
+  kept on the attempt's record (``reset.setup_failures``; an evaluator's postconfig:
+  ``postconfig_failures``): an ``execute``/``command`` that exits non-zero, a ``launch`` the
+  desktop refuses or whose process dies at once, an ``open`` of a missing file, a window step
+  the desktop refuses. Each fact is ``{step, type, exit_status, error}`` (``error``: the
+  stderr tail or the server's message, at most :data:`FAILURE_TAIL_CHARS` characters);
+- a window step that matches no window (``activate_window`` / ``close_window``: the project's
+  servers say so in :data:`~.controller.WINDOW_FOUND_HEADER`; OSWorld's say nothing) is a fact
+  with ``window_misses`` (the postconfig's: a document not saved because the window to save
+  it in was not there explains a grade); in a task's setup it is not, as on OSWorld's VM, whose
+  server answers 200 whatever ``wmctrl`` found;
 - any other failed step raises :class:`~legato_pipelines.errors.DesktopError` ``kind="setup"``
   naming the step.
 """
@@ -54,7 +59,9 @@ class SetupContext:
 
     ``cache_dir`` is the read-only file cache for downloads; ``work_dir`` receives ``stdout`` /
     ``stderr`` captures of ``execute`` steps (read back by the ``cache_file`` getter), or ``None``
-    to drop them; ``execute_timeout`` the seconds one ``execute`` command may run.
+    to drop them; ``execute_timeout`` the seconds one ``execute`` command may run;
+    ``window_misses``: a window step that matched no window is a failure fact (the
+    postconfig's, module docstring).
     """
 
     controller: DesktopController
@@ -63,6 +70,7 @@ class SetupContext:
     cache_dir: Path | None
     work_dir: Path | None
     execute_timeout: float = EXECUTE_TIMEOUT_S
+    window_misses: bool = False
     failures: list[dict[str, Any]] = field(default_factory=list)
     step: list[Any] = field(default_factory=lambda: [0, ""])  # [index, type] of the running step
 
@@ -93,11 +101,13 @@ async def run_setup(
     screen_size: tuple[int, int] = (1280, 720),
     client_password: str = "password",
     execute_timeout: float = EXECUTE_TIMEOUT_S,
+    window_misses: bool = False,
 ) -> list[dict[str, Any]]:
     """Run ``task.setup`` (or ``steps``, e.g. an evaluator's postconfig) through ``controller``.
 
     ``screen_size`` (pixels) and ``client_password`` fill the command placeholders;
-    ``execute_timeout`` bounds each ``execute`` command (seconds). Every step
+    ``execute_timeout`` bounds each ``execute`` command (seconds); ``window_misses``: a window
+    step that matched no window is a fact too (the evaluator's postconfig). Every step
     is checked first: an unknown step type or a download URL that needs the internet raises
     :class:`UnsupportedStep` before anything runs. Then steps run in order; the first failure
     raises ``DesktopError(kind="setup")`` naming its index and type (transport failures of the
@@ -112,6 +122,7 @@ async def run_setup(
         cache_dir=cache_dir_path(cache_dir),
         work_dir=Path(work_dir) if work_dir is not None else None,
         execute_timeout=execute_timeout,
+        window_misses=window_misses,
     )
     _precheck(steps, ctx)
     for index, step in enumerate(steps):
@@ -164,15 +175,17 @@ def _required(parameters: dict[str, Any], name: str, step_type: str) -> Any:
     return value
 
 
-async def _carry_on(ctx: SetupContext, call: Awaitable[Any]) -> None:
-    """Await a controller call; a refusal by the desktop (``DesktopError`` kind ``setup``: the
-    server answered, e.g. 404 or 500) becomes a failure fact, as OSWorld logs and carries on."""
+async def _carry_on(ctx: SetupContext, call: Awaitable[Any]) -> Any:
+    """Await a controller call and return its answer; a refusal by the desktop
+    (``DesktopError`` kind ``setup``: the server answered, e.g. 404 or 500) becomes a failure
+    fact, as OSWorld logs and carries on (``None`` is returned then)."""
     try:
-        await call
+        return await call
     except DesktopError as exc:
         if exc.kind != "setup":
             raise
         ctx.fail(exit_status=getattr(exc, "exit_status", None), error=str(exc))
+        return None
 
 
 async def _launch(ctx: SetupContext, p: dict[str, Any]) -> None:
@@ -236,17 +249,26 @@ async def _open(ctx: SetupContext, p: dict[str, Any]) -> None:
 
 def _window_step(step_type: str) -> Handler:
     """``activate_window`` / ``close_window``: the controller method of the same name, with
-    OSWorld's ``window_name``, ``strict`` and ``by_class``; no match is a fact."""
+    OSWorld's ``window_name``, ``strict`` and ``by_class``; a refusal is a fact, and so is no
+    match when the server says so and ``ctx.window_misses`` (module docstring)."""
 
     async def handler(ctx: SetupContext, p: dict[str, Any]) -> None:
-        call = getattr(ctx.controller, step_type)(
-            _required(p, "window_name", step_type),
-            strict=bool(p.get("strict", False)),
-            by_class=bool(p.get("by_class", False)),
-        )
-        await _carry_on(ctx, call)
+        name = _required(p, "window_name", step_type)
+        strict, by_class = bool(p.get("strict", False)), bool(p.get("by_class", False))
+        call = getattr(ctx.controller, step_type)(name, strict=strict, by_class=by_class)
+        found = await _carry_on(ctx, call)
+        if found is False and ctx.window_misses:
+            ctx.fail(exit_status=None, error=no_window_message(name, strict, by_class))
 
     return handler
+
+
+def no_window_message(name: str, strict: bool, by_class: bool) -> str:
+    """The fact's ``error`` for a window step that matched no window (the same words as the
+    osworld worker's, ``desktops/osworld_worker/setup_facts.py``)."""
+    what = "class" if by_class else "title"
+    how = "is" if strict else "contains"
+    return f"no window whose {what} {how} {name!r}"
 
 
 async def _sleep(ctx: SetupContext, p: dict[str, Any]) -> None:

@@ -9,13 +9,13 @@ Two sources:
                runtime there). A ``/`` in an id becomes ``--`` in the partition key.
 
 When a folder counts (``directory``): by default once it is **complete** and **stable**.
-Complete (:func:`~legato_pipelines.policy.loading.incomplete`): no file still being written,
+Complete (:func:`~legato_pipelines.policy.checkpoint_files.incomplete`): no file still being written,
 every shard its ``*.index.json`` names present, sharded weights only with their index, adapter
 weights beside ``adapter_config.json``, weights beside ``config.json``; and what the policy
 resource's ``load`` mode loads: ``lora`` needs ``adapter_config.json`` and adapter weights
 (PEFT writes the weights first), ``weights`` needs ``config.json`` and all shards (an empty
 folder waits in both). A folder under a temporary name (``step-5.tmp``, ``step-6.partial``:
-:data:`~legato_pipelines.policy.loading.TEMPORARY_NAME`) is never a version: it waits, named,
+:data:`~legato_pipelines.policy.checkpoint_files.TEMPORARY_NAME`) is never a version: it waits, named,
 until the trainer renames it. Stable: its files'
 sizes (and modification times) are the same on two sensor ticks in a row, kept in the
 sensor's cursor (:attr:`Scan.sizes`), or no file in it changed for ``stable_s`` seconds
@@ -46,7 +46,7 @@ import dagster as dg
 from pydantic import Field
 
 from ..errors import ConfigError
-from ..policy.loading import TEMPORARY_NAME, incomplete
+from ..policy.checkpoint_files import TEMPORARY_NAME, incomplete
 from ..versions import check_version_key
 from .policy import PolicyResource
 

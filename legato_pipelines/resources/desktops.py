@@ -7,7 +7,7 @@ engine starts and closes the desktops within the run.
 
 Desktops on other hosts (``local`` backend): ``urls`` lists desktop servers (``legato desktop
 serve`` on desktop hosts, http://HOST:PORT) that the run attaches to, health-checked before
-the batch and before every attempt (:mod:`legato_pipelines.desktops.remote`); ``desktops``
+the batch and before every attempt (:mod:`legato_pipelines.desktops.server.remote`); ``desktops``
 then counts the desktops started on the run's own host besides them (0 on a worker without a
 display). Their token is read from ``token_env`` in the run's environment, never from config.
 """
@@ -21,7 +21,7 @@ from pydantic import Field
 from pydantic.fields import FieldInfo
 
 from ..desktops.base import Backend, DesktopConfig
-from ..desktops.local.wire import DEFAULT_TOKEN_ENV
+from ..desktops.server.wire import DEFAULT_TOKEN_ENV
 from ..errors import ConfigError
 
 

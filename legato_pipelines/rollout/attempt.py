@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 import time
 import traceback
 import uuid
@@ -58,6 +59,8 @@ from ..record import (
 )
 from ..store.rundir import RunWriter
 from .scheduler import Execution
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -179,7 +182,9 @@ async def run_attempt(
     (``asyncio.CancelledError``) propagates.
     What the desktop did on its own around the reset (``desktop.reset_facts``: a keyboard
     layout restored, unexpected windows closed before the policy's first action) goes into
-    ``record.reset``, however the execution ended.
+    ``record.reset``, however the execution ended; so does what a grader process wrote for
+    this execution (``desktop.take_grader_log()``), stored in the run directory and named by
+    ``record.grader_log``.
     """
     record = base_record(ctx, ex, desktop.name)
     if reset_critical_s is not None:
@@ -191,6 +196,24 @@ async def run_attempt(
         return await _run(ctx, ex, desktop, record, prepared)
     finally:
         _add_reset_facts(record, desktop)
+        _keep_grader_log(ctx, record, desktop)
+
+
+def _keep_grader_log(ctx: AttemptContext, record: Record, desktop: Desktop) -> None:
+    """Store what the desktop's grader process wrote for this execution in the run directory
+    (it would go with the batch's work directory) and name it on the record. A log that
+    cannot be read or written is left out: it never changes how the execution ended."""
+    take = getattr(desktop, "take_grader_log", None)
+    if take is None:
+        return
+    try:
+        data = take()
+        if data:
+            record.grader_log = ctx.writer.store_grader_log(record.rollout_id, data)
+    except OSError as exc:
+        log.warning(
+            "%s: the grader's log of %s was not kept: %s", desktop.name, record.rollout_id, exc
+        )
 
 
 def _add_reset_facts(record: Record, desktop: Desktop) -> None:
@@ -397,6 +420,8 @@ async def _run(
     record.eval_error = evaluation.error
     if evaluation.notes:  # what explains the grade (uncached formulas, ...): facts, not a change
         record.eval_notes = list(evaluation.notes)
+    if evaluation.postconfig_failures:  # steps after the policy's end OSWorld carries on after
+        record.postconfig_failures = [SetupFailure(**f) for f in evaluation.postconfig_failures]
     record.status = fmt.SURPLUS if group.closed else status
     return _close(record, start, t0)
 

@@ -5,6 +5,7 @@ and the ``profile`` table report. Computed from the records alone, so it can be 
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -47,12 +48,17 @@ def summarize(
     counts ``type`` actions whose text did not all reach the desktop (``not_typed`` on the
     action: characters the desktop could not type); ``eval_errors`` counts
     graded attempts whose evaluator failed (scored 0 with the reason in ``eval_error``);
+    ``setup_failures`` / ``postconfig_failures`` count the attempts whose task setup / whose
+    evaluator's postconfig had a step OSWorld carries on after (:func:`_setup_failures`,
+    :func:`_postconfig_failures`);
     ``keyboard_restores`` counts resets that restored a keyboard layout an earlier attempt had
     switched (:func:`_keyboard_restores`); ``unexpected_windows`` counts attempts whose desktop
     closed a window nobody asked for before the policy's first action
     (:func:`_unexpected_windows`); ``eval_notes`` counts graded attempts whose evaluator
     noted a fact about the compared files
-    (:func:`_eval_notes`; the reward is OSWorld's, unchanged). ``missing`` is the
+    (:func:`_eval_notes`; the reward is OSWorld's, unchanged); ``web_replay_missing`` counts
+    attempts replayed from a web archive that lacked requests, and those requests
+    (:func:`_web_replay_missing`). ``missing`` is the
     number of logical attempts without a settling record (0 after a complete batch) and
     ``retries`` the records a later execution of their logical attempt replaced (``retried``,
     or an ``error`` a resume re-ran: :func:`~legato_pipelines.record.superseded`), so
@@ -159,9 +165,11 @@ def summarize(
         "not_typed_actions": sum(1 for s in steps for a in s.actions or () if a.not_typed),
         "eval_errors": sum(1 for r in final if r.eval_error),
         "setup_failures": _setup_failures(records),
+        "postconfig_failures": _postconfig_failures(records),
         "keyboard_restores": _keyboard_restores(records),
         "unexpected_windows": _unexpected_windows(records),
         "eval_notes": _eval_notes(records),
+        "web_replay_missing": _web_replay_missing(records),
         "desktops": desktop_health(records),
         "reset_critical": reset_critical(records),
         "sampling": meta.get("sampling"),
@@ -382,10 +390,25 @@ def percentile(ordered: list[float], q: float) -> float:
 def _setup_failures(records: list[Record]) -> dict[str, Any]:
     """Attempts whose setup had a step OSWorld carries on after (``reset.setup_failures``):
     how many, and the count per ``task_id`` and step type (``{"attempts", "by_step"}``)."""
+    return _step_failures(records, lambda r: r.reset.setup_failures if r.reset else None)
+
+
+def _postconfig_failures(records: list[Record]) -> dict[str, Any]:
+    """Attempts whose evaluator's postconfig (the steps between the policy's end and the
+    grade) had a step OSWorld carries on after (``postconfig_failures``: a failed command, a
+    close or activate that found no window): ``{"attempts", "by_step"}`` as
+    :func:`_setup_failures`."""
+    return _step_failures(records, lambda r: r.postconfig_failures)
+
+
+def _step_failures(records: list[Record], failures_of) -> dict[str, Any]:
+    """``{"attempts", "by_step"}`` over ``failures_of(record)`` (a list of
+    :class:`~legato_pipelines.record.SetupFailure` or ``None``): the attempts with any, and
+    the count per ``"<task_id> step <i> (<type>)"``, most frequent first."""
     by_step: Counter = Counter()
     attempts = 0
     for r in records:
-        failures = (r.reset.setup_failures if r.reset is not None else None) or []
+        failures = failures_of(r) or []
         if failures:
             attempts += 1
         for f in failures:
@@ -430,6 +453,25 @@ def _eval_notes(records: list[Record]) -> dict[str, Any]:
             attempts += 1
             by_kind.update(str(n).partition(": ")[0] for n in r.eval_notes)
     return {"attempts": attempts, "by_kind": dict(by_kind.most_common())}
+
+
+#: The note a replayed attempt carries for requests its web archive lacked
+#: (``desktops/web.py`` WEB_MISS_NOTE: ``web_replay_missing: N request(s) ...``).
+_WEB_MISS = re.compile(r"^web_replay_missing: (\d+) request")
+
+
+def _web_replay_missing(records: list[Record]) -> dict[str, Any]:
+    """Graded attempts replayed from a web archive that lacked some of their requests
+    (desktop option ``web=replay:``), and how many requests in all: ``{"attempts",
+    "requests"}``."""
+    counts = [
+        int(m[1])
+        for r in records
+        if r.final and r.eval_notes
+        for m in (_WEB_MISS.match(str(n)) for n in r.eval_notes)
+        if m
+    ]
+    return {"attempts": len(counts), "requests": sum(counts)}
 
 
 def _share(steps: list[Step], key: str) -> float | None:

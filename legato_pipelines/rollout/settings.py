@@ -172,7 +172,7 @@ class CollectSettings(BaseModel):
 
 def attached_servers(options: Mapping[str, Any]) -> int:
     """How many desktops a batch can open with the local backend's option ``urls``: the servers
-    listed plus option ``local`` (desktops started here besides them, ``desktops/remote.py``);
+    listed plus option ``local`` (desktops started here besides them, ``desktops/server/remote.py``);
     0 when ``urls`` is not set (every desktop is started here, as many as asked)."""
     urls = options.get("urls") or ()
     return len(urls) + int(options.get("local") or 0) if urls else 0

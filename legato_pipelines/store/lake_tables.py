@@ -101,6 +101,16 @@ _LINEAGE_FIELDS = [
 _COLLECT_RUN = pa.field("collect_run_id", pa.string())
 _TS = pa.timestamp("us", tz="UTC")
 
+#: one step OSWorld carries on after (:class:`~legato_pipelines.record.SetupFailure`)
+_STEP_FAILURE = pa.struct(
+    [
+        pa.field("step", pa.int64()),
+        pa.field("type", pa.string()),
+        pa.field("exit_status", pa.int64()),
+        pa.field("error", pa.string()),
+    ]
+)
+
 ROLLOUTS_SCHEMA = pa.schema(
     [
         pa.field("rollout_id", pa.string(), nullable=False),
@@ -133,6 +143,9 @@ ROLLOUTS_SCHEMA = pa.schema(
         pa.field("model", pa.string()),
         pa.field("truncation", pa.string()),  # why a truncated attempt stopped (context length)
         pa.field("eval_notes", pa.list_(pa.string())),  # facts explaining the reward
+        # the evaluator's postconfig steps OSWorld carries on after (record.SetupFailure)
+        pa.field("postconfig_failures", pa.list_(_STEP_FAILURE)),
+        pa.field("grader_log", pa.string()),  # the grader's log, relative to the run directory
         *_LINEAGE_FIELDS,
         _COLLECT_RUN,
     ]
@@ -213,6 +226,8 @@ PROFILE_SCHEMA = pa.schema(
         pa.field(
             "setup_failure_attempts", pa.int64()
         ),  # attempts whose setup carried on past a failure
+        # attempts whose evaluator's postconfig carried on past a failure
+        pa.field("postconfig_failure_attempts", pa.int64()),
         pa.field("ready_timeouts", pa.int64()),  # actions whose ready wait hit its cap
         pa.field("reset_timeouts", pa.int64()),  # resets whose ready wait hit its cap
         pa.field("eval_note_attempts", pa.int64()),  # graded attempts with evaluator notes
@@ -313,6 +328,10 @@ def rollouts_table(records: Iterable[Record | Mapping[str, Any]], lineage: Linea
             "truncation": r.truncation,
             "collect_run_id": r.collected_by or lineage.run_id,
             "eval_notes": r.eval_notes,
+            "postconfig_failures": [f.model_dump() for f in r.postconfig_failures]
+            if r.postconfig_failures
+            else None,
+            "grader_log": r.grader_log,
         }
         rows.append(row)
     return _table(rows, ROLLOUTS_SCHEMA, lineage)
@@ -447,6 +466,7 @@ def profile_table(summary: Mapping[str, Any], lineage: Lineage) -> pa.Table:
         ],
         "parse_errors": summary.get("parse_errors"),
         "setup_failure_attempts": (summary.get("setup_failures") or {}).get("attempts"),
+        "postconfig_failure_attempts": (summary.get("postconfig_failures") or {}).get("attempts"),
         "ready_timeouts": (summary.get("ready_timeouts") or {}).get("count"),
         "reset_timeouts": (summary.get("reset_timeouts") or {}).get("count"),
         "eval_note_attempts": (summary.get("eval_notes") or {}).get("attempts"),

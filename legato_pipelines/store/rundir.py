@@ -7,6 +7,8 @@ Layout::
     rollouts.jsonl        one record per execution, appended and flushed one at a time
     messages/<sha>.json   each prompt message once (canonical JSON; images as legato-image:// refs)
     images/<sha>.png      each screenshot once
+    grader-logs/<rollout_id>.log  what a grader process (OSWorld's code) wrote for that
+                          execution (the record's ``grader_log`` names it)
     summary.json          the profile, rewritten at the end of a batch
 
 A step's ``request`` is the list of its messages' hashes, so storage grows with the number of
@@ -35,6 +37,7 @@ from ..record import FORMAT as FORMAT  # the format's home is legato_pipelines.r
 from ..record import Record, is_final
 
 RECORDS = "rollouts.jsonl"
+GRADER_LOGS = "grader-logs"
 RUN_META = "run.json"
 SUMMARY = "summary.json"
 LOCK = ".lock"
@@ -166,7 +169,7 @@ class RunWriter:
         """Names in the directory (no ``run.json`` yet) that a run did not write: all but the
         lock and empty ``messages/`` / ``images/`` folders (what a collection that stopped
         before writing ``run.json`` leaves), sorted."""
-        own = {LOCK: False, "messages": True, "images": True}  # name: a folder, empty
+        own = {LOCK: False, "messages": True, "images": True, GRADER_LOGS: True}  # folder, empty
         names = []
         for entry in self.root.iterdir():
             folder = own.get(entry.name)
@@ -179,7 +182,7 @@ class RunWriter:
         one ``run.json`` records: the records already there came from those weights. A
         ``run.json`` from before loading existed (no ``checkpoint`` entry) resumes with load
         ``none`` (nothing was proven then, nothing is now)."""
-        from ..policy.loading import same_fingerprint
+        from ..policy.checkpoint_files import same_fingerprint
 
         was, now = old.get("checkpoint"), meta.get("checkpoint") or {}
         mode = now.get("load", "none")
@@ -296,6 +299,15 @@ class RunWriter:
             _write_new(self._messages_dir / f"{sha}.json", data)
             self._seen_messages.add(sha)
         return sha
+
+    def store_grader_log(self, rollout_id: str, data: bytes) -> str:
+        """Write what the grader logged for execution ``rollout_id`` to
+        ``grader-logs/<rollout_id>.log`` (atomically; one file per execution); return that
+        path relative to the run directory, for the record's ``grader_log``."""
+        name = f"{GRADER_LOGS}/{rollout_id}.log"
+        (self.root / GRADER_LOGS).mkdir(exist_ok=True)
+        atomic_write(self.root / name, data)
+        return name
 
     def append(self, record: Record | Mapping[str, Any]) -> None:
         """Append one record (typed, or its JSON dict) as a JSON line and flush it (a kill

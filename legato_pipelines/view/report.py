@@ -409,6 +409,9 @@ def _write_rollout_pages(env, out, run, records, advantages, images, meta, run_d
                 phases=[(p, r.timing.phase(p)) for p in TIME_PHASES],
                 index=f"../{INDEX}",
                 group_page=f"../groups/{safe_name(group_key(r))}.html",
+                grader_log=Path(os.path.relpath(run_dir / r.grader_log, page_dir)).as_posix()
+                if r.grader_log
+                else None,
             ),
         )
 

@@ -142,8 +142,10 @@ ROLLOUT = """{% extends "base" %}
 {% if r.error %}<dt>error</dt><dd class="parse-error">{{ r.error.kind }} / {{ r.error.type }} in {{ r.error.phase }}: {{ r.error.message }}</dd>{% endif %}
 <dt>reset</dt><dd>{% if r.reset %}{{ r.reset.kind }}, ready after {{ fmt(r.reset.ready_s, 2) }} s, waited {{ fmt(r.reset.wait_s, 2) }} s{% if r.reset.timed_out %} <span class="setup-failure">(the ready wait hit its cap: the screen may not have been ready)</span>{% endif %}{% if r.reset.keyboard_restored %}; keyboard restored ({{ r.reset.keyboard_restored }}){% endif %}
 {% for w in r.reset.unexpected_windows or [] %}<div class="setup-failure">unexpected window {{ w.wm_class }} "{{ w.title }}" found at {{ w.when }}: {{ w.outcome }}</div>{% endfor %}{% else %}–{% endif %}</dd>
-<dt>setup failures</dt><dd>{% if r.reset and r.reset.setup_failures %}<table><tr><th>step</th><th>type</th><th>exit</th><th>error</th></tr>
-{% for f in r.reset.setup_failures %}<tr class="setup-failure"><td>{{ f.step }}</td><td>{{ f.type }}</td><td>{{ f.exit_status }}</td><td><pre>{{ f.error }}</pre></td></tr>{% endfor %}</table>{% else %}none{% endif %}</dd>
+{% macro failures(found) %}{% if found %}<table><tr><th>step</th><th>type</th><th>exit</th><th>error</th></tr>
+{% for f in found %}<tr class="setup-failure"><td>{{ f.step }}</td><td>{{ f.type }}</td><td>{{ f.exit_status }}</td><td><pre>{{ f.error }}</pre></td></tr>{% endfor %}</table>{% else %}none{% endif %}{% endmacro %}
+<dt>setup failures</dt><dd>{{ failures(r.reset.setup_failures if r.reset else None) }}</dd>
+<dt>postconfig failures</dt><dd>{{ failures(r.postconfig_failures) }}{% if grader_log %} · <a href="{{ grader_log }}">grader's log</a>{% endif %}</dd>
 <dt>time</dt><dd>{{ fmt(r.timing.attempt_s, 2) }} s attempt ({{ fmt(r.timing.total_s, 2) }} s from enqueue, queue included): {% for p, v in phases %}{{ p }} {{ fmt(v, 2) }}{% if not loop.last %} · {% endif %}{% endfor %}</dd>
 <dt>tokens</dt><dd>{{ tokens.prompt }} prompt ({{ tokens.cached }} cached) · {{ tokens.completion }} completion · {{ tokens.ids }} token ids · {{ tokens.logprobs }} logprobs</dd>
 </dl>

@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 
 import docx
 import openpyxl
+import PIL.Image
 import pptx
 from docx.enum.text import WD_BREAK
 from pptx.dml.color import RGBColor
@@ -37,9 +38,17 @@ from legato_pipelines.osworld_format.files import task_files
 from legato_pipelines.tasks import Task
 
 
-def _docx(paragraphs: list[str], *, heading: str | None = None, page_breaks: int = 0) -> bytes:
+def _docx(
+    paragraphs: list[str],
+    *,
+    heading: str | None = None,
+    page_breaks: int = 0,
+    double_spaced: int = 0,
+) -> bytes:
     """A Word document: an optional heading, then ``paragraphs``; ``page_breaks`` manual page
-    breaks spread after the first paragraphs (each one page: ``w:br w:type="page"``)."""
+    breaks spread after the first paragraphs (each one page: ``w:br w:type="page"``);
+    ``double_spaced``: the first paragraphs with double line spacing, the others with 1.15, as
+    LibreOffice writes them back (python-docx's template's default spacing, made explicit)."""
     doc = docx.Document()
     if heading is not None:
         doc.add_paragraph(heading, style="Heading 1")
@@ -47,6 +56,8 @@ def _docx(paragraphs: list[str], *, heading: str | None = None, page_breaks: int
         paragraph = doc.add_paragraph(text)
         if i < page_breaks:
             paragraph.add_run().add_break(WD_BREAK.PAGE)
+        if double_spaced:
+            paragraph.paragraph_format.line_spacing = 2.0 if i < double_spaced else 1.15
     out = io.BytesIO()
     doc.save(out)
     return out.getvalue()
@@ -70,15 +81,18 @@ def _h2o(*, subscript: bool) -> bytes:
     return out.getvalue()
 
 
-def _xlsx(rows: list[list], *, freeze: str | None = None) -> bytes:
+def _xlsx(rows: list[list], *, freeze: str | None = None, zoom: int | None = None) -> bytes:
     """A workbook of one sheet ``Sheet1`` holding ``rows`` from A1 (values only, no formulas);
-    ``freeze``: the top-left cell of the unfrozen pane (``"C2"`` freezes row 1 and columns A:B)."""
+    ``freeze``: the top-left cell of the unfrozen pane (``"C2"`` freezes row 1 and columns A:B);
+    ``zoom``: the sheet's zoom [%]."""
     book = openpyxl.Workbook()
     sheet = book.active
     sheet.title = "Sheet1"
     for row in rows:
         sheet.append(row)
     sheet.freeze_panes = freeze
+    if zoom is not None:
+        sheet.sheet_view.zoomScale = zoom
     out = io.BytesIO()
     book.save(out)
     return out.getvalue()
@@ -179,6 +193,84 @@ SLIDES = [
 ]
 
 
+def _webp() -> bytes:
+    """A small WebP poster (PIL)."""
+    out = io.BytesIO()
+    PIL.Image.new("RGB", (64, 96), (120, 30, 160)).save(out, "WEBP")
+    return out.getvalue()
+
+
+def _sh(*lines: str) -> bytes:
+    """A bash script of ``lines``."""
+    return ("#!/bin/bash\n" + "\n".join(lines) + "\n").encode()
+
+
+#: The os tasks' scripts: OSWorld's ``setup.sh`` (run in HOME by the setup) and ``eval.sh`` (run
+#: in HOME by the ``vm_command_line`` getter, printing the line the rule looks for on success).
+#: Written here from the task's instruction and expected output, not OSWorld's bytes.
+OS_SCRIPTS = {
+    "5ced85fc": {
+        "eval.sh": _sh(
+            "expected=\"$(printf '1<br/>\\n2<br/>\\n3<br/>')\"",
+            'if [ -f output.txt ] && [ "$(cat output.txt)" = "$expected" ]; then',
+            '  echo "Success: The task has been completed correctly."',
+            'else echo "Failure: output.txt is not as expected."; fi',
+        ),
+    },
+    "6f56bf42": {
+        "setup.sh": _sh("mkdir -p dir1 dir2 dir3", "echo 'the first file' > file1"),
+        "eval.sh": _sh(
+            "for d in dir1 dir2 dir3; do",
+            '  if cmp -s file1 "$d/file1"; then echo "Success: file1 exists in $d.";',
+            '  else echo "Failure: file1 is missing in $d."; fi',
+            "done",
+        ),
+    },
+    "4d117223": {
+        "setup.sh": _sh(
+            "mkdir -p testDir/a/b testDir/c",
+            "for f in testDir/one testDir/a/two testDir/a/b/three testDir/c/four; do echo x > $f; done",
+            "chmod 600 testDir/one; chmod 755 testDir/a/two; chmod 700 testDir/a/b/three",
+            "chmod 666 testDir/c/four",
+        ),
+        "eval.sh": _sh(
+            'bad="$(find testDir -type f ! -perm 644)"',
+            'if [ -z "$bad" ] && [ "$(find testDir -type f | wc -l)" = 4 ]; then',
+            '  echo "All files have the correct permissions."',
+            'else echo "Wrong permissions: $bad"; fi',
+        ),
+    },
+    "5c1075ca": {
+        "setup.sh": _sh(
+            "mkdir -p test_environment/dir1/sub test_environment/dir2",
+            "cd test_environment",
+            "touch run1_failed.ipynb dir1/run2_failed.ipynb dir1/sub/run3_failed.ipynb",
+            "touch dir1/ok.ipynb dir2/notes_passed.ipynb dir2/run4_failed.ipynb",
+        ),
+        "eval.sh": _sh(
+            "cd test_environment || exit 1",
+            "want='./fails/dir1/run2_failed.ipynb ./fails/dir1/sub/run3_failed.ipynb "
+            "./fails/dir2/run4_failed.ipynb ./fails/run1_failed.ipynb'",
+            "got=\"$(find ./fails -type f 2>/dev/null | sort | tr '\\n' ' ' | sed 's/ $//')\"",
+            'if [ "$got" = "$want" ]; then echo "Evaluation successful."; '
+            'else echo "Evaluation failed: $got"; fi',
+        ),
+    },
+}
+
+
+OUTLINE = [
+    "GEOG2169 Course Outline 2022-23",
+    "The course covers the physical geography of river basins.",
+    "Assessment is by one essay and one examination.",
+    "Extra reading lists follow in week two.",
+]
+SOLAR = [
+    "The Sun holds more than 99 percent of the mass of the Solar System.",
+    "Eight planets orbit it, from Mercury to Neptune.",
+]
+
+
 def _title_case(lines: list[str]) -> list[str]:
     return [" ".join(word[:1].upper() + word[1:] for word in line.split(" ")) for line in lines]
 
@@ -235,6 +327,35 @@ BUILDERS: dict[str, dict[str, Callable[[], bytes]]] = {
     },
     "ce88f674-ab7a-43da-9201-468d38539e4a": {
         "AM_Last_Page_Template.pptx": lambda: _pptx([("Thank you", "Questions welcome")]),
+    },
+    "5ea617a3-0e86-4ba6-aab2-dac9aa2e8d57": {"poster_party_night.webp": _webp},
+    "0810415c-bde4-4443-9047-d5f70165a697": {
+        "Novels_Intro_Packet.docx": lambda: _docx(GEOGRAPHY),
+        "Novels_Intro_Packet_Gold.docx": lambda: _docx(GEOGRAPHY, double_spaced=2),
+        "Novels_Intro_Packet_Gold_2.docx": lambda: _docx(GEOGRAPHY, double_spaced=2),
+    },
+    "72b810ef-4156-4d09-8f08-a0cf57e7cefe": {
+        "GEOG2169_Course_Outline_2022-23.docx": lambda: _docx(OUTLINE),
+        "GEOG2169_Course_Outline_2022-23_Gold.docx": lambda: _docx(OUTLINE),
+    },
+    "f178a4a9-d090-4b56-bc4c-4b72a61a035d": {
+        "loa-one-time-submission-sealand.docx": lambda: _docx(DECLARATION),
+    },
+    "bb8ccc78-479f-4a2f-a71e-d565e439436b": {
+        "The Wonders of Our Solar System.docx": lambda: _docx(SOLAR, heading="Our Solar System"),
+    },
+    "1334ca3e-f9e3-4db8-9ca7-b4c653be7d17": {
+        "Zoom_Out_Oversized_Cells.xlsx": lambda: _xlsx(PAYMENTS, zoom=400),
+        "Zoom_Out_Oversized_Cells_gold.xlsx": lambda: _xlsx(PAYMENTS),
+    },
+    **{
+        task_id: {name: (lambda data=data: data) for name, data in OS_SCRIPTS[task_id[:8]].items()}
+        for task_id in (
+            "5ced85fc-fa1a-4217-95fd-0fb530545ce2",
+            "6f56bf42-85b8-4fbb-8e06-6c44960184ba",
+            "4d117223-a354-47fb-8b45-62ab1390a95f",
+            "5c1075ca-bb34-46a3-a7a0-029bd7463e79",
+        )
     },
 }
 

@@ -1,0 +1,146 @@
+"""A stand-in website for the web tests (issue 34): HTTPS on this host's loopback with a
+certificate of a local CA made here, for names that exist nowhere else (``*.standin.test``:
+mapped by desktop option ``web_hosts``).
+
+Its page ``/page`` has the title :data:`TITLE`, loads ``/style.css`` and, from a script,
+``/fresh?<random>``: a request no archive can hold, so every replay misses it once."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import http.server
+import ssl
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+NAME = "www.standin.test"
+TITLE = "Stand-in shop"
+#: ``/gallery?N``: a page of 24 images (each its own request), for the recorder's benchmark.
+GALLERY = "<html><head><title>Gallery</title></head><body>{}</body></html>"
+#: A 1x1 PNG.
+PIXEL = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360f8cf00000301010018dd8db40000000049454e44ae426082"
+)
+PAGE = f"""<html><head><title>{TITLE}</title><link rel="stylesheet" href="/style.css"></head>
+<body><h1>{TITLE}</h1><script>fetch("/fresh?" + Math.random())</script></body></html>"""
+
+
+def _key():
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _pem(key) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    )
+
+
+def make_ca(folder: Path, names: tuple[str, ...] = (NAME,)) -> tuple[Path, Path, Path]:
+    """``(ca.pem, site.pem, site.key)`` in ``folder``: a CA and a certificate it signed for
+    ``names``."""
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, site_key = _key(), _key()
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "legato test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    site = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
+        .issuer_name(ca_name)
+        .public_key(site_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = (folder / "ca.pem", folder / "site.pem", folder / "site.key")
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(site.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(_pem(site_key))
+    return paths
+
+
+@dataclass
+class StandIn:
+    """A running stand-in: ``port`` on ``127.0.0.1``, ``requests`` the paths served."""
+
+    port: int
+    requests: list[str] = field(default_factory=list)
+    server: http.server.ThreadingHTTPServer | None = None
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+@contextlib.contextmanager
+def serve_standin(site_cert: Path, site_key: Path, host: str = "127.0.0.1") -> Iterator[StandIn]:
+    """Serve the stand-in over HTTPS on ``host`` (a free port); stopped on exit (or before,
+    with :meth:`StandIn.stop`)."""
+    standin = StandIn(port=0)
+
+    class Site(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            standin.requests.append(self.path)
+            path, _, query = self.path.partition("?")
+            images = "".join(f'<img src="/img/{query}-{i}.png">' for i in range(24))
+            body, kind = {
+                "/page": (PAGE.encode(), "text/html"),
+                "/style.css": (b"h1 { color: #a33; }", "text/css"),
+                "/fresh": (b"{}", "application/json"),
+                "/gallery": (GALLERY.format(images).encode(), "text/html"),
+            }.get(path, (PIXEL, "image/png") if path.startswith("/img/") else (b"no", "text/plain"))
+            found = path in ("/page", "/style.css", "/fresh", "/gallery") or path.startswith(
+                "/img/"
+            )
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Type", kind)
+            self.send_header("Cache-Control", "no-store")  # every reload fetches again
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer((host, 0), Site)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(site_cert, site_key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    standin.server, standin.port = server, server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield standin
+    finally:
+        standin.stop()
