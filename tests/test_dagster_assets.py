@@ -288,6 +288,7 @@ def test_policy_resource_exposes_key_only_while_collecting(monkeypatch):
     assert SECRET not in config.model_dump_json()
 
 
+@pytest.mark.slow
 def test_unknown_partition_is_refused(tmp_path, policy_server, tasks_file):
     with dg.instance_for_test() as instance, pytest.raises(dg.DagsterUnknownPartitionError):
         dg.materialize(
