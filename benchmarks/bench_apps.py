@@ -3,6 +3,10 @@
 driving the same kind of local desktop server), on one real OSWorld task config per app.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_apps.py --repeats 3
+        [--backends local] [--width 1920 --height 1080] [--apps calc gimp]
+
+(``PYTHONPATH=OTHER python3 benchmarks/bench_apps.py ...`` measures another checkout's package,
+e.g. a baseline from ``git archive main | tar -x -C OTHER``: the desktop servers run it too.)
 
 Each measurement is one ``reset(task)`` (fast reset: the previous task's processes killed,
 HOME restored, then the task's setup steps: downloads from the file cache, app launches) plus
@@ -127,14 +131,17 @@ async def main_async(args) -> dict:
     cache = Path(tempfile.mkdtemp(prefix="bench-apps-cache-"))
     fill_cache(tasks.values(), [cache, cache / "desktop-0"])
     python = args.osworld_python or str(venv_python(default_venv()))
+    screen = {"screen_width": args.width, "screen_height": args.height}
     configs = {
-        "local": DesktopConfig(backend="local", options={"cache_dir": str(cache)}),
+        "local": DesktopConfig(backend="local", options={"cache_dir": str(cache)}, **screen),
         "osworld-provider-local": DesktopConfig(
             backend="osworld",
             options={"osworld_python": python, "provider": "local", "cache_dir": str(cache)},
+            **screen,
         ),
     }
-    result: dict = {"repeats": args.repeats, "apps": {}}
+    configs = {name: c for name, c in configs.items() if name in args.backends}
+    result: dict = {"repeats": args.repeats, "screen": [args.width, args.height], "apps": {}}
     for backend, config in configs.items():
         [desktop] = await open_desktops(config, 1)
         try:
@@ -159,6 +166,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--apps", nargs="*", help="only these apps (first word of the app name)")
     ap.add_argument("--osworld-python", default=None)
+    ap.add_argument(
+        "--backends", nargs="*", default=["local", "osworld-provider-local"], help="which to run"
+    )
+    ap.add_argument("--width", type=int, default=1280)
+    ap.add_argument("--height", type=int, default=720)
     print(json.dumps(asyncio.run(main_async(ap.parse_args())), indent=2))
 
 

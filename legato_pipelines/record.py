@@ -282,10 +282,12 @@ class Reset(_Format):
     any): what OSWorld carried on after. Facts of the desktop, never the policy's doing, each
     written only when there were any: ``keyboard_restored`` (the reset found the keyboard
     layout changed by an earlier attempt and restored the desktop's own, e.g.
-    ``"layout de -> us"``) and ``unexpected_windows`` (:class:`UnexpectedWindow`)."""
+    ``"layout de -> us"``) and ``unexpected_windows`` (:class:`UnexpectedWindow`);
+    ``undrawn`` (written only when true): the ready wait ended with an app's window still blank
+    or the app still loading, so step 0's observation shows it undrawn."""
 
     OPTIONAL: ClassVar[frozenset[str]] = frozenset(
-        {"timed_out", "setup_failures", "keyboard_restored", "unexpected_windows"}
+        {"timed_out", "setup_failures", "keyboard_restored", "unexpected_windows", "undrawn"}
     )
 
     kind: str | None = None
@@ -295,6 +297,7 @@ class Reset(_Format):
     setup_failures: list[SetupFailure] | None = None
     keyboard_restored: str | None = None
     unexpected_windows: list[UnexpectedWindow] | None = None
+    undrawn: bool | None = None
 
 
 class ErrorInfo(_Format):
@@ -353,12 +356,14 @@ class ActionRecord(_Format):
     :meth:`legato_pipelines.actions.Action.to_record` gives it) and its act / wait / ready
     seconds (``ready_s`` ``None`` with the fixed-wait baseline) and ``timed_out`` (the ready
     wait hit its cap; absent in records written before it was recorded); ``not_typed``
-    (written only when set): the characters of a ``type`` that did not reach the desktop.
-    Keys a newer writer adds are kept."""
+    (written only when set): the characters of a ``type`` that did not reach the desktop;
+    ``undrawn`` (written only when true): the ready wait ended with a launched app's window
+    still blank, so the next step's observation shows it undrawn. Keys a newer writer adds are
+    kept."""
 
     OPTIONAL: ClassVar[frozenset[str]] = frozenset(
         {"screen", "text", "keys", "pixels", "seconds", "status", "clamped"}
-        | {"act_s", "wait_s", "ready_s", "timed_out", "not_typed"}
+        | {"act_s", "wait_s", "ready_s", "timed_out", "not_typed", "undrawn"}
     )
 
     action: str
@@ -375,6 +380,7 @@ class ActionRecord(_Format):
     ready_s: Seconds | None = None
     timed_out: bool | None = None
     not_typed: str | None = None
+    undrawn: bool | None = None
 
 
 class Step(_Format):

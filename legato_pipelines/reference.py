@@ -200,12 +200,15 @@ def _snapshot(build: Callable[[], Mapping[str, Any]]) -> dict[tuple[str, str], s
 def _probes(resources: Mapping[str, Any]) -> list[str]:
     """Values to set a variable to, one after the other, until the resources accept it and a
     field changes: a number, a path, a JSON object, then every choice of a ``Literal`` field of
-    a resource."""
+    a resource and every desktop backend's name (:func:`.desktops.registry.names`)."""
+    from .desktops.registry import names
+
     choices: list[str] = []
     for resource in resources.values():
         for field in type(resource).model_fields.values():
             if get_origin(field.annotation) is Literal:
                 choices += [c for c in get_args(field.annotation) if c not in choices]
+    choices += [name for name in names() if name not in choices]
     return ["7", "/probe", '{"probe": 1}', *choices]
 
 

@@ -28,16 +28,15 @@ import orjson
 import pytest
 from openpyxl import Workbook
 
-from legato_pipelines import DesktopConfig, PolicyConfig, collect, read_records
 from legato_pipelines.osworld_format.files import task_files
 from legato_pipelines.osworld_format.sources import cache_names
-from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from legato_pipelines.policy.synthetic import qwen_response
 from legato_pipelines.tasks import load_tasks
 from tests.built_media import mp3, pdf, tar_xz, zip_of
 from tests.loopback_page import serve_page
 from tests.osworld_backend_support import needs_desktop_apps, needs_vm_python
 from tests.osworld_data import OSWORLD
+from tests.scripted_runs import collect_scripted
 
 pytestmark = [
     pytest.mark.desktop,
@@ -154,15 +153,10 @@ SET_CLEAR_ON_EXIT = (
 
 
 def _run(tasks, cache: Path, script: dict, out: Path) -> dict[str, dict]:
-    (out.parent / f"{out.name}.json").write_bytes(orjson.dumps(script))
     # network=host: the websites of the Picard task are served on this host's loopback, which
     # the default (auto: a network of its own) does not reach (docs/sandbox.md §1)
     options = {"cache_dir": str(cache), "network": "host"}
-    desktop = DesktopConfig(backend="local", options=options)
-    with ScriptedPolicyServer(script=out.parent / f"{out.name}.json") as server:
-        policy = PolicyConfig(base_url=server.url, model=server.model, version="v1")
-        collect(tasks, policy, out, desktops=1, desktop=desktop, group=1, max_steps=8)
-    return {r["task_id"]: r for r in read_records(out)}
+    return collect_scripted(tasks, script, out, options, max_steps=8)
 
 
 def test_setups_run_and_doing_nothing_scores_zero(workload, tmp_path):

@@ -359,13 +359,16 @@ def test_fast_reset_script_kills_verifies_and_restores(tmp_path):
 
 
 def test_worker_script_needs_no_project_dependency():
-    """worker.py and provider_local.py import only the standard library and desktop_env."""
+    """worker.py, its modules (worker_*.py: relative imports among themselves) and
+    provider_local.py import only the standard library and desktop_env."""
     import ast
 
     # PIL: desktop_env's own dependency, only inside model_png (which sends the VM's own
     # screenshot without it)
     allowed = set(sys.stdlib_module_names) | {"desktop_env", "requests", "__future__", "PIL"}
-    for path in (channel.WORKER_SCRIPT, channel.WORKER_SCRIPT.with_name("provider_local.py")):
+    worker_side = sorted(channel.WORKER_SCRIPT.parent.glob("worker*.py"))
+    assert len(worker_side) >= 5  # worker.py and its four modules
+    for path in (*worker_side, channel.WORKER_SCRIPT.with_name("provider_local.py")):
         tree = ast.parse(path.read_text())
         names = {
             (n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]

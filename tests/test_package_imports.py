@@ -125,33 +125,54 @@ def test_osworld_format_never_imports_desktops():
     assert wrong == set()
 
 
-#: The desktop building blocks and backends. One may use another only through its package's
-#: face (``desktops/server/__init__.py``: what it exports), never its modules.
-BACKENDS = {
-    "fake": f"{PACKAGE}.desktops.backends.fake",
+#: The desktop building blocks: one may use another only through its package's face
+#: (``desktops/server/__init__.py``: what it exports), never its modules.
+BLOCKS = {
     "server": f"{PACKAGE}.desktops.server",
     "osworld_worker": f"{PACKAGE}.desktops.osworld_worker",
 }
+#: The backends (``desktops/backends/<name>.py``), above the building blocks.
+BACKENDS_PACKAGE = f"{PACKAGE}.desktops.backends"
 
 
-def _backend_of(module: str) -> str | None:
-    for name, prefix in BACKENDS.items():
+def _block_of(module: str) -> str | None:
+    for name, prefix in BLOCKS.items():
         if module == prefix or module.startswith(prefix + "."):
             return name
     return None
 
 
-def test_backends_do_not_reach_into_each_other():
+def test_building_blocks_meet_through_their_faces():
     wrong = set()
     for module, targets in GRAPH.items():
-        own = _backend_of(module)
+        own = _block_of(module)
         if own is None:
             continue
         for target in targets:
-            other = _backend_of(target)
-            if other is not None and other != own and target != BACKENDS[other]:
+            other = _block_of(target)
+            if other is not None and other != own and target != BLOCKS[other]:
                 wrong.add((module, target))
     assert wrong == set()
+
+
+def test_no_backend_imports_another():
+    """Issue 35: the backends share building blocks (the desktop server, the OSWorld worker),
+    never each other's module; nor does a building block import a backend."""
+    wrong = {
+        (module, target)
+        for module, targets in GRAPH.items()
+        for target in targets
+        if target.startswith(BACKENDS_PACKAGE + ".")
+        and (module.startswith(BACKENDS_PACKAGE + ".") or _block_of(module) is not None)
+    }
+    assert wrong == set()
+
+
+def test_the_import_rules_see_a_backend_import():
+    """Guards the two rules above: the edges they judge exist in the graph."""
+    local, osworld = f"{BACKENDS_PACKAGE}.local", f"{BACKENDS_PACKAGE}.osworld"
+    assert f"{PACKAGE}.desktops.registry" in GRAPH[local] and osworld in MODULES
+    assert f"{PACKAGE}.desktops.server" in GRAPH[f"{PACKAGE}.desktops.osworld_worker.desktop"]
 
 
 def test_the_graph_is_read():
@@ -229,3 +250,88 @@ def test_the_legato_command_freezes_its_objects_on_the_way_out():
         "main()\n"
     )
     assert in_a_child(probe).endswith("frozen True")
+
+
+#: The names of the built-in backends, and the modules that may use them as backend names:
+#: the registry and the backends' own modules (docs/backends.md). Everything else asks the
+#: registry for a backend's capabilities.
+BACKEND_NAMES = frozenset({"local", "osworld", "fake"})
+MAY_NAME_BACKENDS = (f"{PACKAGE}.desktops.registry", f"{PACKAGE}.desktops.backends")
+
+#: The same words where they are no backend's name, per module, with what they name there.
+OTHER_MEANINGS: dict[str, dict[str, str]] = {
+    f"{PACKAGE}.desktops.child_env": {"local": "DesktopEnv provider"},
+    f"{PACKAGE}.desktops.osworld_worker.desktop": {"local": "DesktopEnv provider"},
+    f"{PACKAGE}.desktops.osworld_worker.desktop_grader": {"local": "DesktopEnv provider"},
+    f"{PACKAGE}.desktops.osworld_worker.options": {"local": "DesktopEnv provider"},
+    f"{PACKAGE}.desktops.osworld_worker.template": {"local": "DesktopEnv provider"},
+    f"{PACKAGE}.desktops.osworld_worker.worker_desktop_env": {"local": "DesktopEnv provider"},
+    f"{PACKAGE}.desktops.osworld_worker.grader": {"osworld": "grader choice"},
+    f"{PACKAGE}.osworld_format.grader_names": {"osworld": "grader kind"},
+    f"{PACKAGE}.desktops.osworld_worker.channel": {"osworld": "a worker's default name"},
+    f"{PACKAGE}.desktops.server.remote": {"local": "option 'local' (desktops started here)"},
+    f"{PACKAGE}.rollout.settings": {"local": "option 'local' (desktops started here)"},
+    f"{PACKAGE}.desktops.server.session": {"local": "useradd's group 'local'"},
+    f"{PACKAGE}.cli.osworld": {"osworld": "the `legato osworld` command"},
+    f"{PACKAGE}.tasks": {"fake": "a task's 'fake' block"},
+    f"{PACKAGE}.assets.config": {"fake": "examples/tasks/fake"},
+    # the task verdict's kinds (desktops/registry.py TaskChecks): its public output (legato
+    # tasks check --json) is keyed by them; each backend says which kind checks its tasks
+    f"{PACKAGE}.osworld_format.problems": dict.fromkeys(BACKEND_NAMES, "the verdict's kind"),
+    f"{PACKAGE}.osworld_format.classify": dict.fromkeys(BACKEND_NAMES, "the verdict's kind"),
+    f"{PACKAGE}.cli.tasks": dict.fromkeys(BACKEND_NAMES, "the verdict's kind"),
+    # a demo of two backends by name: the local task suite, else fake desktops
+    f"{PACKAGE}.cli.demo": {"local": "the demo's real desktops", "fake": "its fallback"},
+}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the docstring constants of ``tree`` (module, classes, functions)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                found.add(id(body[0].value))
+    return found
+
+
+def backend_names_in(source: str, allowed: dict[str, str] | None = None) -> list[tuple[int, str]]:
+    """``(line, word)`` of each string literal in ``source`` that is a built-in backend's name
+    (docstrings and f-string text aside), except the words of ``allowed``."""
+    tree = ast.parse(source)
+    skip = _docstrings(tree)
+    for node in ast.walk(tree):  # text inside f-strings is prose, not a name compared
+        if isinstance(node, ast.JoinedStr):
+            skip |= {id(v) for v in node.values if isinstance(v, ast.Constant)}
+    return sorted(
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and node.value in BACKEND_NAMES
+        and id(node) not in skip
+        and node.value not in (allowed or {})
+    )
+
+
+def test_only_the_registry_and_the_backends_name_a_backend():
+    """Issue 35: a backend is one module and one registry entry; the engine, the verdict, the
+    CLI and Dagster ask the registry (its capabilities), never compare a name."""
+    wrong = {
+        module: found
+        for module, path in MODULES.items()
+        if not module.startswith(MAY_NAME_BACKENDS)
+        and (found := backend_names_in(path.read_text(), OTHER_MEANINGS.get(module)))
+    }
+    assert wrong == {}
+
+
+def test_the_name_rule_sees_a_name():
+    """Guards the rule itself: a comparison with a backend's name is found; a docstring, an
+    f-string's text and a word listed with another meaning are not."""
+    source = (
+        'def f(c):\n    """local"""\n    print(f"local {c}")\n'
+        '    return c.backend == "local" or c.provider == "osworld"\n'
+    )
+    assert backend_names_in(source) == [(4, "local"), (4, "osworld")]
+    assert backend_names_in(source, {"osworld": "a provider"}) == [(4, "local")]

@@ -178,3 +178,39 @@ def test_collect_web_flag_reaches_the_preflight(tmp_path):
     out = CliRunner().invoke(app, [*argv, "--web", f"replay:{tmp_path / 'archive'}"])
     assert out.exit_code == 2
     assert f"holds no recording of it ({task_id}.flows)" in " ".join(out.output.split())
+
+
+def test_tasks_check_says_whether_the_desktops_have_a_route_out(tmp_path, listening, closed_port):
+    task_id = AMAZON[1]
+    config = json.loads((OSWORLD / AMAZON[0] / f"{task_id}.json").read_text())
+    tasks = tmp_path / "tasks.json"
+    tasks.write_text(json.dumps([{"task_id": task_id, "domain": "chrome", "config": config}]))
+    web.reachable.cache_clear()
+    argv = ["tasks", "check", str(tasks), "--backend", "local", "--json"]
+    argv += ["--desktop-option", "network=host", "--desktop-option", f"web_probe={listening}"]
+    out = CliRunner().invoke(app, [*argv, "--desktop-option", f"proxy=http://{closed_port}"])
+    local = json.loads(out.stdout)["local_desktops"]
+    # the proxy is what the check connects to, and nothing listens there
+    assert local["proxy"] is True and local["route_out"] is False
+    assert f"does not reach the proxy {closed_port}" in local["route_out_why_not"]
+    out = CliRunner().invoke(app, argv)
+    local = json.loads(out.stdout)["local_desktops"]
+    assert (local["route_out"], local["route_out_why_not"], local["proxy"]) == (True, None, False)
+
+
+def test_the_check_on_port_443_wants_a_verified_tls_handshake():
+    """A network that accepts every TCP connection (a transparent firewall) is no route out:
+    on port 443 the check also verifies the site's certificate."""
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", 443))
+    except OSError:
+        pytest.skip("port 443 of the loopback is taken")
+    sock.listen(8)
+    try:
+        web.reachable.cache_clear()
+        assert web._connects("127.0.0.1", 443) is False  # TCP accepted, no TLS
+        support = backend_support("local", {"network": "host", "web_probe": "127.0.0.1:443"})
+        assert not support.local_route_out
+    finally:
+        sock.close()

@@ -110,6 +110,14 @@ def serve_standin(site_cert: Path, site_key: Path, host: str = "127.0.0.1") -> I
 
     class Site(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = 30  # an idle keep-alive connection ends its thread
+
+        def setup(self):
+            # the TLS handshake in this connection's thread: done in accept(), one client that
+            # connects and waits (Chromium's preconnects) stalled every other one
+            self.request.settimeout(self.timeout)
+            self.request.do_handshake()
+            super().setup()
 
         def do_GET(self):  # noqa: N802 (http.server's name)
             standin.requests.append(self.path)
@@ -126,7 +134,8 @@ def serve_standin(site_cert: Path, site_key: Path, host: str = "127.0.0.1") -> I
             )
             self.send_response(200 if found else 404)
             self.send_header("Content-Type", kind)
-            self.send_header("Cache-Control", "no-store")  # every reload fetches again
+            if path == "/gallery" or path.startswith("/img/"):  # every reload fetches again
+                self.send_header("Cache-Control", "no-store")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -137,7 +146,9 @@ def serve_standin(site_cert: Path, site_key: Path, host: str = "127.0.0.1") -> I
     server = http.server.ThreadingHTTPServer((host, 0), Site)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(site_cert, site_key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
+    server.socket = context.wrap_socket(
+        server.socket, server_side=True, do_handshake_on_connect=False
+    )
     standin.server, standin.port = server, server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

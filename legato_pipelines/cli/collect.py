@@ -9,13 +9,14 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, get_args
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
 from rich.table import Table
 
 from ..desktops.option_flags import parse_desktop_options
+from ..desktops.registry import BUILTIN, DEFAULT_BACKEND
 from ..rollout.settings import CollectSettings
 from .console import console, err, fail
 from .options import settings_options
@@ -43,9 +44,10 @@ def collect_command(
     backend: Annotated[
         str,
         typer.Option(
-            "--backend", help="Desktops: osworld (OSWorld VMs) | local (Xvfb) | fake (no VMs)."
+            "--backend",
+            help=f"Desktops: a registered backend ({' | '.join(BUILTIN)}; docs/backends.md).",
         ),
-    ] = "osworld",
+    ] = DEFAULT_BACKEND,
     osworld: Annotated[
         Path | None,
         typer.Option("--osworld", help="OSWorld checkout to resolve {task_id, domain} entries."),
@@ -153,7 +155,8 @@ def collect_command(
 
     The policy API key is read from the LEGATO_POLICY_KEY environment variable only.
     """
-    from ..desktops.base import Backend, DesktopConfig
+    from ..desktops.base import DesktopConfig
+    from ..desktops.registry import names
     from ..errors import LegatoError
     from ..policy.config import PolicyConfig
     from ..policy.loading import LoadSpec
@@ -197,8 +200,8 @@ def collect_command(
         if not (sep and width.isdigit() and height.isdigit()):
             fail(f"--screen {screen!r}: use WIDTHxHEIGHT in pixels, e.g. 1920x1080")
         backend = backend.strip().lower()  # as LEGATO_BACKEND: any case
-        if backend not in get_args(Backend):
-            fail(f"--backend {backend!r}: use one of {', '.join(get_args(Backend))}")
+        if backend not in names():
+            fail(f"--backend {backend!r}: use one of {', '.join(names())}")
         desktop = DesktopConfig(
             backend=backend,
             screen_width=int(width),
@@ -493,6 +496,11 @@ def print_profile(summary: dict) -> None:
             )
         ),
     )
+    undrawn = summary.get("undrawn_observations") or {"count": 0, "resets": 0, "actions": 0}
+    table.add_row(
+        "observations of an undrawn app",
+        f"{undrawn['count']} (after resets {undrawn['resets']}, after actions {undrawn['actions']})",
+    )
     table.add_row("evaluator errors", str(summary.get("eval_errors", 0)))
     notes = summary.get("eval_notes") or {"attempts": 0, "by_kind": {}}
     table.add_row(
@@ -500,6 +508,12 @@ def print_profile(summary: dict) -> None:
         f"{notes['attempts']} attempts"
         + "".join(f"  {kind} {n}" for kind, n in notes["by_kind"].items()),
     )
+    missing = summary.get("web_replay_missing") or {"attempts": 0}
+    if missing["attempts"]:
+        table.add_row(
+            "web requests not in the archive",
+            f"{missing['requests']} in {missing['attempts']} replayed attempts",
+        )
     quality = summary.get("quality")
     if quality:
         table.add_row(

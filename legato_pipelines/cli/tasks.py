@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ..desktops.registry import BUILTIN, capabilities, get, names
 from ..desktops.support import backend_support
 from ..errors import ConfigError, TaskListError
 from ..osworld_format import TaskClass, classify_task, summarize
@@ -38,14 +38,6 @@ LOCAL_TOTALS = {
     "top_unsupported_evaluator_parts",
     "top_local_blockers",
 }
-
-
-class Backend(StrEnum):
-    """A backend ``legato tasks check --backend`` checks tasks for."""
-
-    local = "local"
-    osworld = "osworld"
-    fake = "fake"
 
 
 def _resolve_tasks_path(tasks: Path | None, osworld: Path | None) -> Path:
@@ -153,9 +145,7 @@ def _task_doc(c: TaskClass, checked: tuple[str, ...]) -> dict:
     return doc
 
 
-def _support(
-    backend: Backend | None, cache_dir: Path | None, desktop_option: list[str], desktops: int
-):
+def _support(backend: str | None, cache_dir: Path | None, desktop_option: list[str], desktops: int):
     """What collect's preflight would use (``desktops/support.py``) with the same
     ``--desktop-option`` items and ``desktops`` open at once: one backend's, or (no
     ``--backend``) the local and osworld backends' together. Raises ``ValueError`` for a
@@ -166,9 +156,11 @@ def _support(
     if cache_dir is not None:
         options["cache_dir"] = cache_dir
     if backend is not None:
-        return backend_support(backend.value, options, desktops=desktops)
-    local = backend_support("local", options, desktops=desktops)
-    osworld = backend_support("osworld", options).osworld_grader
+        return backend_support(backend, options, desktops=desktops)
+    # every verdict kind at once: the local kind's support with the osworld kind's grader
+    kinds = {capabilities(name).task_checks: name for name in reversed(names())}
+    local = backend_support(kinds["local"], options, desktops=desktops)
+    osworld = backend_support(kinds["osworld"], options).osworld_grader
     return local.model_copy(update={"osworld_grader": osworld})
 
 
@@ -196,14 +188,14 @@ def check_command(
         ),
     ] = None,
     backend: Annotated[
-        Backend | None,
+        str | None,
         typer.Option(
             "--backend",
-            help="Check for this backend only: list its problems and exit 1 if any task cannot "
-            "run on it. Default: list the problems of every backend; exit 1 only if some task "
-            "runs on none of the backends it is written for (local or osworld; fake too when "
-            "the task has a 'fake' block).",
-            case_sensitive=False,  # as collect's --backend and LEGATO_BACKEND
+            help="Check for this backend only (a registered one: "
+            f"{' | '.join(BUILTIN)}; docs/backends.md): list its problems and exit 1 if any "
+            "task cannot run on it. Default: list the problems of every backend; exit 1 only "
+            "if some task runs on none of the backends it is written for (local or osworld; "
+            "fake too when the task has a 'fake' block).",
         ),
     ] = None,
     osworld_provider: Annotated[
@@ -251,13 +243,19 @@ def check_command(
 
     Exit status: 0 when every task can run; 1 when some task cannot run on the backend given with --backend, or (no --backend) on any backend it is written for: a real desktop (local or osworld), or fake for a task with a 'fake' block (the fake backend never grades, so running there alone does not count); 2 when the task list itself is bad (an entry that is no task; the valid entries are classified all the same).
     """
+    name = None  # the backend asked for, and the verdict kind that checks its tasks
+    if backend is not None:
+        name = backend.strip().lower()  # any case, as collect's --backend and LEGATO_BACKEND
+        if name not in names():
+            fail(f"--backend {backend!r}: use one of {', '.join(names())}")
+        kind = capabilities(name).task_checks
     if osworld_provider is not None:
         from ..desktops.osworld_worker.options import PROVIDERS
 
         if osworld_provider not in PROVIDERS:
             fail(f"--osworld-provider {osworld_provider!r}: use one of {', '.join(PROVIDERS)}")
-        if backend not in (None, Backend.osworld):
-            fail(f"--osworld-provider is for --backend osworld, not {backend.value}")
+        if name is not None and "provider" not in get(name).options.model_fields:
+            fail(f"--osworld-provider is for a backend with option provider (osworld), not {name}")
     path = None
     list_error: TaskListError | None = None  # entries that are not tasks at all
     try:
@@ -270,12 +268,12 @@ def check_command(
         # the other entries' own problems are reported in the same run (exit 2 all the same)
         list_error, task_set, entries = exc, None, list(exc.tasks)
     try:
-        support = _support(backend, cache_dir, desktop_option or [], desktops)
+        support = _support(name, cache_dir, desktop_option or [], desktops)
     except (ConfigError, ValueError) as exc:
         fail(str(exc))
     # the engine's preflight judges with classify_task's problems too (osworld_format/verdict.py)
     classes = [classify_task(task, backend_support=support) for _, task in entries]
-    checked: tuple[str, ...] = (backend.value,) if backend else BACKENDS
+    checked: tuple[str, ...] = (kind,) if name else BACKENDS
     # only the checked backends were judged with their own support: report no other
     totals = summarize(classes, backends=checked)
     problems = {
@@ -290,7 +288,7 @@ def check_command(
         name: [c.task_id for c in classes if name not in c.backends] for name in checked
     }
     if backend:
-        failing = [c for c in classes if backend.value not in c.backends]
+        failing = [c for c in classes if kind not in c.backends]
     else:
         failing = [
             c
@@ -315,6 +313,12 @@ def check_command(
                 "grader_source": support.local_grader.source,
                 "network": support.local_network,
                 "desktops": support.local_desktops,
+                "route_out": support.local_route_out,
+                "route_out_why_not": support.local_route_why or None,
+                "proxy": support.local_proxy,
+                "web_archive": str(support.local_web_archive)
+                if support.local_web_archive
+                else None,
             }
             if "local" in checked
             else None,
@@ -350,6 +354,16 @@ def check_command(
                 f"{escape(support.local_grader.source)}[/]",
                 highlight=False,
             )
+            route = "a route out" if support.local_route_out else "no route out"
+            why = "" if support.local_route_out else f" ({support.local_route_why})"
+            archive = support.local_web_archive
+            _out.print(
+                f"[dim]their network has {route}{escape(why)};"
+                f" {'a' if support.local_proxy else 'no'} proxy"
+                + (f"; websites replayed from {escape(str(archive))}" if archive else "")
+                + " (docs/local-desktop.md §15)[/]",
+                highlight=False,
+            )
         ports = [c for c in classes if c.desktop_ports]
         if "local" in checked and support.local_network == "host" and ports:
             _out.print(
@@ -372,7 +386,7 @@ def check_command(
         )
     if failing:
         if backend:
-            what = f"cannot run on the {backend.value} backend"
+            what = f"cannot run on the {name} backend"
         else:
             what = "can run on no backend they are written for (local/osworld, fake with a 'fake' block)"
         ids = ", ".join(c.task_id for c in failing[:5]) + (" ..." if len(failing) > 5 else "")

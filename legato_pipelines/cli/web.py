@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from ..desktops.option_flags import parse_desktop_options
+from ..desktops.registry import get, names
 from .console import console, fail
 from .root import app
 
@@ -77,7 +78,9 @@ def record_command(
     run_dir = out or archive / "run"
     try:
         task_set = load_tasks(tasks, osworld=osworld)
-        desktop = DesktopConfig(backend="local", options=options)
+        # the backend whose options take ``web`` (the registry's: the local desktops')
+        backend = next(name for name in names() if "web" in get(name).options.model_fields)
+        desktop = DesktopConfig(backend=backend, options=options)
         settings = {"desktops": 1, "group": 1, "max_steps": max_steps}
         if policy_url is not None:
             policy = PolicyConfig(base_url=policy_url, model=model, version="record")

@@ -25,18 +25,17 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..actions import Action
-from ..errors import ConfigError, DesktopError
+from ..errors import DesktopError
 from ..harness.render import not_typed_in, render_osworld_code
 from ..images import Screenshot
 from ..osworld_format.controller import EXECUTE_TIMEOUT_S
 from ..tasks import Evaluation, Task
-
-Backend = Literal["fake", "local", "osworld"]
+from .registry import DEFAULT_BACKEND, get
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +45,15 @@ class Wait:
     ``wait_s`` is the whole wait. ``ready_s`` is the ready signal's answer (seconds until the
     screen was stable), or ``None`` when a fixed wait (the OSWorld-style baseline) was used.
     ``timed_out``: the ready signal hit its cap (:class:`Waits`) before the screen was stable;
-    ``None`` with a fixed wait.
+    ``None`` with a fixed wait. ``undrawn``: the wait ended with an app's window still blank
+    or the app still loading (a desktop server's content wait), so the screen handed out next
+    shows it undrawn; ``None`` where the backend cannot tell.
     """
 
     wait_s: float
     ready_s: float | None = None
     timed_out: bool | None = None
+    undrawn: bool | None = None
 
 
 @runtime_checkable
@@ -153,7 +155,8 @@ class DesktopConfig(BaseModel):
     """How desktops are made and waited on. Defaults in one place (the httpx ``Timeout`` idea).
 
     Fields:
-      backend       ``fake`` | ``local`` | ``osworld``
+      backend       a registered backend's name (:mod:`.registry`; default
+                    :data:`.registry.DEFAULT_BACKEND`)
       screen_width, screen_height   pixels (1280x720 default; OSWorld VMs are 1920x1080)
       ready_signal  wait until the screen is stable after actions and reset (on by default)
       fixed_wait    seconds to sleep instead (the OSWorld-style baseline; needs ready_signal off)
@@ -166,7 +169,7 @@ class DesktopConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Backend = "fake"
+    backend: str = DEFAULT_BACKEND
     screen_width: int = Field(1280, ge=64, le=8192)
     screen_height: int = Field(720, ge=64, le=8192)
     ready_signal: bool = True
@@ -175,6 +178,13 @@ class DesktopConfig(BaseModel):
     eval_timeout: float = Field(120.0, gt=0)
     waits: Waits = Field(default_factory=Waits)
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("backend")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        """A registered backend (:func:`.registry.get`; ``ValueError`` naming the known ones)."""
+        get(name)
+        return name
 
     @model_validator(mode="before")
     @classmethod
@@ -204,13 +214,12 @@ class DesktopConfig(BaseModel):
         return (self.screen_width, self.screen_height)
 
 
-def check_options(config: DesktopConfig, allowed: frozenset[str], backend: str) -> None:
-    """Raise ``ConfigError`` naming the options of ``config`` that ``backend`` does not know."""
-    unknown = set(config.options) - allowed
-    if unknown:
-        raise ConfigError(
-            f"desktop options {sorted(unknown)} are not {backend}-backend options; allowed: {sorted(allowed)}"
-        )
+def check_options(config: DesktopConfig) -> BaseModel:
+    """``config.options`` as its backend's options model (:meth:`.registry.BackendSpec.check_options`).
+    Raises ``ConfigError`` naming the options the backend does not know, or a wrong value."""
+    from .registry import get
+
+    return get(config.backend).check_options(config.options)
 
 
 def screenshot_of(png: bytes, name: str, kind: str = "observe") -> Screenshot:
@@ -252,8 +261,11 @@ class WaitsByMode:
 
     config: DesktopConfig
 
-    async def _ready(self, mode: str, cap_s: float) -> tuple[float, bool]:
-        """Wait until the screen is stable, at most ``cap_s`` seconds; ``(ready_s, timed_out)``."""
+    async def _ready(
+        self, mode: str, cap_s: float
+    ) -> tuple[float, bool] | tuple[float, bool, bool]:
+        """Wait until the screen is stable, at most ``cap_s`` seconds; ``(ready_s, timed_out)``,
+        or ``(ready_s, timed_out, undrawn)`` from a backend that tells (:class:`Wait`)."""
         raise NotImplementedError
 
     async def _wait(self, mode: str) -> Wait:
@@ -261,8 +273,8 @@ class WaitsByMode:
         if not self.config.ready_signal:
             await asyncio.sleep(self.config.fixed_wait or 0.0)
             return Wait(time.perf_counter() - t0, None)
-        ready_s, timed_out = await self._ready(mode, self.config.waits.ready_cap(mode))
-        return Wait(time.perf_counter() - t0, ready_s, timed_out)
+        ready_s, timed_out, *undrawn = await self._ready(mode, self.config.waits.ready_cap(mode))
+        return Wait(time.perf_counter() - t0, ready_s, timed_out, undrawn[0] if undrawn else None)
 
     async def wait_after_reset(self) -> Wait:
         return await self._wait("reset")

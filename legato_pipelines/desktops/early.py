@@ -8,9 +8,10 @@ was the start-up's critical path: the first desktops opened ~3.5 s after the lau
 
 :func:`start`, called by the ``legato`` entry point before anything heavy is imported, reads
 the command line and, for ``collect --backend local``, starts those templates at once with the
-command line and whole environment the warm-up would give them (the functions that build them
-are the warm-up's own: :func:`.server.template.template_command`,
-:func:`.osworld.template.preloading_command`). The warm-up then takes them over
+command line and whole environment the warm-up would give them (the backend's early hook,
+:data:`.registry.EARLY`, ``backends/local_early.py``; the functions that build them are the
+warm-up's own: :func:`.server.template.template_command`,
+:func:`.osworld_worker.template.preloading_command`). The warm-up then takes them over
 (:func:`.processes.take_early`: same command line, same environment, still running) instead
 of starting its own. A template nobody takes is stopped: once the warm-up has taken its own
 (a flag read differently here), or at exit (a policy check that failed, a run with nothing
@@ -29,6 +30,7 @@ import signal
 from collections.abc import Sequence
 
 from .processes import early_processes, spawn_early
+from .registry import DEFAULT_BACKEND, early_hook
 
 log = logging.getLogger(__name__)
 
@@ -71,27 +73,16 @@ def _templates_for(argv: list[str]) -> list[tuple[list[str], dict[str, str], boo
     if not argv or argv[0] != "collect" or "--help" in argv:
         return []
     flags = _flags(argv[1:])
-    if (flags.get("--backend") or [""])[-1].strip().lower() != "local":
+    backend = (flags.get("--backend") or [DEFAULT_BACKEND])[-1].strip().lower()
+    hook = early_hook(backend)
+    if hook is None:
         return []
     from .option_flags import parse_desktop_options
 
     options = parse_desktop_options(flags.get("--desktop-option", []))
     if flags.get("--osworld-python"):
         options["osworld_python"] = flags["--osworld-python"][-1]
-    templates = []
-    if not options.get("urls"):
-        from .server.template import template_command
-
-        templates.append((*template_command(), False))
-    if options.get("grader", "auto") != "own":
-        from .osworld_worker.install import osworld_python
-
-        python = osworld_python(options)
-        if python is not None:
-            from .osworld_worker.template import preloading_command
-
-            templates.append((*preloading_command(str(python)), True))
-    return templates
+    return hook(options)
 
 
 def _flags(args: list[str]) -> dict[str, list[str]]:

@@ -58,13 +58,13 @@ def task_needs_network(task: Task, *, cache_dir: Any = None) -> list[str]:
 
 
 def applies(desktop: DesktopConfig) -> bool:
-    """True when ``desktop`` starts sandboxed local desktop servers here, whose network this
-    module chooses: backend ``local`` without ``urls`` (attached servers chose theirs), or
-    ``osworld`` with provider ``local``."""
-    options = desktop.options
-    if desktop.backend == "local":
-        return not options.get("urls")
-    return desktop.backend == "osworld" and options.get("provider") == "local"
+    """True when ``desktop`` starts sandboxed desktop servers here, whose network this module
+    chooses: the backend's capability ``chooses_network`` (:mod:`.registry`; the local
+    backend without ``urls``, whose attached servers chose theirs, or osworld with provider
+    ``local``)."""
+    from .registry import capabilities
+
+    return capabilities(desktop.backend, desktop.options).chooses_network
 
 
 def resolve_network(

@@ -190,7 +190,9 @@ class ReadyResult:
     ``timed_out``: the cap was hit; ``source``: what it watched, ``damage`` (the X server's
     drawing reports) or ``poll`` (frames); ``quiet_s``: seconds of quiet the wait ended with
     (its last run of quiet looks, counting any ``quiet_before_s`` credit; 0 on a timeout), for
-    the caller's next credit (not on the wire)."""
+    the caller's next credit (not on the wire); ``undrawn``: the wait ended (at its cap) with an
+    app's window still blank or the app still loading (the desktop server's content wait:
+    ``desktops/server/drawn.py``), so the screen handed out next shows it undrawn."""
 
     ready_s: float
     frames: int
@@ -198,6 +200,7 @@ class ReadyResult:
     timed_out: bool
     source: str = "poll"
     quiet_s: float = 0.0
+    undrawn: bool = False
 
     def to_json(self) -> dict:
         return {
@@ -206,6 +209,7 @@ class ReadyResult:
             "changed": self.changed,
             "timed_out": self.timed_out,
             "source": self.source,
+            "undrawn": self.undrawn,
         }
 
 

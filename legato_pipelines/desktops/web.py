@@ -4,8 +4,9 @@ which proxy (issue 34; docs/local-desktop.md §15).
 A sandboxed desktop on ``network=own`` or ``network=host`` reaches whatever this host reaches
 (docs/sandbox.md §1), so a task that opens a live website runs there when the host has a route
 out; on ``network=none`` it has none. Whether the host has one is a *reachability check* run
-once per process (:func:`reachable`: a TCP connection to the probe address, or to the proxy
-when one is set, within :data:`PROBE_TIMEOUT_S`), which ``legato tasks check`` and collect's
+once per process (:func:`reachable`: a TCP connection to the probe address, and on port 443 a
+verified TLS handshake, or a TCP connection to the proxy when one is set, within
+:data:`PROBE_TIMEOUT_S`), which ``legato tasks check`` and collect's
 preflight make through :func:`route_out`.
 
 Settings (desktop options of the ``local`` backend, with an environment default):
@@ -35,6 +36,7 @@ import functools
 import ipaddress
 import os
 import socket
+import ssl
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -177,10 +179,20 @@ def _is_loopback(host: str) -> bool:
 
 
 def _connects(host: str, port: int) -> bool:
+    """A TCP handshake with ``host:port``; on port 443 also a TLS handshake verifying the
+    site's certificate for ``host`` (the system's CAs): a network that accepts every TCP
+    connection (a transparent firewall; this project's CI machine does) passes the first alone."""
     try:
-        socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+        sock = socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S)
     except OSError:
         return False
+    try:
+        if port == 443:
+            ssl.create_default_context().wrap_socket(sock, server_hostname=host).close()
+    except (OSError, ssl.SSLError):
+        return False
+    finally:
+        sock.close()
     return True
 
 

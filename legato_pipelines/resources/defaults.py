@@ -47,6 +47,7 @@ from typing import Any, get_args
 
 import dagster as dg
 
+from ..desktops.registry import DEFAULT_BACKEND, names
 from ..errors import ConfigError
 from ..policy.config import API_KEY_ENV
 from ..policy.loading import LoadSpec
@@ -120,14 +121,21 @@ def _env_json(name: str) -> dict[str, Any]:
     return value
 
 
-def _env_choice(name: str, resource: type[dg.ConfigurableResource], field: str) -> str | None:
-    """The variable's value if it is one of the resource field's ``Literal`` choices, ``None``
-    when unset; raises ``ConfigError`` naming the variable and the valid values otherwise
-    (instead of a pydantic error about the field that never mentions the variable)."""
+def _env_choice(
+    name: str,
+    resource: type[dg.ConfigurableResource],
+    field: str,
+    choices: tuple[str, ...] | None = None,
+) -> str | None:
+    """The variable's value if it is one of ``choices`` (default: the resource field's
+    ``Literal`` choices), ``None`` when unset; raises ``ConfigError`` naming the variable and
+    the valid values otherwise (instead of a pydantic error about the field that never
+    mentions the variable)."""
     raw = os.environ.get(name)
     if not raw:
         return None
-    choices = get_args(resource.model_fields[field].annotation)
+    if choices is None:
+        choices = get_args(resource.model_fields[field].annotation)
     folded = {c.lower(): c for c in choices}
     if raw.strip().lower() in folded:
         return folded[raw.strip().lower()]
@@ -173,7 +181,8 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:
             checkpoint_root=_env("LEGATO_CHECKPOINTS", None),
         ),
         "desktops": DesktopPoolResource(
-            backend=_env_choice("LEGATO_BACKEND", DesktopPoolResource, "backend") or "fake",
+            backend=_env_choice("LEGATO_BACKEND", DesktopPoolResource, "backend", names())
+            or DEFAULT_BACKEND,
             desktops=_env_int("LEGATO_DESKTOPS", 4),
             options=_env_json("LEGATO_BACKEND_OPTIONS"),
             osworld=_env("LEGATO_OSWORLD", None),

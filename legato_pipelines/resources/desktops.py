@@ -20,7 +20,8 @@ import dagster as dg
 from pydantic import Field
 from pydantic.fields import FieldInfo
 
-from ..desktops.base import Backend, DesktopConfig
+from ..desktops.base import DesktopConfig
+from ..desktops.registry import capabilities
 from ..desktops.server.wire import DEFAULT_TOKEN_ENV
 from ..errors import ConfigError
 
@@ -32,12 +33,14 @@ def _desktop_field(name: str, description: str) -> Any:
 
 
 class DesktopPoolResource(dg.ConfigurableResource):
-    """Fields: ``backend`` (fake | local | osworld; LEGATO_BACKEND), ``desktops`` (how many at
+    """Fields: ``backend`` (a registered backend, :mod:`..desktops.registry`; LEGATO_BACKEND), ``desktops`` (how many at
     once; LEGATO_DESKTOPS), ``screen_width``/``screen_height`` [pixels], ``eval_timeout`` [s]
     per evaluation, ``options`` (backend-specific), ``osworld`` (an OSWorld checkout, needed by
     task lists that name OSWorld tasks by domain and id)."""
 
-    backend: Backend = _desktop_field("backend", "Desktop backend (LEGATO_BACKEND).")
+    backend: str = _desktop_field(
+        "backend", "Desktop backend, a registered one (LEGATO_BACKEND; docs/backends.md)."
+    )
     # No ge=1 here: an EnvVar.int placeholder is validated as 0; the engine checks the count.
     desktops: int = Field(
         default=4,
@@ -64,10 +67,10 @@ class DesktopPoolResource(dg.ConfigurableResource):
     def count(self) -> int:
         """Desktops a batch runs at once: ``desktops`` plus the ``urls``. Raises ``ConfigError``
         when ``urls`` is set for a backend other than ``local`` (the engine rejects a count < 1)."""
-        if self.urls and self.backend != "local":
+        if self.urls and not capabilities(self.backend).attaches_urls:
             raise ConfigError(
-                f"desktops.urls: desktop servers by URL need backend 'local', not {self.backend!r}"
-                " (fix: LEGATO_BACKEND=local)"
+                f"desktops.urls: backend {self.backend!r} does not attach desktop servers by URL"
+                " (fix: LEGATO_BACKEND set to a backend that does, e.g. local)"
             )
         return self.desktops + len(self.urls)
 

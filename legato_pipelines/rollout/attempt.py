@@ -143,6 +143,8 @@ async def prepare(desktop: Desktop, ex: Execution) -> Prepared:
         prepared.reset = Reset(
             kind=kind, ready_s=wait.ready_s, wait_s=wait.wait_s, timed_out=wait.timed_out
         )
+        if wait.undrawn:  # written only when set: step 0's screen shows an app undrawn
+            prepared.reset.undrawn = True
         # what OSWorld carries on after (a setup command that exited non-zero, ...): facts
         setup_failures = list(getattr(desktop, "setup_failures", None) or [])
         if setup_failures:
@@ -356,6 +358,8 @@ async def _run(
                 done.wait_s = wait.wait_s
                 done.ready_s = wait.ready_s
                 done.timed_out = wait.timed_out
+                if wait.undrawn:  # written only when set: the next screen shows it undrawn
+                    done.undrawn = True
                 timing.wait_s += wait.wait_s
                 step_record.actions.append(done)
             if parsed.terminal:

@@ -21,6 +21,7 @@ from typing import Any
 from ..desktops import open_desktops, warm_up
 from ..desktops.base import Desktop, DesktopConfig
 from ..desktops.network import resolve_network
+from ..desktops.registry import capabilities, get
 from ..errors import DesktopError, LoadError, PolicyConfigError, TaskListError
 from ..model_files import served_identity
 from ..policy.config import PolicyConfig
@@ -338,9 +339,10 @@ async def _verify_after(plan, writer: RunWriter) -> None:
 
 def opens_late(desktop: DesktopConfig) -> bool:
     """Whether a batch on ``desktop`` starts its spares after its runners' desktops, while the
-    first attempts run (:meth:`.Handout.join`): for desktops started here by the ``local``
-    and ``fake`` backends (not attached by URL, not OSWorld VMs)."""
-    return desktop.backend in ("local", "fake") and not desktop.options.get("urls")
+    first attempts run (:meth:`.Handout.join`): the backend's capability ``opens_late``
+    (:mod:`..desktops.registry`: desktops started here by the ``local`` and ``fake`` backends,
+    not attached by URL, not OSWorld VMs)."""
+    return capabilities(desktop.backend, desktop.options).opens_late
 
 
 async def _run_workers(
@@ -479,7 +481,8 @@ def _preflight(task_set: TaskSet, desktop: DesktopConfig, desktops: int = 1) -> 
     from ..osworld_format import preflight
 
     support = backend_support(desktop.backend, desktop.options, desktops=desktops)
-    problems = preflight(task_set, desktop.backend, support=support)
+    checks = capabilities(desktop.backend, desktop.options).task_checks  # the verdict's kind
+    problems = preflight(task_set, checks, support=support)
     if problems:
         shown = "\n  ".join(problems[:10])
         more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
@@ -487,9 +490,7 @@ def _preflight(task_set: TaskSet, desktop: DesktopConfig, desktops: int = 1) -> 
             f"{len(problems)} problem(s) with the task list for backend {desktop.backend!r} "
             f"(`legato tasks check` shows them all):\n  {shown}{more}"
         )
-    if desktop.backend == "local":
-        return support.local_grader.kind
-    return "osworld" if desktop.backend == "osworld" else None
+    return get(desktop.backend).grader_kind(support)
 
 
 def _settings(settings: CollectSettings | Mapping[str, Any] | None, knobs: dict) -> CollectSettings:

@@ -44,7 +44,8 @@ def summarize(
     ``token_ids_share`` are shares of steps whose response carried them; ``reset_critical``
     is the reset on the critical path per app and overall (:func:`reset_critical`); ``ready_timeouts`` counts
     the actions whose ready wait hit its cap (:func:`ready_timeouts`), ``reset_timeouts`` the
-    resets whose did (:func:`reset_timeouts`); ``not_typed_actions``
+    resets whose did (:func:`reset_timeouts`); ``undrawn_observations`` the observations
+    handed out with an app still undrawn (:func:`undrawn_observations`); ``not_typed_actions``
     counts ``type`` actions whose text did not all reach the desktop (``not_typed`` on the
     action: characters the desktop could not type); ``eval_errors`` counts
     graded attempts whose evaluator failed (scored 0 with the reason in ``eval_error``);
@@ -162,6 +163,7 @@ def summarize(
         "parse_errors": sum(1 for s in steps if s.parse_error),
         "ready_timeouts": ready_timeouts(steps),
         "reset_timeouts": reset_timeouts(records),
+        "undrawn_observations": undrawn_observations(records),
         "not_typed_actions": sum(1 for s in steps for a in s.actions or () if a.not_typed),
         "eval_errors": sum(1 for r in final if r.eval_error),
         "setup_failures": _setup_failures(records),
@@ -294,6 +296,16 @@ def ready_timeouts(steps: list[Step]) -> dict[str, Any]:
     or records from before ``timed_out`` was recorded)."""
     flags = [a.timed_out for s in steps for a in s.actions or () if a.timed_out is not None]
     return {"count": sum(flags), "share": sum(flags) / len(flags) if flags else None}
+
+
+def undrawn_observations(records: Iterable[Record]) -> dict[str, Any]:
+    """Observations handed to the policy while an app's window was still blank or the app still
+    loading: ``count`` of the flagged ready waits (``reset.undrawn``: step 0's observation;
+    an action's ``undrawn``: the next step's), ``resets`` and ``actions`` of them (issue 33)."""
+    records = list(records)
+    resets = sum(1 for r in records if r.reset and r.reset.undrawn)
+    actions = sum(1 for r in records for s in r.steps or () for a in s.actions or () if a.undrawn)
+    return {"count": resets + actions, "resets": resets, "actions": actions}
 
 
 def reset_timeouts(records: Iterable[Record]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..desktops.registry import capabilities
 from ..errors import ConfigError
 
 OVERRIDES_POLICY = ("step_timeout", "retries")
@@ -180,7 +181,8 @@ def attached_servers(options: Mapping[str, Any]) -> int:
 
 def spare_desktops(spares: int | None, *, desktops: int, backend: str, attached: int = 0) -> int:
     """How many spare desktops a batch of ``desktops`` runners opens (issue 18, "reset off the
-    critical path"): ``spares`` when set, else one per runner on the ``local`` backend with
+    critical path"): ``spares`` when set, else one per runner on a backend whose capability
+    ``default_spares`` says so (:mod:`..desktops.registry`: the ``local`` backend) with
     two desktops or more started on this host (a spare costs a desktop's memory and its
     resets' CPU: BENCHMARKS.md), none for a single desktop, for servers attached by URL, for
     the ``fake`` backend (nothing to gain) and for ``osworld`` (a spare is a whole VM or
@@ -191,7 +193,8 @@ def spare_desktops(spares: int | None, *, desktops: int, backend: str, attached:
     are needed: fewer raises ``ConfigError`` naming both counts and the fix, before anything
     starts (extra URLs are left unused)."""
     if spares is None:
-        spares = desktops if backend == "local" and desktops >= 2 and not attached else 0
+        by_default = capabilities(backend).default_spares  # the local backend's
+        spares = desktops if by_default and desktops >= 2 and not attached else 0
     if attached and desktops + spares > attached:
         raise ConfigError(
             f"desktop option 'urls' lists {attached} server(s), but {desktops} desktop(s) "

@@ -38,11 +38,14 @@ import struct
 import zlib
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from ...actions import Action
 from ...errors import ConfigError, DesktopError
 from ...images import Screenshot, resized_png
 from ...tasks import Evaluation, Task
-from ..base import DesktopConfig, Wait, check_options
+from ..base import DesktopConfig, Wait
+from ..registry import BackendSpec, Capabilities, register
 
 PHASES = ("reset", "act", "observe", "evaluate")
 FAULTS = (
@@ -54,10 +57,22 @@ FAULTS = (
     "observe_error",
 )
 
-OPTION_NAMES = frozenset({"latency", "faults", "frames", "seed", "unique"})
 FRAMES = 8
 """Distinct screens by default: each costs its encode once per process (a start-up cost of
 every fake batch), and ``unique`` makes every observation distinct anyway."""
+
+
+class FakeOptions(BaseModel):
+    """The fake backend's options (module docs); ``latency`` and ``faults`` are checked
+    further by :class:`FakeDesktop` (phases, fault names, probabilities)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    latency: dict[str, Any] | None = None
+    faults: dict[str, Any] | None = None
+    frames: int = Field(FRAMES, ge=1)
+    seed: int | str = 0
+    unique: bool = False
 
 
 class Latency:
@@ -193,15 +208,14 @@ class FakeDesktop:
     observe_resizes = True  # observe(size=) hands out the model-size screen (base.py)
 
     def __init__(self, config: DesktopConfig, index: int = 0):
-        check_options(config, OPTION_NAMES, "fake")
-        opts = dict(config.options)
-        latency = opts.get("latency") or {}
+        opts = SPEC.check_options(config.options)
+        latency = opts.latency or {}
         if not isinstance(latency, dict) or set(latency) - set(PHASES):
             raise ConfigError(f"desktop.options.latency: a mapping with keys among {PHASES}")
         self.latency = {
             p: Latency(latency.get(p, 0.0), f"desktop.options.latency.{p}") for p in PHASES
         }
-        faults = opts.get("faults") or {}
+        faults = opts.faults or {}
         if not isinstance(faults, dict) or set(faults) - set(FAULTS):
             raise ConfigError(f"desktop.options.faults: a mapping with keys among {FAULTS}")
         self.faults = {f: float(faults.get(f, 0.0)) for f in FAULTS}
@@ -213,11 +227,9 @@ class FakeDesktop:
         self.config = config
         self.name = f"fake-{index}"
         self.screen_size = config.screen_size
-        self._rng = random.Random(f"{opts.get('seed', 0)}:{index}")
-        self._frames = pool(
-            config.screen_width, config.screen_height, frames=int(opts.get("frames", FRAMES))
-        )
-        self._unique = bool(opts.get("unique", False))
+        self._rng = random.Random(f"{opts.seed}:{index}")
+        self._frames = pool(config.screen_width, config.screen_height, frames=opts.frames)
+        self._unique = opts.unique
         self._observations = 0
         self._crashed = False
         self._frame = 0
@@ -311,3 +323,29 @@ class FakeDesktop:
 
     async def close(self) -> None:
         return None
+
+
+async def open_fake_desktops(config: DesktopConfig, n: int, first: int = 0) -> list[FakeDesktop]:
+    """``n`` fake desktops named ``fake-<first>`` on; ``ConfigError`` for bad options."""
+    return [FakeDesktop(config, i) for i in range(first, first + n)]
+
+
+def _support(options: Any, desktops: int):
+    from ...osworld_format.classify import BackendSupport
+    from ...osworld_format.sources import file_cache_dir
+
+    return BackendSupport(cache_dir=file_cache_dir(dict(options)))
+
+
+SPEC = register(
+    BackendSpec(
+        name="fake",
+        summary="no VMs: real PNG screens, seeded rewards, configurable latency and faults",
+        open=open_fake_desktops,
+        options=FakeOptions,
+        capabilities=lambda options: Capabilities(
+            opens_late=True, scratch=False, task_checks="fake"
+        ),
+        support=_support,
+    )
+)

@@ -370,7 +370,9 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
             )
         return response.content
 
-    async def _ready(self, mode: str, cap_s: float) -> tuple[float, bool]:
+    async def _ready(
+        self, mode: str, cap_s: float
+    ) -> tuple[float, bool] | tuple[float, bool, bool]:
         """Stable screen (``reset``: after the task's setup; when the setup launched or opened
         something, the screen must first differ from the clean desktop, as the local server's
         launch wait does; heavy domains get the 0.5 s stable window). Provider local, after a
@@ -380,7 +382,11 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
         apps_cap = {"app_window_s": self.config.waits.ready_app_window_s} if mode == "reset" else {}
         if self.ready_mode == "server":
             result = await self._ready_client.wait(mode, timeout_s=cap_s, **apps_cap)
-            return float(result["ready_s"]), bool(result.get("timed_out"))
+            return (
+                float(result["ready_s"]),
+                bool(result.get("timed_out")),
+                bool(result.get("undrawn")),
+            )
         result = await self._ready_signal.wait(mode, timeout_s=cap_s)
         if mode not in ("reset", "action") or result.timed_out or self._ready_client is None:
             return result.ready_s, result.timed_out
@@ -389,7 +395,11 @@ class OSWorldDesktop(PopupGuard, WaitsByMode):
         more = await self._ready_client.wait(
             "apps", timeout_s=max(cap_s - result.ready_s, 0.1), **apps_cap
         )
-        return result.ready_s + float(more["ready_s"]), bool(more.get("timed_out"))
+        return (
+            result.ready_s + float(more["ready_s"]),
+            bool(more.get("timed_out")),
+            bool(more.get("undrawn")),
+        )
 
 
 async def open_osworld_desktops(config: DesktopConfig, n: int) -> list[OSWorldDesktop]:

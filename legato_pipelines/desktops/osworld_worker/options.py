@@ -16,31 +16,6 @@ from ..child_env import PASS_ENV, worker_env  # noqa: F401 - the workers' enviro
 from .install import default_venv, venv_python
 
 PROVIDERS = ("docker", "local", "vmware", "virtualbox", "aws", "azure", "aliyun", "volcengine")
-OPTION_NAMES = frozenset(
-    {
-        "osworld_python",
-        "provider",
-        "path_to_vm",
-        "region",
-        "snapshot_name",
-        "os_type",
-        "client_password",
-        "headless",
-        "enable_proxy",
-        "cache_dir",
-        "work_dir",
-        "ready",
-        "fast_mode",
-        "start_timeout",
-        "call_timeout",
-        "reset_timeout",
-        "user",
-        "template",
-        "sandbox",
-        "network",
-        "log_level",
-    }
-)
 #: The HOME baseline of a local desktop in ``fast_mode`` ``vm`` (expanded by the desktop's shell).
 LOCAL_VM_BASELINE = "$TMPDIR/legato-home-baseline"
 
@@ -78,8 +53,15 @@ def claim_cache_dir(cache_dir: str | Path) -> IO[str]:
     return lock
 
 
-def _start_request(config: DesktopConfig, provider: str, cache_dir: Path) -> dict[str, Any]:
-    opts = config.options
+def runs_desktop_servers(options: Any) -> bool:
+    """Whether desktops of ``options`` run project desktop servers here as their "VM"
+    (provider ``local``), whose sandbox and network the server options choose."""
+    return options.get("provider") == "local"
+
+
+def _start_request(
+    config: DesktopConfig, opts: dict[str, Any], provider: str, cache_dir: Path
+) -> dict[str, Any]:
     request: dict[str, Any] = {
         "provider": provider,
         "screen": [config.screen_width, config.screen_height],
@@ -121,8 +103,7 @@ def plan_desktops(config: DesktopConfig, n: int) -> list[dict[str, Any]]:
     Raises ``ConfigError`` for unknown options, an unknown provider, or ``ready="server"``
     without provider ``local``.
     """
-    check_options(config, OPTION_NAMES, "osworld")
-    options = dict(config.options)
+    options = check_options(config).model_dump(exclude_none=True)  # typed (backends/osworld.py)
     if n < 1:
         raise ConfigError(f"desktops must be >= 1, got {n}")
     provider = str(options.get("provider") or "docker").lower()
@@ -141,7 +122,7 @@ def plan_desktops(config: DesktopConfig, n: int) -> list[dict[str, Any]]:
             f"desktop option fast_mode={fast_mode!r}: use 'vm', or 'server' with provider 'local'"
         )
     root = Path(options.get("cache_dir") or default_cache_root()).expanduser().resolve()
-    requests = [_start_request(config, provider, root / f"desktop-{i}") for i in range(n)]
+    requests = [_start_request(config, options, provider, root / f"desktop-{i}") for i in range(n)]
     for request in requests:
         request["fast_mode"] = fast_mode
         if provider == "local" and fast_mode == "vm":

@@ -106,29 +106,6 @@ from .template import (
 )
 from .wire import DEFAULT_TOKEN_ENV, READY_LINE
 
-OPTION_NAMES = frozenset(
-    {
-        "urls",
-        "token_env",
-        "base_port",
-        "host",
-        "user",
-        "sandbox",
-        "network",
-        "limits",
-        "template",
-        "prebuild",
-        "cache_dir",
-        "start_timeout",
-        "grader",
-        "osworld_python",
-        "proxy",
-        "web_probe",
-        "web",
-        "web_hosts",
-        "web_ca",
-    }
-)
 log = logging.getLogger(__name__)
 
 
@@ -532,13 +509,13 @@ class LocalDesktop(PopupGuard, ServerTasks, WaitsByMode):
     async def _close_windows(self, ids: list[Any]) -> dict[Any, str]:
         return await self.client.close_windows(ids)
 
-    async def _ready(self, mode: str, cap_s: float) -> tuple[float, bool]:
+    async def _ready(self, mode: str, cap_s: float) -> tuple[float, bool, bool]:
         if mode == "reset":  # an app the setup launched: its main window, within its own cap
             app_window_s = self.config.waits.ready_app_window_s
             result = await self.client.wait(mode, timeout_s=cap_s, app_window_s=app_window_s)
         else:
             result = await self.client.wait(mode, timeout_s=cap_s)
-        return float(result["ready_s"]), bool(result.get("timed_out"))
+        return float(result["ready_s"]), bool(result.get("timed_out")), bool(result.get("undrawn"))
 
     async def _healthy(self) -> bool:
         if self.server is not None and not self.server.alive():
@@ -594,7 +571,7 @@ async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> 
     ``DesktopError(kind="crash")`` when a server or a grader does not come up (the others are
     stopped).
     """
-    check_options(config, OPTION_NAMES, "local")
+    check_options(config)
     options = dict(config.options)
     if n < 1:
         raise ConfigError(f"desktops must be >= 1, got {n}")

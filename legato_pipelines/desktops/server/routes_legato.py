@@ -128,7 +128,7 @@ async def web(request: Request) -> Response:
     s = desktop_of(request)
     recorder = s.recorder
     if recorder is None:
-        return error_response(404, "this desktop records and replays no web (web=live)", "web")
+        return error_response(404, "this desktop records and replays no web (web=live)", "setup")
     if request.method == "GET":
         misses = await asyncio.to_thread(recorder.misses)
         return JSONResponse({"mode": recorder.mode, "task": recorder.task, "misses": misses})
@@ -139,9 +139,9 @@ async def web(request: Request) -> Response:
     try:
         return JSONResponse(await asyncio.to_thread(recorder.begin, task, netns))
     except ValueError as exc:
-        return error_response(400, str(exc), "web")
+        return error_response(400, str(exc), "setup")
     except RecorderError as exc:
-        return error_response(500, f"web recorder: {exc}", "web")
+        return error_response(500, f"web recorder: {exc}", "setup")
 
 
 async def health(request: Request) -> Response:

@@ -460,12 +460,13 @@ class Sandbox:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             os.chmod(path, mode)
-        from . import chrome, mime_defaults  # here: the module's top imports stay stdlib-only
+        from . import chrome, mime_defaults, vm_windows  # here: the top imports stay stdlib-only
 
         chrome.write_seed(
             self.dir / "seed", self.browser_flags
         )  # google-chrome as Chromium (chrome.py)
         mime_defaults.write_seed(self.dir / "seed")  # Ubuntu's default apps (mime_defaults.py)
+        vm_windows.write_seed(self.dir / "seed")  # the VM's window classes (vm_windows.py)
 
     def start(
         self, x_socket: str | None, ipc_ns: int | None = None, mqueue: int | None = None

@@ -25,7 +25,7 @@ from ..ready import (
     policy_for,
     wait_until_ready,
 )
-from . import apps
+from . import apps, drawn
 from .app_windows import is_main_window, owners_known, window_pids
 from .keymap import KeyboardState, keyboard_state, restore_keyboard
 from .prepared_obs import PreparedObservations
@@ -53,6 +53,8 @@ APP_WINDOW_POLL_S = 0.1  # seconds between looks for a launched app's main windo
 #: :data:`LAUNCH_WINDOW_POLL_S` (:meth:`DesktopServer.window_after_launch`).
 LAUNCH_WINDOW_S = 1.0
 LAUNCH_WINDOW_POLL_S = 0.02
+#: Seconds between looks at a launched app's content (:meth:`DesktopServer.undrawn_apps`).
+CONTENT_POLL_S = 0.1
 
 
 @dataclass
@@ -68,11 +70,16 @@ class LaunchedApp:
     """An app launched since the reset (``/setup/launch``, ``/setup/open_file``, Ctrl+Alt+T):
     the program (:func:`~.apps.program_of`) and the host pids of its process tree seen so far
     (kept when a process is reparented, e.g. a daemonizing launcher's child). ``settled``:
-    it had a main window, or a wait for one ran out; it is not waited for again."""
+    it had a main window, or a wait for one ran out; it is not waited for again. ``drawn``: its
+    main window showed content and the app stopped loading (:meth:`DesktopServer.undrawn_apps`),
+    or a wait for that ran out; ``busy``: (monotonic time, {pid: busy seconds}) when idle time
+    started counting."""
 
     program: str
     pids: set[int] = field(default_factory=set)
     settled: bool = False
+    drawn: bool = False
+    busy: tuple[float, dict[int, float]] | None = None
 
 
 #: Routes that neither act on the desktop nor start anything on it: between an action wait
@@ -277,6 +284,83 @@ class DesktopServer:
         for app in waiting:
             app.settled = bool(app.pids & owners)
         return [app for app in waiting if not app.settled]
+
+    def _main_windows_by_pid(self) -> dict[int, list]:
+        """``{host pid: [WindowInfo of its main windows]}`` (X thread)."""
+        ctx = self.x.ctx()
+        out: dict[int, list] = {}
+        for wid, pid in window_pids(ctx.display, ctx.windows.client_ids()).items():
+            if is_main_window(ctx.display, wid) and (info := ctx.windows.info(wid)) is not None:
+                out.setdefault(pid, []).append(info)
+        return out
+
+    def _loading_judged(self, app: LaunchedApp) -> bool:
+        """Whether ``app``'s loading is judged (:meth:`undrawn_apps`): not for the quick
+        windowed programs (a terminal, the editor: they paint at once)."""
+        return app.program not in apps.QUICK_WINDOWED_PROGRAMS
+
+    async def mark_busy(self) -> None:
+        """Note the busy seconds of every launched app not yet drawn (its processes' main
+        threads, :func:`~.drawn.busy_s`), so that the first look of :meth:`undrawn_apps`
+        judges its loading over the whole wait since (a /proc read per process)."""
+        now = time.monotonic()
+        for app in list(self.launched.values()):
+            if not app.drawn and self._loading_judged(app):
+                pids = set(app.pids)
+                app.busy = (now, await asyncio.to_thread(drawn.busy_per_pid, pids))
+
+    async def undrawn_apps(self, *, loading: bool = True) -> list[LaunchedApp]:
+        """The apps launched since the reset that have a main window but do not show their
+        content yet: a main window is blank (:func:`~.drawn.blank`), or (``loading``) the app
+        is loading: the main threads of its processes that own main windows were busy over
+        :data:`~.drawn.IDLE_SHARE` of the time since its mark (:meth:`mark_busy`, or the last
+        look that found it busy), or idle for less than :data:`~.drawn.IDLE_WINDOW_S`. Apps
+        found drawn are marked so and not judged again for loading; ``loading=False`` (after an
+        action) judges blankness only, of every launched app. An app with no main window is
+        not judged (:meth:`apps_without_window` waits for that)."""
+        judged = [
+            app
+            for app in list(self.launched.values())
+            if app.settled
+            and app.program in apps.WINDOWED_PROGRAMS
+            and (not app.drawn or not loading)
+        ]
+        if not judged:
+            return []
+        if loading:  # after an action: the pids the reset's waits saw (a /proc scan is ~8 ms)
+            self.launched_pids(await asyncio.to_thread(own_process_table))
+
+        def look() -> tuple[dict[int, list], np.ndarray]:
+            return self._main_windows_by_pid(), self.x.ctx().screen.frame()
+
+        windows, frame = await self.x.run(look)
+        now = time.monotonic()
+        undrawn = []
+        for app in judged:
+            mine = [w for pid in app.pids for w in windows.get(pid, ())]
+            if not mine:
+                continue
+            is_blank = any(drawn.blank(frame, w.x, w.y, w.width, w.height) for w in mine)
+            still_loading = False
+            if loading and self._loading_judged(app):
+                owners = {pid for pid in app.pids if pid in windows}
+                busy = await asyncio.to_thread(drawn.busy_per_pid, owners)
+                if app.busy is None:
+                    app.busy = (now, busy)
+                    still_loading = True
+                else:
+                    since, before = app.busy
+                    spent = sum(s - before.get(pid, 0.0) for pid, s in busy.items())
+                    if spent >= drawn.IDLE_SHARE * (now - since):
+                        app.busy = (now, busy)  # busy: idle time counts from here
+                        still_loading = True
+                    elif now - since < drawn.IDLE_WINDOW_S:
+                        still_loading = True
+            if is_blank or still_loading:
+                undrawn.append(app)
+            elif loading:
+                app.drawn = True
+        return undrawn
 
     async def window_after_launch(self, program: str, known: frozenset[int]) -> bool:
         """Wait until a main window that was not managed at the launch (``known``: the
@@ -517,6 +601,8 @@ class DesktopServer:
         )
         if mode in ("launch", "reset") and not apps_only:  # apps: no /proc scan per action
             self.heavy = await asyncio.to_thread(self.heavy_app_running)
+        if mode in ("launch", "reset"):
+            await self.mark_busy()  # an app's loading is judged over the whole wait
         heavy = self.heavy  # action/eval: as of the end of the previous wait (see below)
         policy = policy_for(mode, heavy=heavy, launch_pending=mark is not None, **overrides)
 
@@ -565,10 +651,26 @@ class DesktopServer:
             result = await self._wait_app_windows(
                 result, replace(policy, timeout_s=cap_s), grab, activity if damage else None
             )
+        elif mode == "action" and not result.timed_out:
+            result = await self._wait_blank_windows(result, policy)
         if action:
             self.before_action = None
         self._refresh_heavy()
         return result
+
+    async def _wait_blank_windows(self, first: ReadyResult, policy) -> ReadyResult:
+        """After an action's quiet screen ``first``: while a launched app's main window is blank
+        (:meth:`undrawn_apps` without the loading part: a window that draws nothing is quiet),
+        look again every :data:`CONTENT_POLL_S`, within ``policy.timeout_s`` from the start of
+        ``first``; ``undrawn`` (and ``timed_out``) when one is still blank then."""
+        if not await self.undrawn_apps(loading=False):
+            return first
+        t0 = time.monotonic() - first.ready_s
+        while await self.undrawn_apps(loading=False):
+            if time.monotonic() - t0 >= policy.timeout_s:
+                return replace(first, ready_s=time.monotonic() - t0, timed_out=True, undrawn=True)
+            await asyncio.sleep(CONTENT_POLL_S)
+        return replace(first, ready_s=time.monotonic() - t0, changed=True)
 
     async def _wait_app_windows(self, first: ReadyResult, policy, grab, activity) -> ReadyResult:
         """After a launch/reset wait ``first``: wait while :meth:`apps_without_window` names
@@ -576,9 +678,9 @@ class DesktopServer:
         from the start of ``first``. The combined result (``first`` itself when no app was
         missing its window, timed out or not)."""
         t0 = time.monotonic() - first.ready_s
-        if not await self.apps_without_window():
-            return first
+        waited = False
         while missing := await self.apps_without_window():
+            waited = True
             if time.monotonic() - t0 >= policy.timeout_s:
                 for app in missing:
                     app.settled = True  # not waited for again
@@ -586,6 +688,20 @@ class DesktopServer:
                     policy.timeout_s, first.frames, first.changed, True, first.source
                 )
             await asyncio.sleep(APP_WINDOW_POLL_S)
+        # a mapped window is not a drawn one: its content, and the app done loading (drawn.py)
+        t_content = time.monotonic()
+        while undrawn := await self.undrawn_apps():
+            waited = True
+            now = time.monotonic()
+            if now - t0 >= policy.timeout_s or now - t_content >= drawn.LOADING_CAP_S:
+                for app in undrawn:
+                    app.drawn = True  # not waited for again
+                return ReadyResult(
+                    time.monotonic() - t0, first.frames, True, True, first.source, undrawn=True
+                )
+            await asyncio.sleep(CONTENT_POLL_S)
+        if not waited:
+            return first
         left = max(policy.timeout_s - (time.monotonic() - t0), policy.tick_s)
         again = await wait_until_ready(
             grab, replace(policy, require_change=False, timeout_s=left), activity=activity

@@ -17,6 +17,8 @@ from Xlib.display import Display
 from Xlib.protocol import event
 from Xlib.xobject.drawable import Window
 
+from . import vm_windows
+
 FOCUS_TIMEOUT_S = 0.25
 
 
@@ -70,11 +72,14 @@ class Windows:
 
     def find(self, name: str, *, strict: bool = False, by_class: bool = False) -> list[WindowInfo]:
         """Windows matching ``name`` as wmctrl does: a case-insensitive substring of the title;
-        ``strict``: the whole string, case-sensitive; ``by_class``: match ``instance.class``."""
+        ``strict``: the whole string, case-sensitive; ``by_class``: match ``instance.class``.
+        The VM's app names in ``name`` match the local apps' too (``Google Chrome`` finds
+        Chromium's windows: :func:`.vm_windows.title_variants`)."""
+        names = vm_windows.title_variants(name)
         found = []
         for win in self.clients():
             text = f"{win.wm_class[0]}.{win.wm_class[1]}" if by_class else win.title
-            if (text == name) if strict else (name.lower() in text.lower()):
+            if any((text == n) if strict else (n.lower() in text.lower()) for n in names):
                 found.append(win)
         return found
 
