@@ -16,7 +16,7 @@ Modes (desktop option ``web``, server flag ``--web``):
   misses (:meth:`WebRecorder.misses`).
 
 ``mitmdump`` parses every byte the desktop's Chromium (and so a possibly hostile policy) sends,
-so it runs confined (docs/sandbox.md §4, "The web recorder"): in the desktop's network
+so it runs confined (docs/sandbox.md §7): in the desktop's network
 namespace (``nsenter --net``: its sandbox's own, or the host's for ``network=host``),
 listening on ``127.0.0.1:<port>`` there, under ``bwrap`` (bubblewrap; :func:`confined_argv`)
 in mount, pid, IPC and UTS namespaces of its own whose root is a read-only tmpfs holding
