@@ -191,3 +191,44 @@ def test_recorded_through_the_upstream_proxy_then_replayed_without_the_site(tmp_
         assert replay.misses() == [{"method": "GET", "url": f"https://{NAME}/page"}]
     finally:
         replay.end()
+
+
+def _output(pid: int, option: str) -> Path:
+    """Where the recorder's process ``pid`` writes the file of its command line's ``option``
+    (``-w`` or ``legato_misses=``), seen from the host through its own root."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    inside = next(
+        argv[i + 1] if arg == option else arg.split("=", 1)[1]
+        for i, arg in enumerate(argv)
+        if arg == option or arg.startswith(option)
+    )
+    return Path(f"/proc/{pid}/root") / inside.lstrip("/")
+
+
+def test_the_server_follows_no_link_the_recorder_plants(tmp_path):
+    """A compromised recorder replaces its outputs by links to host files: the server (root)
+    reads none of them into the misses or the archive."""
+    secret = tmp_path / "secret"
+    secret.write_text('{"method": "SECRET", "url": "root-only"}\n')
+    os.chmod(secret, 0o600)
+    archive = tmp_path / "archive"
+    recorder = WebRecorder("record", archive, tmp_path / "work", _free_port())
+    try:
+        recorder.begin("shop", None)
+        flows = _output(_mitmdump_pid(recorder._proc.pid), "-w")
+        flows.unlink(missing_ok=True)
+        flows.symlink_to(secret)
+        recorder.end()
+    finally:
+        recorder.end()
+    saved = archive / "shop.flows"
+    assert not saved.exists() or b"SECRET" not in saved.read_bytes()
+    replay = WebRecorder("replay", archive, tmp_path / "work2", _free_port())
+    try:
+        replay.begin("other", None)
+        misses = _output(_mitmdump_pid(replay._proc.pid), "legato_misses=")
+        misses.unlink(missing_ok=True)
+        misses.symlink_to(secret)
+        assert replay.misses() == []
+    finally:
+        replay.end()
