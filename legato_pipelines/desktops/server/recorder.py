@@ -16,23 +16,23 @@ Modes (desktop option ``web``, server flag ``--web``):
   misses (:meth:`WebRecorder.misses`).
 
 ``mitmdump`` parses every byte the desktop's Chromium (and so a possibly hostile policy) sends,
-so it runs confined (docs/sandbox.md §7): in the desktop's network
-namespace (``nsenter --net``: its sandbox's own, or the host's for ``network=host``),
-listening on ``127.0.0.1:<port>`` there, under ``bwrap`` (bubblewrap; :func:`confined_argv`)
-in mount, pid, IPC and UTS namespaces of its own whose root is a read-only tmpfs holding
-read-only ``/usr``, ``/etc``, the web venv and its base interpreter's prefix (at their own
-paths), a private copy of the CA (``/legato/conf``, root's, readable by the recorder's group,
-not writable), its inputs (``/legato/in``: the addon, the trusted bundle, the task's archive
-file copied), its own ``/proc``, ``/dev`` (bwrap's: null, zero, random...), ``/tmp`` and, writable, only
+so it runs confined (docs/sandbox.md §7): in the desktop's network namespace
+(``nsenter --net``: its sandbox's own, or the host's for ``network=host``), listening on
+``127.0.0.1:<port>`` there, under ``bwrap`` (bubblewrap; :func:`confined_argv`) in mount, pid,
+IPC and UTS namespaces of its own whose root is a read-only tmpfs holding read-only ``/usr``,
+``/etc``, the web venv and its base interpreter's prefix (at their own paths), a private copy
+of the CA (``/legato/conf``, root's, readable by the recorder's group, not writable), its
+inputs (``/legato/in``: the addon, the trusted bundle, the task's archive file copied), its own
+``/proc``, ``/dev`` (bwrap's: null, zero, random...), ``/tmp`` and, writable, only
 ``/legato/out`` (the attempt's ``flows`` and ``misses.jsonl``); as :data:`RECORDER_UID` /
-:data:`RECORDER_GID` (no account, not root, not the graders' 65537, outside the sandboxes'
-uid map), no supplementary group, no capability (bounding set empty), ``no_new_privs``
-(``setpriv`` inside). ``/root``, ``/home``, ``/run``, the archive folder and the host CA's
-folder are not there. The server (root) reads what it wrote without following links
-(:func:`_open_regular`). The desktop's ``google-chrome`` gets ``--proxy-server`` to it and
-trusts the recorder's CA (an NSS database in the baseline HOME: :func:`trust_cas`). The CA
-lives in ``legato_cache("web-ca")`` (root's, 0700), made once by mitmproxy itself; its key
-never enters the desktop's sandbox.
+:data:`RECORDER_GID` (no account, not root, not the graders' 65537, outside the sandboxes' uid
+map), no supplementary group, no capability (bounding set empty), ``no_new_privs`` (``setpriv``
+inside). ``/root``, ``/home``, ``/run``, the archive folder and the host CA's folder are not
+there. The server (root) reads what it wrote without following links (:func:`_open_regular`).
+The desktop's ``google-chrome`` gets ``--proxy-server`` to it and trusts the recorder's CA (an
+NSS database in the baseline HOME: :func:`trust_cas`). The CA lives in
+``legato_cache("web-ca")`` (root's, 0700), made once by mitmproxy itself; its key never enters
+the desktop's sandbox.
 
 Stdlib only (the desktop server imports it): mitmproxy runs in its own venv
 (``scripts/web_venv.sh``, ``LEGATO_WEB_VENV``, default ``legato_cache("web-venv")``).
