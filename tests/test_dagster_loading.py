@@ -59,6 +59,7 @@ def _run(instance, request, policy, lake_root, tasks_file, raise_on_error=True):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flavor", "load", "make"),
     [("vllm", "lora", adapter), ("sglang", "weights", weights), ("sglang", "lora", adapter)],
@@ -132,6 +133,7 @@ def test_sensor_runs_load_each_checkpoint_and_rows_carry_the_weights(
         assert "no new policy version" in _tick(instance, cursor, source, policy).skip_message
 
 
+@pytest.mark.slow
 def test_load_failure_fails_the_run_before_any_desktop_with_the_servers_words(
     tmp_path, tasks_file, monkeypatch, no_policy_key
 ):
@@ -158,6 +160,7 @@ def test_load_failure_fails_the_run_before_any_desktop_with_the_servers_words(
         assert "(in Dagster: LEGATO_POLICY_LOAD / the policy resource's load" in error
 
 
+@pytest.mark.slow
 def test_external_refuses_to_start_when_the_server_does_not_list_the_version(
     tmp_path, tasks_file, no_policy_key
 ):
@@ -184,6 +187,7 @@ def test_external_refuses_to_start_when_the_server_does_not_list_the_version(
         assert instance.get_run_by_id(run.run_id).tags[LOAD_TAG] == "external: verified"
 
 
+@pytest.mark.slow
 def test_reexecution_keeps_lineage_and_refuses_a_changed_checkpoint(
     tmp_path, tasks_file, no_policy_key
 ):
@@ -244,6 +248,7 @@ def test_sensor_names_folders_that_are_waiting(tmp_path, no_policy_key):
         assert "step-1 (no READY marker yet)" in skip.skip_message
 
 
+@pytest.mark.slow
 def test_lake_rows_say_which_weights_were_proven(tmp_path, tasks_file, no_policy_key):
     """load_mode and load_proof tell proven rows from rows of a run that loaded nothing
     (load none: checkpoint_path / fingerprint are what the run was told, unproven); legato
@@ -296,6 +301,7 @@ def test_lake_rows_say_which_weights_were_proven(tmp_path, tasks_file, no_policy
     }
 
 
+@pytest.mark.slow
 def test_models_source_with_a_slash_in_the_model_id_verifies_the_model_it_calls(
     tmp_path, tasks_file, no_policy_key
 ):
@@ -341,6 +347,7 @@ def test_models_source_with_a_slash_in_the_model_id_verifies_the_model_it_calls(
         assert instance.get_run_by_id(run.run_id).tags[LOAD_TAG] == "external: verified"
 
 
+@pytest.mark.slow
 def test_a_bad_weights_route_fails_the_run_naming_the_variable(tmp_path, tasks_file):
     path = weights(tmp_path / "ckpts", "step-1")
     with dg.instance_for_test() as instance:
@@ -398,6 +405,7 @@ def test_load_choices_are_case_insensitive_and_new_settings_reach_the_spec(monke
     assert (spec.mode, spec.server, spec.timeout, spec.wait) == ("lora", "sglang", 90.0, 0.0)
 
 
+@pytest.mark.slow
 def test_the_readme_pool_setting_is_a_valid_instance_setting(tmp_path, repo_root):
     """docs/dagster.md: one collection at a time with `dagster instance concurrency set
     legato_collection 1` (dagster.yaml's pools take only default_limit): the command runs
@@ -451,6 +459,7 @@ def _materialize_collection(instance_ref, version, tasks, act, delay, policy, la
         return result.success
 
 
+@pytest.mark.slow
 def test_two_weights_runs_at_once_on_one_server_take_turns_under_dagster(tmp_path, no_policy_key):
     """Two collect runs of a real instance at once (the pool allows two), each in its own
     process as Dagster runs them, both load full weights into one server: the second waits for
