@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, ConfigDict
@@ -39,6 +43,8 @@ from legato_pipelines.rollout.settings import spare_desktops
 from legato_pipelines.store.rundir import read_records
 from legato_pipelines.tasks import Evaluation, Task
 from tests.engine_support import fake_tasks
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # --- a toy backend, written here: its module would be this much -------------------------
 
@@ -273,3 +279,188 @@ def test_tasks_check_takes_a_registered_backend(toy, tmp_path):
     assert orjson.loads(done.output)["backends_checked"] == ["fake"]
     bad = CliRunner().invoke(app, ["tasks", "check", str(tasks), "--backend", "nope"])
     assert bad.exit_code != 0 and "toy" in bad.output
+
+
+# --- a backend written outside the repo, used from the command line -----------------------
+
+#: A scratch module holding a backend: what a user writes outside the repo (no other file).
+TOY_MODULE = """
+from pydantic import BaseModel, ConfigDict
+
+from legato_pipelines.desktops.registry import BackendSpec, Capabilities, register
+from legato_pipelines.osworld_format.classify import BackendSupport
+
+
+class Options(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reward: float = 1.0
+
+
+async def _open(config, n, first=0):
+    raise RuntimeError("not opened by tasks check")
+
+
+SPEC = register(
+    BackendSpec(
+        name="{name}",
+        summary="a scratch module's backend",
+        open=_open,
+        options=Options,
+        capabilities=lambda options: Capabilities(scratch=False, task_checks="fake"),
+        support=lambda options, desktops: BackendSupport(),
+    )
+)
+"""
+
+
+def _legato(*args: str, env: dict[str, str], cwd) -> subprocess.CompletedProcess:
+    """``legato ARGS`` as a user runs it: a subprocess with ``env`` over a clean environment."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LEGATO_")}
+    return subprocess.run(
+        [sys.executable, "-m", "legato_pipelines", *args],
+        cwd=cwd, env=clean | env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def _tasks_file(tmp_path):
+    import orjson
+
+    tasks = tmp_path / "tasks.json"
+    tasks.write_bytes(orjson.dumps(fake_tasks(2)))
+    return tasks
+
+
+@pytest.mark.slow
+def test_a_scratch_modules_backend_is_used_from_the_command_line(tmp_path):
+    """``LEGATO_BACKEND_MODULES=toy_backend`` with the module on ``PYTHONPATH``: ``legato
+    tasks check --backend toy`` finds the backend (no file of the repo edited) and classifies
+    the tasks by its verdict kind; without the variable, the name is refused."""
+    import orjson
+
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "toy_backend.py").write_text(TOY_MODULE.replace("{name}", "toy"))
+    path = f"{tmp_path / 'plugins'}{os.pathsep}{REPO_ROOT}"
+    tasks = _tasks_file(tmp_path)
+    env = {"PYTHONPATH": path, "LEGATO_BACKEND_MODULES": "toy_backend"}
+    done = _legato(
+        "tasks", "check", str(tasks), "--backend", "toy", "--json", env=env, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = orjson.loads(done.stdout)
+    assert doc["backends_checked"] == ["fake"] and doc["ok"]
+    assert [t["backends"] for t in doc["tasks"]] == [["fake"], ["fake"]]
+    without = _legato("tasks", "check", str(tasks), "--backend", "toy",
+                      env={"PYTHONPATH": path}, cwd=tmp_path)  # fmt: skip
+    assert without.returncode == 2 and "--backend 'toy'" in without.stdout + without.stderr
+    missing = _legato("tasks", "check", str(tasks), "--backend", "toy",
+                      env=env | {"LEGATO_BACKEND_MODULES": "no_such_mod"}, cwd=tmp_path)  # fmt: skip
+    said = missing.stdout + missing.stderr
+    assert missing.returncode == 2 and "LEGATO_BACKEND_MODULES: module 'no_such_mod'" in said
+    assert "Traceback" not in said
+
+
+@pytest.mark.slow
+def test_an_installed_packages_entry_point_backend_is_used_from_the_command_line(tmp_path):
+    """A package installed with an entry point of group ``legato_pipelines.backends`` (here a
+    dist-info directory on ``sys.path``, as pip leaves it): ``--backend toyep`` loads it
+    lazily and checks the tasks; ``names()`` lists it before it is loaded."""
+    import orjson
+
+    site = tmp_path / "site"
+    (site / "toyep_pkg").mkdir(parents=True)
+    (site / "toyep_pkg" / "__init__.py").write_text("")
+    (site / "toyep_pkg" / "backend.py").write_text(TOY_MODULE.replace("{name}", "toyep"))
+    info = site / "toyep_pkg-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toyep-pkg\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[legato_pipelines.backends]\ntoyep = toyep_pkg.backend\n"
+    )
+    env = {"PYTHONPATH": f"{site}{os.pathsep}{REPO_ROOT}"}
+    tasks = _tasks_file(tmp_path)
+    done = _legato(
+        "tasks", "check", str(tasks), "--backend", "toyep", "--json", env=env, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = orjson.loads(done.stdout)
+    assert doc["backends_checked"] == ["fake"] and doc["ok"]
+    listed = subprocess.run(
+        [sys.executable, "-c", "from legato_pipelines.desktops import registry as r; "
+         "print(r.names()); print('toyep' in r._REGISTRY); print(r.get('toyep').summary)"],
+        cwd=tmp_path, env=dict(os.environ) | env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    first, registered_early, summary = listed.stdout.splitlines()
+    assert "'toyep'" in first and registered_early == "False"
+    assert summary == "a scratch module's backend"
+
+
+# --- options are checked by the registry, before a backend's code runs -----------------------
+
+
+@pytest.fixture
+def lax():
+    """A backend whose opener and support check nothing: they record that they ran."""
+    ran: list[str] = []
+
+    async def open_lax(config, n, first=0):
+        ran.append("open")
+        return await open_toys(config, n, first)
+
+    def support(options, desktops):
+        ran.append("support")
+        return BackendSupport()
+
+    register(
+        BackendSpec(
+            name="lax",
+            summary="checks no option itself",
+            open=open_lax,
+            options=ToyOptions,
+            capabilities=lambda options: Capabilities(scratch=False, task_checks="fake"),
+            support=support,
+        )
+    )
+    yield ran
+    unregister("lax")
+
+
+def test_the_registry_checks_options_before_the_backends_code_runs(lax, policy_server, tmp_path):
+    """A backend that never calls ``check_options`` still gets its options checked: opening,
+    the support check and collect refuse a bad one with a ``ConfigError`` naming the option,
+    the backend and the fix (no raw ValidationError), before the backend's code runs and
+    before a run directory is written."""
+    bad = DesktopConfig(backend="lax", options={"reward": "abc"})
+    message = "desktop option 'reward' of the lax backend: .*got 'abc' \\(fix: --desktop-option"
+    with pytest.raises(ConfigError, match=message):
+        asyncio.run(open_desktops(bad, 1))
+    with pytest.raises(ConfigError, match="not lax-backend options.*fix: --desktop-option"):
+        backend_support("lax", {"colour": 1})
+    with pytest.raises(ConfigError, match=message):
+        with warm_up(bad):
+            pass
+    assert lax == []
+    policy = PolicyConfig(base_url=policy_server.url, model=policy_server.model, version="v1")
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=message):
+        collect(fake_tasks(1), policy, out, desktop=bad, max_steps=1)
+    assert lax == [] and not out.exists()
+
+
+@pytest.mark.slow
+def test_collect_refuses_a_bad_fake_option_before_run_json(policy_server, tmp_path):
+    """``legato collect --desktop-option latency=abc`` (the fake backend's option is a mapping)
+    exits 2 naming the option, the backend and the fix, with nothing written (it used to leave
+    run.json and an empty rollouts.jsonl)."""
+    out = tmp_path / "run"
+    tasks = _tasks_file(tmp_path)
+    done = _legato("collect", "--tasks", str(tasks), "--desktop-option", "latency=abc",
+                   "--policy-url", policy_server.url, "--model", policy_server.model,
+                   "--version", "v1", "--out", str(out), "--no-progress", env={"PYTHONPATH": str(REPO_ROOT)}, cwd=tmp_path)  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode == 2, said
+    assert (
+        "desktop option 'latency' of the fake backend" in said and "fix: --desktop-option" in said
+    )
+    assert "Traceback" not in said
+    assert not out.exists()

@@ -443,3 +443,25 @@ def test_a_bad_number_option_is_refused_before_a_run_directory_exists(tmp_path, 
     assert message in said and "fix: --desktop-option" in said
     assert "Traceback" not in said
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("bogus=1", "desktop options ['bogus'] are not local-backend options"),
+        ("urls=notalist", "desktop option 'urls' of the local backend"),
+    ],
+)
+def test_tasks_check_refuses_the_options_collect_refuses(option, message):
+    """``tasks check --backend local --desktop-option bogus=1`` exited 0 while collect refused
+    the option; both now take the registry's one check (exit 2, the option and the fix). With
+    no ``--backend``, an option no checked backend has is refused too."""
+    bad = legato("examples/tasks/local/tasks.json", "--backend", "local",
+                 "--desktop-option", option, "--totals-only")  # fmt: skip
+    said = bad.stdout + bad.stderr
+    assert bad.returncode == 2, said
+    assert message in said and "fix: --desktop-option" in said
+    if option == "bogus=1":
+        every = legato("examples/tasks/local/tasks.json", "--desktop-option", option,
+                       "--totals-only")  # fmt: skip
+        assert every.returncode == 2 and message in every.stdout + every.stderr

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..desktops.registry import BUILTIN, capabilities, get, names
+from ..desktops.registry import BUILTIN, capabilities, check_options, get, names
 from ..desktops.support import backend_support
 from ..errors import ConfigError, TaskListError
 from ..osworld_format import TaskClass, classify_task, summarize
@@ -157,11 +157,21 @@ def _support(backend: str | None, cache_dir: Path | None, desktop_option: list[s
         options["cache_dir"] = cache_dir
     if backend is not None:
         return backend_support(backend, options, desktops=desktops)
-    # every verdict kind at once: the local kind's support with the osworld kind's grader
+    # every verdict kind at once: the local kind's support with the osworld kind's grader;
+    # each backend checks (backend_support) the options it has, and one no backend has is
+    # refused by the first one's check
     kinds = {capabilities(name).task_checks: name for name in reversed(names())}
-    local = backend_support(kinds["local"], options, desktops=desktops)
-    osworld = backend_support(kinds["osworld"], options).osworld_grader
-    return local.model_copy(update={"osworld_grader": osworld})
+    local, osworld = kinds["local"], kinds["osworld"]
+    known = set(get(local).options.model_fields) | set(get(osworld).options.model_fields)
+    if set(options) - known:
+        check_options(local, options)  # raises, naming the option, the backend and the fix
+
+    def own(name: str) -> dict:
+        return {k: v for k, v in options.items() if k in get(name).options.model_fields}
+
+    support = backend_support(local, own(local), desktops=desktops)
+    grader = backend_support(osworld, own(osworld)).osworld_grader
+    return support.model_copy(update={"osworld_grader": grader})
 
 
 @tasks_app.command("check")
@@ -246,9 +256,13 @@ def check_command(
     name = None  # the backend asked for, and the verdict kind that checks its tasks
     if backend is not None:
         name = backend.strip().lower()  # any case, as collect's --backend and LEGATO_BACKEND
-        if name not in names():
-            fail(f"--backend {backend!r}: use one of {', '.join(names())}")
-        kind = capabilities(name).task_checks
+        try:  # a plugin that does not load (LEGATO_BACKEND_MODULES, entry points): say which
+            known = names()
+            if name not in known:
+                fail(f"--backend {backend!r}: use one of {', '.join(known)}")
+            kind = capabilities(name).task_checks
+        except ConfigError as exc:
+            fail(str(exc))
     if osworld_provider is not None:
         from ..desktops.osworld_worker.options import PROVIDERS
 

@@ -42,9 +42,10 @@ def warm_up(
     objects (OSWorld format), whose metric and getter modules the graders' template imports
     before it forks the workers. Raises ``ConfigError`` when an option names what is not there
     (as opening the desktops would)."""
-    from .registry import get
+    from .registry import check_options, get
 
     spec = get(config.backend)
+    check_options(config.backend, config.options)  # the registry's one check, first
     if spec.warm_up is None:
         return contextlib.nullcontext()
     return spec.warm_up(config, evaluators)
@@ -60,10 +61,13 @@ async def open_desktops(config: DesktopConfig, n: int, first: int = 0) -> list[D
     capabilities say ``opens_late`` take it (``ConfigError`` otherwise). The first call of a
     batch (``first`` 0) of a backend whose desktops leave scratch directories
     (``Capabilities.scratch``) removes the temp folder's directories that killed legato
-    processes left (:func:`.scratch.sweep`)."""
-    from .registry import get
+    processes left (:func:`.scratch.sweep`). ``config.options`` are checked against the
+    backend's options model first (:func:`.registry.check_options`: ``ConfigError`` naming
+    the option, the backend and the fix), before its opener runs."""
+    from .registry import check_options, get
 
     spec = get(config.backend)
+    check_options(config.backend, config.options)
     capabilities = spec.capabilities(config.options)
     if first and not capabilities.opens_late:
         raise ConfigError(

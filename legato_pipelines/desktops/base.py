@@ -217,9 +217,9 @@ class DesktopConfig(BaseModel):
 def check_options(config: DesktopConfig) -> BaseModel:
     """``config.options`` as its backend's options model (:meth:`.registry.BackendSpec.check_options`).
     Raises ``ConfigError`` naming the options the backend does not know, or a wrong value."""
-    from .registry import get
+    from .registry import check_options as registry_check
 
-    return get(config.backend).check_options(config.options)
+    return registry_check(config.backend, config.options)
 
 
 def screenshot_of(png: bytes, name: str, kind: str = "observe") -> Screenshot:

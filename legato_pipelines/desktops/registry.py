@@ -10,13 +10,18 @@ to write a backend.
 
 The built-in backends' modules are imported on the first look-up (:data:`BUILTIN`), so that
 importing this module costs nothing: the desktop server and ``legato``'s first line
-(``desktops/early.py``) import it without pydantic.
+(``desktops/early.py``) import it without pydantic. Backends of other packages come in as
+plugins, loaded on the first look-up of a name that is not built in: the modules named by
+the environment variable ``LEGATO_BACKEND_MODULES`` (comma-separated, each imported once; it
+calls :func:`register`) and the Python entry points of group :data:`ENTRY_POINT_GROUP`
+(name: the backend's, value: its module, or a :class:`BackendSpec` in it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -44,6 +49,16 @@ BUILTIN: dict[str, str] = {
     "local": ".backends.local",
     "osworld": ".backends.osworld",
 }
+
+#: The environment variable naming the modules (comma-separated, importable from
+#: ``sys.path``/``PYTHONPATH``) that register backends of their own when imported: a backend
+#: written outside any package (a scratch module) becomes usable from the command line.
+MODULES_ENV = "LEGATO_BACKEND_MODULES"
+
+#: The entry-point group of backends of other packages (``[project.entry-points.
+#: "legato_pipelines.backends"] toy = "toy_pkg.backend"``): name -> a module that registers
+#: the backend when imported, or a :class:`BackendSpec` object (registered when loaded).
+ENTRY_POINT_GROUP = "legato_pipelines.backends"
 
 #: Backends that start processes on ``legato``'s first line (``desktops/early.py``): name ->
 #: a module (below ``legato_pipelines.desktops``) whose ``templates_for(options)`` lists them,
@@ -121,7 +136,9 @@ class BackendSpec:
 
     def check_options(self, options: Mapping[str, Any]) -> BaseModel:
         """``options`` as the backend's options model. Raises ``ConfigError`` naming the options
-        it does not know (with the allowed names) or the first wrong value (field, error)."""
+        it does not know (with the allowed names) or the first wrong value (field, error, the
+        value given), each with the fix. The registry calls it before a backend's ``open``,
+        ``support`` or ``warm_up`` (:func:`check_options`), so a backend need not."""
         from pydantic import ValidationError
 
         allowed = self.options.model_fields
@@ -129,7 +146,8 @@ class BackendSpec:
         if unknown:
             raise ConfigError(
                 f"desktop options {sorted(unknown)} are not {self.name}-backend options; "
-                f"allowed: {sorted(allowed)}"
+                f"allowed: {sorted(allowed)} (fix: --desktop-option KEY=VALUE, or "
+                f"LEGATO_BACKEND_OPTIONS, with one of those KEYs)"
             )
         try:
             return self.options.model_validate(dict(options))
@@ -137,7 +155,9 @@ class BackendSpec:
             error = exc.errors()[0]
             field = ".".join(str(p) for p in error["loc"])
             raise ConfigError(
-                f"desktop option {field!r} of the {self.name} backend: {error['msg']}"
+                f"desktop option {field!r} of the {self.name} backend: {error['msg']}, got "
+                f"{error.get('input')!r} (fix: --desktop-option {error['loc'][0]}=JSON of "
+                f"that type)"
             ) from None
 
 
@@ -164,22 +184,93 @@ def _load_builtin(name: str) -> None:
         importlib.import_module(module, __package__)
 
 
+_IMPORTED: set[str] = set()  # the modules of MODULES_ENV imported so far
+
+
+def _load_env_modules() -> None:
+    """Import each module named by :data:`MODULES_ENV` not imported yet (it registers its
+    backends). Raises ``ConfigError`` naming a module that does not import."""
+    for module in os.environ.get(MODULES_ENV, "").split(","):
+        module = module.strip()
+        if not module or module in _IMPORTED:
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - any failure of a plugin: say which
+            raise ConfigError(
+                f"{MODULES_ENV}: module {module!r} does not import: {type(exc).__name__}: {exc} "
+                f"(fix: put its directory on PYTHONPATH, or remove it from {MODULES_ENV})"
+            ) from exc
+        _IMPORTED.add(module)
+
+
+def _entry_points() -> list:
+    from importlib.metadata import entry_points
+
+    return [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in BUILTIN]
+
+
+def _load_entry_point(name: str) -> None:
+    """Load the entry point ``name`` of :data:`ENTRY_POINT_GROUP`, if there is one: importing
+    its module registers the backend; a :class:`BackendSpec` it names is registered here.
+    Raises ``ConfigError`` naming the entry point when it does not load."""
+    for ep in _entry_points():
+        if ep.name != name or name in _REGISTRY:
+            continue
+        try:
+            loaded = ep.load()
+        except Exception as exc:  # noqa: BLE001 - any failure of a plugin: say which
+            raise ConfigError(
+                f"backend {name!r} (entry point {ep.value!r} of group {ENTRY_POINT_GROUP}) does "
+                f"not load: {type(exc).__name__}: {exc} (fix: reinstall its package)"
+            ) from exc
+        if isinstance(loaded, BackendSpec):
+            register(loaded)
+
+
+def _load(name: str) -> None:
+    """Make backend ``name`` registered if some source has it: built in, then the modules of
+    :data:`MODULES_ENV`, then the entry points (each looked at only while it is missing)."""
+    _load_builtin(name)
+    if name not in _REGISTRY:
+        _load_env_modules()
+    if name not in _REGISTRY:
+        _load_entry_point(name)
+
+
 def names() -> tuple[str, ...]:
-    """Every backend's name: the built-in ones, then those registered since, in order."""
+    """Every backend's name: the built-in ones, then those registered since (the modules of
+    :data:`MODULES_ENV` imported), then the entry points' not loaded yet, in order."""
     for name in BUILTIN:
         _load_builtin(name)
-    return tuple(BUILTIN) + tuple(name for name in _REGISTRY if name not in BUILTIN)
+    _load_env_modules()
+    registered = tuple(BUILTIN) + tuple(name for name in _REGISTRY if name not in BUILTIN)
+    plugins = tuple(dict.fromkeys(ep.name for ep in _entry_points() if ep.name not in _REGISTRY))
+    return registered + plugins
 
 
 def get(name: str) -> BackendSpec:
-    """The backend ``name``. Raises ``ConfigError`` naming the known backends."""
-    _load_builtin(name)
+    """The backend ``name`` (built in, registered, or a plugin's: :data:`MODULES_ENV`,
+    :data:`ENTRY_POINT_GROUP`). Raises ``ConfigError`` naming the known backends, or a plugin
+    that does not load."""
+    _load(name)
     spec = _REGISTRY.get(name)
     if spec is None:
         raise ConfigError(
-            f"desktop.backend: unknown backend {name!r} (use one of: {', '.join(names())})"
+            f"desktop.backend: unknown backend {name!r} (use one of: {', '.join(names())}; "
+            f"a backend of your own: {MODULES_ENV}=MODULE or an entry point of group "
+            f"{ENTRY_POINT_GROUP}, docs/backends.md)"
         )
     return spec
+
+
+def check_options(name: str, options: Mapping[str, Any] | None) -> BaseModel:
+    """Backend ``name``'s ``options`` as its options model (:meth:`BackendSpec.check_options`):
+    the one check every way in takes (``open_desktops``, ``warm_up``, ``backend_support``:
+    collect's preflight and ``legato tasks check``) before the backend's own code runs and
+    before anything of a run is written. Raises ``ConfigError`` naming the option, the backend
+    and the fix (or the unknown backend)."""
+    return get(name).check_options(dict(options or {}))
 
 
 def capabilities(name: str, options: Mapping[str, Any] | None = None) -> Capabilities:

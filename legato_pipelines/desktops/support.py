@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..osworld_format.classify import BackendSupport
-from .registry import get
+from .registry import check_options, get
 
 
 def backend_support(
@@ -24,7 +24,10 @@ def backend_support(
     ``desktops`` desktops open at once (collect's runners + spares): the backend's own
     ``support`` (:class:`.registry.BackendSpec`). Every backend's includes the file cache of
     option ``cache_dir``, by default ``legato osworld cache``'s directory
-    (``osworld_format.sources.file_cache_dir``). Raises ``ConfigError`` for an unknown
-    backend, or a bad option naming the option and its allowed values.
+    (``osworld_format.sources.file_cache_dir``). The options are checked against the
+    backend's options model first (:func:`.registry.check_options`), so collect's preflight
+    and ``legato tasks check`` refuse the same options before anything is written. Raises
+    ``ConfigError`` for an unknown backend, or a bad option naming the option and the fix.
     """
+    check_options(backend, options)
     return get(backend).support(dict(options or {}), desktops)
