@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -110,15 +111,19 @@ def _env_choice(
     name: str,
     resource: type[dg.ConfigurableResource],
     field: str,
-    choices: tuple[str, ...] | None = None,
+    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None,
 ) -> str | None:
     """The variable's value if it is one of ``choices`` (default: the resource field's
-    ``Literal`` choices), ``None`` when unset; raises ``ConfigError`` naming the variable and
-    the valid values otherwise (instead of a pydantic error about the field that never
-    mentions the variable)."""
+    ``Literal`` choices; a function: called only when the variable is set, as
+    :func:`.desktops.registry.names`, which imports the plugins of
+    ``LEGATO_BACKEND_MODULES``), ``None`` when unset; raises ``ConfigError`` naming the
+    variable and the valid values otherwise (instead of a pydantic error about the field that
+    never mentions the variable)."""
     raw = os.environ.get(name)
     if not raw:
         return None
+    if callable(choices):
+        choices = choices()
     if choices is None:
         choices = get_args(resource.model_fields[field].annotation)
     folded = {c.lower(): c for c in choices}
@@ -183,7 +188,7 @@ def default_resources() -> dict[str, dg.ConfigurableResource]:
             **env_settings(LoadSpec),
         ),
         "desktops": DesktopPoolResource(
-            backend=_env_choice("LEGATO_BACKEND", DesktopPoolResource, "backend", names())
+            backend=_env_choice("LEGATO_BACKEND", DesktopPoolResource, "backend", names)
             or DEFAULT_BACKEND,
             desktops=_env_int("LEGATO_DESKTOPS", 4),
             options=_env_json("LEGATO_BACKEND_OPTIONS"),
