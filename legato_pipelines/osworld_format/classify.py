@@ -527,7 +527,7 @@ def _web_problems(
                 "no recorded archive",
                 f"opens live websites ({', '.join(live[:3]) or 'proxy: true'}) and the web"
                 f" archive {archive} holds no recording of it ({task_id}.flows) (fix: `legato"
-                " web record` the task into it, or drop --web replay)",
+                " web record` the task into it, or run it live: web=live)",
             ))  # fmt: skip
         live, proxy = [], False  # the archive serves them
     if google:
