@@ -49,3 +49,29 @@ def test_inline_configs_keep_the_desktop_defaults(tmp_path):
     plain = DesktopConfig(backend="local")
     assert for_tasks(plain, _inline_tasks(tmp_path)) == (plain, {})
     assert (plain.screen_width, plain.screen_height) == (1280, 720)
+
+
+async def test_the_engine_applies_them_and_records_them_in_the_knobs(tmp_path):
+    from legato_pipelines.policy.config import PolicyConfig
+    from legato_pipelines.policy.scripted import ScriptedPolicyServer
+    from legato_pipelines.rollout.engine import collect_async
+
+    done = (
+        'Action: done.\n<tool_call>\n{"name": "computer_use", "arguments": '
+        '{"action": "terminate", "status": "success"}}\n</tool_call>'
+    )
+    out = tmp_path / "run"
+    with ScriptedPolicyServer(flavor="vllm", script={"default": [done]}) as policy:
+        _osworld_tasks(tmp_path)  # writes tasks.json
+        await collect_async(
+            tmp_path / "tasks.json",
+            PolicyConfig(base_url=policy.url, model=policy.model),
+            out,
+            desktops=1,
+            group=1,
+            max_steps=1,
+            desktop=DesktopConfig(backend="fake"),
+            osworld=OSWORLD,
+        )
+    knobs = json.loads((out / "run.json").read_text())["knobs"]
+    assert knobs["osworld_defaults"] == {"screen": "1920x1080"}
