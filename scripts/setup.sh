@@ -40,6 +40,8 @@ APT_PACKAGES=(
   # certutil: the desktops' Chromium trusts the web recorder's CA (and web_ca) through an NSS
   # database in the baseline HOME (desktops/server/recorder.py)
   libnss3-tools
+  # bwrap: the web recorder's mitmdump runs confined (desktops/server/recorder.py): 0.1 MB
+  bubblewrap
   # the sandbox escape tests build a small /etc/ld.so.preload library (tests/test_desktop_sandbox_escapes.py)
   gcc libc6-dev
   # scale-out proof (Postgres run storage, Redis broker for Celery run workers)

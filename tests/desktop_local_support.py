@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
@@ -42,17 +43,52 @@ def local_subset(tmp_path: Path) -> Path:
     return path
 
 
+_SHARED: dict[str, RunningServer] = {}
+"""The running shared servers, by :func:`server_fixture`'s arguments."""
+_KEYS: dict[int, str] = {}
+"""``id`` of each fixture :func:`server_fixture` made -> its arguments."""
+
+
 def server_fixture(width: int = 1024, height: int = 768, **kwargs):
-    """A module-scoped ``server`` fixture: one :class:`RunningServer` for the module's tests
-    (assign it to a module attribute named ``server``)."""
+    """A module-scoped ``server`` fixture (assign it to a module attribute named ``server``):
+    one :class:`RunningServer` for the module's tests, shared with the other modules that ask
+    for the same arguments. It starts when the first of them needs it and stops after the last
+    of them in this session's run (or when it died); its tests reset the desktop before use
+    (:func:`client_fixture`), as they did between tests of one module. A test that needs a
+    server of its own starts one (``RunningServer(...)``)."""
+    key = repr((width, height, sorted(kwargs.items())))
 
-    @pytest.fixture(scope="module")
-    def server():
-        running = RunningServer(width, height, **kwargs)
+    def server(request):
+        running = _SHARED.get(key)
+        if running is None or running.proc.poll() is not None:
+            if not _SHARED:
+                atexit.register(stop_shared_servers)  # a run ended early: nothing outlives it
+            running = _SHARED[key] = RunningServer(width, height, **kwargs)
         yield running
-        running.stop()
+        if running.proc.poll() is not None or not _needed_later(request, key):
+            _SHARED.pop(key, None)
+            running.stop()
 
-    return server
+    fixture = pytest.fixture(scope="module", name="server")(server)
+    _KEYS[id(fixture)] = key
+    return fixture
+
+
+def _needed_later(request, key: str) -> bool:
+    """Whether a test of a later module of this run uses a ``server`` fixture of ``key``."""
+    items = request.session.items
+    mine = [i for i, item in enumerate(items) if item.module is request.module]
+    for item in items[max(mine, default=len(items)) + 1 :]:
+        fixture = getattr(item.module, "server", None)
+        if "server" in item.fixturenames and _KEYS.get(id(fixture)) == key:
+            return True
+    return False
+
+
+def stop_shared_servers() -> None:
+    """Stop every shared server still running."""
+    while _SHARED:
+        _SHARED.popitem()[1].stop()
 
 
 def client_fixture():

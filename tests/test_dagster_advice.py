@@ -85,6 +85,7 @@ def test_advice_names_env_vars_resource_and_run_config_fields_once_each():
     )
 
 
+@pytest.mark.slow
 def test_a_dead_policy_url_in_a_run_names_the_dagster_setting(tmp_path, tasks_file):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -96,6 +97,7 @@ def test_a_dead_policy_url_in_a_run_names_the_dagster_setting(tmp_path, tasks_fi
     assert message.endswith("(in Dagster: LEGATO_POLICY_URL / the policy resource's base_url)")
 
 
+@pytest.mark.slow
 def test_a_missing_task_file_in_a_run_names_the_run_config_and_the_variable(
     tmp_path, policy_server
 ):
@@ -107,6 +109,7 @@ def test_a_missing_task_file_in_a_run_names_the_run_config_and_the_variable(
     assert "(in Dagster: LEGATO_TASKS / the rollout_batch run config's tasks)" in message
 
 
+@pytest.mark.slow
 def test_a_run_without_legato_policy_url_fails_at_once_naming_it(tmp_path, tasks_file, monkeypatch):
     monkeypatch.delenv("LEGATO_POLICY_URL", raising=False)
     policy = default_resources()["policy"]  # the code location still loads without it
@@ -118,6 +121,7 @@ def test_a_run_without_legato_policy_url_fails_at_once_naming_it(tmp_path, tasks
     assert not (tmp_path / "lake" / "runs").exists()  # nothing collected, no desktop started
 
 
+@pytest.mark.slow
 def test_a_partition_already_collecting_fails_the_second_run_clearly(
     tmp_path, tasks_file, policy_server
 ):

@@ -76,6 +76,7 @@ def _metadata(result, asset: str) -> dict:
     return events[0].materialization.metadata
 
 
+@pytest.mark.slow
 def test_partition_materializes_lake_views_lineage_and_checks(
     tmp_path, policy_server, tasks_file, no_policy_key
 ):
@@ -184,6 +185,7 @@ def test_partition_materializes_lake_views_lineage_and_checks(
         assert all(c.passed for c in checks.values())
 
 
+@pytest.mark.slow
 def test_rematerializing_a_partition_resumes_its_run_directory(
     tmp_path, policy_server, tasks_file, no_policy_key
 ):
@@ -204,6 +206,7 @@ def test_rematerializing_a_partition_resumes_its_run_directory(
         ) == {second.run_id}
 
 
+@pytest.mark.slow
 def test_a_policy_outage_fails_the_batch_and_rematerializing_resumes_it(
     tmp_path, policy_server, tasks_file, no_policy_key
 ):
@@ -245,6 +248,7 @@ def test_a_policy_outage_fails_the_batch_and_rematerializing_resumes_it(
         assert profile(run_dir)["groups"] == {"total": 3, "closed": 3}
 
 
+@pytest.mark.slow
 def test_policy_key_reaches_the_server_but_no_event(tmp_path, tasks_file, monkeypatch):
     monkeypatch.setenv(API_KEY_ENV, SECRET)
     with (
@@ -284,6 +288,7 @@ def test_policy_resource_exposes_key_only_while_collecting(monkeypatch):
     assert SECRET not in config.model_dump_json()
 
 
+@pytest.mark.slow
 def test_unknown_partition_is_refused(tmp_path, policy_server, tasks_file):
     with dg.instance_for_test() as instance, pytest.raises(dg.DagsterUnknownPartitionError):
         dg.materialize(

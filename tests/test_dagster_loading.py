@@ -59,6 +59,7 @@ def _run(instance, request, policy, lake_root, tasks_file, raise_on_error=True):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flavor", "load", "make"),
     [("vllm", "lora", adapter), ("sglang", "weights", weights), ("sglang", "lora", adapter)],
@@ -132,6 +133,7 @@ def test_sensor_runs_load_each_checkpoint_and_rows_carry_the_weights(
         assert "no new policy version" in _tick(instance, cursor, source, policy).skip_message
 
 
+@pytest.mark.slow
 def test_load_failure_fails_the_run_before_any_desktop_with_the_servers_words(
     tmp_path, tasks_file, monkeypatch, no_policy_key
 ):
@@ -158,6 +160,7 @@ def test_load_failure_fails_the_run_before_any_desktop_with_the_servers_words(
         assert "(in Dagster: LEGATO_POLICY_LOAD / the policy resource's load" in error
 
 
+@pytest.mark.slow
 def test_external_refuses_to_start_when_the_server_does_not_list_the_version(
     tmp_path, tasks_file, no_policy_key
 ):
@@ -184,6 +187,7 @@ def test_external_refuses_to_start_when_the_server_does_not_list_the_version(
         assert instance.get_run_by_id(run.run_id).tags[LOAD_TAG] == "external: verified"
 
 
+@pytest.mark.slow
 def test_reexecution_keeps_lineage_and_refuses_a_changed_checkpoint(
     tmp_path, tasks_file, no_policy_key
 ):
@@ -244,6 +248,7 @@ def test_sensor_names_folders_that_are_waiting(tmp_path, no_policy_key):
         assert "step-1 (no READY marker yet)" in skip.skip_message
 
 
+@pytest.mark.slow
 def test_lake_rows_say_which_weights_were_proven(tmp_path, tasks_file, no_policy_key):
     """load_mode and load_proof tell proven rows from rows of a run that loaded nothing
     (load none: checkpoint_path / fingerprint are what the run was told, unproven); legato
@@ -296,6 +301,7 @@ def test_lake_rows_say_which_weights_were_proven(tmp_path, tasks_file, no_policy
     }
 
 
+@pytest.mark.slow
 def test_models_source_with_a_slash_in_the_model_id_verifies_the_model_it_calls(
     tmp_path, tasks_file, no_policy_key
 ):
@@ -341,6 +347,7 @@ def test_models_source_with_a_slash_in_the_model_id_verifies_the_model_it_calls(
         assert instance.get_run_by_id(run.run_id).tags[LOAD_TAG] == "external: verified"
 
 
+@pytest.mark.slow
 def test_a_bad_weights_route_fails_the_run_naming_the_variable(tmp_path, tasks_file):
     path = weights(tmp_path / "ckpts", "step-1")
     with dg.instance_for_test() as instance:
@@ -398,6 +405,7 @@ def test_load_choices_are_case_insensitive_and_new_settings_reach_the_spec(monke
     assert (spec.mode, spec.server, spec.timeout, spec.wait) == ("lora", "sglang", 90.0, 0.0)
 
 
+@pytest.mark.slow
 def test_the_readme_pool_setting_is_a_valid_instance_setting(tmp_path, repo_root):
     """docs/dagster.md: one collection at a time with `dagster instance concurrency set
     legato_collection 1` (dagster.yaml's pools take only default_limit): the command runs
@@ -424,11 +432,41 @@ def test_the_readme_pool_setting_is_a_valid_instance_setting(tmp_path, repo_root
         assert info.slot_count == 1
 
 
+def _materialize_collection(instance_ref, version, tasks, act, delay, policy, lake) -> bool:
+    """One collect run of the instance at ``instance_ref`` in its own process, as Dagster
+    runs them (two in-process ``materialize`` calls on threads deadlock in ``logging``: Dagster
+    re-runs ``logging.config.dictConfig`` per run while the other run's handlers log)."""
+    import time
+
+    time.sleep(delay)
+    with dg.DagsterInstance.from_ref(instance_ref) as instance:
+        result = dg.materialize(
+            [ASSETS[0]],  # rollout_batch: the collection
+            partition_key=version,
+            instance=instance,
+            resources={
+                "policy": PolicyResource(**policy),
+                "desktops": DesktopPoolResource(
+                    backend="fake", desktops=1, options={"latency": {"act": act}}
+                ),
+                "lake": LakeResource(root=lake),
+            },
+            run_config={
+                "ops": {"rollout_batch": {"config": {"tasks": tasks, "group": 2, "max_steps": 3}}}
+            },
+            raise_on_error=False,
+        )
+        return result.success
+
+
+@pytest.mark.slow
 def test_two_weights_runs_at_once_on_one_server_take_turns_under_dagster(tmp_path, no_policy_key):
-    """Two collect runs of a real instance at once (the pool allows two), both load full
-    weights into one server: the second waits for the first's collection (the server's weights
-    lock), so every request of each run is answered by its own version's weights."""
-    import threading
+    """Two collect runs of a real instance at once (the pool allows two), each in its own
+    process as Dagster runs them, both load full weights into one server: the second waits for
+    the first's collection (the server's weights lock), so every request of each run is
+    answered by its own version's weights."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
     ckpts = tmp_path / "ckpts"
     for version in ("step-1", "step-2"):
@@ -450,50 +488,43 @@ def test_two_weights_runs_at_once_on_one_server_take_turns_under_dagster(tmp_pat
                 ]
             )
         )
+    home = tmp_path / "dagster"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     with (
         ScriptedPolicyServer(flavor="sglang", record_bodies=True) as server,
-        dg.instance_for_test() as instance,
+        dg.DagsterInstance.from_config(str(home)) as instance,
     ):
-        policy = PolicyResource(
+        policy = dict(
             base_url=server.url, model=server.model, load="weights", checkpoint_root=str(ckpts)
         )
         instance.add_dynamic_partitions(policy_versions.name, ["step-1", "step-2"])
-        results = {}
-
-        def materialize(version, label, act, delay):
-            import time
-
-            time.sleep(delay)
-            results[version] = dg.materialize(
-                [ASSETS[0]],  # rollout_batch: the collection
-                partition_key=version,
-                instance=instance,
-                resources={
-                    "policy": policy,
-                    "desktops": DesktopPoolResource(
-                        backend="fake", desktops=1, options={"latency": {"act": act}}
-                    ),
-                    "lake": LakeResource(root=str(tmp_path / "lake")),
-                },
-                run_config={
-                    "ops": {
-                        "rollout_batch": {
-                            "config": {"tasks": str(tasks[label]), "group": 2, "max_steps": 3}
-                        }
-                    }
-                },
-                raise_on_error=False,
-            )
-
-        threads = [
-            threading.Thread(target=materialize, args=("step-1", "a", 0.2, 0)),
-            threading.Thread(target=materialize, args=("step-2", "b", 0.0, 1.0)),
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=180)
-        assert results["step-1"].success and results["step-2"].success
+        lake = str(tmp_path / "lake")
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(2, mp_context=spawn) as pool:
+            runs = {
+                "step-1": pool.submit(
+                    _materialize_collection,
+                    instance.get_ref(),
+                    "step-1",
+                    str(tasks["a"]),
+                    0.2,
+                    0.0,
+                    policy,
+                    lake,
+                ),
+                "step-2": pool.submit(
+                    _materialize_collection,
+                    instance.get_ref(),
+                    "step-2",
+                    str(tasks["b"]),
+                    0.0,
+                    1.0,
+                    policy,
+                    lake,
+                ),
+            }
+            assert runs["step-1"].result(timeout=300) and runs["step-2"].result(timeout=300)
         served = {}
         for r in server.chat_requests:
             label = r.body.split(b"Task of run ")[1][:1].decode()

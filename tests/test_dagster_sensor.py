@@ -111,6 +111,7 @@ def test_many_old_checkpoints_are_requested_a_tick_at_a_time(tmp_path):
         assert isinstance(_evaluate(instance, second.cursor, source), dg.SkipReason)
 
 
+@pytest.mark.slow
 def test_models_source_requests_new_model_ids_with_the_model_in_run_config():
     with ScriptedPolicyServer(
         flavor="vllm", model="org/policy-lora-12", api_key="k-sensor"
@@ -129,6 +130,7 @@ def test_models_source_requests_new_model_ids_with_the_model_in_run_config():
             assert isinstance(_evaluate(instance, None, other, policy), dg.SkipReason)
 
 
+@pytest.mark.slow
 def test_models_source_says_what_to_fix_when_the_server_refuses_or_is_down():
     """A wrong key (401) or no server: the skip reason is the CLI's message (``fix: set
     LEGATO_POLICY_KEY`` / ``fix --policy-url``), never a raw httpx traceback, never the key."""

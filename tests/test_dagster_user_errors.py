@@ -23,6 +23,7 @@ def _demo(tmp_path, *args: str):
     return out, text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
@@ -91,6 +92,7 @@ def test_the_sensor_without_a_checkpoints_directory_skips_saying_what_to_set(mon
             assert "LEGATO_CHECKPOINT_SOURCE=models" in result.skip_message
 
 
+@pytest.mark.slow
 def test_a_partition_added_by_hand_with_an_invalid_key_fails_before_collecting(tmp_path):
     # The UI or add_dynamic_partitions accept any key; the run names it and the fix at once.
     from legato_pipelines.assets import ASSETS, policy_versions
@@ -135,6 +137,7 @@ def test_collect_refuses_an_invalid_version_key_naming_the_flag(tmp_path):
     assert "(fix: use 'step-5_lr-3e-6')" in text and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_bad_knob_in_the_run_config_is_the_clis_config_error(tmp_path):
     """Run config ``{"group": 0}`` fails in the step with the ConfigError the CLI gives
     (the knob, its rule, the fix, the Dagster setting), not pydantic's raw ValidationError."""

@@ -96,6 +96,7 @@ def deploy_env(monkeypatch, postgres):
     return apply
 
 
+@pytest.mark.slow
 @needs_postgres
 @pytest.mark.parametrize("name", DEPLOYMENTS)
 def test_each_instance_loads_with_postgres_queue_and_its_launcher(tmp_path, deploy_env, name):
@@ -145,6 +146,7 @@ def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @needs_postgres
 def test_dagster_instance_info_under_the_celery_instance(tmp_path, postgres):
     home = instance_home(tmp_path, "celery")
@@ -154,6 +156,7 @@ def test_dagster_instance_info_under_the_celery_instance(tmp_path, postgres):
     assert "PostgresRunStorage" in info.stdout and "CeleryRunLauncher" in info.stdout
 
 
+@pytest.mark.slow
 @needs_postgres
 @pytest.mark.parametrize("name", DEPLOYMENTS)
 def test_definitions_load_under_each_deployment(tmp_path, postgres, name):
@@ -245,6 +248,7 @@ def test_helm_values_agree_with_the_instance_they_render():
         pytest.skip("helm present: run `helm lint` with the dagster chart (not vendored)")
 
 
+@pytest.mark.slow
 def test_compose_file_wires_the_code_server_the_workspace_and_the_run_env():
     compose = load(DEPLOY / "docker" / "docker-compose.yaml")
     ws = load(DEPLOY / "docker" / "workspace.yaml")["load_from"][0]["grpc_server"]

@@ -140,6 +140,7 @@ def test_records_carry_timed_out_per_action_and_reset(policy_server, tmp_path):
     assert Wait(1.0).timed_out is None
 
 
+@pytest.mark.slow
 def test_profile_lake_and_report_count_reset_timeouts(policy_server, tmp_path):
     """A reset whose ready wait hit its cap (``reset.timed_out``) is counted apart from the
     actions' (``reset_timeouts``): in the profile, ``legato profile``, the lake's profile row,

@@ -93,6 +93,7 @@ async def test_the_warm_up_takes_over_the_server_template_started_early():
     assert started.popen.poll() is not None  # stopped by its new owner, and reaped
 
 
+@pytest.mark.slow
 async def test_the_warm_up_takes_over_the_graders_template_importing_already():
     """:meth:`WorkerTemplate.ready` adopts the worker started with ``--preload``: the same
     process, desktop_env imported before the template was asked to (its ``preload`` answer
@@ -180,6 +181,7 @@ async def test_the_warm_up_stops_templates_started_early_that_it_did_not_take(tm
         assert taken.popen.poll() is None  # the server template, now the warm-up's
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_a_signal_during_the_cli_imports_stops_the_templates(tmp_path, signum):
     """``legato collect --backend local`` stopped by SIGTERM, SIGHUP or Ctrl-C while it

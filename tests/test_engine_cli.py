@@ -70,6 +70,7 @@ def collect_args(server, tasks, out, *extra):
     ]
 
 
+@pytest.mark.slow
 def test_kill_9_mid_batch_then_resume(policy_server, tmp_path):
     tasks = write_tasks(tmp_path / "tasks.json", 8)
     out = tmp_path / "run"
@@ -108,6 +109,7 @@ def test_kill_9_mid_batch_then_resume(policy_server, tmp_path):
     assert set(oks.values()) == {1} and len(oks) == 24  # no logical attempt has two ok records
 
 
+@pytest.mark.slow
 def test_export_and_profile_commands(policy_server, tmp_path):
     tasks = write_tasks(tmp_path / "tasks.json", 2)
     out = tmp_path / "run"
@@ -208,6 +210,7 @@ def test_bad_input_names_the_field(policy_server, tmp_path):
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_secret_key_never_written(tmp_path):
     from legato_pipelines.policy.scripted import Faults, ScriptedPolicyServer
 
@@ -266,6 +269,7 @@ def test_a_key_in_the_policy_url_query_is_refused_and_never_echoed(policy_server
     assert not policy_server.requests and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_hung_calls_are_cut_and_profiled(tmp_path):
     from legato_pipelines.policy.scripted import Faults, ScriptedPolicyServer
 
@@ -319,6 +323,7 @@ def test_output_paths_and_unusable_batches_are_clear(tmp_path):
     assert res.returncode == 2 and "--out" in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_export_never_overwrites_its_run_and_failed_batches_exit_nonzero(policy_server, tmp_path):
     from legato_pipelines.policy.scripted import Faults, ScriptedPolicyServer
 
@@ -338,6 +343,7 @@ def test_export_never_overwrites_its_run_and_failed_batches_exit_nonzero(policy_
     assert res.returncode == 1 and "no attempt was graded" in res.stderr
 
 
+@pytest.mark.slow
 def test_a_policy_outage_exits_1_saying_how_to_resume_and_the_resume_completes(
     policy_server, tmp_path
 ):
@@ -378,6 +384,7 @@ def test_a_policy_outage_exits_1_saying_how_to_resume_and_the_resume_completes(
     assert "incomplete" not in done.stderr
 
 
+@pytest.mark.slow
 def test_calls_that_time_out_count_as_hung(tmp_path):
     from legato_pipelines.policy.scripted import Faults, ScriptedPolicyServer
 
@@ -444,6 +451,7 @@ def test_backend_any_case_and_screen_bounds_name_the_flag(policy_server, tmp_pat
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_mid_batch_says_how_to_resume(policy_server, tmp_path, signum):
     """SIGTERM (``kill``, a scheduler stopping the job) and SIGHUP (its terminal closed) stop

@@ -77,6 +77,7 @@ def watched_pool(n: int, **options) -> tuple[list[Watched], dict]:
     return [Watched(config, i, log) for i in range(n)], log
 
 
+@pytest.mark.slow
 def test_spares_take_the_reset_off_the_critical_path_with_the_same_rewards(policy_server, tmp_path):
     """2 runners + 2 spares against 2 runners alone, same tasks and seeds: the same rewards;
     with spares the next desktop is reset while the policy works (reset 0.4 s, each model call
@@ -508,6 +509,7 @@ class AppStarts(FakeDesktop):
         return await super().reset(task, seed=seed)
 
 
+@pytest.mark.slow
 def test_a_spare_starts_a_heavy_app_early_and_light_attempts_keep_their_order(
     policy_server, tmp_path, monkeypatch
 ):
@@ -674,6 +676,7 @@ def light_then_calc(policy_server, tmp_path, monkeypatch, light: int, calc: int)
     return records, calc_records, LongCalc.resets
 
 
+@pytest.mark.slow
 def test_an_idle_light_preparation_is_given_up_for_a_heavy_start_nothing_prepares(
     policy_server, tmp_path, monkeypatch
 ):

@@ -317,6 +317,7 @@ def test_a_partition_deleted_while_collecting_keeps_the_records_and_names_lake_d
     assert lake.versions("rollouts") == [] and lake.versions("samples") == []
 
 
+@pytest.mark.slow
 def test_a_partition_deleted_before_a_table_is_written_writes_nothing(tmp_path, monkeypatch):
     import dagster as dg
 

@@ -187,6 +187,7 @@ def _writer(root: str, version: str, rounds: int) -> None:
         lake.refresh_views()
 
 
+@pytest.mark.slow
 def test_concurrent_partitions_never_collide_on_duckdb(tmp_path):
     lake = Lake(tmp_path / "lake")
     ctx = mp.get_context("fork")

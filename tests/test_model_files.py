@@ -170,6 +170,7 @@ def test_resume_refuses_other_model_files(policy_server, tmp_path):
         RunWriter(out).check({**meta, "model_files": other})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["", "/models/step-7"])
 def test_gap_check_exists_only_with_a_gap_model(model):
     code = (

@@ -523,6 +523,7 @@ def test_the_liveness_probe_asks_the_vm_server_for_no_screenshot():
     assert seen == [("/cursor_position", "Bearer vm-token")]
 
 
+@pytest.mark.slow
 def test_installing_a_recipe_that_is_there_runs_no_pip(python, monkeypatch, tmp_path):
     """``legato osworld install`` on a venv whose ``legato-recipe.json`` holds the recipe's
     pip steps exactly runs no pip: a second pip run re-resolved the recipes, printed pip's

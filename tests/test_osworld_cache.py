@@ -330,6 +330,7 @@ def test_task_lists_load_as_other_commands_take_them():
     assert len(small) == 39 and small.tasks[0].source.startswith(f"osworld:{OSWORLD}")
 
 
+@pytest.mark.slow
 def test_cli_size_mismatch_fails_that_file_and_lands_the_others(task_set, hub, tmp_path):
     liar = sorted(hub.files)[0]
     hub.lie = {liar: 100}

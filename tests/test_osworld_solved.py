@@ -10,9 +10,10 @@ nothing: the evaluators grade the script's work, not the setup. The files the ta
 and the gold files they are compared against are built by ``files.py`` and served from the file
 cache, offline.
 
-By default each backend runs :data:`SUBSET`, a few tasks of every domain (about 2 x 4 minutes
-on 2 cores); ``LEGATO_ORACLE_FULL=1`` runs the whole list (about 2 x 15 minutes on 2 cores),
-as ``python examples/tasks/osworld_solved/run.py`` does.
+By default each backend runs :data:`SUBSET`, a few tasks of every domain: 4 min (local) and
+5.5 min (osworld) on 2 cores under load 15 (measured with a full run of the suite beside it).
+``LEGATO_ORACLE_FULL=1`` runs the whole list, as ``python examples/tasks/osworld_solved/run.py``
+does: about 11 and 17 minutes, too long for CI's 45-minute budget of the whole test suite.
 
 ``osworld``: OSWorld's DesktopEnv, SetupController and evaluators in the venv, driving local
 desktop servers (``--osworld-provider local``). ``local``: the local backend's own reset,

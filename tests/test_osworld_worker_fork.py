@@ -358,6 +358,7 @@ async def test_spawned_and_forked_workers_watch_the_collector_they_serve(python,
         await asyncio.gather(a.stop(5), b.stop(5), tmpl.stop(5))
 
 
+@pytest.mark.slow
 def test_a_worker_whose_collector_was_killed_ends_though_its_pipe_stays_open(python):
     """A collector killed with SIGKILL: its worker ends at once, without waiting for its
     protocol to break (here another process still holds its stdin open, as DesktopEnv's retry

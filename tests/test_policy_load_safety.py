@@ -381,6 +381,7 @@ def test_a_refused_key_while_loading_says_set_the_key(
     assert SECRET not in message and (key is None or key not in message)
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_bad_weights_route_and_takes_the_new_load_flags(tmp_path, no_policy_key):
     from tests.test_engine_cli import collect_args, legato, write_tasks
 

@@ -315,6 +315,7 @@ def test_scripted_routes_speak_each_flavor(tmp_path):
     asyncio.run(asyncio.sleep(0))
 
 
+@pytest.mark.slow
 def test_legato_collect_load_flags(tmp_path, no_policy_key):
     from tests.test_engine_cli import collect_args, legato, write_tasks
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from legato_pipelines import reference
 from legato_pipelines.rollout.settings import CollectSettings
 
@@ -22,6 +24,7 @@ def _clean_env() -> dict[str, str]:
     return env | {"PYTHONPATH": str(REPO_ROOT)}
 
 
+@pytest.mark.slow
 def test_the_committed_reference_pages_are_the_generated_ones():
     done = subprocess.run(
         [sys.executable, "-m", "legato_pipelines.reference", "--check"],
@@ -34,6 +37,7 @@ def test_the_committed_reference_pages_are_the_generated_ones():
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow
 def test_the_check_names_a_stale_or_missing_page(tmp_path):
     reference.write_pages(tmp_path)
     assert reference.stale_pages(tmp_path) == []

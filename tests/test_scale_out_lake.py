@@ -98,6 +98,7 @@ def lake_files(lake: Lake) -> list[str]:
     return sorted(str(p.relative_to(lake.root)) for p in lake.root.rglob("*") if p.is_file())
 
 
+@pytest.mark.slow
 def test_partitions_and_duckdb_views_behave_the_same_on_s3_and_local(lake, tmp_path):
     runs = {v: fill(lake, tmp_path, v, seed=i) for i, v in enumerate(("step-1", "step-2"))}
     assert lake.versions("rollouts") == ["step-1", "step-2"]
@@ -170,6 +171,7 @@ def test_run_directories_travel_between_hosts(s3, tmp_path, monkeypatch):
     assert len(read_records(Lake(s3 + "/lake").pull_run("step-1"))) == len(run["records"]) + 2
 
 
+@pytest.mark.slow
 def test_a_new_lake_uses_the_endpoint_set_now_not_one_cached_earlier(s3, tmp_path, monkeypatch):
     """A long-lived process (or the next test module) reconfigures AWS_ENDPOINT_URL: a lake
     opened afterwards talks to the new endpoint, not to fsspec's cached instance of the old."""

@@ -5,14 +5,23 @@ archive with the site stopped and lists what the archive lacks."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 
-from legato_pipelines.desktops.server.recorder import CA_CERT, WebRecorder, ca_dir, mitmdump
+from legato_pipelines.desktops.server.recorder import (
+    CA_CERT,
+    RECORDER_UID,
+    WebRecorder,
+    ca_dir,
+    mitmdump,
+    web_venv,
+)
 from tests.web_standin import NAME, TITLE, make_ca, serve_standin
 
 pytestmark = [
@@ -83,6 +92,61 @@ def _get(port: int, path: str) -> tuple[str, str]:
     return status, body
 
 
+def _mitmdump_pid(pid: int) -> int:
+    """The mitmdump process among ``pid`` and its descendants (the recorder may wrap it)."""
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        if "mitmdump" in Path(f"/proc/{current}/cmdline").read_bytes().split(b"\0")[1].decode():
+            return current
+        for task in os.listdir(f"/proc/{current}/task"):
+            todo += map(int, Path(f"/proc/{current}/task/{task}/children").read_text().split())
+    raise AssertionError(f"no mitmdump under process {pid}")
+
+
+def _assert_confined(pid: int, tmp_path: Path) -> None:
+    """The recorder's process ``pid``: the recorder's uid, no capability, no_new_privs, mount
+    and pid namespaces of its own, and, acting as it (its uid, groups, capabilities, mount
+    namespace), it writes none of the host's root-owned files and reads not the CA key."""
+    status = dict(
+        line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    assert status["Uid"].split() == [str(RECORDER_UID)] * 4
+    assert status["Gid"].split() == [str(RECORDER_UID)] * 4
+    assert status["Groups"].strip() == ""
+    for caps in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert status[caps] == "0000000000000000", caps
+    assert status["NoNewPrivs"] == "1"
+    for ns in ("mnt", "pid", "ipc", "uts"):
+        assert os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}"), ns
+    assert os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net")
+    # what it sees of the host: root's home holds only the venv's path, no CA folder, no tests
+    root = Path(f"/proc/{pid}/root")
+    assert not (root / str(ca_dir()).lstrip("/")).exists()
+    assert not (root / str(tmp_path).lstrip("/")).exists()
+    assert not (root / "run").exists() and not (root / "home").exists()
+    # acting as it: writes to host root-owned places (its venv, visible; a root-owned folder
+    # of the host's, 0755, not visible) and reads of the CA key all fail
+    host_dir = tmp_path / "root-owned"
+    host_dir.mkdir()
+    os.chmod(host_dir, 0o755)
+    uid, gid = status["Uid"].split()[0], status["Gid"].split()[0]
+    as_it = ["nsenter", f"--target={pid}", "--mount", "--", "setpriv", f"--reuid={uid}"]
+    as_it += [f"--regid={gid}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]
+    as_it += ["--no-new-privs", "--", "sh", "-c"]
+    targets = [web_venv() / "legato-probe", host_dir / "probe", Path("/etc/legato-probe")]
+    try:
+        for target in targets:
+            subprocess.run([*as_it, f"echo x > {target}"], capture_output=True, timeout=30)
+            assert not target.exists(), f"the recorder wrote {target}"
+        key = ca_dir() / "mitmproxy-ca.pem"
+        done = subprocess.run([*as_it, f"cat {key}"], capture_output=True, timeout=30)
+        assert done.returncode != 0 and b"PRIVATE KEY" not in done.stdout
+    finally:
+        for target in targets:
+            target.unlink(missing_ok=True)
+
+
 def test_recorded_through_the_upstream_proxy_then_replayed_without_the_site(tmp_path):
     ca, cert, key = make_ca(tmp_path / "ca")
     archive = tmp_path / "archive"
@@ -115,12 +179,8 @@ def test_recorded_through_the_upstream_proxy_then_replayed_without_the_site(tmp_
     replay = WebRecorder("replay", archive, tmp_path / "work2", _free_port())
     try:
         assert replay.begin("shop", None)["archived"] is True
-        # mitmdump parses what the desktop sends: root without any capability
-        status = dict(
-            line.split(":\t", 1)
-            for line in open(f"/proc/{replay._proc.pid}/status").read().splitlines()
-        )
-        assert status["CapEff"] == status["CapBnd"] == "0000000000000000"
+        # mitmdump parses what the desktop sends: confined (docs/sandbox.md §4)
+        _assert_confined(_mitmdump_pid(replay._proc.pid), tmp_path)
         status, body = _get(replay.port, "/page")
         assert status == "200" and f"<title>{TITLE}</title>" in body
         assert _get(replay.port, "/fresh?1")[0] == "404"
@@ -129,5 +189,46 @@ def test_recorded_through_the_upstream_proxy_then_replayed_without_the_site(tmp_
         replay.begin("other", None)
         assert _get(replay.port, "/page")[0] == "404"
         assert replay.misses() == [{"method": "GET", "url": f"https://{NAME}/page"}]
+    finally:
+        replay.end()
+
+
+def _output(pid: int, option: str) -> Path:
+    """Where the recorder's process ``pid`` writes the file of its command line's ``option``
+    (``-w`` or ``legato_misses=``), seen from the host through its own root."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    inside = next(
+        argv[i + 1] if arg == option else arg.split("=", 1)[1]
+        for i, arg in enumerate(argv)
+        if arg == option or arg.startswith(option)
+    )
+    return Path(f"/proc/{pid}/root") / inside.lstrip("/")
+
+
+def test_the_server_follows_no_link_the_recorder_plants(tmp_path):
+    """A compromised recorder replaces its outputs by links to host files: the server (root)
+    reads none of them into the misses or the archive."""
+    secret = tmp_path / "secret"
+    secret.write_text('{"method": "SECRET", "url": "root-only"}\n')
+    os.chmod(secret, 0o600)
+    archive = tmp_path / "archive"
+    recorder = WebRecorder("record", archive, tmp_path / "work", _free_port())
+    try:
+        recorder.begin("shop", None)
+        flows = _output(_mitmdump_pid(recorder._proc.pid), "-w")
+        flows.unlink(missing_ok=True)
+        flows.symlink_to(secret)
+        recorder.end()
+    finally:
+        recorder.end()
+    saved = archive / "shop.flows"
+    assert not saved.exists() or b"SECRET" not in saved.read_bytes()
+    replay = WebRecorder("replay", archive, tmp_path / "work2", _free_port())
+    try:
+        replay.begin("other", None)
+        misses = _output(_mitmdump_pid(replay._proc.pid), "legato_misses=")
+        misses.unlink(missing_ok=True)
+        misses.symlink_to(secret)
+        assert replay.misses() == []
     finally:
         replay.end()

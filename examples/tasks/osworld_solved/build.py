@@ -52,6 +52,9 @@ WAIT = qwen_response("Wait for GIMP to finish starting.", {"action": "wait", "ti
 #: VLC's preferences dialog draws its pages lazily; on loaded cores the first click can land
 #: before the page is there, so the scripts wait a second before clicking in it.
 VLC_PREFS = [
+    # the middle of the screen is VLC's video area on any screen size (OSWorld's own VLC setups
+    # click there): on the osworld backend VLC's window was once not focused, and Ctrl+P was lost
+    click(SCREEN[0] // 2, SCREEN[1] // 2, "Click VLC's window to focus it."),
     key("ctrl", "p", what="Open VLC's Simple Preferences (Tools > Preferences)."),
     qwen_response("Wait for the preferences dialog.", {"action": "wait", "time": 1}),
 ]
@@ -74,10 +77,10 @@ OPEN_TERMINAL = key("ctrl", "alt", "t", what="Open a terminal with Ctrl+Alt+T.")
 
 
 def terminal(*commands: str) -> list[str]:
-    """Open a terminal (:data:`OPEN_TERMINAL`), give it 2 s more than the desktop's wait for it
-    (at most 5 s: on a loaded machine it came later, and the first command went to the app
-    below), then :func:`shell`."""
-    settle = qwen_response("Wait for the terminal.", {"action": "wait", "time": 2})
+    """Open a terminal (:data:`OPEN_TERMINAL`), give it 4 s more than the desktop's wait for it
+    (at most 5 s: on a loaded machine it came up to 8 s after the key, and the first command
+    went to the app below), then :func:`shell`."""
+    settle = qwen_response("Wait for the terminal.", {"action": "wait", "time": 4})
     return [OPEN_TERMINAL, settle, *shell(*commands)]
 
 
@@ -667,6 +670,13 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "1334ca3e-f9e3-4db8-9ca7-b4c653be7d17",
         "calc",
         [
+            # a zoom alone leaves the document unmodified, and Calc does not save an unmodified
+            # document: type into an empty cell (F1) and delete it again first
+            *[key("right") for _ in range(4)],
+            key("right", what="Go to F1, an empty cell."),
+            type_("x\n", "Type into it."),
+            key("up"),
+            key("delete", what="Empty it again: the data is as it was, the document modified."),
             *command_search("Zoom"),
             wait(1, "Wait for the Zoom dialog (its Variable field has the focus)."),
             key("ctrl", "a"),
@@ -690,6 +700,9 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
     ),
 ]
 
+
+#: run.py's ``--image-max``: the longest script the scripted server follows to its end.
+IMAGE_MAX = 40
 
 #: The apps whose documents a setup opens; their scripts start with :data:`LO_READY`.
 LIBREOFFICE = ("writer", "calc", "impress")
@@ -719,6 +732,9 @@ def instruction(domain: str, task_id: str) -> str:
 def main() -> None:
     tasks = [entry(domain, task_id) for domain, task_id, _, _ in SOLVED]
     scripts = {instruction(d, t): script(app, responses) for d, t, app, responses in SOLVED}
+    longest = max(len(responses) for responses in scripts.values())
+    if longest > IMAGE_MAX:  # run.py's --image-max: the scripted server would repeat a step
+        raise SystemExit(f"a script has {longest} responses, more than run.py's {IMAGE_MAX}")
     (HERE / "tasks.json").write_text(json.dumps(tasks, indent=2, ensure_ascii=False) + "\n")
     (HERE / "scripts" / "solve.json").write_text(
         json.dumps({"tasks": scripts}, indent=2, ensure_ascii=False) + "\n"

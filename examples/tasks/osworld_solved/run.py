@@ -44,6 +44,12 @@ OSWORLD = REPO / "tests" / "data" / "osworld"
 
 #: The solving scripts (``build.py`` writes them).
 SOLVE = HERE / "scripts" / "solve.json"
+#: Screenshots kept in the prompt (collect's ``--image-max``, default 20). The scripted server
+#: knows a task's step by the assistant turns in the request, and a prompt keeps one per kept
+#: screenshot: with 20, step 20 and later were answered as step 19, so a script of more than 20
+#: responses never reached its end (two LibreOffice scripts of 21). ``build.py`` keeps every
+#: script within it.
+IMAGE_MAX = 40
 #: The do-nothing policy: every task's first answer ends the attempt as done.
 NOTHING = {"default": [qwen_response("Done.", {"action": "terminate", "status": "success"})]}
 
@@ -59,12 +65,12 @@ def _sibling(name: str):
 def select(entries: list[dict], only: list[str]) -> list[dict]:
     """The task list entries whose domain or task id prefix is in ``only`` (all when empty).
 
-    Raises ``SystemExit`` (status 2) naming a selector that matches no task."""
+    Raises ``ValueError`` naming a selector that matches no task."""
     if not only:
         return entries
     for selector in only:
         if not any(e["domain"] == selector or e["task_id"].startswith(selector) for e in entries):
-            raise SystemExit(f"--only {selector!r}: no task has that domain or id prefix")
+            raise ValueError(f"--only {selector!r}: no task has that domain or id prefix")
     return [e for e in entries if any(e["domain"] == s or e["task_id"].startswith(s) for s in only)]
 
 
@@ -160,7 +166,7 @@ def run_suite(
     tasks_json.write_text(json.dumps(entries, indent=2) + "\n")
     cache = out / "cache"
     fill(cache, list(load_tasks(tasks_json, osworld=OSWORLD)), desktops)
-    args = ["--desktops", str(desktops), *collect_args]
+    args = ["--desktops", str(desktops), "--image-max", str(IMAGE_MAX), *collect_args]
     solved, solved_s = collect_pass(SOLVE, tasks_json, out / "solve", cache, args)
     idle, idle_s = (
         collect_pass(NOTHING, tasks_json, out / "nothing", cache, args) if nothing else ({}, 0.0)
@@ -198,7 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-nothing", action="store_true", help="no do-nothing pass")
     args = parser.parse_args(argv)
 
-    entries = select(json.loads((HERE / "tasks.json").read_text()), args.only)
+    try:
+        entries = select(json.loads((HERE / "tasks.json").read_text()), args.only)
+    except ValueError as error:
+        parser.error(str(error))  # exit status 2
     out = args.out or Path(tempfile.mkdtemp(prefix="oracle-suite-"))
     collect_args = ["--backend", args.backend, "--max-steps", str(args.max_steps)]
     if args.osworld_provider:

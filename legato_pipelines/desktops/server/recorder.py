@@ -15,12 +15,24 @@ Modes (desktop option ``web``, server flag ``--web``):
   (:mod:`.web_addon`) answers 404 to what the archive lacks and lists it: the attempt's
   misses (:meth:`WebRecorder.misses`).
 
-``mitmdump`` runs on the host, as root without capabilities (``setpriv``: the web venv lives
-in root's cache), in the desktop's network namespace (``nsenter --net``: its sandbox's own, or
-the host's for ``network=host``), listening on ``127.0.0.1:<port>`` there; the desktop's
-``google-chrome`` gets ``--proxy-server`` to it and trusts the recorder's CA (an NSS database
-in the baseline HOME: :func:`trust_cas`). The CA lives in ``legato_cache("web-ca")`` (root's,
-0700), made once by mitmproxy itself; its key never enters the sandbox.
+``mitmdump`` parses every byte the desktop's Chromium (and so a possibly hostile policy) sends,
+so it runs confined (docs/sandbox.md §7): in the desktop's network namespace
+(``nsenter --net``: its sandbox's own, or the host's for ``network=host``), listening on
+``127.0.0.1:<port>`` there, under ``bwrap`` (bubblewrap; :func:`confined_argv`) in mount, pid,
+IPC and UTS namespaces of its own whose root is a read-only tmpfs holding read-only ``/usr``,
+``/etc``, the web venv and its base interpreter's prefix (at their own paths), a private copy
+of the CA (``/legato/conf``, root's, readable by the recorder's group, not writable), its
+inputs (``/legato/in``: the addon, the trusted bundle, the task's archive file copied), its own
+``/proc``, ``/dev`` (bwrap's: null, zero, random...), ``/tmp`` and, writable, only
+``/legato/out`` (the attempt's ``flows`` and ``misses.jsonl``); as :data:`RECORDER_UID` /
+:data:`RECORDER_GID` (no account, not root, not the graders' 65537, outside the sandboxes' uid
+map), no supplementary group, no capability (bounding set empty), ``no_new_privs`` (``setpriv``
+inside). ``/root``, ``/home``, ``/run``, the archive folder and the host CA's folder are not
+there. The server (root) reads what it wrote without following links (:func:`_open_regular`).
+The desktop's ``google-chrome`` gets ``--proxy-server`` to it and trusts the recorder's CA (an
+NSS database in the baseline HOME: :func:`trust_cas`). The CA lives in
+``legato_cache("web-ca")`` (root's, 0700), made once by mitmproxy itself; its key never enters
+the desktop's sandbox.
 
 Stdlib only (the desktop server imports it): mitmproxy runs in its own venv
 (``scripts/web_venv.sh``, ``LEGATO_WEB_VENV``, default ``legato_cache("web-venv")``).
@@ -32,10 +44,13 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from ...user_cache import legato_cache
 
@@ -46,6 +61,18 @@ START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 MODES = ("live", "record", "replay")
 ADDON = Path(__file__).with_name("web_addon.py")
+#: The recorder's user and group: no account of the host's, not root, not the graders'
+#: (``GRADER_UID`` 65537: a recorder flaw reaches no grader's files or processes), outside the
+#: sandboxes' identity map (``0 0 65536``), so no sandbox process is ever them.
+RECORDER_UID = 65538
+RECORDER_GID = 65538
+#: Host directories bound read-only at their own paths inside the recorder's mount namespace;
+#: ``/bin``, ``/lib``... follow as links where the host has them as links (merged /usr).
+READ_ONLY = ("/usr", "/etc")
+TOP_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+#: The recorder's own folders inside its mount namespace (under the server's ``work``:
+#: ``conf``, ``in``, ``out``).
+INSIDE = Path("/legato")
 
 
 class RecorderError(RuntimeError):
@@ -140,6 +167,7 @@ class WebRecorder:
         self.upstream, self.hosts, self.trusted = upstream, dict(hosts or {}), list(trusted)
         self.task: str | None = None
         self._proc: subprocess.Popen | None = None
+        self._pid: int | None = None
 
     def begin(self, task_id: str, netns_pid: int | None) -> dict:
         """End the running attempt (:meth:`end`) and start ``mitmdump`` for ``task_id`` in the
@@ -153,47 +181,60 @@ class WebRecorder:
             raise RecorderError(
                 f"desktop option web={self.mode}: mitmproxy is not installed in {web_venv()} (fix: scripts/web_venv.sh)"
             )
-        confdir = ca_dir()
+        if shutil.which("bwrap") is None:
+            raise RecorderError(
+                f"desktop option web={self.mode}: the recorder runs under bwrap (apt-get install bubblewrap)"
+            )
+        conf, inputs, out = (self.work / name for name in ("conf", "in", "out"))
         self.work.mkdir(parents=True, exist_ok=True)
         os.chmod(self.work, 0o700)
-        for name in ("flows", "misses.jsonl", "trusted.pem"):
-            (self.work / name).unlink(missing_ok=True)
+        for folder in (conf, inputs, out):
+            if folder.exists():
+                shutil.rmtree(folder)  # never follows the recorder's links
+        _private_copy(ca_dir(), conf)
+        inputs.mkdir(mode=0o750)
+        os.chown(inputs, 0, RECORDER_GID)
+        _read_only_copy(ADDON.read_bytes(), inputs / ADDON.name)
+        out.mkdir(mode=0o700)
+        os.chown(out, RECORDER_UID, RECORDER_GID)
         argv = [str(exe), "-q", "--listen-host", "127.0.0.1", "--listen-port", str(self.port)]
-        argv += ["--set", f"confdir={confdir}", "-s", str(ADDON)]
+        argv += ["--set", f"confdir={INSIDE / 'conf'}", "-s", str(INSIDE / "in" / ADDON.name)]
         argv += ["--set", f"legato_hosts={json.dumps(self.hosts)}"]
         if self.trusted:
-            bundle = self.work / "trusted.pem"
             system = Path("/etc/ssl/certs/ca-certificates.crt")
             parts = [system.read_bytes()] if system.is_file() else []
-            bundle.write_bytes(b"\n".join(parts + [Path(p).read_bytes() for p in self.trusted]))
-            argv += ["--set", f"ssl_verify_upstream_trusted_ca={bundle}"]
+            parts += [Path(p).read_bytes() for p in self.trusted]
+            _read_only_copy(b"\n".join(parts), inputs / "trusted.pem")
+            argv += ["--set", f"ssl_verify_upstream_trusted_ca={INSIDE / 'in' / 'trusted.pem'}"]
         archived = False
         if self.mode == "record":
-            argv += ["-w", str(self.work / "flows")]
+            argv += ["-w", str(INSIDE / "out" / "flows")]
             if self.upstream:
                 argv += ["--mode", f"upstream:{self.upstream}"]
         else:
             archived = flows.is_file()
             if archived:
-                argv += ["--server-replay", str(flows)]
+                # a copy: the archive folder stays out of the recorder's reach
+                _read_only_copy(flows.read_bytes(), inputs / "replay.flows")
+                argv += ["--server-replay", str(INSIDE / "in" / "replay.flows")]
             argv += ["--set", "server_replay_extra=forward", "--set", "server_replay_reuse=true"]
             # a site of web_hosts was recorded at its mapped port (mitmproxy takes the
             # request's port from the server address); the Host header still names it
             argv += ["--set", "server_replay_ignore_port=true"]
             argv += ["--set", "connection_strategy=lazy", "--set", "upstream_cert=false"]
-            argv += ["--set", f"legato_misses={self.work / 'misses.jsonl'}"]
+            argv += ["--set", f"legato_misses={INSIDE / 'out' / 'misses.jsonl'}"]
         enter = ["nsenter", f"--net=/proc/{netns_pid}/ns/net"] if netns_pid else []
-        drop = ["setpriv", "--pdeathsig", "KILL", "--inh-caps=-all", "--bounding-set=-all", "--"]
         self._proc = subprocess.Popen(
-            [*enter, *drop, *argv],
+            [*enter, *confined_argv(self.work, argv)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
+        self._pid = None
         self.task = task_id
         deadline = time.monotonic() + START_TIMEOUT_S
-        while self.port not in _listening(self._proc.pid):
+        while (pid := _listener(self._proc.pid, self.port)) is None:
             if self._proc.poll() is not None:
                 err = self._proc.stderr.read().decode(errors="replace").strip()[-500:]
                 self._proc, self.task = None, None
@@ -204,26 +245,39 @@ class WebRecorder:
                     f"mitmdump did not listen on port {self.port} in {START_TIMEOUT_S:.0f} s"
                 )
             time.sleep(0.02)
+        self._pid = pid
         return {"mode": self.mode, "task": task_id, "archived": archived}
+
+    @property
+    def pid(self) -> int | None:
+        """The running attempt's ``mitmdump`` process id (in the host's pid namespace), or
+        ``None``."""
+        return self._pid if self._proc is not None else None
 
     def misses(self) -> list[dict]:
         """The running replay attempt's requests the archive did not answer (``{"method",
         "url"}``, in order); ``[]`` when recording or none ran."""
-        path = self.work / "misses.jsonl"
-        if self.mode != "replay" or self.task is None or not path.is_file():
+        if self.mode != "replay" or self.task is None:
             return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        with _open_regular(self.work / "out" / "misses.jsonl") as file:
+            text = file.read().decode(errors="replace") if file else ""
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def end(self) -> None:
         """Stop the running attempt's ``mitmdump`` (SIGTERM: mitmproxy writes and closes its
         flow file) and, recording, move its flows to ``ARCHIVE/<task>.flows`` (replacing the
         task's earlier recording; atomically). Nothing when none runs."""
-        proc, task = self._proc, self.task
-        self._proc = None
+        proc, task, pid = self._proc, self.task, self._pid
+        self._proc = self._pid = None
         if proc is None:
             return
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
+            # mitmdump alone: bwrap ends when it does (signalled too, bwrap would exit at once
+            # and its namespace's processes die with SIGKILL, the flow file unfinished)
+            try:
+                os.kill(pid, signal.SIGTERM) if pid else os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
             try:
                 proc.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
@@ -231,14 +285,105 @@ class WebRecorder:
                 proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
-        flows = self.work / "flows"
-        if self.mode == "record" and task is not None and flows.is_file():
-            target = archive_file(self.archive, task)
-            self.archive.mkdir(parents=True, exist_ok=True)
-            partial = target.with_name(f".{target.name}.partial")
-            shutil.copyfile(flows, partial)
-            os.replace(partial, target)
-            flows.unlink()
+        with _open_regular(self.work / "out" / "flows") as flows:
+            if self.mode == "record" and task is not None and flows is not None:
+                target = archive_file(self.archive, task)
+                self.archive.mkdir(parents=True, exist_ok=True)
+                partial = target.with_name(f".{target.name}.partial")
+                with open(partial, "wb") as copy:
+                    shutil.copyfileobj(flows, copy)
+                os.replace(partial, target)
+        (self.work / "out" / "flows").unlink(missing_ok=True)
+
+
+def confined_argv(work: Path, argv: Sequence[str]) -> list[str]:
+    """``bwrap`` + ``setpriv`` running ``argv`` (mitmdump's) confined (module docstring):
+    ``work/conf`` and ``work/in`` bound read-only at ``/legato/conf`` and ``/legato/in``,
+    ``work/out`` writable at ``/legato/out``; the web venv and its base interpreter's prefix
+    read-only at their own paths; no network option (the caller's namespace is kept)."""
+    venv = Path(os.path.abspath(web_venv()))  # at the path its scripts' #! lines name
+    base = Path(os.path.realpath(venv / "bin" / "python3")).parent.parent
+    cmd = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    cmd += ["--die-with-parent", "--new-session", "--clearenv"]
+    cmd += ["--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp"]
+    cmd += ["--setenv", "LANG", "C.UTF-8", "--tmpfs", "/"]
+    for top in READ_ONLY:
+        if os.path.isdir(top):
+            cmd += ["--ro-bind", top, top]
+    for top in TOP_LINKS:
+        if os.path.islink(top):
+            cmd += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            cmd += ["--ro-bind", top, top]
+    made: set[str] = set()
+    for path in (venv, base):
+        if any(path.is_relative_to(top) for top in READ_ONLY):
+            continue
+        for parent in reversed(path.parents[:-1]):  # /root, /root/.cache, ...: 0755, empty
+            if str(parent) not in made:
+                made.add(str(parent))
+                cmd += ["--perms", "0755", "--dir", str(parent)]
+        cmd += ["--ro-bind", os.path.realpath(path), str(path)]
+    cmd += ["--proc", "/proc", "--dev", "/dev"]
+    cmd += ["--perms", "1777", "--tmpfs", "/tmp", "--perms", "0755", "--dir", str(INSIDE)]
+    cmd += ["--ro-bind", str(work / "conf"), str(INSIDE / "conf")]
+    cmd += ["--ro-bind", str(work / "in"), str(INSIDE / "in")]
+    cmd += ["--bind", str(work / "out"), str(INSIDE / "out"), "--remount-ro", "/"]
+    cmd += ["setpriv", f"--reuid={RECORDER_UID}", f"--regid={RECORDER_GID}", "--clear-groups"]
+    cmd += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--", *argv]
+    return cmd
+
+
+def _private_copy(source: Path, target: Path) -> None:
+    """The CA folder's files copied into ``target`` (root's, readable by the recorder's
+    group, not writable by it: mitmproxy reads the key to sign the sites' certificates)."""
+    target.mkdir(mode=0o750)
+    os.chown(target, 0, RECORDER_GID)
+    for file in source.iterdir():
+        if file.is_file():
+            _read_only_copy(file.read_bytes(), target / file.name)
+
+
+def _read_only_copy(data: bytes, target: Path) -> None:
+    """``data`` written to ``target``, root's, mode 0440, group :data:`RECORDER_GID`."""
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o440)
+    with os.fdopen(fd, "wb") as file:
+        os.fchown(fd, 0, RECORDER_GID)
+        file.write(data)
+
+
+@contextmanager
+def _open_regular(path: Path) -> Iterator[BinaryIO | None]:
+    """``path`` opened for reading (binary) when it is a regular file, else ``None``: not a
+    link, fifo or device (the recorder names what is in its ``out`` folder; the server is
+    root)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        yield None
+        return
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        yield None
+        return
+    with os.fdopen(fd, "rb") as file:
+        yield file
+
+
+def _listener(pid: int, port: int) -> int | None:
+    """The process among ``pid`` and its descendants (``bwrap``'s init, ``mitmdump``)
+    listening on TCP ``port`` (IPv4), or ``None``."""
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        if port in _listening(current):
+            return current
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                todo += map(int, Path(f"/proc/{current}/task/{task}/children").read_text().split())
+        except OSError:
+            continue
+    return None
 
 
 def _listening(pid: int) -> set[int]:
