@@ -75,3 +75,18 @@ async def test_the_engine_applies_them_and_records_them_in_the_knobs(tmp_path):
         )
     knobs = json.loads((out / "run.json").read_text())["knobs"]
     assert knobs["osworld_defaults"] == {"screen": "1920x1080"}
+
+
+def test_the_dagster_desktop_pool_leaves_the_screen_to_the_task_set(tmp_path):
+    """``DesktopPoolResource`` with no screen set gives the engine an unset screen, so an
+    OSWorld task set runs at 1920x1080 under Dagster too; a screen set there is kept."""
+    from legato_pipelines.resources import DesktopPoolResource
+
+    tasks = _osworld_tasks(tmp_path)
+    desktop, _ = for_tasks(DesktopPoolResource(backend="fake").config(), tasks)
+    assert (desktop.screen_width, desktop.screen_height) == (1920, 1080)
+    inline = DesktopPoolResource(backend="fake").config()
+    assert for_tasks(inline, _inline_tasks(tmp_path))[0].screen_size == (1280, 720)
+    set_here = DesktopPoolResource(backend="fake", screen_width=1280, screen_height=720)
+    desktop, filled = for_tasks(set_here.config(), tasks)
+    assert (desktop.screen_width, desktop.screen_height, filled) == (1280, 720, {})
