@@ -28,6 +28,9 @@ APT_PACKAGES=(
   # AT-SPI behind /accessibility (desktops/server/accessibility.py): the accessibility bus and
   # pyatspi for the system python3: ~0.7 MB (at-spi2-core often there already)
   at-spi2-core python3-pyatspi
+  # the `vm` desktop session (desktops/server/vm_look.py): top bar and dock, Yaru theme and
+  # icons, Cantarell for the "Ubuntu" font
+  tint2 yaru-theme-gtk yaru-theme-icon fonts-cantarell
   # LibreOffice's GTK 3 front end: without it LibreOffice is not in the accessibility tree, and
   # tasks graded from the tree (Impress's slide pane) score 0 when solved (2.2 MB; issue 33)
   libreoffice-gtk3

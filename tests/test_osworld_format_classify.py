@@ -167,3 +167,9 @@ def test_a_misspelled_setup_parameter_is_a_counted_local_blocker():
     assert summarize([c]).top_local_blockers == {"setup step parameters": 1}
     fine = classify_task(inline([{"type": "execute", "parameters": {"command": "ls"}}]))
     assert "setup step parameters" not in fine.local_blockers
+    # a download the file cache lacks names a parameter's url too: it needs the internet, its
+    # parameters are right (the totals counted 264 OSWorld tasks as misspelled: newcomer)
+    download = {"files": [{"url": "https://example.org/a.docx", "path": "/home/user/a.docx"}]}
+    uncached = classify_task(inline([{"type": "download", "parameters": download}]))
+    assert "local" not in uncached.backends
+    assert "setup step parameters" not in uncached.local_blockers

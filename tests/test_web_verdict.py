@@ -121,6 +121,11 @@ def test_google_account_tasks_stay_refused_with_a_route_out(listening):
         ("ftp://10.0.0.5:21", "SCHEME://HOST:PORT"),
         ("http://10.0.0.5", "SCHEME://HOST:PORT"),
         ("http://10.0.0.5:3128/path", "no path"),
+        # no scheme: the credentials or a query's token must not be echoed either
+        ("user:s3cret@10.0.0.5:3128", "holds credentials"),
+        ("10.0.0.5:3128/?token=s3cret", "SCHEME://HOST:PORT"),
+        ("http://10.0.0.5:3128/?token=s3cret", "no path"),
+        ("http://[::1/s3cret", "not a valid URL"),
     ],
 )
 def test_a_bad_proxy_is_refused_by_name_and_never_echoes_a_password(value, needle):
@@ -175,6 +180,11 @@ def test_collect_web_flag_reaches_the_preflight(tmp_path):
         "--desktop-option",
         'cache_dir=""',
     ]
+    missing = CliRunner().invoke(app, [*argv, "--web", f"replay:{tmp_path / 'archive'}"])
+    assert missing.exit_code == 2  # no such folder: said so, not "no recording" per task
+    assert "is not a folder" in missing.output and "legato web record" in missing.output
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "archive").mkdir()
     out = CliRunner().invoke(app, [*argv, "--web", f"replay:{tmp_path / 'archive'}"])
     assert out.exit_code == 2
     assert f"holds no recording of it ({task_id}.flows)" in " ".join(out.output.split())

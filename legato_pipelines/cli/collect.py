@@ -67,11 +67,13 @@ def collect_command(
         ),
     ] = None,
     screen: Annotated[
-        str,
+        str | None,
         typer.Option(
-            "--screen", help="Screen size WIDTHxHEIGHT in pixels (fake and local desktops, VMs)."
+            "--screen",
+            help="Screen size WIDTHxHEIGHT in pixels (fake and local desktops, VMs); default"
+            " 1920x1080 for tasks of an OSWorld checkout or index, else 1280x720.",
         ),
-    ] = "1280x720",
+    ] = None,
     osworld_python: Annotated[
         Path | None,
         typer.Option(
@@ -139,16 +141,18 @@ def collect_command(
             retries=knobs.retries,
             **from_user(PolicyConfig, settings, "cli"),
         )
-        width, sep, height = screen.lower().partition("x")
-        if not (sep and width.isdigit() and height.isdigit()):
-            fail(f"--screen {screen!r}: use WIDTHxHEIGHT in pixels, e.g. 1920x1080")
+        size: dict[str, int] = {}  # unset: the default of the task set (desktops/task_defaults.py)
+        if screen is not None:
+            width, sep, height = screen.lower().partition("x")
+            if not (sep and width.isdigit() and height.isdigit()):
+                fail(f"--screen {screen!r}: use WIDTHxHEIGHT in pixels, e.g. 1920x1080")
+            size = {"screen_width": int(width), "screen_height": int(height)}
         backend = backend.strip().lower()  # as LEGATO_BACKEND: any case
         if backend not in names():
             fail(f"--backend {backend!r}: use one of {', '.join(names())}")
         desktop = DesktopConfig(
             backend=backend,
-            screen_width=int(width),
-            screen_height=int(height),
+            **size,
             ready_signal=knobs.ready_signal,
             fixed_wait=knobs.fixed_wait,
             fast_reset=knobs.fast_reset,

@@ -88,35 +88,37 @@ def _host_port(text: str, field: str, fix: str) -> tuple[str, int]:
 
 
 def proxy_url(value: Any) -> str | None:
-    """The proxy URL of desktop option ``proxy`` (``None``/``""``: none), checked: scheme one
-    of :data:`PROXY_SCHEMES`, a host and a port, no credentials, no path. Raises
-    ``ConfigError`` naming the option and the fix (never echoing a password)."""
+    """The proxy URL of desktop option ``proxy`` (or :data:`PROXY_ENV`; ``None``/``""``:
+    none), checked: scheme one of :data:`PROXY_SCHEMES`, a host and a port, no credentials,
+    no path or query. Raises ``ConfigError`` naming the option and the fix; the value itself
+    is never echoed (a URL without a scheme, ``user:pass@host:port``, or with a ``?token=``
+    query holds a secret the check cannot tell apart)."""
     if value in (None, ""):
         return None
+    field = f"desktop option 'proxy' (or {PROXY_ENV})"
+    fix = "fix: proxy=http://10.0.0.5:3128"
     if not isinstance(value, str):
+        raise ConfigError(f"{field} must be a URL string, got {type(value).__name__}")
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:  # a bad port, an unclosed [IPv6 bracket
+        raise ConfigError(f"{field} is not a valid URL: SCHEME://HOST:PORT ({fix})") from None
+    if parts.username is not None or parts.password is not None or "@" in value:
         raise ConfigError(
-            f"desktop option 'proxy' must be a URL string, got {type(value).__name__}"
-        )
-    parts = urlsplit(value)
-    if parts.username is not None or parts.password is not None:
-        raise ConfigError(
-            "desktop option 'proxy' holds credentials (user:password@): Chromium's"
+            f"{field} holds credentials (user:password@): Chromium's"
             " --proxy-server takes none and the desktop's processes would read them (fix: a"
             " proxy that needs no credentials from this host, e.g. a local forwarder)"
         )
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
     if parts.scheme not in PROXY_SCHEMES or not parts.hostname or port is None:
         raise ConfigError(
-            f"desktop option 'proxy' must be SCHEME://HOST:PORT with SCHEME one of"
-            f" {', '.join(PROXY_SCHEMES)}, got {value!r} (fix: proxy=http://10.0.0.5:3128)"
+            f"{field} must be SCHEME://HOST:PORT with SCHEME one of"
+            f" {', '.join(PROXY_SCHEMES)} (the value is not shown: it may hold a secret; {fix})"
         )
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise ConfigError(
-            f"desktop option 'proxy' must have no path or query, got {value!r}"
-            " (fix: proxy=http://10.0.0.5:3128)"
+            f"{field} must have no path or query (the value is not shown: it may hold a"
+            f" secret; {fix})"
         )
     return f"{parts.scheme}://{parts.netloc}"
 
@@ -146,6 +148,11 @@ def web_settings(options: dict[str, Any] | None) -> WebSettings:
     missing = [c for c in cas if not Path(str(c)).expanduser().is_file()]
     if missing:
         raise ConfigError(f"desktop option 'web_ca': no such PEM file {missing[0]!r}")
+    if mode == "replay" and not Path(archive).expanduser().is_dir():
+        raise ConfigError(
+            f"desktop option 'web': the replay archive {archive!r} is not a folder (fix: `legato"
+            f" web record TASKS --archive {archive}` first, or --web live)"
+        )
     return WebSettings(
         proxy=proxy_url(proxy),
         probe=_host_port(str(probe), "web_probe", "web_probe=example.org:443"),

@@ -440,7 +440,8 @@ def classify_task(task: Task, *, backend_support: BackendSupport | None = None) 
         name: task_problems(task, name, cache_dir=support.cache_dir, grader=graders[name])
         for name in BACKENDS
     }
-    if any(_STEP_PARAMETER.search(p) for p in problems["local"]):  # e.g. 'comand'
+    # e.g. 'comand'; not a download the file cache lacks (it names a parameter's url too)
+    if any(_STEP_PARAMETER.search(p) and "needs the internet" not in p for p in problems["local"]):
         local_blockers.append("setup step parameters")
     problems["local"] += [problem for _, problem in web] + _host_problems(
         missing_apps, "os" in apps and not (set(apps) & support.local_apps),
@@ -527,7 +528,7 @@ def _web_problems(
                 "no recorded archive",
                 f"opens live websites ({', '.join(live[:3]) or 'proxy: true'}) and the web"
                 f" archive {archive} holds no recording of it ({task_id}.flows) (fix: `legato"
-                " web record` the task into it, or drop --web replay)",
+                " web record` the task into it, or run it live: web=live)",
             ))  # fmt: skip
         live, proxy = [], False  # the archive serves them
     if google:

@@ -53,8 +53,16 @@ class DesktopPoolResource(dg.ConfigurableResource):
     token_env: str = Field(
         default=DEFAULT_TOKEN_ENV, description="Variable holding the token of the servers at urls."
     )
-    screen_width: int = _desktop_field("screen_width", "Pixels.")
-    screen_height: int = _desktop_field("screen_height", "Pixels.")
+    # None: the engine's default for the task set (desktops/task_defaults.py: OSWorld's
+    # tasks get the VM's 1920x1080), else DesktopConfig's
+    screen_width: int | None = Field(
+        default=None,
+        description="Pixels; unset: 1920 for OSWorld task sets, else DesktopConfig's default.",
+    )
+    screen_height: int | None = Field(
+        default=None,
+        description="Pixels; unset: 1080 for OSWorld task sets, else DesktopConfig's default.",
+    )
     eval_timeout: float = _desktop_field("eval_timeout", "Seconds an evaluation may take.")
     options: dict[str, Any] = Field(
         default_factory=dict,
@@ -80,10 +88,14 @@ class DesktopPoolResource(dg.ConfigurableResource):
         options = dict(self.options)
         if self.urls:
             options.update(urls=list(self.urls), token_env=self.token_env, local=self.desktops)
+        screen = {
+            name: value
+            for name, value in (
+                ("screen_width", self.screen_width),
+                ("screen_height", self.screen_height),
+            )
+            if value is not None  # unset: task_defaults.for_tasks may fill it in
+        }
         return DesktopConfig(
-            backend=self.backend,
-            screen_width=self.screen_width,
-            screen_height=self.screen_height,
-            eval_timeout=self.eval_timeout,
-            options=options,
+            backend=self.backend, eval_timeout=self.eval_timeout, options=options, **screen
         )

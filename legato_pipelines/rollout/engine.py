@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..desktops import open_desktops, warm_up
+from ..desktops import open_desktops, task_defaults, warm_up
 from ..desktops.base import Desktop, DesktopConfig
 from ..desktops.network import resolve_network
 from ..desktops.registry import capabilities, get
@@ -133,6 +133,9 @@ async def collect_async(
     task_set = tasks if isinstance(tasks, TaskSet) else load_tasks(tasks, osworld=osworld)
     policy = policy.model_copy(update=settings.overrides(OVERRIDES_POLICY))
     desktop = (desktop or DesktopConfig()).model_copy()
+    defaults: dict = {}
+    if desktop_pool is None:  # OSWorld's tasks: the VM's screen and look unless set
+        desktop, defaults = task_defaults.for_tasks(desktop, task_set.tasks)
     updates = settings.overrides(OVERRIDES_DESKTOP)
     if updates:
         desktop = DesktopConfig.model_validate(desktop.model_dump() | updates)
@@ -158,6 +161,8 @@ async def collect_async(
         desktops = len(desktop_pool) - spares
     effective = effective.model_copy(update={"spares": spares})
     knobs = effective.knobs(backend=desktop.backend, desktops=desktops) | network
+    if defaults:
+        knobs["osworld_defaults"] = defaults
     group, oversample, seed = settings.group, settings.oversample, settings.seed
     harness_obj = Harness(
         variant=settings.harness, history=settings.history, image_max=settings.image_max

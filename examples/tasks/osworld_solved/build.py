@@ -35,7 +35,7 @@ _spec.loader.exec_module(_local)
 done, key, type_ = _local.done, _local.key, _local.type_
 qwen_response = _local.qwen_response
 
-SCREEN = (1280, 720)  # collect's default --screen; the clicks below are at these pixels
+SCREEN = (1280, 720)  # run.py pins it (--screen); the clicks below are at these pixels
 
 
 def click(x: int, y: int, what: str) -> str:

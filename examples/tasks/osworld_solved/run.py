@@ -54,9 +54,9 @@ IMAGE_MAX = 40
 NOTHING = {"default": [qwen_response("Done.", {"action": "terminate", "status": "success"})]}
 
 
-def _files():
-    """``files.py`` (not a package: loaded by path)."""
-    spec = importlib.util.spec_from_file_location("osworld_solved_files", HERE / "files.py")
+def _sibling(name: str):
+    """``<name>.py`` beside this file (not a package: loaded by path)."""
+    spec = importlib.util.spec_from_file_location(f"osworld_solved_{name}", HERE / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -76,10 +76,24 @@ def select(entries: list[dict], only: list[str]) -> list[dict]:
 
 def fill(cache: Path, tasks, desktops: int) -> None:
     """Build the tasks' files into ``cache`` for both backends' layouts (module doc)."""
-    fill_cache = _files().fill_cache
+    fill_cache = _sibling("files").fill_cache
     fill_cache(cache, tasks)
     for i in range(desktops):
         fill_cache(cache / f"desktop-{i}", tasks)
+
+
+def pinned_desktop(collect_args: list[str]) -> list[str]:
+    """The desktops the scripts were written on, whatever collect's defaults for OSWorld's
+    tasks (1920x1080, the local backend's ``session=vm``; desktops/task_defaults.py): the
+    clicks are at pixels of a ``build.SCREEN`` screen of the plain session. Flags in
+    ``collect_args`` win (they come after)."""
+    pinned = ["--screen", "{}x{}".format(*_sibling("build").SCREEN)]
+    backend = (
+        collect_args[collect_args.index("--backend") + 1] if "--backend" in collect_args else ""
+    )
+    if backend == "local":  # the one backend with a session option
+        pinned += ["--desktop-option", "session=plain"]
+    return pinned
 
 
 def collect_pass(
@@ -96,6 +110,7 @@ def collect_pass(
             *("--spares", "0", "--group", "1"),
             *("--policy-url", server.url, "--model", server.model, "--out", str(out)),
             *("--desktop-option", f"cache_dir={cache}", "--no-progress"),
+            *pinned_desktop(collect_args),
             *collect_args,
         ]
         subprocess.run(command, check=False)

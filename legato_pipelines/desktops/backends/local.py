@@ -20,7 +20,7 @@ from ..registry import BackendSpec, Capabilities, register
 class LocalOptions(BaseModel):
     """The local backend's options (``--desktop-option KEY=VALUE``). Values with a rule of their
     own (``sandbox``, ``network``, ``limits``, ``prebuild``, ``base_port``, ``start_timeout``,
-    ``grader``) are checked where they are used, with errors naming the option and the fix
+    ``grader``, ``session``) are checked where they are used, with errors naming the option and the fix
     (:func:`_support` runs those checks in the preflight)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -48,6 +48,7 @@ class LocalOptions(BaseModel):
     web: Any = Field(None, description="live | record:ARCHIVE | replay:ARCHIVE")
     web_hosts: Any = Field(None, description="{name: 'addr[:port]'}: sites served elsewhere")
     web_ca: Any = Field(None, description="PEM files of CAs the browser and recorder trust")
+    session: Any = Field(None, description="plain | vm: openbox on black, or the VM's look")
 
 
 async def _open(config, n: int, first: int = 0) -> list:
@@ -99,13 +100,13 @@ def _support(options: Mapping[str, Any], desktops: int = 1):
     ``web_probe``, whether the desktops reach outside (``desktops/web.py``: the reachability
     check runs once per process), and the file cache of option ``cache_dir``. Raises
     ``ConfigError`` for a bad ``grader``, ``cache_dir``, ``sandbox``, ``network``,
-    ``prebuild``, ``base_port``, ``start_timeout``, ``limits`` or ``proxy`` option."""
+    ``prebuild``, ``base_port``, ``start_timeout``, ``limits``, ``session`` or ``proxy`` option."""
     from ...osworld_format.classify import BackendSupport
     from ...osworld_format.sources import file_cache_dir
     from ..network import sandbox_options
     from ..osworld_worker import local_grader
     from ..server.apps import DESKTOP_APPS
-    from ..server.desktop import limits_option, prebuild_option, server_numbers
+    from ..server.desktop import limits_option, prebuild_option, server_numbers, session_option
     from ..web import route_out, web_settings
 
     options = dict(options)
@@ -114,6 +115,8 @@ def _support(options: Mapping[str, Any], desktops: int = 1):
     if {"sandbox", "network"} & options.keys():
         _, network = sandbox_options(options)
     prebuild_option(options.get("prebuild"))  # checked before anything is written
+    if not options.get("urls"):
+        session_option(options.get("session"))
     server_numbers(options)
     limits_option(options.get("limits", True))
     fields["local_network"] = None if options.get("urls") else network

@@ -142,8 +142,10 @@ class ServerProcess:
         limits: Any = True,
         proxy: str | None = None,
         web: Any = None,
+        session: str = "plain",
     ):
         self.width, self.height, self.host, self.port = width, height, host, port
+        self.session = session  # the server's --session: plain | vm
         self.sandbox, self.network = sandbox, network
         self.ready_source = ready_source  # the server's --ready-source: damage | poll
         self.user, self.template, self.start_timeout = user, template, start_timeout
@@ -203,6 +205,8 @@ class ServerProcess:
             argv += ["--user", self.user]
         argv += ["--sandbox", "--network", self.network] if self.sandbox else ["--no-sandbox"]
         argv += ["--ready-source", self.ready_source]
+        if self.session != "plain":
+            argv += ["--session", self.session]
         if self.sandbox and self.limits is not True:
             argv += ["--limits", json.dumps(self.limits)]
         if self.sandbox and self.proxy:
@@ -599,6 +603,7 @@ async def open_local_desktops(config: DesktopConfig, n: int, first: int = 0) -> 
             limits=limits_option(options.get("limits", True)),
             proxy=web_settings(options).proxy,
             web=web_settings(options),
+            session=session_option(options.get("session")),
             fork=True,  # from the template all servers of this event loop share
         )
         token = server.choose_token()
@@ -700,6 +705,18 @@ def limits_option(value: Any) -> Any:
     except ValueError as exc:
         raise ConfigError(f"desktop option {exc}") from None
     return value
+
+
+def session_option(value: Any) -> str:
+    """Desktop option ``session``: ``plain`` (absent: openbox on black) or ``vm`` (the look of
+    OSWorld's VM, docs/local-desktop.md §18). Raises ``ConfigError`` naming the option, the
+    choices, or the packages ``vm`` needs here."""
+    from .vm_look import check_session
+
+    try:
+        return check_session("plain" if value is None else str(value))
+    except ValueError as exc:
+        raise ConfigError(f"desktop option 'session': {exc}") from None
 
 
 def prebuild_option(value: Any) -> tuple[str, ...] | None:

@@ -260,6 +260,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ),
     )
     parser.add_argument(
+        "--session",
+        default="plain",
+        choices=["plain", "vm"],
+        help="plain: openbox on black (default); vm: the look of OSWorld's Ubuntu VM (top bar"
+        " with clock, dock, Yaru, Ubuntu font and colour, apps maximized as there)",
+    )
+    parser.add_argument(
         "--sandbox",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -374,6 +381,7 @@ def main(argv: list[str] | None = None) -> None:
         limits=args.limits if args.sandbox else None,
         browser_flags=browser_flags,
         trusted_cas=trusted,
+        session=args.session,
     )
     server = DesktopServer(
         session, remove_state=own_state or args.remove_state, ready_source=args.ready_source

@@ -37,7 +37,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import accessibility, app_profiles, chrome, dbus_session
+from . import accessibility, app_profiles, chrome, dbus_session, vm_look
 from . import home as home_mod
 from .leftovers import empty_dir
 from .procs import ProcessTable, RunAs, descendants, own_process_table
@@ -98,8 +98,9 @@ def ensure_user(name: str) -> tuple[int, int]:
     return entry.pw_uid, entry.pw_gid
 
 
-def openbox_config() -> str:
-    """The system openbox ``rc.xml`` with one desktop and no root-window menus.
+def openbox_config(session: str = "plain") -> str:
+    """The system openbox ``rc.xml`` with one desktop and no root-window menus; with
+    ``session="vm"``, the rules maximizing the apps the VM maximizes (:mod:`.vm_look`).
 
     One desktop: the default four let a scroll on the empty desktop hide every window.
     No root menu: its entries would let a click exit the window manager.
@@ -120,6 +121,9 @@ def openbox_config() -> str:
         count=1,
         flags=re.S,
     )
+    if session == "vm":
+        rules = vm_look.openbox_applications()
+        text = text.replace("</applications>", f"{rules}</applications>", 1)
     return text
 
 
@@ -147,6 +151,8 @@ class Session:
                      ``--proxy-server`` (``desktops/web.py``)
       trusted_cas    PEM files of CAs the baseline HOME's NSS database trusts for websites
                      (Chromium's; the web recorder's CA: :mod:`.recorder`)
+      session        ``plain`` (openbox on black) or ``vm`` (the VM's look: top bar, dock,
+                     Yaru, "Ubuntu" font, Ubuntu's colour, maximized apps; :mod:`.vm_look`)
     """
 
     def __init__(
@@ -164,7 +170,12 @@ class Session:
         limits=None,
         browser_flags: Sequence[str] = (),
         trusted_cas: Sequence[Path] = (),
+        session: str = "plain",
     ):
+        try:
+            self.session = vm_look.check_session(session)
+        except ValueError as exc:
+            raise SessionError(str(exc)) from None
         #: the profiles were asked for (a build that fails is then an error, not a warning)
         self.prebuild_asked = prebuild is not None
         if prebuild is None:
@@ -223,6 +234,8 @@ class Session:
         self.ipc_ns: int | None = None
         self.mqueue: int | None = None
         self._wm: subprocess.Popen | None = None
+        #: the ``vm`` session's panels (top bar, dock): infrastructure, as openbox
+        self._panels: list[subprocess.Popen] = []
         #: the display's abstract socket name, bound and held (never listening): :func:`_hold_abstract`
         self._x_name: socket.socket | None = None
         self.generation = 0  # bumped on every X (re)start; X clients reconnect when it changes
@@ -341,7 +354,10 @@ class Session:
                 self._fresh_private_dir(path)
         self.wm_home.mkdir(exist_ok=True)
         (self.wm_home / ".config" / "openbox").mkdir(parents=True, exist_ok=True)
-        (self.wm_home / ".config" / "openbox" / "rc.xml").write_text(openbox_config())
+        (self.wm_home / ".config" / "openbox" / "rc.xml").write_text(openbox_config(self.session))
+        if self.session == "vm":
+            vm_look.write_home(self.wm_home, None, None)  # the panels' font
+            self._panel_configs = vm_look.panel_configs(self.wm_home / "panels")
         profile = self._libreoffice_profile() if "libreoffice" in self.prebuild else None
         templates = [t for t in (profile, self.template) if t is not None]  # the user's last
         home_mod.build_baseline(self.baseline, uid=self.uid, gid=self.gid, templates=templates)
@@ -352,6 +368,8 @@ class Session:
                 trust_cas(self.baseline, self.trusted_cas, self.uid, self.gid)
             except RecorderError as exc:
                 raise SessionError(str(exc)) from None
+        if self.session == "vm":
+            vm_look.write_home(self.baseline, self.uid, self.gid)
         self._baseline_settings()
         home_mod.restore(self.baseline, self.home)
         self.start_x()
@@ -444,16 +462,35 @@ class Session:
                 stdout=wm_log,
                 stderr=wm_log,
             )
-        _wait_for_wm(self.display, self._wm, WM_TIMEOUT_S)
+        _wait_for_wm(self.display, self._wm, WM_TIMEOUT_S, self.session == "vm")
+        if self.session == "vm":
+            self._start_panels()
         self.generation += 1
+
+    def _start_panels(self) -> None:
+        """The ``vm`` session's top bar and dock (``tint2``, :mod:`.vm_look`), as openbox:
+        the server's own, killed with it. Returns once their struts shape the work area."""
+        with open(self.state / "panels.log", "ab") as panel_log:
+            for config in self._panel_configs:
+                self._panels.append(
+                    self.procs.spawn(
+                        ["setpriv", "--pdeathsig", "KILL", "--", "tint2", "-c", str(config)],
+                        self._infra_run_as(),
+                        stdout=panel_log,
+                        stderr=panel_log,
+                    )
+                )
+        _wait_for_panels(self.display, self._panels, WM_TIMEOUT_S)
 
     def stop_x(self) -> None:
         """Kill openbox, stop Xvfb (by PID) and reap them; the display's lock file and
         socket are gone afterwards (Xvfb removes them on SIGTERM; when it had to be
         SIGKILLed after :data:`XVFB_STOP_S`, they are removed here if still its own)."""
-        if self._wm is not None and self._wm.poll() is None:
-            self._wm.kill()
-            self._wm.wait()
+        for proc in (*self._panels, self._wm):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self._panels = []
         xvfb, number = self._xvfb, self.display
         if xvfb is not None and xvfb.poll() is None:
             xvfb.terminate()
@@ -505,8 +542,13 @@ class Session:
             return
         env = self._baseline_env()
         run_as = RunAs(env=env, cwd=env["HOME"], uid=self.uid, gid=self.gid)
+        settings = dbus_session.BASELINE_SETTINGS
+        if self.session == "vm":
+            settings += vm_look.DCONF_SETTINGS
         try:
-            dbus_session.write_baseline_settings(self.procs, run_as, self.state / "baseline-bus")
+            dbus_session.write_baseline_settings(
+                self.procs, run_as, self.state / "baseline-bus", settings
+            )
         except dbus_session.SessionBusError as exc:
             raise SessionError(str(exc)) from None
 
@@ -562,7 +604,7 @@ class Session:
         pids: set[int] = set(self.sandbox.anchor_pids()) if self.sandbox is not None else set()
         if self.bus is not None:
             pids |= self.bus.pids(table)
-        for proc in (self._xvfb, self._wm):
+        for proc in (self._xvfb, self._wm, *self._panels):
             if proc is not None and proc.pid in table:
                 pids.add(proc.pid)
                 pids |= descendants(proc.pid, table)
@@ -796,8 +838,40 @@ def _wait_for_x(number: int, proc: subprocess.Popen, deadline: float) -> bool:
         time.sleep(0.002)
 
 
-def _wait_for_wm(display: str, wm: subprocess.Popen, timeout: float) -> None:
-    """Poll until the WM sets ``_NET_SUPPORTING_WM_CHECK`` on the root window (~50 ms)."""
+def _wait_for_panels(display: str, panels: Sequence[subprocess.Popen], timeout: float) -> None:
+    """Poll until openbox's work area leaves room for every panel (their struts are in):
+    ``_NET_WORKAREA`` starts right of the dock and below the top bar. Raises
+    :class:`SessionError` when a panel exits or the work area stays whole."""
+    from Xlib import X
+    from Xlib import display as xdisplay
+
+    d = xdisplay.Display(display)
+    try:
+        root = d.screen().root
+        workarea = d.intern_atom("_NET_WORKAREA")
+        deadline = time.monotonic() + timeout
+        while True:
+            prop = root.get_full_property(workarea, X.AnyPropertyType)
+            if prop is not None and len(prop.value) >= 2:
+                if prop.value[0] >= vm_look.DOCK_PX and prop.value[1] >= vm_look.TOP_BAR_PX:
+                    return
+            for panel in panels:
+                if panel.poll() is not None:
+                    raise SessionError(
+                        f"tint2 exited with {panel.returncode} at start (see panels.log)"
+                    )
+            if time.monotonic() > deadline:
+                raise SessionError(
+                    f"the top bar and dock were not up within {timeout:.0f} s (see panels.log)"
+                )
+            time.sleep(0.005)
+    finally:
+        d.close()
+
+
+def _wait_for_wm(display: str, wm: subprocess.Popen, timeout: float, paint: bool = False) -> None:
+    """Poll until the WM sets ``_NET_SUPPORTING_WM_CHECK`` on the root window (~50 ms); then
+    set the X resources and, with ``paint``, the root window's colour (:func:`.vm_look.paint_root`)."""
     from Xlib import X, Xatom
     from Xlib import display as xdisplay
 
@@ -816,5 +890,7 @@ def _wait_for_wm(display: str, wm: subprocess.Popen, timeout: float) -> None:
             d.intern_atom("RESOURCE_MANAGER"), Xatom.STRING, 8, X_RESOURCES.encode()
         )
         d.sync()
+        if paint:
+            vm_look.paint_root(d)
     finally:
         d.close()

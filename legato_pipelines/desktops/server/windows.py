@@ -42,6 +42,8 @@ class Windows:
         self.d = display
         self.root = display.screen().root
         self._atoms: dict[str, int] = {}
+        #: managed windows of type ``DOCK`` by id (the ``vm`` session's panels): not clients
+        self._docks: dict[int, bool] = {}
 
     def atom(self, name: str) -> int:
         if name not in self._atoms:
@@ -49,9 +51,24 @@ class Windows:
         return self._atoms[name]
 
     def client_ids(self) -> list[int]:
-        """Managed windows in the order the WM started managing them (newest last)."""
+        """Managed windows in the order the WM started managing them (newest last), but
+        panels (EWMH type ``DOCK``: the ``vm`` session's top bar and dock, :mod:`.vm_look`),
+        which on the VM are drawn by GNOME Shell and are no windows at all."""
         prop = self.root.get_full_property(self.atom("_NET_CLIENT_LIST"), Xatom.WINDOW)
-        return list(prop.value) if prop is not None else []
+        ids = list(prop.value) if prop is not None else []
+        self._docks = {wid: self._docks.get(wid, None) for wid in ids}  # forget closed ones
+        for wid in ids:
+            if self._docks[wid] is None:
+                self._docks[wid] = self._is_dock(wid)
+        return [wid for wid in ids if not self._docks[wid]]
+
+    def _is_dock(self, wid: int) -> bool:
+        win = self.d.create_resource_object("window", wid)
+        try:
+            prop = win.get_full_property(self.atom("_NET_WM_WINDOW_TYPE"), Xatom.ATOM)
+        except Exception:  # BadWindow: it closed meanwhile
+            return False
+        return prop is not None and self.atom("_NET_WM_WINDOW_TYPE_DOCK") in prop.value
 
     def info(self, wid: int) -> WindowInfo | None:
         """Title, class and root-relative geometry, or ``None`` when the window is gone."""

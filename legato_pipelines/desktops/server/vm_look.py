@@ -1,0 +1,239 @@
+"""The VM's look on a local desktop (``--session vm``): a look-alike of OSWorld's Ubuntu 22.04
+GNOME 42 session built from Debian packages, with openbox kept as the window manager.
+
+- a top bar with a centred clock and a dock on the left showing the VM's favourites: two
+  ``tint2`` panels, infrastructure processes like openbox (they survive a reset); their
+  struts make openbox's work area the screen minus both, as GNOME's;
+- the Yaru GTK theme and icons and the "Ubuntu" interface font in the desktop user's HOME
+  (``gtk-3.0/settings.ini``, ``.gtkrc-2.0``, and the same keys in dconf,
+  :data:`DCONF_SETTINGS`); fontconfig answers "Ubuntu" with Cantarell (``fonts-ubuntu`` is
+  not in Debian);
+- the root window painted in Ubuntu's background colour (:data:`WALLPAPER`);
+- openbox opening the apps the VM opens maximized, maximized (:data:`MAXIMIZED_CLASSES`).
+
+The dock's icons do not launch anything: the panels run on the host as the server's user,
+outside the sandbox, and an app they started would be theirs (infrastructure) and survive a
+reset. docs/local-desktop.md §18 lists what matches the VM and what does not.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+from pathlib import Path
+
+#: The desktop sessions a server can run: ``plain`` (openbox on black) or ``vm``.
+SESSIONS = ("plain", "vm")
+#: Ubuntu's background colour (``org.gnome.desktop.background primary-color`` on Ubuntu,
+#: aubergine); the VM shows its Jammy Jellyfish picture over it.
+WALLPAPER = "#2c001e"
+#: Heights in pixels at 1920x1080 (GNOME 42's top bar and Ubuntu's dock with 48 px icons).
+TOP_BAR_PX = 32
+DOCK_PX = 72
+#: The VM's dock favourites, in order, as desktop files: what OSWorld's screenshots of its VM
+#: show (not read from the VM image's dconf); the ones this host lacks (VS Code) are left
+#: out of the dock; ``google-chrome`` is Chromium's here.
+FAVOURITES = (
+    "google-chrome.desktop",
+    "thunderbird.desktop",
+    "code.desktop",
+    "vlc.desktop",
+    "libreoffice-writer.desktop",
+    "libreoffice-calc.desktop",
+    "libreoffice-impress.desktop",
+    "gimp.desktop",
+    "org.gnome.Nautilus.desktop",
+)
+#: Desktop files standing for a favourite on this host (Debian names).
+_HOST_NAMES = {"google-chrome.desktop": ("google-chrome.desktop", "chromium.desktop")}
+APPLICATIONS = Path("/usr/share/applications")
+#: WM_CLASS classes (openbox glob patterns) of the main windows the VM opens maximized:
+#: GNOME maximizes a window that asks for nearly the whole work area, which these apps do
+#: (LibreOffice, Chrome, GIMP, Thunderbird, VS Code); terminals, the file manager, VLC and
+#: dialogs keep their size.
+MAXIMIZED_CLASSES = (
+    "libreoffice*",
+    "Google-chrome",
+    "Chromium",
+    "Gimp*",
+    "thunderbird*",
+    "Code",
+)
+THEME, ICONS, FONT = "Yaru", "Yaru", "Ubuntu 11"
+#: The same settings in dconf (schema, key, GVariant text), as ``gsettings get`` on the VM;
+#: the dock's favourites too (``gnome-shell-common``'s schema).
+DCONF_SETTINGS: tuple[tuple[str, str, str], ...] = (
+    ("org.gnome.desktop.interface", "gtk-theme", f"'{THEME}'"),
+    ("org.gnome.desktop.interface", "icon-theme", f"'{ICONS}'"),
+    ("org.gnome.desktop.interface", "font-name", f"'{FONT}'"),
+    ("org.gnome.desktop.interface", "clock-format", "'24h'"),
+    ("org.gnome.desktop.background", "primary-color", f"'{WALLPAPER}'"),
+    ("org.gnome.shell", "favorite-apps", repr(list(FAVOURITES))),
+)
+#: Debian packages the session needs (path -> package), checked by :func:`missing`.
+REQUIRED_FILES = {
+    "/usr/bin/tint2": "tint2",
+    "/usr/share/themes/Yaru/gtk-3.0": "yaru-theme-gtk",
+    "/usr/share/icons/Yaru/index.theme": "yaru-theme-icon",
+    "/usr/share/fonts/opentype/cantarell": "fonts-cantarell",
+}
+#: fontconfig: "Ubuntu" is Cantarell (GNOME's own font, the closest Debian has).
+FONTS_CONF = """<?xml version="1.0"?>
+<!DOCTYPE fontconfig SYSTEM "fonts.dtd">
+<fontconfig>
+  <alias binding="same"><family>Ubuntu</family><prefer><family>Cantarell</family></prefer></alias>
+</fontconfig>
+"""
+
+_PANEL_COMMON = """wm_menu = 0
+panel_dock = 0
+panel_layer = top
+strut_policy = follow_size
+panel_margin = 0 0
+panel_background_id = 1
+rounded = 0
+border_width = 0
+border_color = #000000 0
+mouse_left = none
+mouse_middle = none
+mouse_right = none
+mouse_scroll_up = none
+mouse_scroll_down = none
+"""
+
+
+def missing() -> list[str]:
+    """Debian packages ``--session vm`` needs that are not installed (empty: none)."""
+    return list(dict.fromkeys(p for path, p in REQUIRED_FILES.items() if not os.path.exists(path)))
+
+
+def check_session(name: str) -> str:
+    """``name`` if it is a known session; raises ``ValueError`` naming the choices and, for
+    ``vm``, the packages to install."""
+    if name not in SESSIONS:
+        raise ValueError(f"unknown desktop session {name!r}; choose one of {', '.join(SESSIONS)}")
+    if name == "vm" and missing():
+        raise ValueError(f"session 'vm' needs: apt-get install {' '.join(missing())}")
+    return name
+
+
+def openbox_applications() -> str:
+    """The ``<application>`` rules of openbox's ``rc.xml`` maximizing the VM's maximized apps
+    (main windows only: ``type="normal"``)."""
+    rules = "".join(
+        f'<application class="{cls}" type="normal"><maximized>yes</maximized></application>\n'
+        for cls in MAXIMIZED_CLASSES
+    )
+    return rules
+
+
+def write_home(home: Path, uid: int | None, gid: int | None) -> None:
+    """Write the theme and font settings into ``home`` (the baseline HOME): GTK 3's
+    ``settings.ini`` (read by GTK apps on X11 without a settings daemon), GTK 2's
+    ``.gtkrc-2.0`` (GIMP 2.10) and the fontconfig alias. Files are owned by ``uid``/``gid``."""
+    ini = configparser.ConfigParser()
+    ini.optionxform = str
+    ini["Settings"] = {
+        "gtk-theme-name": THEME,
+        "gtk-icon-theme-name": ICONS,
+        "gtk-font-name": FONT,
+    }
+    files = {
+        ".config/gtk-3.0/settings.ini": None,
+        ".gtkrc-2.0": (
+            f'gtk-theme-name="{THEME}"\ngtk-icon-theme-name="{ICONS}"\ngtk-font-name="{FONT}"\n'
+        ),
+        ".config/fontconfig/fonts.conf": FONTS_CONF,
+    }
+    for rel, text in files.items():
+        path = home / rel
+        for parent in reversed(path.relative_to(home).parents[:-1]):
+            folder = home / parent
+            if not folder.exists():
+                folder.mkdir()
+                if uid is not None:
+                    os.chown(folder, uid, gid if gid is not None else uid)
+        if text is None:
+            with open(path, "w") as f:
+                ini.write(f, space_around_delimiters=False)
+        else:
+            path.write_text(text)
+        if uid is not None:
+            os.chown(path, uid, gid if gid is not None else uid)
+
+
+def dock_entries(folder: Path) -> list[Path]:
+    """Desktop files of the dock in ``folder`` (created): one per favourite installed here,
+    with its name and icon and an ``Exec`` that does nothing (module docstring)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for i, name in enumerate(FAVOURITES):
+        names = _HOST_NAMES.get(name, (name,))
+        source = next((APPLICATIONS / n for n in names if (APPLICATIONS / n).is_file()), None)
+        if source is None:
+            continue
+        original = configparser.ConfigParser(interpolation=None, strict=False)
+        try:
+            original.read(source)
+            entry = original["Desktop Entry"]
+            title, icon = entry.get("Name", name), entry.get("Icon", "application-x-executable")
+        except (configparser.Error, KeyError):
+            continue
+        path = folder / f"{i:02d}-{name}"
+        path.write_text(
+            f"[Desktop Entry]\nType=Application\nName={title}\nIcon={icon}\nExec=true\n"
+        )
+        entries.append(path)
+    return entries
+
+
+def panel_configs(folder: Path) -> list[Path]:
+    """``tint2`` configurations of the top bar (centred clock) and the dock (the favourites'
+    icons), written into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    top = folder / "top-bar.tint2rc"
+    top.write_text(
+        _PANEL_COMMON
+        + f"""panel_items = FCF
+panel_size = 100% {TOP_BAR_PX}
+panel_padding = 8 0 8
+panel_position = top center horizontal
+background_color = #000000 100
+time1_format = %b %e  %H:%M
+time1_font = Ubuntu Bold 11
+clock_font_color = #ffffff 100
+clock_padding = 0 0
+clock_background_id = 0
+"""
+    )
+    items = "".join(
+        f"launcher_item_app = {p}\n" for p in dock_entries(folder / "dock-applications")
+    )
+    dock = folder / "dock.tint2rc"
+    dock.write_text(
+        _PANEL_COMMON
+        + f"""panel_items = L
+panel_size = 100% {DOCK_PX}
+panel_padding = 8 8 8
+panel_position = center left vertical
+background_color = #1d1d1d 100
+launcher_padding = 4 8 8
+launcher_background_id = 0
+launcher_icon_size = 48
+launcher_icon_theme = {ICONS}
+launcher_icon_theme_override = 1
+launcher_tooltip = 0
+{items}"""
+    )
+    return [top, dock]
+
+
+def paint_root(display, colour: str = WALLPAPER) -> None:
+    """Paint the root window of ``display`` (an open python-xlib ``Display``) in ``colour``
+    (``#rrggbb``), as ``xsetroot -solid`` does."""
+    screen = display.screen()
+    red, green, blue = (int(colour[i : i + 2], 16) * 257 for i in (1, 3, 5))
+    pixel = screen.default_colormap.alloc_color(red, green, blue).pixel
+    screen.root.change_attributes(background_pixel=pixel)
+    screen.root.clear_area(0, 0, 0, 0)
+    display.sync()

@@ -1,0 +1,151 @@
+"""The ``vm`` desktop session (``--session vm``, desktop option ``session=vm``): a real desktop
+server on Xvfb showing the look of OSWorld's VM (top bar, dock, Yaru, "Ubuntu" font, Ubuntu's
+colour), opening LibreOffice maximized in the work area, keeping its panels across resets.
+docs/local-desktop.md §18."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import shutil
+
+import pytest
+from PIL import Image
+
+from legato_pipelines.desktops.backends.local import LocalOptions
+from legato_pipelines.desktops.server import vm_look
+from legato_pipelines.desktops.server.desktop import session_option
+from legato_pipelines.errors import ConfigError
+from tests.desktop_local_support import RunningServer, needs_xvfb
+
+WIDTH, HEIGHT = 1280, 720
+needs_vm_look = pytest.mark.skipif(
+    bool(vm_look.missing()), reason=f"apt-get install {' '.join(vm_look.missing())}"
+)
+pytestmark = [needs_xvfb, needs_vm_look]
+
+
+@pytest.fixture(scope="module")
+def server():
+    running = RunningServer(WIDTH, HEIGHT, extra_args=("--session", "vm"))
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+async def client(server):
+    c = server.client()
+    await c.reset()
+    yield c
+    await c.aclose()
+
+
+def _wallpaper() -> tuple[int, int, int]:
+    return tuple(int(vm_look.WALLPAPER[i : i + 2], 16) for i in (1, 3, 5))
+
+
+async def _look(client) -> dict[str, object]:
+    """What a screenshot shows: the top bar's row, the dock's column, the desktop's colour."""
+    image = Image.open(io.BytesIO(await client.screenshot())).convert("RGB")
+    assert image.size == (WIDTH, HEIGHT)
+    bar = [image.getpixel((x, 4)) for x in range(vm_look.DOCK_PX + 10, WIDTH, 97)]
+    # the dock: dark from top to bottom, with the favourites' coloured icons at its top
+    dock = [image.getpixel((2, y)) for y in range(vm_look.TOP_BAR_PX, HEIGHT, 53)]
+    icons = {image.getpixel((x, y)) for x in range(10, 60, 3) for y in range(40, 300, 3)}
+    # the clock: white text in the middle of the top bar
+    clock = {
+        image.getpixel((x, y))
+        for x in range(WIDTH // 2 - 60, WIDTH // 2 + 60)
+        for y in range(8, 24)
+    }
+    desktop = image.getpixel((WIDTH // 2, HEIGHT // 2))
+    return {"bar": bar, "dock": dock, "icons": icons, "clock": clock, "desktop": desktop}
+
+
+def _assert_vm_look(look: dict) -> None:
+    assert all(max(p) < 40 for p in look["bar"]), look["bar"]  # a dark bar across the top
+    assert all(max(p) < 40 for p in look["dock"]), look["dock"]  # a dark dock down the left
+    assert any(max(p) - min(p) > 100 for p in look["icons"]), "no coloured icon in the dock"
+    assert any(min(p) > 200 for p in look["clock"]), "no white clock text in the top bar"
+    assert look["desktop"] == _wallpaper()
+
+
+async def test_screenshot_shows_top_bar_dock_and_ubuntu_colour(client):
+    _assert_vm_look(await _look(client))
+    # the panels are not the task's windows (on the VM GNOME Shell draws them)
+    assert await client.windows() == []
+
+
+async def test_theme_and_font_settings_are_in_effect_inside_the_desktop(client):
+    script = (
+        "fc-match -f '%{family}\\n' Ubuntu;"
+        " gsettings get org.gnome.desktop.interface gtk-theme;"
+        " gsettings get org.gnome.desktop.interface icon-theme;"
+        " gsettings get org.gnome.desktop.interface font-name;"
+        " gsettings get org.gnome.shell favorite-apps;"
+        " grep -E 'gtk-(icon-)?theme-name' ~/.config/gtk-3.0/settings.ini"
+    )
+    done = await client.execute(["bash", "-c", script])
+    lines = done["output"].split("\n")
+    assert lines[:7] == [
+        "Cantarell",
+        "'Yaru'",
+        "'Yaru'",
+        "'Ubuntu 11'",
+        str(list(vm_look.FAVOURITES)),
+        "gtk-theme-name=Yaru",
+        "gtk-icon-theme-name=Yaru",
+    ], done
+
+
+@pytest.mark.skipif(shutil.which("localc") is None, reason="LibreOffice Calc not installed")
+async def test_calc_opens_maximized_in_the_work_area_and_xterm_does_not(client):
+    await client.launch(["localc", "--norestore"])
+    await client.launch(["xterm"])
+    windows = []
+    for _ in range(240):  # LibreOffice's first start on a busy machine
+        windows = await client.windows()
+        classes = {w["class"] for w in windows}
+        if "libreoffice-calc" in classes and "XTerm" in classes:
+            break
+        await asyncio.sleep(0.5)
+    await client.wait("launch")
+    geometry = await client.execute(
+        [
+            "bash",
+            "-c",
+            "xdotool search --class libreoffice-calc getwindowgeometry %@;"
+            " xdotool search --class XTerm getwindowgeometry %@",
+        ]
+    )
+    text = geometry["output"]
+    calc, term = text.split("Window ")[1], text.split("Window ")[-1]
+    dock, bar = vm_look.DOCK_PX, vm_look.TOP_BAR_PX
+    # maximized: the work area (the screen but the dock and the bar) minus openbox's title bar
+    assert f"Position: {dock}," in calc, text
+    size = calc.split("Geometry: ")[1].split()[0]
+    width, height = (int(v) for v in size.split("x"))
+    assert width == WIDTH - dock and HEIGHT - bar - 40 <= height <= HEIGHT - bar, text
+    term_size = term.split("Geometry: ")[1].split()[0]
+    assert int(term_size.split("x")[0]) < WIDTH - dock, text  # a terminal keeps its size
+
+
+async def test_panels_survive_a_reset_and_come_back_after_a_full_one(server, client):
+    infra = {p["pid"] for p in (await client.processes())["infra"] if p["comm"] == "tint2"}
+    assert len(infra) == 2
+    await client.launch(["xterm"])
+    await client.reset()
+    after = {p["pid"] for p in (await client.processes())["infra"] if p["comm"] == "tint2"}
+    assert after == infra  # infrastructure: a fast reset leaves them running
+    _assert_vm_look(await _look(client))
+    await client.reset(full=True)
+    restarted = {p["pid"] for p in (await client.processes())["infra"] if p["comm"] == "tint2"}
+    assert len(restarted) == 2 and not restarted & infra
+    _assert_vm_look(await _look(client))
+
+
+def test_session_option_is_checked_with_the_choices():
+    assert LocalOptions(session="vm").session == "vm"
+    assert session_option(None) == "plain" and session_option("vm") == "vm"
+    with pytest.raises(ConfigError, match="'session'.*plain, vm"):
+        session_option("gnome")
