@@ -11,6 +11,7 @@ import typer
 
 from ..desktops.option_flags import parse_desktop_options
 from ..desktops.registry import get, names
+from ..rollout.settings import CollectSettings
 from .console import console, fail
 from .root import app
 
@@ -51,7 +52,9 @@ def record_command(
         list[str] | None,
         typer.Option("--desktop-option", help="Local backend option KEY=JSON (repeatable)."),
     ] = None,
-    max_steps: Annotated[int, typer.Option("--max-steps", help="Policy calls per task.")] = 15,
+    max_steps: Annotated[
+        int, typer.Option("--max-steps", help="Policy calls per task.")
+    ] = CollectSettings.model_fields["max_steps"].default,
 ) -> None:
     """Run each task's setup, a policy and its grader on a local desktop, with every HTTP(S)
     exchange of its Chromium captured into ARCHIVE/<task_id>.flows (mitmproxy's flow file;
