@@ -91,6 +91,15 @@ def stop_shared_servers() -> None:
         _SHARED.popitem()[1].stop()
 
 
+@pytest.fixture(scope="module")
+def no_shared_servers():
+    """For modules that count every process below the test process (``servers_below_us``,
+    ``below(os.getpid(), "Xvfb")``): the shared servers an earlier module left for a later
+    one are stopped first (the later module starts its own again)."""
+    stop_shared_servers()
+    yield
+
+
 def client_fixture():
     """A ``client`` fixture: a client of the module's ``server``, its desktop reset first."""
 

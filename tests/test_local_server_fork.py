@@ -18,9 +18,9 @@ from legato_pipelines.desktops.server.desktop import ServerProcess
 from legato_pipelines.desktops.server.procs import descendants, process_table
 from legato_pipelines.errors import DesktopError
 from legato_pipelines.policy.key import API_KEY_ENV
-from tests.desktop_local_support import needs_xvfb
+from tests.desktop_local_support import needs_xvfb, no_shared_servers  # noqa: F401
 
-pytestmark = [needs_xvfb, pytest.mark.desktop]
+pytestmark = [needs_xvfb, pytest.mark.desktop, pytest.mark.usefixtures("no_shared_servers")]
 
 
 def ppid(pid: int) -> int | None:

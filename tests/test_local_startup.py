@@ -16,10 +16,10 @@ from legato_pipelines.desktops.server import open_local_desktops
 from legato_pipelines.desktops.server.procs import descendants, process_table
 from legato_pipelines.errors import ConfigError
 from legato_pipelines.tasks import Task
-from tests.desktop_local_support import needs_xvfb
+from tests.desktop_local_support import needs_xvfb, no_shared_servers  # noqa: F401
 from tests.osworld_backend_support import needs_desktop_apps, needs_vm_python, osworld_python
 
-pytestmark = [needs_xvfb, pytest.mark.desktop]
+pytestmark = [needs_xvfb, pytest.mark.desktop, pytest.mark.usefixtures("no_shared_servers")]
 
 
 def servers_below_us(marker: bytes = b"legato_pipelines.desktops.server.") -> set[int]:
