@@ -220,7 +220,7 @@ async def test_pool_options_are_checked(monkeypatch, token):
     monkeypatch.delenv(DEFAULT_TOKEN_ENV)
     with pytest.raises(ConfigError, match=DEFAULT_TOKEN_ENV):
         await open_desktops(DesktopConfig(backend="local", options={"urls": urls}), 1)
-    with pytest.raises(ConfigError, match="backend 'local'"):
+    with pytest.raises(ConfigError, match="does not attach desktop servers by URL"):
         DesktopPoolResource(backend="fake", urls=urls).count()
     pool = DesktopPoolResource(backend="local", desktops=1, urls=urls)
     assert pool.count() == 3
