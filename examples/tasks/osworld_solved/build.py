@@ -381,6 +381,7 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
             wait(2, "Wait for the Slide Properties dialog."),
             key("alt", "p", what="Orientation: Portrait."),
             key("enter", what="OK."),
+            wait(2, "Wait for the dialog to close and the slide to change (else Ctrl+S is lost)."),
             *SAVE_KEEP,
             done(),
         ],
