@@ -22,7 +22,7 @@ from ..policy.load_spec import LoadSpec
 from ..rollout.settings import CollectSettings
 from ..setting_fields import from_user
 from .console import console, err, fail
-from .options import settings_options
+from .options import DesktopOptionFlags, OsworldCheckout, settings_options
 from .root import app
 
 
@@ -50,14 +50,8 @@ def collect_command(
             help=f"Desktops: a registered backend ({' | '.join(BUILTIN)}; docs/backends.md).",
         ),
     ] = DEFAULT_BACKEND,
-    osworld: Annotated[
-        Path | None,
-        typer.Option("--osworld", help="OSWorld checkout to resolve {task_id, domain} entries."),
-    ] = None,
-    desktop_option: Annotated[
-        list[str] | None,
-        typer.Option("--desktop-option", help="Backend option KEY=JSON (repeatable)."),
-    ] = None,
+    osworld: OsworldCheckout = None,
+    desktop_option: DesktopOptionFlags = None,
     web: Annotated[
         str | None,
         typer.Option(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, Literal, get_origin
 
 import typer
@@ -79,3 +80,17 @@ def settings_options(
         return func
 
     return decorate
+
+
+#: ``--osworld``: the OSWorld checkout that resolves ``{task_id, domain}`` entries (``legato
+#: collect``, ``legato web record``).
+OsworldCheckout = Annotated[
+    Path | None,
+    typer.Option("--osworld", help="OSWorld checkout to resolve {task_id, domain} entries."),
+]
+#: ``--desktop-option KEY=JSON`` (repeatable): the backend's options, checked by the
+#: registry (``desktops/registry.py``) against the backend's options model.
+DesktopOptionFlags = Annotated[
+    list[str] | None,
+    typer.Option("--desktop-option", help="Backend option KEY=JSON (repeatable)."),
+]

@@ -13,6 +13,7 @@ from ..desktops.option_flags import parse_desktop_options
 from ..desktops.registry import get, names
 from ..rollout.settings import CollectSettings
 from .console import console, fail
+from .options import DesktopOptionFlags, OsworldCheckout
 from .root import app
 
 web_app = typer.Typer(
@@ -44,14 +45,8 @@ def record_command(
         str | None, typer.Option("--policy-url", help="A model's server instead of a script.")
     ] = None,
     model: Annotated[str | None, typer.Option("--model", help="With --policy-url.")] = None,
-    osworld: Annotated[
-        Path | None,
-        typer.Option("--osworld", help="OSWorld checkout to resolve {task_id, domain} entries."),
-    ] = None,
-    desktop_option: Annotated[
-        list[str] | None,
-        typer.Option("--desktop-option", help="Local backend option KEY=JSON (repeatable)."),
-    ] = None,
+    osworld: OsworldCheckout = None,
+    desktop_option: DesktopOptionFlags = None,
     max_steps: Annotated[
         int, typer.Option("--max-steps", help="Policy calls per task.")
     ] = CollectSettings.model_fields["max_steps"].default,
