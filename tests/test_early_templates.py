@@ -186,10 +186,20 @@ async def test_the_warm_up_stops_templates_started_early_that_it_did_not_take(tm
 def test_a_signal_during_the_cli_imports_stops_the_templates(tmp_path, signum):
     """``legato collect --backend local`` stopped by SIGTERM, SIGHUP or Ctrl-C while it
     imports its CLI (its templates already started): it exits 128+signal without a
-    traceback and leaves neither template running nor the graders' directory."""
+    traceback and leaves neither template running nor the graders' directory.
+
+    The signal lands inside the CLI's imports by construction, not by timing: a stand-in
+    ``typer`` on the path takes a minute to import. It sleeps in code run by ``exec`` of a
+    string, as dataclasses and typer's annotations are while the real CLI starts: CPython
+    3.11 then marks a Ctrl-C unhandled even once caught, and the process used to end killed
+    by SIGINT (-2) instead of exiting 130 (CI, stop 37)."""
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
-    env = {**os.environ, "PYTHONPATH": REPO, "TMPDIR": str(private_tmp)}
+    slow = tmp_path / "slow_imports" / "typer"
+    slow.mkdir(parents=True)
+    (slow / "__init__.py").write_text('exec("import time\\ntime.sleep(60)")\n')
+    pythonpath = os.pathsep.join([str(slow.parent), REPO])
+    env = {**os.environ, "PYTHONPATH": pythonpath, "TMPDIR": str(private_tmp)}
     osworld_python()  # the graders' template needs the venv
     cmd = [sys.executable, "-m", "legato_pipelines", "collect", "--backend", "local"]
     cmd += ["--tasks", "t.json", "--policy-url", "http://127.0.0.1:9", "--model", "m"]
@@ -203,6 +213,7 @@ def test_a_signal_during_the_cli_imports_stops_the_templates(tmp_path, signum):
         templates = children_running(proc.pid, (b"desktops.server.template", b"--preload"))
         time.sleep(0.005)
     assert len(templates) == 2
+    time.sleep(1.0)  # well inside the stand-in's minute-long import
     proc.send_signal(signum)
     assert proc.wait(timeout=30) == 128 + signum
     for pid in templates:
