@@ -22,7 +22,7 @@ from legato_pipelines.desktops.server.recorder import (
     mitmdump,
     web_venv,
 )
-from tests.web_standin import NAME, TITLE, make_ca, serve_standin
+from tests.web_standin import NAME, TITLE, make_ca, serve_standin, serve_standin_h2
 
 pytestmark = [
     pytest.mark.skipif(mitmdump() is None, reason="needs the web venv (scripts/web_venv.sh)"),
@@ -280,6 +280,45 @@ def test_flows_are_written_at_the_attempt_end_all_of_them(tmp_path, monkeypatch,
     try:
         replay.begin("gallery", None)
         assert [_get(replay.port, p)[0] for p in paths] == ["200"] * len(paths)
+        assert replay.misses() == []
+    finally:
+        replay.end()
+
+
+def _version(port: int, path: str) -> str:
+    """The HTTP version curl spoke through the proxy on ``port`` for ``https://NAME{path}``,
+    offering HTTP/2 (ALPN ``h2``, as Chromium does)."""
+    done = subprocess.run(
+        ["curl", "-s", "--fail", "--http2", "-o", "/dev/null", "-w", "%{http_version}",
+         "--proxy", f"http://127.0.0.1:{port}", "--cacert", str(ca_dir() / CA_CERT),
+         f"https://{NAME}{path}"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return done.stdout
+
+
+def test_the_recorder_speaks_http1_to_the_browser_and_the_site(tmp_path):
+    """``http2=false`` (BENCHMARKS.md, issue 34: mitmproxy's HTTP/2 costs CPU per request):
+    a client and a site that both offer HTTP/2 get HTTP/1.1 from the recorder, recording and
+    replaying, and the replay still answers the recorded request."""
+    ca, cert, key = make_ca(tmp_path / "ca")
+    archive = tmp_path / "archive"
+    with serve_standin_h2(cert, key) as site:
+        hosts = {NAME: f"127.0.0.1:{site.port}"}
+        recorder = WebRecorder(
+            "record", archive, tmp_path / "work", _free_port(), hosts=hosts, trusted=[ca]
+        )
+        try:
+            recorder.begin("h2", None)
+            assert _version(recorder.port, "/page") == "1.1"
+        finally:
+            recorder.end()
+        assert site.versions == ["HTTP/1.1"] and site.requests == ["/page"]
+    assert _flow_paths(archive / "h2.flows") == ["/page"]
+    replay = WebRecorder("replay", archive, tmp_path / "work2", _free_port())
+    try:
+        replay.begin("h2", None)
+        assert _version(replay.port, "/page") == "1.1"
         assert replay.misses() == []
     finally:
         replay.end()

@@ -133,6 +133,9 @@ def serve_standin(site_cert: Path, site_key: Path, host: str = "127.0.0.1") -> I
     class Site(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         timeout = 30  # an idle keep-alive connection ends its thread
+        # TCP_NODELAY, as web servers set it: the body, written after the headers, is sent
+        # at once, not 40 ms later (Nagle's algorithm waiting for the client's delayed ACK)
+        disable_nagle_algorithm = True
 
         def setup(self):
             # the TLS handshake in this connection's thread: done in accept(), one client that

@@ -17,6 +17,9 @@ Modes (desktop option ``web``, server flag ``--web``):
   (:mod:`.web_addon`) answers 404 to what the archive lacks and lists it: the attempt's
   misses (:meth:`WebRecorder.misses`).
 
+Both speak HTTP/1.1 to Chromium and to the sites (``http2=false``: mitmproxy's HTTP/2 cost a
+third more of its CPU per request; BENCHMARKS.md, issue 34).
+
 ``mitmdump`` parses every byte the desktop's Chromium (and so a possibly hostile policy) sends,
 so it runs confined (docs/sandbox.md §7): in the desktop's network namespace
 (``nsenter --net``: its sandbox's own, or the host's for ``network=host``), listening on
@@ -208,6 +211,10 @@ class WebRecorder:
         argv = [str(exe), "-q", "--listen-host", "127.0.0.1", "--listen-port", str(self.port)]
         argv += ["--set", f"confdir={INSIDE / 'conf'}", "-s", str(INSIDE / "in" / ADDON.name)]
         argv += ["--set", f"legato_hosts={json.dumps(self.hosts)}"]
+        # HTTP/1.1 to Chromium and to the sites, recording and replaying alike: mitmproxy's
+        # HTTP/2 (the pure-Python h2 state machine per frame) took a third more of its CPU per
+        # request (BENCHMARKS.md, issue 34); replay matches requests whatever their version
+        argv += ["--set", "http2=false"]
         if self.trusted:
             system = Path("/etc/ssl/certs/ca-certificates.crt")
             parts = [system.read_bytes()] if system.is_file() else []
