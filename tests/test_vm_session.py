@@ -185,6 +185,34 @@ async def test_a_click_on_the_dock_opens_the_app_in_the_sandbox_and_a_reset_clos
 
 @pytest.mark.desktop
 @pytest.mark.slow
+@pytest.mark.skipif(shutil.which("vlc") is None, reason="VLC not installed (apt-get install vlc)")
+async def test_the_action_wait_after_a_dock_click_waits_for_the_apps_window(server, client):
+    # what tint2 runs for a click on VLC's icon (its dock entry's Exec), then the action's wait
+    with open(Path(server.state) / "dock", "w") as f:
+        f.write("vlc.desktop\n")
+    done = await client.wait("action", app_window_s=90)
+    assert done["mode"] == "action" and not done["timed_out"], done
+    assert [w["class"] for w in await client.windows()] == ["vlc"]  # no polling: waited for
+
+
+@pytest.mark.desktop
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Chromium not installed")
+async def test_an_action_wait_the_dock_click_lands_in_waits_for_the_apps_window(server, client):
+    # tint2 names the favourite after the click, so the name may reach the server during the
+    # action's screen wait (here 1 s into one of 2 s on frames); Chrome draws nothing until
+    # its window maps, so the screen wait alone would end before it
+    wait = asyncio.create_task(client.wait("action", source="poll", stable_s=2.0, app_window_s=180))
+    await asyncio.sleep(1.0)
+    with open(Path(server.state) / "dock", "w") as f:
+        f.write("google-chrome.desktop\n")
+    done = await wait
+    assert not done["timed_out"], done
+    assert "Google-chrome" in {w["class"] for w in await client.windows()}, done
+
+
+@pytest.mark.desktop
+@pytest.mark.slow
 async def test_the_dock_fifo_is_out_of_the_sandbox_and_names_only_favourites(server, client):
     fifo = Path(server.state) / "dock"
     mode = os.stat(fifo).st_mode

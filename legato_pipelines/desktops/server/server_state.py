@@ -215,6 +215,16 @@ class DesktopServer:
             self._dock_launches.add(task)
             task.add_done_callback(self._dock_launches.discard)
 
+    async def _dock_launched(self) -> bool:
+        """Start the dock's launches whose names wait on its FIFO and wait for those under way
+        (apps being started); whether a dock click or Ctrl+Alt+T opened an app since the last
+        action wait."""
+        if self.session.dock is not None:
+            self._dock_clicked()
+        if self._dock_launches:
+            await asyncio.gather(*list(self._dock_launches), return_exceptions=True)
+        return self.desktop_launched
+
     async def launch_favourite(self, name: str) -> bool:
         """Open the ``vm`` session's favourite ``name`` (a desktop file name, e.g.
         ``vlc.desktop``: :data:`.vm_look.FAVOURITES`), as a click on its dock icon does on
@@ -602,7 +612,9 @@ class DesktopServer:
 
         An action that pressed Ctrl+Alt+T (:meth:`check_hotkey`) is waited for as a launch
         (the terminal's window, within the launch cap), the answer's ``mode`` stays
-        ``action``. After a launch or reset, once the screen is ready, the wait goes on
+        ``action``; so is one that clicked a dock icon (:meth:`launch_favourite`), also when
+        the dock's name reaches the server only during the action's screen wait (the launch
+        part then follows it: the app's main window and content). After a launch or reset, once the screen is ready, the wait goes on
         while an app launched since the reset runs without a main window
         (:meth:`apps_without_window`: GIMP's splash comes seconds before its main window),
         then waits for the screen again; all within the mode's cap (``timeout_s``), or within
@@ -628,6 +640,7 @@ class DesktopServer:
             raise ValueError(f"field 'source' must be one of {READY_SOURCES}, got {source!r}")
         action, apps_only = mode == "action", mode == "apps"
         if action or apps_only:
+            await self._dock_launched()
             hotkey = await self.check_hotkey() or self.desktop_launched
             self.desktop_launched = False
             if hotkey:
@@ -679,6 +692,11 @@ class DesktopServer:
                 quiet_before_s=credit_s,
                 on_look=self.prepared.on_look if damage and mode != "eval" else None,
             )
+        if mode == "action" and await self._dock_launched():  # clicked: tint2's name came later
+            self.desktop_launched = False
+            self.prepared.drop()  # grabbed before the app's window: not the next observation
+            mode = "launch"
+            policy = policy_for("launch", heavy=heavy, **overrides)
         if damage and mode in ("action", "eval") and not result.timed_out:
             self.quiet_mark = (time.monotonic(), result.quiet_s)
         if result.timed_out:

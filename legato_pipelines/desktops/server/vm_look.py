@@ -35,7 +35,7 @@ SESSIONS = ("plain", "vm")
 #: Ubuntu's background colour (``org.gnome.desktop.background primary-color`` on Ubuntu,
 #: aubergine); the VM shows its Jammy Jellyfish picture over it.
 WALLPAPER = "#2c001e"
-#: Heights in pixels at 1920x1080 (GNOME 42's top bar and Ubuntu's dock with 48 px icons).
+#: Heights in pixels at 1920x1080 (GNOME 42's top bar and Ubuntu's dock).
 TOP_BAR_PX = 32
 DOCK_PX = 72
 #: The dock's largest icon size, and its ``tint2`` paddings (``panel_padding``,
