@@ -1,7 +1,7 @@
 """The ``vm`` desktop session (``--session vm``, desktop option ``session=vm``): a real desktop
 server on Xvfb showing the look of OSWorld's VM (top bar, dock, Yaru, "Ubuntu" font, Ubuntu's
-colour), opening LibreOffice maximized in the work area, keeping its panels across resets.
-docs/local-desktop.md §18."""
+colour), opening LibreOffice maximized in the work area, keeping its panels across resets,
+opening a favourite inside the sandbox when its dock icon is clicked. docs/local-desktop.md §18."""
 
 from __future__ import annotations
 

@@ -614,8 +614,9 @@ class DesktopServer:
         (the terminal's window, within the launch cap), the answer's ``mode`` stays
         ``action``; so is one that clicked a dock icon (:meth:`launch_favourite`), also when
         the dock's name reaches the server only during the action's screen wait (the launch
-        part then follows it: the app's main window and content). After a launch or reset, once the screen is ready, the wait goes on
-        while an app launched since the reset runs without a main window
+        part then follows it: the app's main window and content). After a launch or reset,
+        once the screen is ready, the wait goes on while an app launched since the reset runs
+        without a main window
         (:meth:`apps_without_window`: GIMP's splash comes seconds before its main window),
         then waits for the screen again; all within the mode's cap (``timeout_s``), or within
         ``app_window_s`` when that is longer (a launched app's main window has its own cap: a
