@@ -1,17 +1,22 @@
 """The ``vm`` desktop session (``--session vm``, desktop option ``session=vm``): a real desktop
 server on Xvfb showing the look of OSWorld's VM (top bar, dock, Yaru, "Ubuntu" font, Ubuntu's
-colour), opening LibreOffice maximized in the work area, keeping its panels across resets.
-docs/local-desktop.md §18."""
+colour), opening LibreOffice maximized in the work area, keeping its panels across resets,
+opening a favourite inside the sandbox when its dock icon is clicked. docs/local-desktop.md §18."""
 
 from __future__ import annotations
 
 import asyncio
 import io
+import os
 import shutil
+import stat
+import time
+from pathlib import Path
 
 import pytest
 from PIL import Image
 
+from legato_pipelines.actions import Action
 from legato_pipelines.desktops.backends.local import LocalOptions
 from legato_pipelines.desktops.server import vm_look
 from legato_pipelines.desktops.server.desktop import session_option
@@ -142,6 +147,85 @@ async def test_panels_survive_a_reset_and_come_back_after_a_full_one(server, cli
     restarted = {p["pid"] for p in (await client.processes())["infra"] if p["comm"] == "tint2"}
     assert len(restarted) == 2 and not restarted & infra
     _assert_vm_look(await _look(client))
+
+
+async def _windows_of(client, cls: str, timeout_s: float = 90.0) -> list[dict]:
+    deadline = time.monotonic() + timeout_s  # VLC's first start on a busy machine
+    while time.monotonic() < deadline:
+        found = [w for w in await client.windows() if w["class"] == cls]
+        if found:
+            return found
+        await asyncio.sleep(0.5)
+    return []
+
+
+@pytest.mark.desktop
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("vlc") is None, reason="VLC not installed (apt-get install vlc)")
+async def test_a_click_on_the_dock_opens_the_app_in_the_sandbox_and_a_reset_closes_it(client):
+    # the dock's order on this host (favourites not installed are left out), its tint2 layout
+    shown = [fav.name for fav in vm_look.favourites()]
+    x, y = vm_look.dock_icon_centre(shown.index("vlc.desktop"))
+    await client.act(Action("left_click", x=x, y=y))  # the policy's own input path (XTest)
+    windows = await _windows_of(client, "vlc")
+    assert len(windows) == 1, "a click on VLC's dock icon opened no VLC window"
+    assert windows[0]["launched"]  # started by the server, as /setup/launch starts apps
+    procs = await client.processes()
+    task = {p["pid"] for p in procs["task"] if p["comm"] == "vlc"}
+    assert windows[0]["pid"] in task  # a task process: the policy's, not infrastructure
+    assert not [p for p in procs["infra"] if p["comm"] == "vlc"]
+    # inside the sandbox, as its user, the command of vlc.desktop without %U
+    inside = await client.execute(["ps", "-C", "vlc", "-o", "user=,args="])
+    assert inside["output"].split() == ["user", "/usr/bin/vlc", "--started-from-file"], inside
+    await client.reset()
+    procs = await client.processes()
+    assert not [p for p in procs["task"] + procs["infra"] if p["comm"] == "vlc"]
+    assert await client.windows() == []
+
+
+@pytest.mark.desktop
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("vlc") is None, reason="VLC not installed (apt-get install vlc)")
+async def test_the_action_wait_after_a_dock_click_waits_for_the_apps_window(server, client):
+    # what tint2 runs for a click on VLC's icon (its dock entry's Exec), then the action's wait
+    with open(Path(server.state) / "dock", "w") as f:
+        f.write("vlc.desktop\n")
+    done = await client.wait("action", app_window_s=90)
+    assert done["mode"] == "action" and not done["timed_out"], done
+    assert [w["class"] for w in await client.windows()] == ["vlc"]  # no polling: waited for
+
+
+@pytest.mark.desktop
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Chromium not installed")
+async def test_an_action_wait_the_dock_click_lands_in_waits_for_the_apps_window(server, client):
+    # tint2 names the favourite after the click, so the name may reach the server during the
+    # action's screen wait (here 1 s into one of 2 s on frames); Chrome draws nothing until
+    # its window maps, so the screen wait alone would end before it
+    wait = asyncio.create_task(client.wait("action", source="poll", stable_s=2.0, app_window_s=180))
+    await asyncio.sleep(1.0)
+    with open(Path(server.state) / "dock", "w") as f:
+        f.write("google-chrome.desktop\n")
+    done = await wait
+    assert not done["timed_out"], done
+    assert "Google-chrome" in {w["class"] for w in await client.windows()}, done
+
+
+@pytest.mark.desktop
+@pytest.mark.slow
+async def test_the_dock_fifo_is_out_of_the_sandbox_and_names_only_favourites(server, client):
+    fifo = Path(server.state) / "dock"
+    mode = os.stat(fifo).st_mode
+    assert stat.S_ISFIFO(mode) and stat.S_IMODE(mode) == 0o600
+    assert os.stat(fifo).st_uid == os.geteuid()  # the server's user's, as tint2
+    # the state directory is not in the sandbox: no task process can name an app to it
+    seen = await client.execute(["bash", "-c", f"ls -d {server.state} {fifo} 2>&1; true"])
+    assert "No such file or directory" in seen["output"], seen
+    # a line naming no favourite (or a command) opens nothing; only the dock's names count
+    with open(fifo, "w") as f:
+        f.write("xterm.desktop\nxterm\n")
+    await asyncio.sleep(1.0)
+    assert (await client.processes())["task"] == []
 
 
 def test_session_option_is_checked_with_the_choices():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import subprocess
@@ -34,6 +35,8 @@ from .session import Session
 from .wire import READY_SOURCES  # damage (poll where the X server has no DAMAGE) | poll
 from .xstate import XState, restore, snapshot
 from .xthread import XThread
+
+log = logging.getLogger(__name__)
 
 REAP_INTERVAL_S = 1.0
 CLOSE_GRACE_S = 1.0  # seconds a window may take to close when asked, before its client is killed
@@ -130,7 +133,9 @@ class DesktopServer:
         self._hotkey_watch: asyncio.Task | None = None
         #: apps launched since the reset, by the host pid of their launch
         self.launched: dict[int, LaunchedApp] = {}
-        self.hotkey_launched = False  # Ctrl+Alt+T opened a terminal since the last action wait
+        #: Ctrl+Alt+T opened a terminal, or a dock click an app, since the last action wait
+        self.desktop_launched = False
+        self._dock_launches: set[asyncio.Task] = set()
         #: ``(monotonic s, quiet s)``: when the last action/eval wait on drawing reports ended
         #: and the quiet it ended with; dropped by any request but a read (:data:`READ_ONLY_ROUTES`)
         self.quiet_mark: tuple[float, float] | None = None
@@ -153,9 +158,13 @@ class DesktopServer:
         self.x_baseline = await self.x.run(lambda: snapshot(self.x.ctx().state, keymap=True))
         self._reaper = asyncio.create_task(self._reap_forever())
         self._hotkey_watch = asyncio.create_task(self._watch_hotkey_forever())
+        if self.session.dock is not None:
+            asyncio.get_running_loop().add_reader(self.session.dock.fd, self._dock_clicked)
         self.clean_at = self.changes  # HOME is the baseline, the bus and the sandbox are new
 
     async def stop(self) -> None:
+        if self.session.dock is not None and self.session.dock.fd is not None:
+            asyncio.get_running_loop().remove_reader(self.session.dock.fd)
         for task in (self._reaper, self._hotkey_watch):
             if task is not None:
                 task.cancel()
@@ -195,8 +204,48 @@ class DesktopServer:
             return 0
         for _ in range(presses):
             await self.x.run(self._spawn_app, argv, False)
-        self.hotkey_launched = True
+        self.desktop_launched = True
         return presses
+
+    def _dock_clicked(self) -> None:
+        """Names came on the dock's FIFO (:mod:`.dock_channel`): open each favourite."""
+        assert self.session.dock is not None
+        for name in self.session.dock.take():
+            task = asyncio.get_running_loop().create_task(self.launch_favourite(name))
+            self._dock_launches.add(task)
+            task.add_done_callback(self._dock_launches.discard)
+
+    async def _dock_launched(self) -> bool:
+        """Start the dock's launches whose names wait on its FIFO and wait for those under way
+        (apps being started); whether a dock click or Ctrl+Alt+T opened an app since the last
+        action wait."""
+        if self.session.dock is not None:
+            self._dock_clicked()
+        if self._dock_launches:
+            await asyncio.gather(*list(self._dock_launches), return_exceptions=True)
+        return self.desktop_launched
+
+    async def launch_favourite(self, name: str) -> bool:
+        """Open the ``vm`` session's favourite ``name`` (a desktop file name, e.g.
+        ``vlc.desktop``: :data:`.vm_look.FAVOURITES`), as a click on its dock icon does on
+        OSWorld's VM: its desktop file's command (:attr:`.Session.dock_commands`), started as
+        ``/setup/launch`` starts apps (the desktop user, the task's environment and session
+        bus, inside the sandbox; a task process the next reset kills). The next action wait
+        waits for it as for a launch. Returns ``False`` (logged) for a name that is not one of
+        the dock's favourites, and while a reset runs (it would kill the app anyway)."""
+        argv = self.session.dock_commands.get(name)
+        if argv is None:
+            log.warning("the dock named %r, which is not one of its favourites: ignored", name)
+            return False
+        if self.reset_lock.locked():
+            log.info("dock click on %s during a reset: not opened", name)
+            return False
+        self.quiet_mark = None  # the screen is about to change: no quiet credit, no prepared obs
+        self.prepared.drop()
+        self.changes += 1
+        await self.x.run(self._spawn_app, argv, False)
+        self.desktop_launched = True
+        return True
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -479,7 +528,7 @@ class DesktopServer:
                 detail |= await self.x.run(self._full_reset_sync)
             self.launch_mark = self.before_action = None
             self.launched = {}
-            self.hotkey_launched = False
+            self.desktop_launched = False
             if quiet and self.changing == 0 and self.changes == changes:
                 self.clean_at = changes
             return {"kind": kind, "reset_s": time.perf_counter() - t0, **detail}
@@ -563,8 +612,11 @@ class DesktopServer:
 
         An action that pressed Ctrl+Alt+T (:meth:`check_hotkey`) is waited for as a launch
         (the terminal's window, within the launch cap), the answer's ``mode`` stays
-        ``action``. After a launch or reset, once the screen is ready, the wait goes on
-        while an app launched since the reset runs without a main window
+        ``action``; so is one that clicked a dock icon (:meth:`launch_favourite`), also when
+        the dock's name reaches the server only during the action's screen wait (the launch
+        part then follows it: the app's main window and content). After a launch or reset,
+        once the screen is ready, the wait goes on while an app launched since the reset runs
+        without a main window
         (:meth:`apps_without_window`: GIMP's splash comes seconds before its main window),
         then waits for the screen again; all within the mode's cap (``timeout_s``), or within
         ``app_window_s`` when that is longer (a launched app's main window has its own cap: a
@@ -589,8 +641,9 @@ class DesktopServer:
             raise ValueError(f"field 'source' must be one of {READY_SOURCES}, got {source!r}")
         action, apps_only = mode == "action", mode == "apps"
         if action or apps_only:
-            hotkey = await self.check_hotkey() or self.hotkey_launched
-            self.hotkey_launched = False
+            await self._dock_launched()
+            hotkey = await self.check_hotkey() or self.desktop_launched
+            self.desktop_launched = False
             if hotkey:
                 mode, apps_only = "launch", False
         if apps_only:
@@ -640,6 +693,11 @@ class DesktopServer:
                 quiet_before_s=credit_s,
                 on_look=self.prepared.on_look if damage and mode != "eval" else None,
             )
+        if mode == "action" and await self._dock_launched():  # clicked: tint2's name came later
+            self.desktop_launched = False
+            self.prepared.drop()  # grabbed before the app's window: not the next observation
+            mode = "launch"
+            policy = policy_for("launch", heavy=heavy, **overrides)
         if damage and mode in ("action", "eval") and not result.timed_out:
             self.quiet_mark = (time.monotonic(), result.quiet_s)
         if result.timed_out:

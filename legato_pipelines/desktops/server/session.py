@@ -39,6 +39,7 @@ from pathlib import Path
 
 from . import accessibility, app_profiles, chrome, dbus_session, vm_look
 from . import home as home_mod
+from .dock_channel import DockChannel
 from .leftovers import empty_dir
 from .procs import ProcessTable, RunAs, descendants, own_process_table
 from .sandbox import SANDBOX_HOME, SANDBOX_UID, SANDBOX_USER, Sandbox, SandboxError
@@ -236,6 +237,10 @@ class Session:
         self._wm: subprocess.Popen | None = None
         #: the ``vm`` session's panels (top bar, dock): infrastructure, as openbox
         self._panels: list[subprocess.Popen] = []
+        #: the ``vm`` session's dock: the FIFO its clicks name favourites on
+        #: (:mod:`.dock_channel`) and the argv each favourite opens (:func:`.vm_look.favourites`)
+        self.dock: DockChannel | None = None
+        self.dock_commands: dict[str, list[str]] = {}
         #: the display's abstract socket name, bound and held (never listening): :func:`_hold_abstract`
         self._x_name: socket.socket | None = None
         self.generation = 0  # bumped on every X (re)start; X clients reconnect when it changes
@@ -357,7 +362,7 @@ class Session:
         (self.wm_home / ".config" / "openbox" / "rc.xml").write_text(openbox_config(self.session))
         if self.session == "vm":
             vm_look.write_home(self.wm_home, None, None)  # the panels' font
-            self._panel_configs = vm_look.panel_configs(self.wm_home / "panels")
+            self._start_dock()
         profile = self._libreoffice_profile() if "libreoffice" in self.prebuild else None
         templates = [t for t in (profile, self.template) if t is not None]  # the user's last
         home_mod.build_baseline(self.baseline, uid=self.uid, gid=self.gid, templates=templates)
@@ -375,6 +380,25 @@ class Session:
         self.start_x()
         self._start_sandbox()
         self._start_bus()
+
+    def _start_dock(self) -> None:
+        """The ``vm`` session's dock: the favourites as the desktop user's system has them
+        (sandboxed, the seed layer's desktop files over the host's: ``google-chrome`` is the
+        wrapper there), the FIFO their icons write to, the panels' configurations."""
+        folders = [vm_look.APPLICATIONS]
+        if self.sandbox is not None:
+            folders.insert(0, self.sandbox.dir / "seed" / "usr" / "share" / "applications")
+        found = vm_look.favourites(folders)
+        self.dock_commands = {fav.name: list(fav.argv) for fav in found}
+        try:
+            self.dock = DockChannel(self.state / "dock")
+        except OSError as exc:
+            raise SessionError(
+                f"cannot make the dock's FIFO {self.state / 'dock'}: {exc}"
+            ) from None
+        self._panel_configs = vm_look.panel_configs(
+            self.wm_home / "panels", found, self.dock.exec_line
+        )
 
     def _start_sandbox(self) -> None:
         if self.sandbox is None:
@@ -574,6 +598,8 @@ class Session:
         """Kill every process of the desktop (tasks and infrastructure)."""
         me = os.getpid()
         self.stop_x()
+        if self.dock is not None:
+            self.dock.close()
         try:
             if self.sandbox is not None:
                 self.sandbox.close()
