@@ -57,7 +57,7 @@ SUBSET = (
     "ce88f674",  # Impress: Slide Properties, portrait
     "d52d6308",  # GIMP: Tab hides the docks
     "7767eef2",  # GIMP: gimprc with GIMP stopped
-    "a5bbbcd5",  # VLC: preferences dialog
+    "a5bbbcd5",  # VLC: preferences dialog, by Tab and space
     "215dfd39",  # VLC: vlcrc with VLC stopped
     "12086550",  # Chrome: a settings page by URL
     "030eeff7",  # Chrome: Preferences with Chrome stopped
