@@ -8,10 +8,14 @@ session bus's ``dconf-service`` writes it, always to a new file renamed into pla
 :meth:`DockFavourites.changed`, a couple of microseconds) at the start and end of every ready
 wait; only when it changed does it read the key (``gsettings get`` run as the desktop user,
 inside the sandbox: the file is the task's, never parsed by the server) and, when the dock's
-favourites differ from what it shows, rewrite the dock's configuration and reload its
-``tint2`` (:func:`reload_panel`: ``SIGUSR1``, on which tint2 tears its panels down and builds
-them again from its ``-c`` file, src/main.c). A reset makes HOME the baseline's, whose
-favourites are :data:`.vm_look.FAVOURITES`: the reset restores that dock without reading.
+favourites differ from what it shows, rewrite the dock's configuration and replace its
+``tint2``: a new one is started over the old one (:func:`wait_for_dock`), then the old one
+is ended. Not ``SIGUSR1``: on it tint2 reloads, but by tearing its panels down and building
+them again in the same process (src/main.c), so the dock's strut is gone meanwhile and
+openbox resizes every maximized window to the full width and back (measured on a maximized
+xterm: 1208 -> 1280 -> 1208 px); with two docks for a moment the work area never changes. A
+reset makes HOME the baseline's, whose favourites are :data:`.vm_look.FAVOURITES`: the reset
+restores that dock without reading.
 
 The dock's FIFO (:mod:`.dock_channel`) accepts the names shown: :attr:`DockFavourites.commands`.
 """
@@ -19,7 +23,6 @@ The dock's FIFO (:mod:`.dock_channel`) accepts the names shown: :attr:`DockFavou
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -113,17 +116,18 @@ def dock_windows(display, pid: int) -> set[int]:
     return found
 
 
-def reload_panel(
+def wait_for_dock(
     display_name: str, panel: subprocess.Popen, icons: int, timeout: float = RELOAD_TIMEOUT_S
 ) -> float:
-    """Make ``tint2`` process ``panel`` (the dock) read its configuration again (``SIGUSR1``)
-    and wait until it shows it: its old window is gone, a new one is managed, openbox's work
-    area leaves room for the dock again, and the dock's column on the screen stays the same
-    over two looks :data:`RELOAD_POLL_S` apart and, with ``icons`` > 0, is not one plain
-    colour (the icons are drawn). Returns the seconds it took. Raises ``RuntimeError`` when
-    tint2 exited, or it did not show the new dock within ``timeout`` seconds."""
+    """Wait until the dock ``tint2`` process ``panel`` (just started) shows: a window of its
+    own is managed and viewable, openbox's work area leaves room for the dock, and the dock's
+    column on the screen stays the same over two looks :data:`RELOAD_POLL_S` apart and is
+    drawn (tint2 maps its window black, then draws: not one plain colour with ``icons`` > 0,
+    not black without). Returns the seconds it took. Raises ``RuntimeError`` when tint2
+    exited, or it did not show the dock within ``timeout`` seconds (says what it waited for)."""
     from Xlib import X
     from Xlib import display as xdisplay
+    from Xlib.error import XError
 
     t0 = time.monotonic()
     d = xdisplay.Display(display_name)
@@ -131,27 +135,37 @@ def reload_panel(
         root = d.screen().root
         height = d.screen().height_in_pixels
         workarea = d.intern_atom("_NET_WORKAREA")
-        old = dock_windows(d, panel.pid)
-        os.kill(panel.pid, signal.SIGUSR1)
         deadline = t0 + timeout
         last = None
+        waiting = "its window"
         while True:
             if panel.poll() is not None:
-                raise RuntimeError(f"tint2 exited with {panel.returncode} on reload")
+                raise RuntimeError(f"tint2 exited with {panel.returncode}")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the dock was not shown again within {timeout:.0f} s")
+                raise RuntimeError(f"the dock was not shown within {timeout:.0f} s ({waiting})")
             time.sleep(RELOAD_POLL_S)
-            new = dock_windows(d, panel.pid)
-            if not new or new & old:
+            try:
+                viewable = [
+                    wid
+                    for wid in dock_windows(d, panel.pid)
+                    if d.create_resource_object("window", wid).get_attributes().map_state
+                    == X.IsViewable
+                ]
+            except XError:
+                continue
+            if not viewable:
                 continue
             area = root.get_full_property(workarea, X.AnyPropertyType)
             if area is None or len(area.value) < 2 or area.value[0] < vm_look.DOCK_PX:
+                waiting = "the work area"
                 continue
+            waiting = "its icons drawn"
             top = vm_look.TOP_BAR_PX
             pixels = root.get_image(0, top, vm_look.DOCK_PX, height - top, X.ZPixmap, 0xFFFFFFFF)
             column = bytes(pixels.data)
             plain = column == column[:4] * (len(column) // 4)
-            if column == last and (icons == 0 or not plain):
+            drawn = not plain if icons else column[:3] != b"\x00\x00\x00"
+            if column == last and drawn:
                 return time.monotonic() - t0
             last = column
     finally:

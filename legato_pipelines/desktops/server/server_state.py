@@ -233,11 +233,14 @@ class DesktopServer:
         if self.reset_lock.locked() or not self.session.dock_changed():
             return False
         try:
-            if not await asyncio.to_thread(self.session.sync_dock):
-                return False
-        except SessionError as exc:  # the dock is gone: a full reset starts it again
+            detail = await self.x.run(self.session.sync_dock)
+        except SessionError as exc:  # the old dock stays
             log.error("%s", exc)
             return False
+        if not detail:
+            return False
+        shown = self.session.favourites.shown if self.session.favourites else ()
+        log.info("the dock shows %s now (%.2f s)", ", ".join(shown) or "nothing", detail["dock_s"])
         self.prepared.drop()
         return True
 

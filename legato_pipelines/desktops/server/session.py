@@ -41,7 +41,7 @@ from pathlib import Path
 from . import accessibility, app_profiles, chrome, dbus_session, vm_look
 from . import home as home_mod
 from .dock_channel import DockChannel
-from .dock_favourites import DockFavourites, reload_panel
+from .dock_favourites import DockFavourites, wait_for_dock
 from .leftovers import empty_dir
 from .procs import ProcessTable, RunAs, descendants, own_process_table
 from .sandbox import SANDBOX_HOME, SANDBOX_UID, SANDBOX_USER, Sandbox, SandboxError
@@ -420,10 +420,11 @@ class Session:
     def sync_dock(self) -> dict[str, float]:
         """When the dconf database changed (:meth:`dock_changed`): read ``favorite-apps``
         (``gsettings get`` as the desktop user, inside the sandbox) and, when the dock would
-        show other favourites, show them (:func:`.dock_favourites.reload_panel`). Returns
-        ``{"dock_s": seconds}`` when the dock was reloaded, else ``{}``. A key that cannot
-        be read leaves the dock as it is (logged). Raises :class:`SessionError` when tint2
-        did not show the new dock."""
+        show other favourites, show them (:meth:`_replace_dock`). Returns ``{"dock_s":
+        seconds}`` when the dock was replaced, else ``{}``. A key that cannot be read leaves
+        the dock as it is (logged). Call it from the X thread (the new tint2 is tied to the
+        thread that starts it, as the panels are). Raises :class:`SessionError` when the new
+        dock did not show (the old one is kept)."""
         if not self.dock_changed():
             return {}
         assert self.favourites is not None
@@ -464,14 +465,48 @@ class Session:
         assert self.favourites is not None
         if self.favourites.shows(names):
             return {}
+        before = self.favourites.shown
         self.favourites.write(names)
         if not reload or len(self._panels) < 2 or self.display is None:
             return {}
         try:
-            took = reload_panel(self.display, self._panels[1], len(self.favourites.shown))
+            return {"dock_s": self._replace_dock()}
+        except SessionError:
+            self.favourites.write(before)  # what the old dock, kept, shows
+            raise
+
+    def _replace_dock(self) -> float:
+        """Start a ``tint2`` on the dock's new configuration over the running one, wait until
+        it shows (:func:`.dock_favourites.wait_for_dock`), then end the old one; returns the
+        seconds it took. Raises :class:`SessionError` (the new one ended, the old one kept)
+        when it does not show."""
+        old = self._panels[1]
+        with open(self.state / "panels.log", "ab") as panel_log:
+            new = self.procs.spawn(
+                [
+                    "setpriv",
+                    "--pdeathsig",
+                    "KILL",
+                    "--",
+                    "tint2",
+                    "-c",
+                    str(self._panel_configs[1]),
+                ],
+                self._infra_run_as(),
+                stdout=panel_log,
+                stderr=panel_log,
+            )
+        assert self.display is not None
+        try:
+            took = wait_for_dock(self.display, new, len(self.dock_commands))
         except RuntimeError as exc:
+            new.kill()
+            new.wait()
             raise SessionError(f"the dock's favourites: {exc} (see panels.log)") from None
-        return {"dock_s": took}
+        self._panels[1] = new
+        old.kill()
+        old.wait()
+        return took
 
     def _start_sandbox(self) -> None:
         if self.sandbox is None:
