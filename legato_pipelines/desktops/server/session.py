@@ -481,21 +481,7 @@ class Session:
         seconds it took. Raises :class:`SessionError` (the new one ended, the old one kept)
         when it does not show."""
         old = self._panels[1]
-        with open(self.state / "panels.log", "ab") as panel_log:
-            new = self.procs.spawn(
-                [
-                    "setpriv",
-                    "--pdeathsig",
-                    "KILL",
-                    "--",
-                    "tint2",
-                    "-c",
-                    str(self._panel_configs[1]),
-                ],
-                self._infra_run_as(),
-                stdout=panel_log,
-                stderr=panel_log,
-            )
+        new = self._spawn_panel(self._panel_configs[1])
         assert self.display is not None
         try:
             took = wait_for_dock(self.display, new, len(self.dock_commands))
@@ -602,17 +588,20 @@ class Session:
     def _start_panels(self) -> None:
         """The ``vm`` session's top bar and dock (``tint2``, :mod:`.vm_look`), as openbox:
         the server's own, killed with it. Returns once their struts shape the work area."""
-        with open(self.state / "panels.log", "ab") as panel_log:
-            for config in self._panel_configs:
-                self._panels.append(
-                    self.procs.spawn(
-                        ["setpriv", "--pdeathsig", "KILL", "--", "tint2", "-c", str(config)],
-                        self._infra_run_as(),
-                        stdout=panel_log,
-                        stderr=panel_log,
-                    )
-                )
+        for config in self._panel_configs:
+            self._panels.append(self._spawn_panel(config))
         _wait_for_panels(self.display, self._panels, WM_TIMEOUT_S)
+
+    def _spawn_panel(self, config: Path) -> subprocess.Popen:
+        """Start ``tint2`` on ``config``, logging to ``panels.log``; killed when the calling
+        thread ends (``--pdeathsig``: the X thread's, as openbox)."""
+        with open(self.state / "panels.log", "ab") as panel_log:
+            return self.procs.spawn(
+                ["setpriv", "--pdeathsig", "KILL", "--", "tint2", "-c", str(config)],
+                self._infra_run_as(),
+                stdout=panel_log,
+                stderr=panel_log,
+            )
 
     def stop_x(self) -> None:
         """Kill openbox, stop Xvfb (by PID) and reap them; the display's lock file and
