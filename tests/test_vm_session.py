@@ -316,3 +316,35 @@ async def test_the_dock_shows_favourite_apps_from_dconf_and_a_reset_restores_it(
     assert restored == before
     listed = await client.execute(["gsettings", "get", "org.gnome.shell", "favorite-apps"])
     assert listed["output"].strip() == str(list(vm_look.FAVOURITES))
+
+
+@pytest.mark.desktop
+@pytest.mark.slow
+async def test_gsettings_ending_during_an_action_wait_shows_in_the_dock_at_its_end(server, client):
+    # the policy's gsettings in a terminal ends after the keypress that started it: here 1 s
+    # into an action wait of 2 s on frames, which looks at dconf again when it ends
+    wait = asyncio.create_task(client.wait("action", source="poll", stable_s=2.0))
+    await asyncio.sleep(1.0)
+    done = await client.execute(
+        ["gsettings", "set", "org.gnome.shell", "favorite-apps", "['vim.desktop']"]
+    )
+    assert done["returncode"] == 0, done
+    await wait
+    assert _dock_entries(server) == ["vim.desktop"]
+    slots = await _icon_slots(client, 2)
+    assert not _plain(slots[0]) and _plain(slots[1])
+    # vim.desktop says Terminal=true: a click runs vim in a terminal, as GLib does
+    x, y = vm_look.dock_icon_centre(0)
+    await client.act(Action("left_click", x=x, y=y))
+    await client.wait("action", app_window_s=60)
+    deadline = time.monotonic() + 60
+    inside = {}
+    while time.monotonic() < deadline and "vim" not in inside.get("output", ""):
+        inside = await client.execute(["bash", "-c", "ps -C vim -o user=,args=; true"])
+        await asyncio.sleep(0.5)
+    assert inside["output"].split() == ["user", "vim"], inside
+    parent = await client.execute(["bash", "-c", "ps -o comm= -p $(ps -o ppid= -C vim)"])
+    terminal = vm_look.terminal_prefix()[0]  # gnome-terminal's window is its server's
+    assert parent["output"].strip() == {"gnome-terminal": "gnome-terminal-"}.get(terminal, terminal)
+    await client.reset()
+    assert _dock_entries(server) == [fav.name for fav in vm_look.favourites()]
