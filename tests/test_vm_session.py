@@ -346,5 +346,8 @@ async def test_gsettings_ending_during_an_action_wait_shows_in_the_dock_at_its_e
     parent = await client.execute(["bash", "-c", "ps -o comm= -p $(ps -o ppid= -C vim)"])
     terminal = vm_look.terminal_prefix()[0]  # gnome-terminal's window is its server's
     assert parent["output"].strip() == {"gnome-terminal": "gnome-terminal-"}.get(terminal, terminal)
-    await client.reset()
+    # a full reset starts the panels again: with the baseline's dock
+    await client.reset(full=True)
     assert _dock_entries(server) == [fav.name for fav in vm_look.favourites()]
+    slots = await _icon_slots(client, 2)
+    assert not any(_plain(slot) for slot in slots)
