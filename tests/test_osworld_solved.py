@@ -15,6 +15,10 @@ By default each backend runs :data:`SUBSET`, a few tasks of every domain: 4 min 
 ``LEGATO_ORACLE_FULL=1`` runs the whole list, as ``python examples/tasks/osworld_solved/run.py``
 does: about 11 and 17 minutes, too long for CI's 45-minute budget of the whole test suite.
 
+Both run at ``legato collect``'s defaults for OSWorld's tasks, as users get them: a 1920x1080
+screen and, on the local backend, the ``vm`` session (OSWorld's GNOME look: top bar, dock,
+Yaru; docs/local-desktop.md §18). No script depends on the screen's size or the session.
+
 ``osworld``: OSWorld's DesktopEnv, SetupController and evaluators in the venv, driving local
 desktop servers (``--osworld-provider local``). ``local``: the local backend's own reset,
 input and ready waits, with OSWorld's SetupController and evaluators run by its osworld worker.
@@ -30,6 +34,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from legato_pipelines.desktops.registry import get
+from legato_pipelines.desktops.task_defaults import OSWORLD_SCREEN, OSWORLD_SESSION
 
 from .osworld_backend_support import needs_desktop_apps, needs_vm_python, osworld_python
 
@@ -50,7 +57,7 @@ SUBSET = (
     "ce88f674",  # Impress: Slide Properties, portrait
     "d52d6308",  # GIMP: Tab hides the docks
     "7767eef2",  # GIMP: gimprc with GIMP stopped
-    "a5bbbcd5",  # VLC: preferences dialog
+    "a5bbbcd5",  # VLC: preferences dialog, by Tab and space
     "215dfd39",  # VLC: vlcrc with VLC stopped
     "12086550",  # Chrome: a settings page by URL
     "030eeff7",  # Chrome: Preferences with Chrome stopped
@@ -100,6 +107,13 @@ def test_every_oracle_task_scores_one_and_doing_nothing_scores_zero(tmp_path, ba
 
     wrong = {o.task_id: o.problem() for o in outcomes if not o.ok}
     assert not wrong
+    # at collect's defaults for OSWorld's tasks, as users get them: nothing pinned by the runner
+    expected = {"screen": "{}x{}".format(*OSWORLD_SCREEN)}
+    if "session" in get(backend).options.model_fields:
+        expected["session"] = OSWORLD_SESSION
+    for run_pass in ("solve", "nothing"):
+        knobs = json.loads((tmp_path / run_pass / "run.json").read_text())["knobs"]
+        assert knobs.get("osworld_defaults") == expected, run_pass
     # a feasible task's script acted, then terminated (an infeasible one answers FAIL at once)
     osworld = ROOT / "tests" / "data" / "osworld"
     for o in outcomes:

@@ -4,8 +4,10 @@ Run ``python examples/tasks/osworld_solved/build.py`` after editing; the JSON fi
 
 Real OSWorld tasks (their configs in ``tests/data/osworld``, resolved with ``--osworld
 tests/data/osworld``) that a scripted policy solves on local desktops with policy actions only:
-keystrokes, typing, menus, a few clicks at fixed pixels of a 1280x720 screen, commands typed
-into a terminal. Every entry references OSWorld's config unchanged: setup and evaluator are
+keystrokes, typing, menus, one click in the middle of the screen, commands typed into a
+terminal. No action depends on the screen's size or the desktop's session: the suite runs at
+``legato collect``'s defaults for OSWorld's tasks (1920x1080, the local backend's ``vm``
+session) as at any other screen. Every entry references OSWorld's config unchanged: setup and evaluator are
 OSWorld's, and nothing in the setup solves a task. ``scripts/solve.json`` is in the scripted
 policy server's format ``{"tasks": {"<instruction>": ["<Qwen computer-use response>", ...]}}``;
 the files the tasks download and compare against are built by ``files.py`` (openpyxl,
@@ -35,29 +37,42 @@ _spec.loader.exec_module(_local)
 done, key, type_ = _local.done, _local.key, _local.type_
 qwen_response = _local.qwen_response
 
-SCREEN = (1280, 720)  # run.py pins it (--screen); the clicks below are at these pixels
-
-
-def click(x: int, y: int, what: str) -> str:
-    """A left click at screen pixel ``(x, y)`` of a :data:`SCREEN`-sized desktop, sent on
-    Qwen3-VL's 0..999 grid (OSWorld maps it back with ``x * W / 999``)."""
-    grid = [round(x * 999 / SCREEN[0]), round(y * 999 / SCREEN[1])]
-    return qwen_response(what, {"action": "left_click", "coordinate": grid})
-
+#: The middle of the screen on Qwen3-VL's 0..999 grid (OSWorld maps it back with ``x * W / 999``):
+#: the same place on every screen size.
+MIDDLE = [500, 500]
 
 #: GIMP's main window is up when the reset's wait ends, but it keeps loading for a moment on
 #: loaded cores before it takes keys.
 WAIT = qwen_response("Wait for GIMP to finish starting.", {"action": "wait", "time": 3})
 
-#: VLC's preferences dialog draws its pages lazily; on loaded cores the first click can land
-#: before the page is there, so the scripts wait a second before clicking in it.
+#: VLC's Simple Preferences dialog (Ctrl+P) opens with the keyboard focus on its "Simple"
+#: radio button. Tab goes on to Reset Preferences, then to the category bar's selected button
+#: (Interface), whose Left/Right arrows select the previous/next category (they are an
+#: exclusive button group), then into the page's fields in reading order. VLC's checkboxes have
+#: no mnemonics: the scripts reach them by Tab, as a model watching the focus ring would, and
+#: toggle them with the space bar. Keys only: no pixel of the dialog, so no screen size,
+#: window size or theme moves them.
 VLC_PREFS = [
     # the middle of the screen is VLC's video area on any screen size (OSWorld's own VLC setups
     # click there): on the osworld backend VLC's window was once not focused, and Ctrl+P was lost
-    click(SCREEN[0] // 2, SCREEN[1] // 2, "Click VLC's window to focus it."),
+    qwen_response(
+        "Click VLC's window to focus it.", {"action": "left_click", "coordinate": MIDDLE}
+    ),
     key("ctrl", "p", what="Open VLC's Simple Preferences (Tools > Preferences)."),
+    # the dialog draws its pages lazily: on loaded cores keys sent at once were early
     qwen_response("Wait for the preferences dialog.", {"action": "wait", "time": 1}),
 ]
+
+
+def tabs(n: int, to: str) -> list[str]:
+    """``n`` presses of Tab, the last one landing on ``to`` (VLC's dialog, :data:`VLC_PREFS`)."""
+    return [key("tab") for _ in range(n - 1)] + [key("tab", what=f"Tab to {to}.")]
+
+
+#: From the dialog's first focus to the category bar (Simple > Reset Preferences > Interface).
+VLC_CATEGORIES = tabs(2, "the category bar's Interface button")
+
+
 VLC_SAVE = key("alt", "s", what="Save the preferences (the dialog's Save button, Alt+S).")
 
 SAVE_KEEP = [
@@ -290,7 +305,15 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "vlc",
         "a5bbbcd5-b398-4c91-83d4-55e1e31bbb81",
         "vlc",
-        [*VLC_PREFS, click(418, 313, "Tick Start in minimal view mode."), VLC_SAVE, done()],
+        [
+            *VLC_PREFS,
+            # Simple > Reset Preferences > Interface > the page > Use native style > Show
+            # controls in full screen mode > Integrate video > Resize interface > minimal view
+            *tabs(8, "Start in minimal view mode"),
+            key("space", what="Tick it."),
+            VLC_SAVE,
+            done(),
+        ],
     ),
     (
         "vlc",
@@ -298,7 +321,10 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "vlc",
         [
             *VLC_PREFS,
-            click(280, 537, "Untick Use only one instance when started from file manager."),
+            # past the Interface page's Look and feel fields (8 Tabs reach minimal view mode; then
+            # Pause playback, systray, the three lists) and Allow only one instance
+            *tabs(15, "Use only one instance when started from file manager"),
+            key("space", what="Untick it."),
             VLC_SAVE,
             done(),
         ],
@@ -309,8 +335,13 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
         "vlc",
         [
             *VLC_PREFS,
-            click(686, 65, "Open the Input / Codecs page."),
-            click(717, 522, "Click the Record directory or filename field."),
+            *VLC_CATEGORIES,
+            *[key("right") for _ in range(3)],
+            key("right", what="Interface > Audio > Video > Subtitles / OSD > Input / Codecs."),
+            # from the category button: the page, then Codecs (hardware decoding, fast seek,
+            # post-processing, H.264 deblocking, x264 preset, tuning, profile, level), Optical
+            # drive (default device), Files: Record directory or filename
+            *tabs(11, "the Record directory or filename field"),
             type_("/home/user/Desktop", "Type the Desktop folder."),
             VLC_SAVE,
             done(),

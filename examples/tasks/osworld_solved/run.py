@@ -11,10 +11,15 @@ the gold files they compare against are built by ``files.py`` into a fresh file 
 for both backends (``<cache>/<task_id>/`` as the local backend reads it, and every desktop's
 ``<cache>/desktop-<i>/<task_id>/`` as the osworld backend's DesktopEnv caches read it).
 
+The desktops are ``legato collect``'s defaults for OSWorld's tasks (a 1920x1080 screen and, on
+the local backend, ``session=vm``, the look of OSWorld's GNOME VM: desktops/task_defaults.py):
+no script depends on the screen's size or the session (``build.py``).
+
 Prints one row per task (reward solved, reward doing nothing, the record's status and error
 when not ``ok``) and the wall time of each pass. Exit status 0 only when every task scores 1
 solved and 0 doing nothing; 1 otherwise; 2 on a bad argument. Arguments after ``--`` go to
-``legato collect`` unchanged (e.g. ``-- --desktop-option ready_app_window_s=60``).
+``legato collect`` unchanged and win over its defaults (e.g. ``-- --desktop-option
+ready_app_window_s=60``, ``-- --screen 1280x720 --desktop-option session=plain``).
 """
 
 from __future__ import annotations
@@ -82,20 +87,6 @@ def fill(cache: Path, tasks, desktops: int) -> None:
         fill_cache(cache / f"desktop-{i}", tasks)
 
 
-def pinned_desktop(collect_args: list[str]) -> list[str]:
-    """The desktops the scripts were written on, whatever collect's defaults for OSWorld's
-    tasks (1920x1080, the local backend's ``session=vm``; desktops/task_defaults.py): the
-    clicks are at pixels of a ``build.SCREEN`` screen of the plain session. Flags in
-    ``collect_args`` win (they come after)."""
-    pinned = ["--screen", "{}x{}".format(*_sibling("build").SCREEN)]
-    backend = (
-        collect_args[collect_args.index("--backend") + 1] if "--backend" in collect_args else ""
-    )
-    if backend == "local":  # the one backend with a session option
-        pinned += ["--desktop-option", "session=plain"]
-    return pinned
-
-
 def collect_pass(
     script: dict | Path, tasks_json: Path, out: Path, cache: Path, collect_args: list[str]
 ) -> tuple[dict[str, dict], float]:
@@ -110,7 +101,6 @@ def collect_pass(
             *("--spares", "0", "--group", "1"),
             *("--policy-url", server.url, "--model", server.model, "--out", str(out)),
             *("--desktop-option", f"cache_dir={cache}", "--no-progress"),
-            *pinned_desktop(collect_args),
             *collect_args,
         ]
         subprocess.run(command, check=False)

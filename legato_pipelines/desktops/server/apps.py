@@ -232,6 +232,7 @@ WINDOWED_PROGRAMS = frozenset(app.command[0] for app in DESKTOP_APPS) | {
     "soffice",
     "chromium",
     "gimp-2.10",
+    "google-chrome-stable",  # what the VM's google-chrome.desktop runs (the dock, vm_look.py)
 }
 
 

@@ -32,7 +32,8 @@ Project routes
   POST /legato/windows/close {ids: [...]} -> {closed: {id: closed|killed|open|gone}}
 
 Ctrl+Alt+T pressed on the display (XTest included) opens a terminal inside the sandbox, as
-GNOME does on OSWorld's VM (``hotkeys.py``).
+GNOME does on OSWorld's VM (``hotkeys.py``); so does a click on an icon of the ``vm`` session's
+dock open its app (``dock_channel.py``).
 
 Every request needs the desktop's token (``Authorization: Bearer <token>`` or
 ``X-Legato-Token``); it is read from an environment variable (``--token-env``), never argv.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import subprocess
@@ -30,10 +31,12 @@ from .app_windows import is_main_window, owners_known, window_pids
 from .keymap import KeyboardState, keyboard_state, restore_keyboard
 from .prepared_obs import PreparedObservations
 from .procs import descendants, own_process_table
-from .session import Session
+from .session import Session, SessionError
 from .wire import READY_SOURCES  # damage (poll where the X server has no DAMAGE) | poll
 from .xstate import XState, restore, snapshot
 from .xthread import XThread
+
+log = logging.getLogger(__name__)
 
 REAP_INTERVAL_S = 1.0
 CLOSE_GRACE_S = 1.0  # seconds a window may take to close when asked, before its client is killed
@@ -130,7 +133,9 @@ class DesktopServer:
         self._hotkey_watch: asyncio.Task | None = None
         #: apps launched since the reset, by the host pid of their launch
         self.launched: dict[int, LaunchedApp] = {}
-        self.hotkey_launched = False  # Ctrl+Alt+T opened a terminal since the last action wait
+        #: Ctrl+Alt+T opened a terminal, or a dock click an app, since the last action wait
+        self.desktop_launched = False
+        self._dock_launches: set[asyncio.Task] = set()
         #: ``(monotonic s, quiet s)``: when the last action/eval wait on drawing reports ended
         #: and the quiet it ended with; dropped by any request but a read (:data:`READ_ONLY_ROUTES`)
         self.quiet_mark: tuple[float, float] | None = None
@@ -153,9 +158,13 @@ class DesktopServer:
         self.x_baseline = await self.x.run(lambda: snapshot(self.x.ctx().state, keymap=True))
         self._reaper = asyncio.create_task(self._reap_forever())
         self._hotkey_watch = asyncio.create_task(self._watch_hotkey_forever())
+        if self.session.dock is not None:
+            asyncio.get_running_loop().add_reader(self.session.dock.fd, self._dock_clicked)
         self.clean_at = self.changes  # HOME is the baseline, the bus and the sandbox are new
 
     async def stop(self) -> None:
+        if self.session.dock is not None and self.session.dock.fd is not None:
+            asyncio.get_running_loop().remove_reader(self.session.dock.fd)
         for task in (self._reaper, self._hotkey_watch):
             if task is not None:
                 task.cancel()
@@ -195,8 +204,67 @@ class DesktopServer:
             return 0
         for _ in range(presses):
             await self.x.run(self._spawn_app, argv, False)
-        self.hotkey_launched = True
+        self.desktop_launched = True
         return presses
+
+    def _dock_clicked(self) -> None:
+        """Names came on the dock's FIFO (:mod:`.dock_channel`): open each favourite."""
+        assert self.session.dock is not None
+        for name in self.session.dock.take():
+            task = asyncio.get_running_loop().create_task(self.launch_favourite(name))
+            self._dock_launches.add(task)
+            task.add_done_callback(self._dock_launches.discard)
+
+    async def _dock_launched(self) -> bool:
+        """Start the dock's launches whose names wait on its FIFO and wait for those under way
+        (apps being started); whether a dock click or Ctrl+Alt+T opened an app since the last
+        action wait."""
+        if self.session.dock is not None:
+            self._dock_clicked()
+        if self._dock_launches:
+            await asyncio.gather(*list(self._dock_launches), return_exceptions=True)
+        return self.desktop_launched
+
+    async def sync_dock(self) -> bool:
+        """The ``vm`` session's dock shows the desktop user's ``favorite-apps`` as they are
+        now (:meth:`.Session.sync_dock`; a ``stat`` when nothing changed, no thread hop).
+        Not while a reset runs (it restores the baseline's dock itself). Whether the dock
+        was reloaded (the prepared observation, grabbed before, is dropped then)."""
+        if self.reset_lock.locked() or not self.session.dock_changed():
+            return False
+        try:
+            detail = await self.x.run(self.session.sync_dock)
+        except SessionError as exc:  # the old dock stays
+            log.error("%s", exc)
+            return False
+        if not detail:
+            return False
+        shown = self.session.favourites.shown if self.session.favourites else ()
+        log.info("the dock shows %s now (%.2f s)", ", ".join(shown) or "nothing", detail["dock_s"])
+        self.prepared.drop()
+        return True
+
+    async def launch_favourite(self, name: str) -> bool:
+        """Open the ``vm`` session's favourite ``name`` (a desktop file name, e.g.
+        ``vlc.desktop``: one the dock shows now, :mod:`.dock_favourites`), as a click on its dock icon does on
+        OSWorld's VM: its desktop file's command (:attr:`.Session.dock_commands`), started as
+        ``/setup/launch`` starts apps (the desktop user, the task's environment and session
+        bus, inside the sandbox; a task process the next reset kills). The next action wait
+        waits for it as for a launch. Returns ``False`` (logged) for a name that is not one of
+        the favourites the dock shows, and while a reset runs (it would kill the app anyway)."""
+        argv = self.session.dock_commands.get(name)
+        if argv is None:
+            log.warning("the dock named %r, which is not one of its favourites: ignored", name)
+            return False
+        if self.reset_lock.locked():
+            log.info("dock click on %s during a reset: not opened", name)
+            return False
+        self.quiet_mark = None  # the screen is about to change: no quiet credit, no prepared obs
+        self.prepared.drop()
+        self.changes += 1
+        await self.x.run(self._spawn_app, argv, False)
+        self.desktop_launched = True
+        return True
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -479,7 +547,7 @@ class DesktopServer:
                 detail |= await self.x.run(self._full_reset_sync)
             self.launch_mark = self.before_action = None
             self.launched = {}
-            self.hotkey_launched = False
+            self.desktop_launched = False
             if quiet and self.changing == 0 and self.changes == changes:
                 self.clean_at = changes
             return {"kind": kind, "reset_s": time.perf_counter() - t0, **detail}
@@ -563,8 +631,11 @@ class DesktopServer:
 
         An action that pressed Ctrl+Alt+T (:meth:`check_hotkey`) is waited for as a launch
         (the terminal's window, within the launch cap), the answer's ``mode`` stays
-        ``action``. After a launch or reset, once the screen is ready, the wait goes on
-        while an app launched since the reset runs without a main window
+        ``action``; so is one that clicked a dock icon (:meth:`launch_favourite`), also when
+        the dock's name reaches the server only during the action's screen wait (the launch
+        part then follows it: the app's main window and content). After a launch or reset,
+        once the screen is ready, the wait goes on while an app launched since the reset runs
+        without a main window
         (:meth:`apps_without_window`: GIMP's splash comes seconds before its main window),
         then waits for the screen again; all within the mode's cap (``timeout_s``), or within
         ``app_window_s`` when that is longer (a launched app's main window has its own cap: a
@@ -579,7 +650,13 @@ class DesktopServer:
         only reads in between (:data:`READ_ONLY_ROUTES`: the observation, the model's turn),
         counts the quiet since that wait as part of its window (``quiet_before_s`` of
         :func:`~..ready.wait_until_ready`): the reports show whether anything drew meanwhile,
-        so a screen quiet all along is graded without sleeping a new window."""
+        so a screen quiet all along is graded without sleeping a new window.
+
+        Every wait first brings the ``vm`` session's dock up to date with the desktop user's
+        ``favorite-apps`` (:meth:`sync_dock`: a setup's ``gsettings set`` shows in the first
+        observation), and looks again after the screen wait (the policy's ``gsettings`` in a
+        terminal ends after the keypress that started it); the reload waits until the new
+        dock is drawn."""
         if mode != "apps" and mode not in MODES:
             raise ValueError(
                 f"field 'mode' must be one of {sorted([*MODES, 'apps'])}, got {mode!r}"
@@ -587,10 +664,12 @@ class DesktopServer:
         source = source or self.ready_source
         if source not in READY_SOURCES:
             raise ValueError(f"field 'source' must be one of {READY_SOURCES}, got {source!r}")
+        await self.sync_dock()  # a setup's or the policy's gsettings: the dock shows it first
         action, apps_only = mode == "action", mode == "apps"
         if action or apps_only:
-            hotkey = await self.check_hotkey() or self.hotkey_launched
-            self.hotkey_launched = False
+            await self._dock_launched()
+            hotkey = await self.check_hotkey() or self.desktop_launched
+            self.desktop_launched = False
             if hotkey:
                 mode, apps_only = "launch", False
         if apps_only:
@@ -640,6 +719,12 @@ class DesktopServer:
                 quiet_before_s=credit_s,
                 on_look=self.prepared.on_look if damage and mode != "eval" else None,
             )
+        await self.sync_dock()  # gsettings the action started ended during the wait
+        if mode == "action" and await self._dock_launched():  # clicked: tint2's name came later
+            self.desktop_launched = False
+            self.prepared.drop()  # grabbed before the app's window: not the next observation
+            mode = "launch"
+            policy = policy_for("launch", heavy=heavy, **overrides)
         if damage and mode in ("action", "eval") and not result.timed_out:
             self.quiet_mark = (time.monotonic(), result.quiet_s)
         if result.timed_out:

@@ -11,15 +11,29 @@ GNOME 42 session built from Debian packages, with openbox kept as the window man
 - the root window painted in Ubuntu's background colour (:data:`WALLPAPER`);
 - openbox opening the apps the VM opens maximized, maximized (:data:`MAXIMIZED_CLASSES`).
 
-The dock's icons do not launch anything: the panels run on the host as the server's user,
-outside the sandbox, and an app they started would be theirs (infrastructure) and survive a
-reset. docs/local-desktop.md §18 lists what matches the VM and what does not.
+The dock follows the desktop user's ``org.gnome.shell favorite-apps`` in dconf, as GNOME
+Shell's does (:mod:`.dock_favourites`): :func:`favourites` picks the names GNOME 42 would show,
+:func:`panel_configs` writes the dock for them, and the server reloads it when the key changes.
+
+A click on a dock icon opens that favourite as GNOME does (its desktop file's ``Exec``
+without field codes, :func:`exec_argv`), inside the sandbox: the panels run on the host as
+the server's user, outside the sandbox, and an app they started would be theirs
+(infrastructure) and survive a reset; so an icon's ``Exec`` only names the favourite to the
+desktop server (:mod:`.dock_channel`), which opens it as ``/setup/launch`` opens apps (the
+desktop user, inside the sandbox, killed by the next reset). docs/local-desktop.md §18 lists
+what matches the VM and what does not.
 """
 
 from __future__ import annotations
 
+import ast
 import configparser
 import os
+import re
+import shlex
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 #: The desktop sessions a server can run: ``plain`` (openbox on black) or ``vm``.
@@ -27,12 +41,18 @@ SESSIONS = ("plain", "vm")
 #: Ubuntu's background colour (``org.gnome.desktop.background primary-color`` on Ubuntu,
 #: aubergine); the VM shows its Jammy Jellyfish picture over it.
 WALLPAPER = "#2c001e"
-#: Heights in pixels at 1920x1080 (GNOME 42's top bar and Ubuntu's dock with 48 px icons).
+#: Heights in pixels at 1920x1080 (GNOME 42's top bar and Ubuntu's dock).
 TOP_BAR_PX = 32
 DOCK_PX = 72
+#: The dock's largest icon size, and its ``tint2`` paddings (``panel_padding``,
+#: ``launcher_padding``: along the panel, across it, spacing): :func:`dock_icon_centre`.
+DOCK_ICON_PX = 48
+_DOCK_PANEL_PADDING = (8, 8, 8)
+_DOCK_LAUNCHER_PADDING = (4, 8, 8)
 #: The VM's dock favourites, in order, as desktop files: what OSWorld's screenshots of its VM
-#: show (not read from the VM image's dconf); the ones this host lacks (VS Code) are left
-#: out of the dock; ``google-chrome`` is Chromium's here.
+#: show (not read from the VM image's dconf): the baseline's ``favorite-apps``, which a reset
+#: restores; the ones this host lacks (VS Code) are left out of the dock; ``google-chrome``
+#: is Chromium's here.
 FAVOURITES = (
     "google-chrome.desktop",
     "thunderbird.desktop",
@@ -46,6 +66,17 @@ FAVOURITES = (
 )
 #: Desktop files standing for a favourite on this host (Debian names).
 _HOST_NAMES = {"google-chrome.desktop": ("google-chrome.desktop", "chromium.desktop")}
+#: The dconf key the dock shows (schema, key): GNOME Shell's ``AppFavorites``.
+FAVOURITES_KEY = ("org.gnome.shell", "favorite-apps")
+#: Desktop file ids the dock looks up: a plain file name ending in ``.desktop`` (the names
+#: come from the task's dconf and become host paths and tint2 config lines: no ``/``, no
+#: leading dot, no space or control character), at most 255 bytes (a FIFO line,
+#: :data:`.dock_channel.MAX_LINE`).
+_DESKTOP_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+@-]{0,246}\.desktop")
+#: Terminals a ``Terminal=true`` entry runs in, in GLib's order (``gdesktopappinfo.c``,
+#: ``prepend_terminal_to_vector``: gnome-terminal first, xterm last), with the flag before
+#: the command.
+_TERMINALS = (("gnome-terminal", "--"), ("xterm", "-e"))
 APPLICATIONS = Path("/usr/share/applications")
 #: WM_CLASS classes (openbox glob patterns) of the main windows the VM opens maximized:
 #: GNOME maximizes a window that asks for nearly the whole work area, which these apps do
@@ -162,34 +193,150 @@ def write_home(home: Path, uid: int | None, gid: int | None) -> None:
             os.chown(path, uid, gid if gid is not None else uid)
 
 
-def dock_entries(folder: Path) -> list[Path]:
-    """Desktop files of the dock in ``folder`` (created): one per favourite installed here,
-    with its name and icon and an ``Exec`` that does nothing (module docstring)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    entries = []
-    for i, name in enumerate(FAVOURITES):
-        names = _HOST_NAMES.get(name, (name,))
-        source = next((APPLICATIONS / n for n in names if (APPLICATIONS / n).is_file()), None)
+@dataclass(frozen=True)
+class Favourite:
+    """A favourite of the dock installed here: its desktop file ``name`` (the VM's, e.g.
+    ``google-chrome.desktop``), the ``source`` file standing for it, its ``title`` and
+    ``icon``, and the ``argv`` a click on it runs (:func:`exec_argv`)."""
+
+    name: str
+    source: Path
+    title: str
+    icon: str
+    argv: tuple[str, ...]
+
+
+def favourites(
+    folders: Sequence[Path] = (APPLICATIONS,), names: Sequence[str] = FAVOURITES
+) -> list[Favourite]:
+    """The favourites ``names`` (desktop file ids, e.g. ``favorite-apps``' value) the dock
+    shows here, in their order, as GNOME Shell 42's ``AppFavorites.reload`` picks them
+    (js/ui/appFavorites.js): ids it cannot look up are left out, a repeated id counts once
+    (at its first place), entries not to be shown (``NoDisplay``/``Hidden`` true: GLib's
+    ``g_app_info_should_show``) are left out. Each is the first desktop file found under the
+    favourite's own name, then under its Debian names (:data:`_HOST_NAMES`), in ``folders``
+    in order: a sandboxed desktop passes its seed layer's ``usr/share/applications`` first,
+    which the sandbox's ``/usr`` shows over the host's (its ``google-chrome.desktop`` runs the
+    ``google-chrome`` wrapper, :mod:`.chrome`). Also left out: names that are no plain
+    desktop file name (:data:`_DESKTOP_ID`) and files without a readable ``Exec``."""
+    found: list[Favourite] = []
+    for name in dict.fromkeys(names):
+        if not isinstance(name, str) or not _DESKTOP_ID.fullmatch(name):
+            continue
+        candidates = (f / n for n in _HOST_NAMES.get(name, (name,)) for f in folders)
+        source = next((p for p in candidates if p.is_file()), None)
         if source is None:
             continue
         original = configparser.ConfigParser(interpolation=None, strict=False)
         try:
             original.read(source)
             entry = original["Desktop Entry"]
+            if entry.getboolean("NoDisplay", False) or entry.getboolean("Hidden", False):
+                continue
             title, icon = entry.get("Name", name), entry.get("Icon", "application-x-executable")
-        except (configparser.Error, KeyError):
+            argv = exec_argv(entry["Exec"], title=title, icon=icon, path=str(source))
+            if argv and entry.getboolean("Terminal", False):
+                argv = terminal_prefix() + argv
+        except (configparser.Error, KeyError, ValueError):
             continue
-        path = folder / f"{i:02d}-{name}"
+        if argv:
+            found.append(Favourite(name, source, title, icon, tuple(argv)))
+    return found
+
+
+def terminal_prefix() -> list[str]:
+    """What a ``Terminal=true`` entry's command is put behind (GLib's choice,
+    :data:`_TERMINALS`): ``["gnome-terminal", "--"]``, else ``["xterm", "-e"]``; raises
+    ``ValueError`` when neither is installed (the favourite is then left out)."""
+    for program, flag in _TERMINALS:
+        if shutil.which(program):
+            return [program, flag]
+    raise ValueError("no terminal for a Terminal=true entry")
+
+
+def parse_favourites(text: str) -> list[str] | None:
+    """The string list ``gsettings get`` printed for ``favorite-apps`` (GVariant text:
+    ``['a.desktop', 'b.desktop']``, ``@as []`` when empty), ``None`` when it is not one."""
+    text = text.strip()
+    if text.startswith("@as "):
+        text = text[4:]
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return None
+    return value
+
+
+#: Field codes that stand for files or URLs (and the deprecated ones): a launch without files
+#: drops them (the Desktop Entry Specification, "The Exec key").
+_FILE_CODES = re.compile(r"%[fFuUdDnNvm]")
+
+
+def exec_argv(exec_line: str, *, title: str, icon: str | None, path: str) -> list[str]:
+    """The argv a desktop entry's ``Exec`` runs when launched without files, as GLib's
+    ``GDesktopAppInfo`` (GNOME's) expands it: quoting as the specification's (double quotes,
+    backslash escapes; read with :func:`shlex.split`), ``%f %F %u %U`` (and the deprecated
+    ``%d %D %n %N %v %m``) dropped, ``%i`` -> ``--icon ICON`` (nothing without an icon),
+    ``%c`` -> the name, ``%k`` -> the file's path, ``%%`` -> ``%``. Raises ``ValueError`` for
+    unbalanced quotes."""
+    argv: list[str] = []
+    for word in shlex.split(exec_line):
+        if word == "%i":
+            argv += ["--icon", icon] if icon else []
+            continue
+        if word in ("%c", "%k"):
+            argv.append(title if word == "%c" else path)
+            continue
+        parts = word.split("%%")
+        parts = [_FILE_CODES.sub("", p).replace("%c", title).replace("%k", path) for p in parts]
+        expanded = "%".join(parts)
+        if expanded or not _FILE_CODES.fullmatch(word):
+            argv.append(expanded)
+    return argv
+
+
+def dock_entries(
+    folder: Path, found: Sequence[Favourite], launch: Callable[[str], str]
+) -> list[Path]:
+    """Desktop files of the dock in ``folder`` (created; the entries of an earlier dock
+    removed): one per favourite of ``found``, in order, with its title and icon and ``Exec``
+    ``launch(name)`` (a shell command handing the launch to the desktop server:
+    :meth:`.dock_channel.DockChannel.exec_line`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.desktop"):
+        old.unlink()
+    entries = []
+    for index, fav in enumerate(found):
+        path = folder / f"{index:02d}-{fav.name}"
         path.write_text(
-            f"[Desktop Entry]\nType=Application\nName={title}\nIcon={icon}\nExec=true\n"
+            f"[Desktop Entry]\nType=Application\nName={fav.title}\nIcon={fav.icon}\n"
+            f"Exec={launch(fav.name)}\n"
         )
         entries.append(path)
     return entries
 
 
-def panel_configs(folder: Path) -> list[Path]:
-    """``tint2`` configurations of the top bar (centred clock) and the dock (the favourites'
-    icons), written into ``folder``."""
+def dock_icon_centre(index: int) -> tuple[int, int]:
+    """Pixel ``(x, y)`` at the centre of the ``index``-th icon of the dock (0: the top one),
+    from the dock's ``tint2`` layout: in a vertical panel the first padding value runs along
+    the panel and the second across it; an icon is as large as the panel's width leaves
+    (:data:`DOCK_PX` minus twice both across-paddings, at most :data:`DOCK_ICON_PX`)."""
+    along, across, _ = _DOCK_PANEL_PADDING
+    l_along, l_across, l_spacing = _DOCK_LAUNCHER_PADDING
+    size = min(DOCK_ICON_PX, DOCK_PX - 2 * across - 2 * l_across)
+    x = across + l_across + size // 2
+    y = along + l_along + index * (size + l_spacing) + size // 2
+    return x, y
+
+
+def panel_configs(
+    folder: Path, found: Sequence[Favourite], launch: Callable[[str], str]
+) -> list[Path]:
+    """``tint2`` configurations of the top bar (centred clock) and the dock (the icons of the
+    favourites ``found``, a click running ``launch(name)``: :func:`dock_entries`), written
+    into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     top = folder / "top-bar.tint2rc"
     top.write_text(
@@ -207,19 +354,20 @@ clock_background_id = 0
 """
     )
     items = "".join(
-        f"launcher_item_app = {p}\n" for p in dock_entries(folder / "dock-applications")
+        f"launcher_item_app = {p}\n"
+        for p in dock_entries(folder / "dock-applications", found, launch)
     )
     dock = folder / "dock.tint2rc"
     dock.write_text(
         _PANEL_COMMON
         + f"""panel_items = L
 panel_size = 100% {DOCK_PX}
-panel_padding = 8 8 8
+panel_padding = {" ".join(map(str, _DOCK_PANEL_PADDING))}
 panel_position = center left vertical
 background_color = #1d1d1d 100
-launcher_padding = 4 8 8
+launcher_padding = {" ".join(map(str, _DOCK_LAUNCHER_PADDING))}
 launcher_background_id = 0
-launcher_icon_size = 48
+launcher_icon_size = {DOCK_ICON_PX}
 launcher_icon_theme = {ICONS}
 launcher_icon_theme_override = 1
 launcher_tooltip = 0
