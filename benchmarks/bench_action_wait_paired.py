@@ -2,7 +2,7 @@
 ``git archive main | tar -x -C DIR``), paired.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_action_wait_paired.py --other DIR [--n 30]
-        [--width 1920 --height 1080] [--app libreoffice --calc]
+        [--width 1920 --height 1080] [--app libreoffice --calc] [--session vm]
 
 Starts one desktop server per checkout (each ``python -m`` with its own ``PYTHONPATH``),
 launches the app on both through ``/setup/launch`` (so it is an app the server waits for),
@@ -30,7 +30,9 @@ async def main_async(args) -> dict:
     try:
         for name, path in (("this", here), ("other", args.other)):
             os.environ["PYTHONPATH"] = path  # the server's own package
-            servers[name] = RunningServer(args.width, args.height)
+            servers[name] = RunningServer(
+                args.width, args.height, extra_args=("--session", args.session)
+            )
         os.environ["PYTHONPATH"] = here
         clients = {name: s.client() for name, s in servers.items()}
         for c in clients.values():
@@ -50,6 +52,7 @@ async def main_async(args) -> dict:
     return {
         "n": args.n,
         "app": args.app,
+        "session": args.session,
         "median_ready_s": {k: statistics.median(v) for k, v in out.items()},
         "median_ratio": statistics.median(
             a / b for a, b in zip(out["this"], out["other"], strict=True)
@@ -66,6 +69,7 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=1920)
     ap.add_argument("--height", type=int, default=1080)
     ap.add_argument("--app", nargs="+", default=["libreoffice", "--calc"])
+    ap.add_argument("--session", default="plain", choices=("plain", "vm"))
     print(json.dumps(asyncio.run(main_async(ap.parse_args()))))
 
 

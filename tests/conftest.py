@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from tests.engine_support import SECRET
+
+
+def pytest_configure(config):
+    """A suite started in the background (``nohup``, ``&`` in a script without job control)
+    inherits SIGINT, SIGQUIT and SIGHUP ignored, and every process a test starts would inherit
+    that too: the tests that stop ``legato`` or a sandboxed process by a signal would test the
+    shell's choice, not the code. Put the defaults back for the suite's processes."""
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGQUIT: signal.SIG_DFL}
+    defaults[signal.SIGHUP] = signal.SIG_DFL
+    for signum, handler in defaults.items():
+        if signal.getsignal(signum) is signal.SIG_IGN:
+            signal.signal(signum, handler)
 
 
 @pytest.fixture

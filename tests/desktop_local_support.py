@@ -123,7 +123,10 @@ class RunningServer:
         prebuild: tuple[str, ...] = (),
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        ignored_signals: tuple[signal.Signals, ...] = (),
     ):
+        """``ignored_signals``: the server starts with these ignored, as a process started
+        by ``nohup ... &`` does (an ignored signal stays ignored across exec)."""
         self.token = secrets.token_urlsafe(16)
         self.state = tempfile.mkdtemp(prefix="legato-test-desktop-")
         env = dict(os.environ, **(env or {}), **{DEFAULT_TOKEN_ENV: self.token})
@@ -144,6 +147,7 @@ class RunningServer:
             env=env,
             stdout=subprocess.PIPE,
             text=True,
+            preexec_fn=(lambda: _ignore(ignored_signals)) if ignored_signals else None,
         )
         line = self.proc.stdout.readline()
         if not line.startswith(READY_LINE):
@@ -162,6 +166,11 @@ class RunningServer:
             self.proc.wait(10)
         release_disk(Path(self.state))  # the disk image of a server killed with SIGKILL
         shutil.rmtree(self.state, ignore_errors=True)
+
+
+def _ignore(signals: tuple[signal.Signals, ...]) -> None:
+    for signum in signals:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def proc_state(pid: int) -> str | None:

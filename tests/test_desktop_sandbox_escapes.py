@@ -8,6 +8,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 from pathlib import Path
@@ -30,7 +31,9 @@ CAP_SYS_ADMIN = 1 << 21
 
 @pytest.fixture(scope="module")
 def server():
-    running = RunningServer(640, 480)
+    # started as by `nohup legato ... &`: SIGHUP, SIGINT and SIGQUIT ignored
+    ignored = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
+    running = RunningServer(640, 480, ignored_signals=ignored)
     yield running
     running.stop()
 
@@ -128,7 +131,9 @@ async def test_what_root_inside_plants_runs_in_no_entered_process_with_more_than
 
 async def test_an_entered_process_gets_the_ordinary_signal_dispositions(server):
     """The host's Python that enters the sandbox ignores SIGPIPE and SIGXFSZ, as every Python
-    does; the command it runs must not inherit that (``yes | head -1`` ends quietly)."""
+    does, and this module's server was started ignoring SIGHUP, SIGINT and SIGQUIT, as
+    ``nohup legato collect &`` is: the command it runs must inherit none of that (``yes |
+    head -1`` ends quietly; Ctrl+C in the desktop's terminal stops a command, as on the VM)."""
     out = await sh(server, "yes | head -1; grep SigIgn /proc/self/status")
     assert out["output"].split() == ["y", "SigIgn:", "0000000000000000"], out
 

@@ -233,3 +233,121 @@ def test_session_option_is_checked_with_the_choices():
     assert session_option(None) == "plain" and session_option("vm") == "vm"
     with pytest.raises(ConfigError, match="'session'.*plain, vm"):
         session_option("gnome")
+
+
+#: OSWorld's os task ec4e3f68's setup: its favourites, set with gsettings over the session bus
+#: at the path its config exports
+TASK_FAVOURITES = ["thunderbird.desktop", "vim.desktop", "google-chrome.desktop"]
+SETUP = (
+    "export DBUS_SESSION_BUS_ADDRESS='unix:path=/run/user/1000/bus'\n"
+    "gsettings set org.gnome.shell favorite-apps \"['thunderbird.desktop']\"\n"
+    f'gsettings set org.gnome.shell favorite-apps "{TASK_FAVOURITES}"'
+)
+
+
+def _dock_entries(server) -> list[str]:
+    """The favourites of the launcher entries tint2 reads (``NN-name``), in the dock's order,
+    checked against the dock's configuration."""
+    panels = Path(server.state) / "wm" / "panels"
+    items = [
+        line.split("=", 1)[1].strip()
+        for line in (panels / "dock.tint2rc").read_text().splitlines()
+        if line.startswith("launcher_item_app")
+    ]
+    assert sorted(items) == sorted(str(p) for p in (panels / "dock-applications").iterdir())
+    return [Path(item).name.split("-", 1)[1] for item in items]
+
+
+async def _icon_slots(client, count: int) -> list[bytes]:
+    """The pixels of the dock's first ``count`` icon slots (48 px squares), top first."""
+    image = Image.open(io.BytesIO(await client.screenshot())).convert("RGB")
+    slots = []
+    for index in range(count):
+        x, y = vm_look.dock_icon_centre(index)
+        slots.append(image.crop((x - 20, y - 20, x + 20, y + 20)).tobytes())
+    return slots
+
+
+def _plain(slot: bytes) -> bool:
+    return slot == slot[:3] * (len(slot) // 3)
+
+
+@pytest.mark.desktop
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("thunderbird") is None, reason="Thunderbird not installed")
+async def test_the_dock_shows_favourite_apps_from_dconf_and_a_reset_restores_it(server, client):
+    default = [fav.name for fav in vm_look.favourites()]  # the baseline's, installed here
+    assert len(default) > len(TASK_FAVOURITES)
+    assert _dock_entries(server) == default
+    before = await _icon_slots(client, len(TASK_FAVOURITES) + 1)
+    assert not any(_plain(slot) for slot in before)  # an icon in every slot
+    infra = {p["pid"] for p in (await client.processes())["infra"] if p["comm"] == "tint2"}
+
+    # the task's setup, then the ready wait before its first observation
+    done = await client.execute(SETUP, shell=True)
+    assert done["returncode"] == 0, done
+    await client.wait("reset")
+    assert _dock_entries(server) == TASK_FAVOURITES  # vim.desktop: Debian's vim-common has it
+    after = await _icon_slots(client, len(TASK_FAVOURITES) + 1)
+    assert not any(_plain(slot) for slot in after[:-1]) and _plain(after[-1]), "4th slot drawn"
+    assert after[0] != before[0]  # Thunderbird's icon where Chrome's was
+    # a new dock's tint2 replaced the old one, infrastructure as the top bar's (kept)
+    now = {p["pid"] for p in (await client.processes())["infra"] if p["comm"] == "tint2"}
+    assert len(now) == 2 and len(now & infra) == 1, (infra, now)
+
+    # the dock's FIFO accepts the favourites shown only: VLC is not one any more
+    with open(Path(server.state) / "dock", "w") as f:
+        f.write("vlc.desktop\n")
+    x, y = vm_look.dock_icon_centre(0)
+    await client.act(Action("left_click", x=x, y=y))  # the new first icon: Thunderbird
+    await client.wait("action", app_window_s=120)
+    deadline = time.monotonic() + 120
+    comms: set[str] = set()
+    while time.monotonic() < deadline and "thunderbird" not in comms:
+        comms = {p["comm"] for p in (await client.processes())["task"]}
+        await asyncio.sleep(0.5)
+    assert "thunderbird" in comms, comms
+    assert "vlc" not in comms
+
+    # a reset makes HOME the baseline's again: its favourites, its dock
+    await client.reset()
+    assert _dock_entries(server) == default
+    restored = await _icon_slots(client, len(TASK_FAVOURITES) + 1)
+    assert restored == before
+    listed = await client.execute(["gsettings", "get", "org.gnome.shell", "favorite-apps"])
+    assert listed["output"].strip() == str(list(vm_look.FAVOURITES))
+
+
+@pytest.mark.desktop
+@pytest.mark.slow
+async def test_gsettings_ending_during_an_action_wait_shows_in_the_dock_at_its_end(server, client):
+    # the policy's gsettings in a terminal ends after the keypress that started it: here 1 s
+    # into an action wait of 2 s on frames, which looks at dconf again when it ends
+    wait = asyncio.create_task(client.wait("action", source="poll", stable_s=2.0))
+    await asyncio.sleep(1.0)
+    done = await client.execute(
+        ["gsettings", "set", "org.gnome.shell", "favorite-apps", "['vim.desktop']"]
+    )
+    assert done["returncode"] == 0, done
+    await wait
+    assert _dock_entries(server) == ["vim.desktop"]
+    slots = await _icon_slots(client, 2)
+    assert not _plain(slots[0]) and _plain(slots[1])
+    # vim.desktop says Terminal=true: a click runs vim in a terminal, as GLib does
+    x, y = vm_look.dock_icon_centre(0)
+    await client.act(Action("left_click", x=x, y=y))
+    await client.wait("action", app_window_s=60)
+    deadline = time.monotonic() + 60
+    inside = {}
+    while time.monotonic() < deadline and "vim" not in inside.get("output", ""):
+        inside = await client.execute(["bash", "-c", "ps -C vim -o user=,args=; true"])
+        await asyncio.sleep(0.5)
+    assert inside["output"].split() == ["user", "vim"], inside
+    parent = await client.execute(["bash", "-c", "ps -o comm= -p $(ps -o ppid= -C vim)"])
+    terminal = vm_look.terminal_prefix()[0]  # gnome-terminal's window is its server's
+    assert parent["output"].strip() == {"gnome-terminal": "gnome-terminal-"}.get(terminal, terminal)
+    # a full reset starts the panels again: with the baseline's dock
+    await client.reset(full=True)
+    assert _dock_entries(server) == [fav.name for fav in vm_look.favourites()]
+    slots = await _icon_slots(client, 2)
+    assert not any(_plain(slot) for slot in slots)

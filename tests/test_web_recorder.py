@@ -22,7 +22,7 @@ from legato_pipelines.desktops.server.recorder import (
     mitmdump,
     web_venv,
 )
-from tests.web_standin import NAME, TITLE, make_ca, serve_standin
+from tests.web_standin import NAME, TITLE, make_ca, serve_standin, serve_standin_h2
 
 pytestmark = [
     pytest.mark.skipif(mitmdump() is None, reason="needs the web venv (scripts/web_venv.sh)"),
@@ -195,7 +195,7 @@ def test_recorded_through_the_upstream_proxy_then_replayed_without_the_site(tmp_
 
 def _output(pid: int, option: str) -> Path:
     """Where the recorder's process ``pid`` writes the file of its command line's ``option``
-    (``-w`` or ``legato_misses=``), seen from the host through its own root."""
+    (``legato_flows=`` or ``legato_misses=``), seen from the host through its own root."""
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
     inside = next(
         argv[i + 1] if arg == option else arg.split("=", 1)[1]
@@ -215,7 +215,7 @@ def test_the_server_follows_no_link_the_recorder_plants(tmp_path):
     recorder = WebRecorder("record", archive, tmp_path / "work", _free_port())
     try:
         recorder.begin("shop", None)
-        flows = _output(_mitmdump_pid(recorder._proc.pid), "-w")
+        flows = _output(_mitmdump_pid(recorder._proc.pid), "legato_flows=")
         flows.unlink(missing_ok=True)
         flows.symlink_to(secret)
         recorder.end()
@@ -229,6 +229,96 @@ def test_the_server_follows_no_link_the_recorder_plants(tmp_path):
         misses = _output(_mitmdump_pid(replay._proc.pid), "legato_misses=")
         misses.unlink(missing_ok=True)
         misses.symlink_to(secret)
+        assert replay.misses() == []
+    finally:
+        replay.end()
+
+
+def _flow_paths(flows: Path) -> list[str]:
+    """The request paths of the flows in the flow file ``flows``, read by mitmproxy's own
+    ``FlowReader`` (what ``--server-replay`` reads), in the web venv's interpreter."""
+    code = (
+        "import sys; from mitmproxy import io\n"
+        "with open(sys.argv[1], 'rb') as f:\n"
+        "    print('\\n'.join(fl.request.path for fl in io.FlowReader(f).stream()))"
+    )
+    done = subprocess.run(
+        [str(web_venv() / "bin" / "python"), "-c", code, str(flows)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    return done.stdout.split()
+
+
+@pytest.mark.parametrize("hold_mib", [64, 0])
+def test_flows_are_written_at_the_attempt_end_all_of_them(tmp_path, monkeypatch, hold_mib):
+    """Recording holds the finished exchanges in memory, off the steps (BENCHMARKS.md, issue
+    34): the flow file stays empty while the attempt runs (``HOLD_MIB`` 0: each is written
+    as it ends), and the attempt's end (SIGTERM) writes every one: the archive holds them all
+    and the replay answers each."""
+    monkeypatch.setattr("legato_pipelines.desktops.server.recorder.HOLD_MIB", hold_mib)
+    ca, cert, key = make_ca(tmp_path / "ca")
+    archive = tmp_path / "archive"
+    paths = ["/page", "/style.css", *(f"/fresh?{i}" for i in range(30))]
+    with serve_standin(cert, key) as site:
+        hosts = {NAME: f"127.0.0.1:{site.port}"}
+        recorder = WebRecorder(
+            "record", archive, tmp_path / "work", _free_port(), hosts=hosts, trusted=[ca]
+        )
+        try:
+            recorder.begin("gallery", None)
+            for path in paths:
+                assert _get(recorder.port, path)[0] == "200"
+            written = tmp_path / "work" / "out" / "flows"
+            during = _flow_paths(written) if written.stat().st_size else []
+            recorder.end()
+        finally:
+            recorder.end()
+        assert site.requests == paths
+    assert during == ([] if hold_mib else paths)
+    assert _flow_paths(archive / "gallery.flows") == paths
+    replay = WebRecorder("replay", archive, tmp_path / "work2", _free_port())
+    try:
+        replay.begin("gallery", None)
+        assert [_get(replay.port, p)[0] for p in paths] == ["200"] * len(paths)
+        assert replay.misses() == []
+    finally:
+        replay.end()
+
+
+def _version(port: int, path: str) -> str:
+    """The HTTP version curl spoke through the proxy on ``port`` for ``https://NAME{path}``,
+    offering HTTP/2 (ALPN ``h2``, as Chromium does)."""
+    done = subprocess.run(
+        ["curl", "-s", "--fail", "--http2", "-o", "/dev/null", "-w", "%{http_version}",
+         "--proxy", f"http://127.0.0.1:{port}", "--cacert", str(ca_dir() / CA_CERT),
+         f"https://{NAME}{path}"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return done.stdout
+
+
+def test_the_recorder_speaks_http1_to_the_browser_and_the_site(tmp_path):
+    """``http2=false`` (BENCHMARKS.md, issue 34: mitmproxy's HTTP/2 costs CPU per request):
+    a client and a site that both offer HTTP/2 get HTTP/1.1 from the recorder, recording and
+    replaying, and the replay still answers the recorded request."""
+    ca, cert, key = make_ca(tmp_path / "ca")
+    archive = tmp_path / "archive"
+    with serve_standin_h2(cert, key) as site:
+        hosts = {NAME: f"127.0.0.1:{site.port}"}
+        recorder = WebRecorder(
+            "record", archive, tmp_path / "work", _free_port(), hosts=hosts, trusted=[ca]
+        )
+        try:
+            recorder.begin("h2", None)
+            assert _version(recorder.port, "/page") == "1.1"
+        finally:
+            recorder.end()
+        assert site.versions == ["HTTP/1.1"] and site.requests == ["/page"]
+    assert _flow_paths(archive / "h2.flows") == ["/page"]
+    replay = WebRecorder("replay", archive, tmp_path / "work2", _free_port())
+    try:
+        replay.begin("h2", None)
+        assert _version(replay.port, "/page") == "1.1"
         assert replay.misses() == []
     finally:
         replay.end()

@@ -10,8 +10,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 import http.server
+import os
+import socket
 import ssl
+import subprocess
+import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +92,23 @@ def make_ca(folder: Path, names: tuple[str, ...] = (NAME,)) -> tuple[Path, Path,
     return paths
 
 
+def answer(target: str) -> tuple[int, dict[str, str], bytes]:
+    """The stand-in's answer to ``GET target`` (path and query): ``(status, headers, body)``."""
+    path, _, query = target.partition("?")
+    images = "".join(f'<img src="/img/{query}-{i}.png">' for i in range(24))
+    body, kind = {
+        "/page": (PAGE.encode(), "text/html"),
+        "/style.css": (b"h1 { color: #a33; }", "text/css"),
+        "/fresh": (b"{}", "application/json"),
+        "/gallery": (GALLERY.format(images).encode(), "text/html"),
+    }.get(path, (PIXEL, "image/png") if path.startswith("/img/") else (b"no", "text/plain"))
+    found = path in ("/page", "/style.css", "/fresh", "/gallery") or path.startswith("/img/")
+    headers = {"Content-Type": kind, "Content-Length": str(len(body))}
+    if path == "/gallery" or path.startswith("/img/"):  # every reload fetches again
+        headers["Cache-Control"] = "no-store"
+    return (200 if found else 404), headers, body
+
+
 @dataclass
 class StandIn:
     """A running stand-in: ``port`` on ``127.0.0.1``, ``requests`` the paths served."""
@@ -111,6 +133,9 @@ def serve_standin(site_cert: Path, site_key: Path, host: str = "127.0.0.1") -> I
     class Site(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         timeout = 30  # an idle keep-alive connection ends its thread
+        # TCP_NODELAY, as web servers set it: the body, written after the headers, is sent
+        # at once, not 40 ms later (Nagle's algorithm waiting for the client's delayed ACK)
+        disable_nagle_algorithm = True
 
         def setup(self):
             # the TLS handshake in this connection's thread: done in accept(), one client that
@@ -121,22 +146,10 @@ def serve_standin(site_cert: Path, site_key: Path, host: str = "127.0.0.1") -> I
 
         def do_GET(self):  # noqa: N802 (http.server's name)
             standin.requests.append(self.path)
-            path, _, query = self.path.partition("?")
-            images = "".join(f'<img src="/img/{query}-{i}.png">' for i in range(24))
-            body, kind = {
-                "/page": (PAGE.encode(), "text/html"),
-                "/style.css": (b"h1 { color: #a33; }", "text/css"),
-                "/fresh": (b"{}", "application/json"),
-                "/gallery": (GALLERY.format(images).encode(), "text/html"),
-            }.get(path, (PIXEL, "image/png") if path.startswith("/img/") else (b"no", "text/plain"))
-            found = path in ("/page", "/style.css", "/fresh", "/gallery") or path.startswith(
-                "/img/"
-            )
-            self.send_response(200 if found else 404)
-            self.send_header("Content-Type", kind)
-            if path == "/gallery" or path.startswith("/img/"):  # every reload fetches again
-                self.send_header("Cache-Control", "no-store")
-            self.send_header("Content-Length", str(len(body)))
+            status, headers, body = answer(self.path)
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
 
@@ -155,3 +168,64 @@ def serve_standin(site_cert: Path, site_key: Path, host: str = "127.0.0.1") -> I
         yield standin
     finally:
         standin.stop()
+
+
+@dataclass
+class StandInH2:
+    """A running HTTP/2 stand-in (:func:`serve_standin_h2`): ``port`` on its host; ``log``
+    the file of its requests (``HTTP/2.0 /path`` lines)."""
+
+    port: int
+    log: Path
+
+    @property
+    def requests(self) -> list[str]:
+        """The paths served, in order."""
+        return [line.split(" ", 1)[1] for line in self.log.read_text().splitlines()]
+
+    @property
+    def versions(self) -> list[str]:
+        """The HTTP versions of the requests served, in order."""
+        return [line.split(" ", 1)[0] for line in self.log.read_text().splitlines()]
+
+
+@contextlib.contextmanager
+def serve_standin_h2(
+    site_cert: Path, site_key: Path, host: str = "127.0.0.1"
+) -> Iterator[StandInH2]:
+    """Serve the stand-in over HTTPS on ``host`` (a free port) with mitmproxy's ``mitmdump``
+    from the web venv (``tests/web_standin_h2.py``: HTTP/2 to clients that offer it); stopped
+    on exit. Raises ``RuntimeError`` when the web venv is missing or it does not listen."""
+    from legato_pipelines.desktops.server.recorder import mitmdump
+
+    exe = mitmdump()
+    if exe is None:
+        raise RuntimeError("the HTTP/2 stand-in needs the web venv (scripts/web_venv.sh)")
+    folder = Path(tempfile.mkdtemp(prefix="standin-h2-"))
+    (folder / "site.pem").write_bytes(site_key.read_bytes() + site_cert.read_bytes())
+    log = folder / "requests"
+    log.touch()
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        port = probe.getsockname()[1]
+    argv = [str(exe), "-q", "--mode", "reverse:https://127.0.0.1:9", "--listen-host", host]
+    argv += ["--listen-port", str(port), "--set", f"certs=*={folder / 'site.pem'}"]
+    argv += ["--set", "connection_strategy=lazy", "--set", "upstream_cert=false"]
+    argv += ["--set", f"confdir={folder / 'conf'}", "--set", f"standin_log={log}"]
+    argv += ["-s", str(Path(__file__).with_name("web_standin_h2.py"))]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection((host, port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the HTTP/2 stand-in did not listen") from None
+                time.sleep(0.1)
+        yield StandInH2(port, log)
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -15,9 +15,10 @@ Who can write the FIFO: its owner, the server's user (mode 0600; tint2 runs as t
 and host root. Not the sandbox: the state directory is not in its mount namespace
 (docs/sandbox.md §1: run directories are not there), and the FIFO has no name in the abstract
 socket namespace a ``network=host`` sandbox shares with the host. Not an unsandboxed desktop's
-task user (``legato-desktop``) either: not the owner. A line can only name a favourite: the
-server ignores any other (:meth:`DockChannel.take` hands the names over, the server looks them
-up); the commands are the server's own. The HTTP port is not used: the dock would need the
+task user (``legato-desktop``) either: not the owner. A line can only name a favourite the
+dock shows now (:mod:`.dock_favourites`: the desktop user's ``favorite-apps``): the server
+ignores any other (:meth:`DockChannel.take` hands the names over, the server looks them up);
+the commands are the server's own. The HTTP port is not used: the dock would need the
 desktop's token.
 
 The server holds the FIFO open for reading and writing (non-blocking) from its creation, so a

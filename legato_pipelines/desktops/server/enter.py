@@ -101,10 +101,19 @@ def init_argv(python: str, caps: tuple[str, ...]) -> list[str]:
 
 
 def _default_signals() -> None:
-    """Back to the default action for the signals Python ignores at start (an ignored signal
-    stays ignored across exec: ``yes | head`` would print "Broken pipe" instead of ending)."""
-    for name in ("SIGPIPE", "SIGXFSZ"):
-        signal.signal(getattr(signal, name), signal.SIG_DFL)
+    """Back to the default action for every ignored signal: those Python ignores at start
+    (SIGPIPE, SIGXFSZ) and those the collector inherited ignored (``nohup legato collect &``:
+    SIGHUP, SIGINT, SIGQUIT). An ignored signal stays ignored across exec: ``yes | head``
+    would print "Broken pipe" instead of ending, and Ctrl+C in the desktop's terminal would
+    stop nothing, unlike on OSWorld's VM."""
+    for signum in signal.valid_signals():
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            if signal.getsignal(signum) is signal.SIG_IGN:
+                signal.signal(signum, signal.SIG_DFL)
+        except (OSError, ValueError):  # realtime signals the C library keeps for itself
+            continue
 
 
 def _fail(message: str, code: int = 125) -> None:

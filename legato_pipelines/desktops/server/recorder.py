@@ -4,16 +4,21 @@ websites, per attempt (issue 34; docs/local-desktop.md §15).
 Modes (desktop option ``web``, server flag ``--web``):
 
 - ``record:ARCHIVE``: every HTTP(S) exchange of the attempt (setup, policy, grader: everything
-  Chromium fetches) is written by ``mitmdump -w`` and, when the attempt ends (the next
-  attempt's start or the server's stop), moved to ``ARCHIVE/<task_id>.flows`` (mitmproxy's
-  flow file), replacing an earlier recording of the task. Upstream: the sites directly, or
-  the configured proxy (``--mode upstream:``).
+  Chromium fetches) is written in mitmproxy's flow file format (what ``mitmdump -w`` writes)
+  by the addon (:mod:`.web_addon`, ``legato_flows``): held in memory and written when the
+  attempt ends (mitmdump's SIGTERM; earlier beyond :data:`HOLD_MIB` of bodies), off the
+  steps; the file is then moved to ``ARCHIVE/<task_id>.flows``, replacing an earlier
+  recording of the task (the attempt's end: the next attempt's start or the server's
+  stop). Upstream: the sites directly, or the configured proxy (``--mode upstream:``).
 - ``replay:ARCHIVE``: ``mitmdump --server-replay ARCHIVE/<task_id>.flows`` answers from the
   archive (``server_replay_reuse``: a response may serve several requests; requests match
   on scheme, method, Host, path, query and body, not the port), connects to no
   server (``connection_strategy=lazy``, ``upstream_cert=false``), and the addon
   (:mod:`.web_addon`) answers 404 to what the archive lacks and lists it: the attempt's
   misses (:meth:`WebRecorder.misses`).
+
+Both speak HTTP/1.1 to Chromium and to the sites (``http2=false``: mitmproxy's HTTP/2 cost a
+third more of its CPU per request; BENCHMARKS.md, issue 34).
 
 ``mitmdump`` parses every byte the desktop's Chromium (and so a possibly hostile policy) sends,
 so it runs confined (docs/sandbox.md §7): in the desktop's network namespace
@@ -58,7 +63,13 @@ VENV_ENV = "LEGATO_WEB_VENV"
 #: mitmproxy's CA files in its confdir (mitmproxy's own names).
 CA_CERT = "mitmproxy-ca-cert.pem"
 START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 10.0
+#: SIGTERM -> SIGKILL: recording, mitmdump writes its held flows then (at most
+#: ``web_addon.HOLD_FLOWS`` and :data:`HOLD_MIB`: seconds on a loaded core).
+STOP_TIMEOUT_S = 30.0
+#: Recording: the held flows' HTTP bodies (MiB) beyond which mitmdump writes them during the
+#: attempt (``web_addon.py``, option ``legato_hold_mib``; 0: each flow as it ends, as
+#: ``mitmdump -w`` does). What it holds is the attempt's memory on top of mitmproxy's own.
+HOLD_MIB = 64
 MODES = ("live", "record", "replay")
 ADDON = Path(__file__).with_name("web_addon.py")
 #: The recorder's user and group: no account of the host's, not root, not the graders'
@@ -200,6 +211,10 @@ class WebRecorder:
         argv = [str(exe), "-q", "--listen-host", "127.0.0.1", "--listen-port", str(self.port)]
         argv += ["--set", f"confdir={INSIDE / 'conf'}", "-s", str(INSIDE / "in" / ADDON.name)]
         argv += ["--set", f"legato_hosts={json.dumps(self.hosts)}"]
+        # HTTP/1.1 to Chromium and to the sites, recording and replaying alike: mitmproxy's
+        # HTTP/2 (the pure-Python h2 state machine per frame) took a third more of its CPU per
+        # request (BENCHMARKS.md, issue 34); replay matches requests whatever their version
+        argv += ["--set", "http2=false"]
         if self.trusted:
             system = Path("/etc/ssl/certs/ca-certificates.crt")
             parts = [system.read_bytes()] if system.is_file() else []
@@ -208,7 +223,9 @@ class WebRecorder:
             argv += ["--set", f"ssl_verify_upstream_trusted_ca={INSIDE / 'in' / 'trusted.pem'}"]
         archived = False
         if self.mode == "record":
-            argv += ["-w", str(INSIDE / "out" / "flows")]
+            # written off the steps, at the attempt's end (web_addon.py: legato_flows)
+            argv += ["--set", f"legato_flows={INSIDE / 'out' / 'flows'}"]
+            argv += ["--set", f"legato_hold_mib={HOLD_MIB}"]
             if self.upstream:
                 argv += ["--mode", f"upstream:{self.upstream}"]
         else:
@@ -264,9 +281,9 @@ class WebRecorder:
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def end(self) -> None:
-        """Stop the running attempt's ``mitmdump`` (SIGTERM: mitmproxy writes and closes its
-        flow file) and, recording, move its flows to ``ARCHIVE/<task>.flows`` (replacing the
-        task's earlier recording; atomically). Nothing when none runs."""
+        """Stop the running attempt's ``mitmdump`` (SIGTERM: the addon writes its held flows
+        and closes the flow file) and, recording, move its flows to ``ARCHIVE/<task>.flows``
+        (replacing the task's earlier recording; atomically). Nothing when none runs."""
         proc, task, pid = self._proc, self.task, self._pid
         self._proc = self._pid = None
         if proc is None:

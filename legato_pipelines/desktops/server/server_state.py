@@ -31,7 +31,7 @@ from .app_windows import is_main_window, owners_known, window_pids
 from .keymap import KeyboardState, keyboard_state, restore_keyboard
 from .prepared_obs import PreparedObservations
 from .procs import descendants, own_process_table
-from .session import Session
+from .session import Session, SessionError
 from .wire import READY_SOURCES  # damage (poll where the X server has no DAMAGE) | poll
 from .xstate import XState, restore, snapshot
 from .xthread import XThread
@@ -225,14 +225,33 @@ class DesktopServer:
             await asyncio.gather(*list(self._dock_launches), return_exceptions=True)
         return self.desktop_launched
 
+    async def sync_dock(self) -> bool:
+        """The ``vm`` session's dock shows the desktop user's ``favorite-apps`` as they are
+        now (:meth:`.Session.sync_dock`; a ``stat`` when nothing changed, no thread hop).
+        Not while a reset runs (it restores the baseline's dock itself). Whether the dock
+        was reloaded (the prepared observation, grabbed before, is dropped then)."""
+        if self.reset_lock.locked() or not self.session.dock_changed():
+            return False
+        try:
+            detail = await self.x.run(self.session.sync_dock)
+        except SessionError as exc:  # the old dock stays
+            log.error("%s", exc)
+            return False
+        if not detail:
+            return False
+        shown = self.session.favourites.shown if self.session.favourites else ()
+        log.info("the dock shows %s now (%.2f s)", ", ".join(shown) or "nothing", detail["dock_s"])
+        self.prepared.drop()
+        return True
+
     async def launch_favourite(self, name: str) -> bool:
         """Open the ``vm`` session's favourite ``name`` (a desktop file name, e.g.
-        ``vlc.desktop``: :data:`.vm_look.FAVOURITES`), as a click on its dock icon does on
+        ``vlc.desktop``: one the dock shows now, :mod:`.dock_favourites`), as a click on its dock icon does on
         OSWorld's VM: its desktop file's command (:attr:`.Session.dock_commands`), started as
         ``/setup/launch`` starts apps (the desktop user, the task's environment and session
         bus, inside the sandbox; a task process the next reset kills). The next action wait
         waits for it as for a launch. Returns ``False`` (logged) for a name that is not one of
-        the dock's favourites, and while a reset runs (it would kill the app anyway)."""
+        the favourites the dock shows, and while a reset runs (it would kill the app anyway)."""
         argv = self.session.dock_commands.get(name)
         if argv is None:
             log.warning("the dock named %r, which is not one of its favourites: ignored", name)
@@ -631,7 +650,13 @@ class DesktopServer:
         only reads in between (:data:`READ_ONLY_ROUTES`: the observation, the model's turn),
         counts the quiet since that wait as part of its window (``quiet_before_s`` of
         :func:`~..ready.wait_until_ready`): the reports show whether anything drew meanwhile,
-        so a screen quiet all along is graded without sleeping a new window."""
+        so a screen quiet all along is graded without sleeping a new window.
+
+        Every wait first brings the ``vm`` session's dock up to date with the desktop user's
+        ``favorite-apps`` (:meth:`sync_dock`: a setup's ``gsettings set`` shows in the first
+        observation), and looks again after the screen wait (the policy's ``gsettings`` in a
+        terminal ends after the keypress that started it); the reload waits until the new
+        dock is drawn."""
         if mode != "apps" and mode not in MODES:
             raise ValueError(
                 f"field 'mode' must be one of {sorted([*MODES, 'apps'])}, got {mode!r}"
@@ -639,6 +664,7 @@ class DesktopServer:
         source = source or self.ready_source
         if source not in READY_SOURCES:
             raise ValueError(f"field 'source' must be one of {READY_SOURCES}, got {source!r}")
+        await self.sync_dock()  # a setup's or the policy's gsettings: the dock shows it first
         action, apps_only = mode == "action", mode == "apps"
         if action or apps_only:
             await self._dock_launched()
@@ -693,6 +719,7 @@ class DesktopServer:
                 quiet_before_s=credit_s,
                 on_look=self.prepared.on_look if damage and mode != "eval" else None,
             )
+        await self.sync_dock()  # gsettings the action started ended during the wait
         if mode == "action" and await self._dock_launched():  # clicked: tint2's name came later
             self.desktop_launched = False
             self.prepared.drop()  # grabbed before the app's window: not the next observation

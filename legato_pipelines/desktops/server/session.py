@@ -33,6 +33,7 @@ import re
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +41,7 @@ from pathlib import Path
 from . import accessibility, app_profiles, chrome, dbus_session, vm_look
 from . import home as home_mod
 from .dock_channel import DockChannel
+from .dock_favourites import DockFavourites, wait_for_dock
 from .leftovers import empty_dir
 from .procs import ProcessTable, RunAs, descendants, own_process_table
 from .sandbox import SANDBOX_HOME, SANDBOX_UID, SANDBOX_USER, Sandbox, SandboxError
@@ -238,9 +240,10 @@ class Session:
         #: the ``vm`` session's panels (top bar, dock): infrastructure, as openbox
         self._panels: list[subprocess.Popen] = []
         #: the ``vm`` session's dock: the FIFO its clicks name favourites on
-        #: (:mod:`.dock_channel`) and the argv each favourite opens (:func:`.vm_look.favourites`)
+        #: (:mod:`.dock_channel`) and the favourites it shows (:mod:`.dock_favourites`)
         self.dock: DockChannel | None = None
-        self.dock_commands: dict[str, list[str]] = {}
+        self.favourites: DockFavourites | None = None
+        self._dock_lock = threading.Lock()  # a wait's reload against a reset's
         #: the display's abstract socket name, bound and held (never listening): :func:`_hold_abstract`
         self._x_name: socket.socket | None = None
         self.generation = 0  # bumped on every X (re)start; X clients reconnect when it changes
@@ -377,28 +380,119 @@ class Session:
             vm_look.write_home(self.baseline, self.uid, self.gid)
         self._baseline_settings()
         home_mod.restore(self.baseline, self.home)
+        if self.favourites is not None:  # the baseline's favourites: the dock's
+            self.favourites.mark_seen()
         self.start_x()
         self._start_sandbox()
         self._start_bus()
 
     def _start_dock(self) -> None:
-        """The ``vm`` session's dock: the favourites as the desktop user's system has them
-        (sandboxed, the seed layer's desktop files over the host's: ``google-chrome`` is the
-        wrapper there), the FIFO their icons write to, the panels' configurations."""
+        """The ``vm`` session's dock: the baseline's favourites as the desktop user's system
+        has them (sandboxed, the seed layer's desktop files over the host's: ``google-chrome``
+        is the wrapper there), the FIFO their icons write to, the panels' configurations."""
         folders = [vm_look.APPLICATIONS]
         if self.sandbox is not None:
             folders.insert(0, self.sandbox.dir / "seed" / "usr" / "share" / "applications")
-        found = vm_look.favourites(folders)
-        self.dock_commands = {fav.name: list(fav.argv) for fav in found}
         try:
             self.dock = DockChannel(self.state / "dock")
         except OSError as exc:
             raise SessionError(
                 f"cannot make the dock's FIFO {self.state / 'dock'}: {exc}"
             ) from None
-        self._panel_configs = vm_look.panel_configs(
-            self.wm_home / "panels", found, self.dock.exec_line
+        self.favourites = DockFavourites(
+            folders,
+            self.wm_home / "panels",
+            self.dock.exec_line,
+            self.home / ".config" / "dconf" / "user",
         )
+        self._panel_configs = self.favourites.write(vm_look.FAVOURITES)
+
+    @property
+    def dock_commands(self) -> dict[str, list[str]]:
+        """The argv of each favourite the dock shows (``{}``: no dock), by desktop file id."""
+        return self.favourites.commands if self.favourites is not None else {}
+
+    def dock_changed(self) -> bool:
+        """Whether the desktop user's dconf database changed since the dock last followed it
+        (one ``stat``; ``False`` without a dock or a session bus)."""
+        return self.favourites is not None and self.bus is not None and self.favourites.changed()
+
+    def sync_dock(self) -> dict[str, float]:
+        """When the dconf database changed (:meth:`dock_changed`): read ``favorite-apps``
+        (``gsettings get`` as the desktop user, inside the sandbox) and, when the dock would
+        show other favourites, show them (:meth:`_replace_dock`). Returns ``{"dock_s":
+        seconds}`` when the dock was replaced, else ``{}``. A key that cannot be read leaves
+        the dock as it is (logged). Call it from the X thread (the new tint2 is tied to the
+        thread that starts it, as the panels are). Raises :class:`SessionError` when the new
+        dock did not show (the old one is kept)."""
+        if not self.dock_changed():
+            return {}
+        assert self.favourites is not None
+        with self._dock_lock:
+            self.favourites.mark_seen()  # a write from now on is seen by the next look
+            schema, key = vm_look.FAVOURITES_KEY
+            try:
+                done = self.procs.run(
+                    ["gsettings", "get", schema, key],
+                    self.run_as(),
+                    timeout=dbus_session.GSETTINGS_TIMEOUT_S,
+                )
+            except (subprocess.TimeoutExpired, SessionError) as exc:
+                log.warning("the dock's favourites could not be read: %s", exc)
+                return {}
+            names = vm_look.parse_favourites(done.stdout.decode(errors="replace"))
+            if done.returncode != 0 or names is None:
+                log.warning(
+                    "gsettings get %s %s failed (%s): the dock stays as it is",
+                    schema,
+                    key,
+                    done.stderr.decode(errors="replace").strip()[:200],
+                )
+                return {}
+            return self._show_favourites(names, reload=True)
+
+    def _restore_dock(self, *, reload: bool) -> None:
+        """HOME is the baseline's again: the dock shows the baseline's favourites
+        (:data:`.vm_look.FAVOURITES`, no need to read them); ``reload``: its tint2 runs and
+        reloads (else the next start of the panels reads the new configuration)."""
+        if self.favourites is None:
+            return
+        with self._dock_lock:
+            self.favourites.mark_seen()
+            self._show_favourites(vm_look.FAVOURITES, reload=reload)
+
+    def _show_favourites(self, names: Sequence[str], *, reload: bool) -> dict[str, float]:
+        assert self.favourites is not None
+        if self.favourites.shows(names):
+            return {}
+        before = self.favourites.shown
+        self.favourites.write(names)
+        if not reload or len(self._panels) < 2 or self.display is None:
+            return {}
+        try:
+            return {"dock_s": self._replace_dock()}
+        except SessionError:
+            self.favourites.write(before)  # what the old dock, kept, shows
+            raise
+
+    def _replace_dock(self) -> float:
+        """Start a ``tint2`` on the dock's new configuration over the running one, wait until
+        it shows (:func:`.dock_favourites.wait_for_dock`), then end the old one; returns the
+        seconds it took. Raises :class:`SessionError` (the new one ended, the old one kept)
+        when it does not show."""
+        old = self._panels[1]
+        new = self._spawn_panel(self._panel_configs[1])
+        assert self.display is not None
+        try:
+            took = wait_for_dock(self.display, new, len(self.dock_commands))
+        except RuntimeError as exc:
+            new.kill()
+            new.wait()
+            raise SessionError(f"the dock's favourites: {exc} (see panels.log)") from None
+        self._panels[1] = new
+        old.kill()
+        old.wait()
+        return took
 
     def _start_sandbox(self) -> None:
         if self.sandbox is None:
@@ -494,17 +588,20 @@ class Session:
     def _start_panels(self) -> None:
         """The ``vm`` session's top bar and dock (``tint2``, :mod:`.vm_look`), as openbox:
         the server's own, killed with it. Returns once their struts shape the work area."""
-        with open(self.state / "panels.log", "ab") as panel_log:
-            for config in self._panel_configs:
-                self._panels.append(
-                    self.procs.spawn(
-                        ["setpriv", "--pdeathsig", "KILL", "--", "tint2", "-c", str(config)],
-                        self._infra_run_as(),
-                        stdout=panel_log,
-                        stderr=panel_log,
-                    )
-                )
+        for config in self._panel_configs:
+            self._panels.append(self._spawn_panel(config))
         _wait_for_panels(self.display, self._panels, WM_TIMEOUT_S)
+
+    def _spawn_panel(self, config: Path) -> subprocess.Popen:
+        """Start ``tint2`` on ``config``, logging to ``panels.log``; killed when the calling
+        thread ends (``--pdeathsig``: the X thread's, as openbox)."""
+        with open(self.state / "panels.log", "ab") as panel_log:
+            return self.procs.spawn(
+                ["setpriv", "--pdeathsig", "KILL", "--", "tint2", "-c", str(config)],
+                self._infra_run_as(),
+                stdout=panel_log,
+                stderr=panel_log,
+            )
 
     def stop_x(self) -> None:
         """Kill openbox, stop Xvfb (by PID) and reap them; the display's lock file and
@@ -682,6 +779,7 @@ class Session:
                 self.sandbox.clear_shared()
         t2 = time.perf_counter()
         self._restore_files()
+        self._restore_dock(reload=True)
         self._after_limit_hit(cap)
         t3 = time.perf_counter()
         detail |= self._start_bus()
@@ -697,6 +795,7 @@ class Session:
             self.sandbox.stop()
         killed = self.kill_task_processes()
         self._restore_files()  # sandboxed, the new sandbox brings new /tmp and /run/user/1000
+        self._restore_dock(reload=False)  # the panels start with the baseline's dock
         t1 = time.perf_counter()
         self.start_x()
         self._start_sandbox()

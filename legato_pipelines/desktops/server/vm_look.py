@@ -11,6 +11,10 @@ GNOME 42 session built from Debian packages, with openbox kept as the window man
 - the root window painted in Ubuntu's background colour (:data:`WALLPAPER`);
 - openbox opening the apps the VM opens maximized, maximized (:data:`MAXIMIZED_CLASSES`).
 
+The dock follows the desktop user's ``org.gnome.shell favorite-apps`` in dconf, as GNOME
+Shell's does (:mod:`.dock_favourites`): :func:`favourites` picks the names GNOME 42 would show,
+:func:`panel_configs` writes the dock for them, and the server reloads it when the key changes.
+
 A click on a dock icon opens that favourite as GNOME does (its desktop file's ``Exec``
 without field codes, :func:`exec_argv`), inside the sandbox: the panels run on the host as
 the server's user, outside the sandbox, and an app they started would be theirs
@@ -22,10 +26,12 @@ what matches the VM and what does not.
 
 from __future__ import annotations
 
+import ast
 import configparser
 import os
 import re
 import shlex
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +50,9 @@ DOCK_ICON_PX = 48
 _DOCK_PANEL_PADDING = (8, 8, 8)
 _DOCK_LAUNCHER_PADDING = (4, 8, 8)
 #: The VM's dock favourites, in order, as desktop files: what OSWorld's screenshots of its VM
-#: show (not read from the VM image's dconf); the ones this host lacks (VS Code) are left
-#: out of the dock; ``google-chrome`` is Chromium's here.
+#: show (not read from the VM image's dconf): the baseline's ``favorite-apps``, which a reset
+#: restores; the ones this host lacks (VS Code) are left out of the dock; ``google-chrome``
+#: is Chromium's here.
 FAVOURITES = (
     "google-chrome.desktop",
     "thunderbird.desktop",
@@ -59,6 +66,17 @@ FAVOURITES = (
 )
 #: Desktop files standing for a favourite on this host (Debian names).
 _HOST_NAMES = {"google-chrome.desktop": ("google-chrome.desktop", "chromium.desktop")}
+#: The dconf key the dock shows (schema, key): GNOME Shell's ``AppFavorites``.
+FAVOURITES_KEY = ("org.gnome.shell", "favorite-apps")
+#: Desktop file ids the dock looks up: a plain file name ending in ``.desktop`` (the names
+#: come from the task's dconf and become host paths and tint2 config lines: no ``/``, no
+#: leading dot, no space or control character), at most 255 bytes (a FIFO line,
+#: :data:`.dock_channel.MAX_LINE`).
+_DESKTOP_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+@-]{0,246}\.desktop")
+#: Terminals a ``Terminal=true`` entry runs in, in GLib's order (``gdesktopappinfo.c``,
+#: ``prepend_terminal_to_vector``: gnome-terminal first, xterm last), with the flag before
+#: the command.
+_TERMINALS = (("gnome-terminal", "--"), ("xterm", "-e"))
 APPLICATIONS = Path("/usr/share/applications")
 #: WM_CLASS classes (openbox glob patterns) of the main windows the VM opens maximized:
 #: GNOME maximizes a window that asks for nearly the whole work area, which these apps do
@@ -188,15 +206,23 @@ class Favourite:
     argv: tuple[str, ...]
 
 
-def favourites(folders: Sequence[Path] = (APPLICATIONS,)) -> list[Favourite]:
-    """The dock's favourites installed here, in the dock's order. Each is the first desktop
-    file found under the favourite's own name, then under its Debian names
-    (:data:`_HOST_NAMES`), in ``folders`` in order: a sandboxed desktop passes its seed
-    layer's ``usr/share/applications`` first, which the sandbox's ``/usr`` shows over the
-    host's (its ``google-chrome.desktop`` runs the ``google-chrome`` wrapper, :mod:`.chrome`).
-    Favourites without a readable file with an ``Exec`` are left out."""
-    found = []
-    for name in FAVOURITES:
+def favourites(
+    folders: Sequence[Path] = (APPLICATIONS,), names: Sequence[str] = FAVOURITES
+) -> list[Favourite]:
+    """The favourites ``names`` (desktop file ids, e.g. ``favorite-apps``' value) the dock
+    shows here, in their order, as GNOME Shell 42's ``AppFavorites.reload`` picks them
+    (js/ui/appFavorites.js): ids it cannot look up are left out, a repeated id counts once
+    (at its first place), entries not to be shown (``NoDisplay``/``Hidden`` true: GLib's
+    ``g_app_info_should_show``) are left out. Each is the first desktop file found under the
+    favourite's own name, then under its Debian names (:data:`_HOST_NAMES`), in ``folders``
+    in order: a sandboxed desktop passes its seed layer's ``usr/share/applications`` first,
+    which the sandbox's ``/usr`` shows over the host's (its ``google-chrome.desktop`` runs the
+    ``google-chrome`` wrapper, :mod:`.chrome`). Also left out: names that are no plain
+    desktop file name (:data:`_DESKTOP_ID`) and files without a readable ``Exec``."""
+    found: list[Favourite] = []
+    for name in dict.fromkeys(names):
+        if not isinstance(name, str) or not _DESKTOP_ID.fullmatch(name):
+            continue
         candidates = (f / n for n in _HOST_NAMES.get(name, (name,)) for f in folders)
         source = next((p for p in candidates if p.is_file()), None)
         if source is None:
@@ -205,13 +231,42 @@ def favourites(folders: Sequence[Path] = (APPLICATIONS,)) -> list[Favourite]:
         try:
             original.read(source)
             entry = original["Desktop Entry"]
+            if entry.getboolean("NoDisplay", False) or entry.getboolean("Hidden", False):
+                continue
             title, icon = entry.get("Name", name), entry.get("Icon", "application-x-executable")
             argv = exec_argv(entry["Exec"], title=title, icon=icon, path=str(source))
+            if argv and entry.getboolean("Terminal", False):
+                argv = terminal_prefix() + argv
         except (configparser.Error, KeyError, ValueError):
             continue
         if argv:
             found.append(Favourite(name, source, title, icon, tuple(argv)))
     return found
+
+
+def terminal_prefix() -> list[str]:
+    """What a ``Terminal=true`` entry's command is put behind (GLib's choice,
+    :data:`_TERMINALS`): ``["gnome-terminal", "--"]``, else ``["xterm", "-e"]``; raises
+    ``ValueError`` when neither is installed (the favourite is then left out)."""
+    for program, flag in _TERMINALS:
+        if shutil.which(program):
+            return [program, flag]
+    raise ValueError("no terminal for a Terminal=true entry")
+
+
+def parse_favourites(text: str) -> list[str] | None:
+    """The string list ``gsettings get`` printed for ``favorite-apps`` (GVariant text:
+    ``['a.desktop', 'b.desktop']``, ``@as []`` when empty), ``None`` when it is not one."""
+    text = text.strip()
+    if text.startswith("@as "):
+        text = text[4:]
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return None
+    return value
 
 
 #: Field codes that stand for files or URLs (and the deprecated ones): a launch without files
@@ -245,13 +300,16 @@ def exec_argv(exec_line: str, *, title: str, icon: str | None, path: str) -> lis
 def dock_entries(
     folder: Path, found: Sequence[Favourite], launch: Callable[[str], str]
 ) -> list[Path]:
-    """Desktop files of the dock in ``folder`` (created): one per favourite of ``found``,
-    with its title and icon and ``Exec`` ``launch(name)`` (a shell command handing the
-    launch to the desktop server: :meth:`.dock_channel.DockChannel.exec_line`)."""
+    """Desktop files of the dock in ``folder`` (created; the entries of an earlier dock
+    removed): one per favourite of ``found``, in order, with its title and icon and ``Exec``
+    ``launch(name)`` (a shell command handing the launch to the desktop server:
+    :meth:`.dock_channel.DockChannel.exec_line`)."""
     folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.desktop"):
+        old.unlink()
     entries = []
-    for fav in found:
-        path = folder / f"{FAVOURITES.index(fav.name):02d}-{fav.name}"
+    for index, fav in enumerate(found):
+        path = folder / f"{index:02d}-{fav.name}"
         path.write_text(
             f"[Desktop Entry]\nType=Application\nName={fav.title}\nIcon={fav.icon}\n"
             f"Exec={launch(fav.name)}\n"
