@@ -37,7 +37,7 @@ from legato_pipelines.actions import Action
 from legato_pipelines.desktops import open_desktops
 from legato_pipelines.desktops.base import DesktopConfig
 from legato_pipelines.desktops.osworld_worker.install import default_venv, venv_python
-from legato_pipelines.tasks import load_tasks
+from legato_pipelines.tasks import Task, load_tasks
 
 OSWORLD = Path(__file__).resolve().parents[1] / "tests" / "data" / "osworld"
 #: app -> (OSWorld domain, task id): one task whose setup starts that app
@@ -110,26 +110,43 @@ def fill_cache(tasks, roots: list[Path]) -> None:
                     (root / task.task_id / cached).write_bytes(file_bytes(name))
 
 
-async def reset_to_ready(desktop, task, repeats: int) -> list[float]:
-    totals = []
-    await desktop.reset(task)  # first start of the app on this desktop: not counted
-    await desktop.wait_after_reset()
-    for _ in range(repeats):
-        await desktop.act(Action(action="key", keys=("ctrl", "l")))  # the desktop is "used"
-        t0 = time.perf_counter()
-        await desktop.reset(task)
-        await desktop.wait_after_reset()
-        totals.append(time.perf_counter() - t0)
-    return totals
-
-
-async def main_async(args) -> dict:
-    index = {}
+def app_tasks() -> dict[str, Task]:
+    """The task of each app of :data:`APP_TASKS`, loaded from the test data: app -> Task."""
+    index: dict[str, list[str]] = {}
     for domain, task_id in APP_TASKS.values():
         index.setdefault(domain, []).append(task_id)
     tasks = {t.task_id: t for t in load_tasks(index, osworld=OSWORLD)}
+    return {app: tasks[task_id] for app, (_domain, task_id) in APP_TASKS.items()}
+
+
+def filled_cache(tasks) -> Path:
+    """A new temporary file cache (the desktops' option ``cache_dir``) holding the downloads of
+    ``tasks`` (:func:`fill_cache`; also under ``desktop-0/``, the osworld backend's)."""
     cache = Path(tempfile.mkdtemp(prefix="bench-apps-cache-"))
-    fill_cache(tasks.values(), [cache, cache / "desktop-0"])
+    fill_cache(tasks, [cache, cache / "desktop-0"])
+    return cache
+
+
+async def used_reset(desktop, task) -> float:
+    """One reset -> ready of ``task`` in seconds: ``reset(task)`` plus the ready wait, timed,
+    after a key press (not timed) so that the desktop is "used" (a reset of an untouched
+    desktop does nothing)."""
+    await desktop.act(Action(action="key", keys=("ctrl", "l")))
+    t0 = time.perf_counter()
+    await desktop.reset(task)
+    await desktop.wait_after_reset()
+    return time.perf_counter() - t0
+
+
+async def reset_to_ready(desktop, task, repeats: int) -> list[float]:
+    await desktop.reset(task)  # first start of the app on this desktop: not counted
+    await desktop.wait_after_reset()
+    return [await used_reset(desktop, task) for _ in range(repeats)]
+
+
+async def main_async(args) -> dict:
+    apps = app_tasks()
+    cache = filled_cache(apps.values())
     python = args.osworld_python or str(venv_python(default_venv()))
     screen = {"screen_width": args.width, "screen_height": args.height}
     configs = {
@@ -145,11 +162,11 @@ async def main_async(args) -> dict:
     for backend, config in configs.items():
         [desktop] = await open_desktops(config, 1)
         try:
-            for app, (_domain, task_id) in APP_TASKS.items():
+            for app, task in apps.items():
                 if args.apps and app.split()[0] not in args.apps:
                     continue
                 try:
-                    values = await reset_to_ready(desktop, tasks[task_id], args.repeats)
+                    values = await reset_to_ready(desktop, task, args.repeats)
                     cell = stats(values)
                 except Exception as exc:  # noqa: BLE001 - report the app, go on with the others
                     cell = {"error": f"{type(exc).__name__}: {exc}"[:300]}
