@@ -23,3 +23,12 @@ def test_bracketed_units_and_defaults_survive_in_help(command, shown):
     out = CliRunner().invoke(app, [*command, "--help"], terminal_width=200)
     assert out.exit_code == 0, out.output
     assert shown in " ".join(out.output.split())
+
+
+def test_version_names_the_installed_distribution():
+    """``legato --version`` prints the installed distribution's version and runs no command."""
+    from importlib.metadata import version
+
+    out = CliRunner().invoke(app, ["--version"])
+    assert out.exit_code == 0, out.output
+    assert out.output.strip() == f"legato-pipelines {version('legato-pipelines')}"
