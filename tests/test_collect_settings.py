@@ -133,3 +133,16 @@ def test_collect_keywords_map_onto_the_settings(policy_server, tmp_path):
         collect(tasks, policy, tmp_path, max_stepz=2)
     with pytest.raises(ConfigError, match=r"group: .* \(fix: --group\)"):
         collect(tasks, policy, tmp_path, settings=settings, group=0)
+
+
+def test_harness_and_history_names_match_without_case():
+    """``--harness Qwen25VL`` is the qwen25vl harness (a newcomer's ``Qwen3VL`` was refused);
+    a name that is none of them is still refused by name."""
+    from pydantic import ValidationError
+
+    from legato_pipelines.rollout.settings import CollectSettings
+
+    settings = CollectSettings(harness=" Qwen25VL", history="HYSTERESIS")
+    assert (settings.harness, settings.history) == ("qwen25vl", "hysteresis")
+    with pytest.raises(ValidationError, match="harness"):
+        CollectSettings(harness="qwen2vl")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..desktops.registry import capabilities
 from ..errors import ConfigError
@@ -128,6 +128,13 @@ class CollectSettings(BaseModel):
         rule="must be window or hysteresis",
         resume=True,
     )
+
+    @field_validator("harness", "history", mode="before")
+    @classmethod
+    def _lower_case(cls, value: Any) -> Any:
+        """The names are matched without case (``--harness Qwen3VL``), stored lower-case."""
+        return value.strip().lower() if isinstance(value, str) else value
+
     desktops: int = _setting(4, "Desktops run at once, one worker each.", rule="must be >= 1", ge=1)
     spares: int | None = _setting(
         None,
