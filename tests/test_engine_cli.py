@@ -451,12 +451,24 @@ def test_backend_any_case_and_screen_bounds_name_the_flag(policy_server, tmp_pat
     )
 
 
+def _as_background_job() -> None:
+    """What ``nohup legato collect ... &`` in a script starts with: SIGHUP (nohup), SIGINT
+    and SIGQUIT (an asynchronous command without job control) ignored."""
+    for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_IGN)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
-def test_sigterm_mid_batch_says_how_to_resume(policy_server, tmp_path, signum):
+@pytest.mark.parametrize(
+    ("signum", "background"),
+    [(signal.SIGTERM, False), (signal.SIGHUP, False), (signal.SIGTERM, True)],
+    ids=["SIGTERM", "SIGHUP", "SIGTERM-nohup-background"],
+)
+def test_sigterm_mid_batch_says_how_to_resume(policy_server, tmp_path, signum, background):
     """SIGTERM (``kill``, a scheduler stopping the job) and SIGHUP (its terminal closed) stop
     a collection as Ctrl-C does: the finished records are kept, the same line says how to
-    resume, exit status 128 + the signal (143, 129)."""
+    resume, exit status 128 + the signal (143, 129). Also for a collector started in the
+    background with SIGINT ignored (``nohup ... &``), which went on collecting before."""
     tasks = write_tasks(tmp_path / "tasks.json", 8)
     out = tmp_path / "run"
     args = collect_args(
@@ -468,6 +480,7 @@ def test_sigterm_mid_batch_says_how_to_resume(policy_server, tmp_path, signum):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_as_background_job if background else None,
     )
     deadline = time.time() + 60
     while time.time() < deadline and len(read_records(out)) < 4:

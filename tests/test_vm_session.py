@@ -6,8 +6,10 @@ opening a favourite inside the sandbox when its dock icon is clicked. docs/local
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import os
+import shlex
 import shutil
 import stat
 import time
@@ -209,6 +211,51 @@ async def test_an_action_wait_the_dock_click_lands_in_waits_for_the_apps_window(
     done = await wait
     assert not done["timed_out"], done
     assert "Google-chrome" in {w["class"] for w in await client.windows()}, done
+
+
+DROP_SCRIPT = Path(__file__).parent / "data" / "xdnd_drop.py"
+
+
+@pytest.mark.desktop
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("vlc") is None, reason="VLC not installed (apt-get install vlc)")
+async def test_text_dropped_on_the_dock_runs_nothing_on_the_host(client, tmp_path):
+    """A task drops text on a dock icon through XDND, as any X client of the desktop can:
+    tint2 runs the icon's command with the text appended, and a ``"`` in it used to run
+    commands as the panels' user on the host (root here; a newcomer's attack). Now the drop
+    opens the icon's app, as a click does, and runs nothing of the text."""
+    marker = tmp_path / "dropped-command-ran"
+    payload = f'"; touch {marker}; "'
+    shown = [fav.name for fav in vm_look.favourites()]
+    x, y = vm_look.dock_icon_centre(shown.index("vlc.desktop"))
+    script = base64.b64encode(DROP_SCRIPT.read_bytes()).decode()
+    command = f"echo {script} | base64 -d > /tmp/drop.py && python3 /tmp/drop.py {x} {y} "
+    dropped = await client.execute(["bash", "-c", command + shlex.quote(payload)])
+    assert dropped["output"].split() == ["finished", "1"], dropped  # tint2 took the drop
+    windows = await _windows_of(client, "vlc")
+    assert len(windows) == 1, "the drop did not run the icon's command"
+    assert not marker.exists(), "the dropped text ran as a command on the host"
+
+
+async def test_a_reset_after_a_task_ended_the_panels_starts_them_again(server, client):
+    """``xdotool windowkill`` on the panels (a task closing their X connections) ends both
+    tint2s; the next reset is a full one and the top bar and dock are back."""
+    before = await client.processes()
+    assert len([p for p in before["infra"] if p["comm"] == "tint2"]) == 2
+    await client.execute(
+        ["bash", "-c", "for w in $(xdotool search --class tint2); do xdotool windowkill $w; done"]
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        infra = (await client.processes())["infra"]
+        if not [p for p in infra if p["comm"] == "tint2"]:
+            break
+        await asyncio.sleep(0.2)
+    answer = await client.reset()
+    assert answer["kind"] == "full", answer
+    after = (await client.processes())["infra"]
+    assert len([p for p in after if p["comm"] == "tint2"]) == 2
+    _assert_vm_look(await _look(client))
 
 
 @pytest.mark.desktop

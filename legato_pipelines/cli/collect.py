@@ -228,7 +228,13 @@ def _sigterm_as_ctrl_c() -> Iterator[list[int]]:
     closed; left alone when ignored, as under ``nohup``) stop the collection as Ctrl-C does:
     they raise SIGINT, so the engine's ``asyncio.run`` cancels the batch, closes the desktops
     and keeps the finished records. Yields a list that gets the signal number when one came
-    (the caller exits 128 + it: 143 for SIGTERM, 129 for SIGHUP, not Ctrl-C's 130)."""
+    (the caller exits 128 + it: 143 for SIGTERM, 129 for SIGHUP, not Ctrl-C's 130).
+
+    A collector started in the background (``nohup legato collect ... &`` from a script)
+    inherits SIGINT ignored, and the raised SIGINT would then do nothing (a newcomer's
+    ``kill`` went unheard for minutes): while inside, SIGINT gets Python's default handler
+    back (``asyncio.run`` turns it into the batch's cancellation only then), and is ignored
+    again after."""
     got: list[int] = []
 
     def on_signal(signum: int, frame: object) -> None:
@@ -237,6 +243,8 @@ def _sigterm_as_ctrl_c() -> Iterator[list[int]]:
 
     previous: dict[int, Any] = {}
     try:
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
         for signum in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(signum) is not signal.SIG_IGN:
                 previous[signum] = signal.signal(signum, on_signal)

@@ -52,9 +52,16 @@ class DockChannel:
 
     def exec_line(self, name: str) -> str:
         """The ``Exec`` value of the dock's item for favourite ``name`` (a desktop file name):
-        a shell command writing ``name`` as a line into the FIFO. ``%`` is doubled (a desktop
-        entry's field code escape)."""
-        command = f"echo {shlex.quote(name)} > {shlex.quote(str(self.path))}"
+        a shell command writing ``name`` as a line into the FIFO, ending in a comment. ``%``
+        is doubled (a desktop entry's field code escape).
+
+        The comment is what keeps the dock from running a desktop's text: tint2 (17.0.1,
+        ``drag_and_drop.c``) runs a launcher's command with ``sh -c`` after appending each
+        item dropped on it (XDND, which any X client can send, a task's included) as
+        `` "item"``, escaping only backquote, dollar and backslash: a ``"`` in a dropped item ran commands as
+        the panels' user on the host. Items never hold a newline (tint2 splits on it), so
+        everything appended stays inside the comment and a drop is a click."""
+        command = f"echo {shlex.quote(name)} > {shlex.quote(str(self.path))} #"
         return command.replace("%", "%%")
 
     def take(self) -> list[str]:

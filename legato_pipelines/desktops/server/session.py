@@ -654,8 +654,12 @@ class Session:
         return [*unshare, "sh", "-c", script, "sh", str(mqueue)]
 
     def alive(self) -> bool:
-        """True while Xvfb and the window manager both run."""
-        return all(p is not None and p.poll() is None for p in (self._xvfb, self._wm))
+        """True while Xvfb, the window manager and the ``vm`` session's panels all run (a
+        task can end a panel: ``xdotool windowkill`` closes its X connection; the next reset
+        is then a full one, which starts them again)."""
+        return all(
+            p is not None and p.poll() is None for p in (self._xvfb, self._wm, *self._panels)
+        )
 
     def _baseline_settings(self) -> None:
         """dconf settings of the baseline HOME (screen lock and idle off; :mod:`.dbus_session`)."""
