@@ -139,6 +139,39 @@ def test_ready_source_is_the_servers_default_source_of_the_ready_wait():
     assert "--ready-source must be one of damage, poll, got 'x'" in bad.stdout + bad.stderr
 
 
+def test_session_vm_serves_desktops_with_the_vms_panels():
+    """--session vm: the served desktops run the VM's top bar and dock (two tint2 panels, the
+    server's infrastructure); a bad value is refused naming the flag and the choices."""
+    from legato_pipelines.desktops.server import vm_look
+
+    if vm_look.missing():
+        pytest.skip(f"apt-get install {' '.join(vm_look.missing())}")
+    port = free_port_pair()
+    token = "test-token-" + os.urandom(8).hex()
+    proc = start_cli(port, dict(os.environ, **{DEFAULT_TOKEN_ENV: token}), "--session", "vm")
+    try:
+        wait_for_servers(proc, port, token)
+        for p in (port, port + 1):
+            r = httpx.get(
+                f"http://127.0.0.1:{p}/legato/processes",
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=30,
+            )
+            assert r.status_code == 200, r.text
+            assert [x["comm"] for x in r.json()["infra"]].count("tint2") == 2, r.json()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=30)
+    bad = subprocess.run(
+        [sys.executable, "-m", "legato_pipelines", "desktop", "serve", "--session", "gnome"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode != 0
+    assert "unknown desktop session 'gnome'; choose one of plain, vm" in bad.stdout + bad.stderr
+
+
 def test_generated_token_goes_to_a_private_file_and_servers_die_with_the_cli(tmp_path):
     port = free_port_pair()
     token_file = tmp_path / "desktop.token"

@@ -22,7 +22,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ..desktops.server.desktop import NETWORKS, ServerProcess, limits_option
+from ..desktops.server.desktop import NETWORKS, ServerProcess, limits_option, session_option
 from ..desktops.server.wire import DEFAULT_TOKEN_ENV, READY_SOURCES
 from ..errors import ConfigError, LegatoError
 from .console import console, fail
@@ -102,6 +102,13 @@ def serve(
             " the host)."
         ),
     ] = "true",
+    session: Annotated[
+        str,
+        typer.Option(
+            help="The desktop session: plain (openbox on black) or vm (OSWorld's VM look: a"
+            " GNOME-like top bar and dock, Yaru; docs/local-desktop.md §18)."
+        ),
+    ] = "plain",
     ready_source: Annotated[
         str,
         typer.Option(
@@ -145,6 +152,10 @@ def serve(
         caps = limits_option(json.loads(limits))
     except (json.JSONDecodeError, ConfigError) as exc:
         fail(f"--limits: {exc}")
+    try:
+        session = session_option(session)
+    except ConfigError as exc:
+        fail(f"--session: {exc}")
     token, written = _token(token_file)
     if not _is_loopback(host):
         _err.print(
@@ -166,6 +177,7 @@ def serve(
                 network,
                 ready_source,
                 caps,
+                session,
             )
         )
     except LegatoError as exc:  # e.g. a server that could not start (port taken, no Xvfb)
@@ -199,6 +211,7 @@ async def _serve(
     network: str = "own",
     ready_source: str = "damage",
     limits: Any = True,
+    session: str = "plain",
 ) -> None:
     servers = [
         ServerProcess(
@@ -213,6 +226,7 @@ async def _serve(
             network=network,
             ready_source=ready_source,
             limits=limits,
+            session=session,
         )
         for i in range(count)
     ]
