@@ -2,7 +2,7 @@
 (issues 15 and 33).
 
 ``examples/tasks/osworld_solved/`` lists OSWorld's own tasks (os, LibreOffice Writer, Calc and
-Impress, GIMP, VLC, Chrome, multi_apps; a few infeasible ones, answered FAIL) with a script of
+Impress, GIMP, VLC, Chrome, Thunderbird, multi_apps; a few infeasible ones, answered FAIL) with a script of
 policy actions each (``scripts/solve.json``); ``run.py`` runs them through ``legato collect``,
 answered by the scripted policy server on loopback, once with the scripts and once with a
 policy that does nothing (``terminate`` at once). Every task must score 1 solved and 0 doing
@@ -42,7 +42,7 @@ from .osworld_backend_support import needs_desktop_apps, needs_vm_python, osworl
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLVED = ROOT / "examples" / "tasks" / "osworld_solved"
-APPS = ("soffice", "gimp", "vlc", "gnome-terminal", "chromium")
+APPS = ("soffice", "gimp", "vlc", "gnome-terminal", "chromium", "thunderbird")
 
 #: Two or so tasks of every domain, of every kind of solution (terminal commands, LibreOffice
 #: keys and menus, an app's preferences dialog, a settings file edited with the app stopped,
@@ -63,6 +63,7 @@ SUBSET = (
     "030eeff7",  # Chrome: Preferences with Chrome stopped
     "2b9493d7",  # multi_apps: the setup's terminal
     "937087b6",  # multi_apps: xdg-mime default
+    "3f49d2cc",  # Thunderbird: a menu by keys, the stand-in profile from the file cache
 )
 FULL = os.environ.get("LEGATO_ORACLE_FULL") == "1"
 

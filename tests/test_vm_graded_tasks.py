@@ -11,22 +11,22 @@
   policy picks View > Folders > Unified Folders by keyboard.
 
 Both run unmodified configs through ``collect --backend local`` graded by OSWorld's own code;
-the Thunderbird profile tarball is built here (no download): Debian's first-start windows off,
-a Local Folders account, under the profile folder the config's getter reads.
+the Thunderbird profile tarball is the oracle suite's stand-in (``examples/tasks/osworld_solved/
+files.py``, no download): Debian's first-start windows off, a Local Folders account, under the
+profile folder the config's getter reads.
 """
 
 from __future__ import annotations
 
-import io
+import importlib.util
 import json
 import shutil
-import tarfile
 from pathlib import Path
 
 import orjson
 import pytest
 
-from legato_pipelines.desktops.server import accessibility, home
+from legato_pipelines.desktops.server import accessibility
 from legato_pipelines.osworld_format.files import task_files
 from legato_pipelines.osworld_format.sources import cache_names
 from legato_pipelines.policy.synthetic import qwen_response
@@ -45,23 +45,17 @@ pytestmark.append(needs_thunderbird_and_atspi)
 SLIDE_PANE = "ef9d12bd-bcee-4ba0-a40e-918400f43ddf"
 UNIFIED_INBOX = "3f49d2cc-f400-4e7d-90cc-9b18e401cc31"
 TASKS = {SLIDE_PANE: "libreoffice_impress", UNIFIED_INBOX: "thunderbird"}
-#: The profile folder OSWorld's thunderbird tarball holds (the getters read files in it).
-PROFILE = "t5q2a5hp.default-release"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _profile_tarball() -> bytes:
-    """``thunderbird-profile.tar.gz`` as the configs unpack it into HOME: the baseline HOME's
-    Thunderbird files (``home.py``) under OSWorld's profile folder name."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w:gz") as tar:
-        for rel, text in home.BASELINE_FILES.items():
-            if rel.startswith(".thunderbird/"):
-                folder = home.THUNDERBIRD_PROFILE.split("/")[1]
-                data = text.replace(folder, PROFILE).encode()
-                info = tarfile.TarInfo(rel.replace(folder, PROFILE))
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    return out.getvalue()
+    """The oracle suite's stand-in ``thunderbird-profile.tar.gz`` (``files.py``, loaded by path:
+    not a package)."""
+    path = ROOT / "examples" / "tasks" / "osworld_solved" / "files.py"
+    spec = importlib.util.spec_from_file_location("osworld_solved_files", path)
+    files = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(files)
+    return files.thunderbird_profile()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,9 @@ python-docx, python-pptx).
 The ``os`` tasks set up no terminal: on OSWorld's VM (a GNOME session) the agent opens one
 with Ctrl+Alt+T, and so do these scripts, as their first action (local desktops open
 gnome-terminal on that key like GNOME: docs/local-desktop.md). The GIMP and VLC tasks' setups
-launch the app; the desktops' reset wait waits for its main window.
+launch the app; the desktops' reset wait waits for its main window. The Thunderbird task's
+profile is ``files.py``'s stand-in (a Local Folders account, no download); its script picks a
+menu item by keys, graded from ``xulstore.json`` once the postconfig closes Thunderbird.
 """
 
 from __future__ import annotations
@@ -727,6 +729,19 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
             key("ctrl", "shift", "down", what="And to the end of the second."),
             *command_search("Line Spacing: 2"),
             *SAVE_KEEP,
+            done(),
+        ],
+    ),
+    # --- Thunderbird: the profile is files.py's stand-in (a Local Folders account) ---
+    (
+        "thunderbird",
+        "3f49d2cc-f400-4e7d-90cc-9b18e401cc31",
+        "thunderbird",
+        [
+            key("alt", "v", what="Open the View menu (Thunderbird shows its menu bar with Alt)."),
+            key("f", what="Folders."),
+            key("u", what="Unified Folders."),
+            key("escape", what="Close the menu."),
             done(),
         ],
     ),

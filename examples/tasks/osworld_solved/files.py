@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import sys
+import tarfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
@@ -33,6 +34,7 @@ from pptx.enum.text import PP_ALIGN
 from pptx.oxml.ns import qn
 from pptx.util import Pt
 
+from legato_pipelines.desktops.server import home
 from legato_pipelines.osworld_format.fetch import cache_file_name
 from legato_pipelines.osworld_format.files import task_files
 from legato_pipelines.tasks import Task
@@ -275,6 +277,29 @@ def _title_case(lines: list[str]) -> list[str]:
     return [" ".join(word[:1].upper() + word[1:] for word in line.split(" ")) for line in lines]
 
 
+#: The profile folder OSWorld's ``thunderbird-profile.tar.gz`` holds (its getters read files in it).
+THUNDERBIRD_PROFILE = "t5q2a5hp.default-release"
+
+
+def thunderbird_profile() -> bytes:
+    """A stand-in for OSWorld's ``thunderbird-profile.tar.gz`` as its configs unpack it into HOME
+    (``.thunderbird/...``): the baseline HOME's Thunderbird files (``profiles.ini``,
+    ``installs.ini``, the profile's ``user.js``: a Local Folders account, the first-start windows
+    off; :mod:`legato_pipelines.desktops.server.home`) under OSWorld's profile folder name. No
+    Thunderbird start, no download; without OSWorld's Outlook account and mail, so a grader
+    reading those scores 0 (docs/osworld.md, Thunderbird)."""
+    folder = home.THUNDERBIRD_PROFILE.split("/")[1]
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for rel, text in home.BASELINE_FILES.items():
+            if rel.startswith(".thunderbird/"):
+                data = text.replace(folder, THUNDERBIRD_PROFILE).encode()
+                info = tarfile.TarInfo(rel.replace(folder, THUNDERBIRD_PROFILE))
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
 #: task id -> file name (the task's ``path`` / ``dest`` base name) -> the bytes' builder
 BUILDERS: dict[str, dict[str, Callable[[], bytes]]] = {
     "3ef2b351-8a84-4ff2-8724-d86eae9b842e": {
@@ -348,6 +373,7 @@ BUILDERS: dict[str, dict[str, Callable[[], bytes]]] = {
         "Zoom_Out_Oversized_Cells.xlsx": lambda: _xlsx(PAYMENTS, zoom=400),
         "Zoom_Out_Oversized_Cells_gold.xlsx": lambda: _xlsx(PAYMENTS),
     },
+    "3f49d2cc-f400-4e7d-90cc-9b18e401cc31": {"thunderbird-profile.tar.gz": thunderbird_profile},
     **{
         task_id: {name: (lambda data=data: data) for name, data in OS_SCRIPTS[task_id[:8]].items()}
         for task_id in (
