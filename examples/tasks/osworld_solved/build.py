@@ -162,6 +162,19 @@ VIDEO_TYPES = (
 LO_REGISTRY = "~/.config/libreoffice/4/user/registrymodifications.xcu"
 
 
+def new_folder(name: str) -> list[str]:
+    """Thunderbird's File > New > Folder..., named ``name``, under the selected folder."""
+    return [
+        key("alt", "f", what="Open Thunderbird's File menu."),
+        key("n", what="New."),
+        key("f", what="Folder..."),
+        wait(2, "Wait for the New Folder dialog."),
+        type_(name, f"Name it {name}."),
+        key("enter", what="Create it."),
+        wait(1, "Wait for the folder."),
+    ]
+
+
 #: (domain, task id, app, the script's responses)
 SOLVED: list[tuple[str, str, str, list[str]]] = [
     # --- os: gsettings and files, typed into gnome-terminal ---
@@ -744,6 +757,24 @@ SOLVED: list[tuple[str, str, str, list[str]]] = [
             key("escape", what="Close the menu."),
             done(),
         ],
+    ),
+    (
+        "thunderbird",
+        "a10b69e1-6034-4a2b-93e1-571d45194f75",
+        "thunderbird",
+        [
+            *new_folder("COMPANY"),
+            *new_folder("UNIVERSITY"),
+            done(),
+        ],
+    ),
+    (
+        "thunderbird",
+        "a1af9f1c-50d5-4bc3-a51e-4d9b425ff638",
+        "thunderbird",
+        infeasible(
+            "Thunderbird cannot send from an account without its incoming server: infeasible."
+        ),
     ),
 ]
 

@@ -374,6 +374,11 @@ BUILDERS: dict[str, dict[str, Callable[[], bytes]]] = {
         "Zoom_Out_Oversized_Cells_gold.xlsx": lambda: _xlsx(PAYMENTS),
     },
     "3f49d2cc-f400-4e7d-90cc-9b18e401cc31": {"thunderbird-profile.tar.gz": thunderbird_profile},
+    "a10b69e1-6034-4a2b-93e1-571d45194f75": {"thunderbird-profile.tar.gz": thunderbird_profile},
+    # OSWorld's blank profile has no account: the stand-in's Local Folders only is as blank
+    "a1af9f1c-50d5-4bc3-a51e-4d9b425ff638": {
+        "thunderbird-profile-blank.tar.gz": thunderbird_profile
+    },
     **{
         task_id: {name: (lambda data=data: data) for name, data in OS_SCRIPTS[task_id[:8]].items()}
         for task_id in (
