@@ -79,9 +79,10 @@ def test_dock_entries_hand_the_launch_to_the_fifo(tmp_path):
 
 
 def test_dock_icon_centres_follow_tint2s_vertical_layout():
-    # measured on a 1280x720 vm desktop: the first icon spans x 16-55, y 12-51; one every 48 px
-    assert vm_look.dock_icon_centre(0) == (36, 32)
-    assert vm_look.dock_icon_centre(2) == (36, 128)
+    # measured on a 1280x720 vm desktop: the dock starts below the 32 px top bar, as Ubuntu's;
+    # the first icon spans x 16-55, y 44-83; one every 48 px
+    assert vm_look.dock_icon_centre(0) == (36, 64)
+    assert vm_look.dock_icon_centre(2) == (36, 160)
 
 
 def test_favourites_of_a_dconf_value_are_picked_as_gnome_shell_picks_them(tmp_path):

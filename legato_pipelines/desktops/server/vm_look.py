@@ -322,12 +322,13 @@ def dock_icon_centre(index: int) -> tuple[int, int]:
     """Pixel ``(x, y)`` at the centre of the ``index``-th icon of the dock (0: the top one),
     from the dock's ``tint2`` layout: in a vertical panel the first padding value runs along
     the panel and the second across it; an icon is as large as the panel's width leaves
-    (:data:`DOCK_PX` minus twice both across-paddings, at most :data:`DOCK_ICON_PX`)."""
+    (:data:`DOCK_PX` minus twice both across-paddings, at most :data:`DOCK_ICON_PX`). The
+    dock starts below the top bar, as Ubuntu's does (its tint2 ``panel_margin``)."""
     along, across, _ = _DOCK_PANEL_PADDING
     l_along, l_across, l_spacing = _DOCK_LAUNCHER_PADDING
     size = min(DOCK_ICON_PX, DOCK_PX - 2 * across - 2 * l_across)
     x = across + l_across + size // 2
-    y = along + l_along + index * (size + l_spacing) + size // 2
+    y = TOP_BAR_PX + along + l_along + index * (size + l_spacing) + size // 2
     return x, y
 
 
@@ -363,7 +364,8 @@ clock_background_id = 0
         + f"""panel_items = L
 panel_size = 100% {DOCK_PX}
 panel_padding = {" ".join(map(str, _DOCK_PANEL_PADDING))}
-panel_position = center left vertical
+panel_position = top left vertical
+panel_margin = 0 {TOP_BAR_PX}
 background_color = #1d1d1d 100
 launcher_padding = {" ".join(map(str, _DOCK_LAUNCHER_PADDING))}
 launcher_background_id = 0
