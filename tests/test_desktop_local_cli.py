@@ -92,6 +92,35 @@ def wait_gone(pids: list[int], timeout: float = 15.0) -> bool:
     return False
 
 
+def each_server(port: int, token: str, method: str, route: str, **kwargs) -> list[dict]:
+    """The JSON answer of ``route`` from both served desktops (ports ``port``, ``port + 1``),
+    each checked to be 200."""
+    answers = []
+    for p in (port, port + 1):
+        r = httpx.request(
+            method,
+            f"http://127.0.0.1:{p}{route}",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+            **kwargs,
+        )
+        assert r.status_code == 200, r.text
+        answers.append(r.json())
+    return answers
+
+
+def refused(flag: str, value: str) -> str:
+    """What ``legato desktop serve FLAG VALUE`` says when it refuses the value (it must)."""
+    bad = subprocess.run(
+        [sys.executable, "-m", "legato_pipelines", "desktop", "serve", flag, value],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode != 0
+    return bad.stdout + bad.stderr
+
+
 def test_serve_with_the_token_from_the_environment_and_stop_on_sigterm():
     port = free_port_pair()
     token = "test-token-" + os.urandom(8).hex()
@@ -117,26 +146,13 @@ def test_ready_source_is_the_servers_default_source_of_the_ready_wait():
     proc = start_cli(port, dict(os.environ, **{DEFAULT_TOKEN_ENV: token}), "--ready-source", "poll")
     try:
         wait_for_servers(proc, port, token)
-        for p in (port, port + 1):
-            r = httpx.post(
-                f"http://127.0.0.1:{p}/legato/wait",
-                json={"mode": "eval"},
-                headers={"Authorization": f"Bearer {token}"},
-                timeout=30,
-            )
-            assert r.status_code == 200, r.text
-            assert r.json()["source"] == "poll"
+        for answer in each_server(port, token, "POST", "/legato/wait", json={"mode": "eval"}):
+            assert answer["source"] == "poll"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.communicate(timeout=30)
-    bad = subprocess.run(
-        [sys.executable, "-m", "legato_pipelines", "desktop", "serve", "--ready-source", "x"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert bad.returncode != 0
-    assert "--ready-source must be one of damage, poll, got 'x'" in bad.stdout + bad.stderr
+    said = refused("--ready-source", "x")
+    assert "--ready-source must be one of damage, poll, got 'x'" in said
 
 
 def test_session_vm_serves_desktops_with_the_vms_panels():
@@ -151,25 +167,13 @@ def test_session_vm_serves_desktops_with_the_vms_panels():
     proc = start_cli(port, dict(os.environ, **{DEFAULT_TOKEN_ENV: token}), "--session", "vm")
     try:
         wait_for_servers(proc, port, token)
-        for p in (port, port + 1):
-            r = httpx.get(
-                f"http://127.0.0.1:{p}/legato/processes",
-                headers={"Authorization": f"Bearer {token}"},
-                timeout=30,
-            )
-            assert r.status_code == 200, r.text
-            assert [x["comm"] for x in r.json()["infra"]].count("tint2") == 2, r.json()
+        for answer in each_server(port, token, "GET", "/legato/processes"):
+            assert [x["comm"] for x in answer["infra"]].count("tint2") == 2, answer
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.communicate(timeout=30)
-    bad = subprocess.run(
-        [sys.executable, "-m", "legato_pipelines", "desktop", "serve", "--session", "gnome"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert bad.returncode != 0
-    assert "unknown desktop session 'gnome'; choose one of plain, vm" in bad.stdout + bad.stderr
+    said = refused("--session", "gnome")
+    assert "unknown desktop session 'gnome'; choose one of plain, vm" in said
 
 
 def test_generated_token_goes_to_a_private_file_and_servers_die_with_the_cli(tmp_path):

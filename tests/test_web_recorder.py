@@ -260,10 +260,7 @@ def test_flows_are_written_at_the_attempt_end_all_of_them(tmp_path, monkeypatch,
     archive = tmp_path / "archive"
     paths = ["/page", "/style.css", *(f"/fresh?{i}" for i in range(30))]
     with serve_standin(cert, key) as site:
-        hosts = {NAME: f"127.0.0.1:{site.port}"}
-        recorder = WebRecorder(
-            "record", archive, tmp_path / "work", _free_port(), hosts=hosts, trusted=[ca]
-        )
+        recorder = _recording(tmp_path, archive, site, ca)
         try:
             recorder.begin("gallery", None)
             for path in paths:
@@ -285,6 +282,15 @@ def test_flows_are_written_at_the_attempt_end_all_of_them(tmp_path, monkeypatch,
         replay.end()
 
 
+def _recording(tmp_path: Path, archive: Path, site, ca: Path) -> WebRecorder:
+    """A recorder into ``archive`` (work folder ``tmp_path/work``) that reaches the stand-in
+    ``site`` under :data:`NAME` and trusts the test CA ``ca``."""
+    hosts = {NAME: f"127.0.0.1:{site.port}"}
+    return WebRecorder(
+        "record", archive, tmp_path / "work", _free_port(), hosts=hosts, trusted=[ca]
+    )
+
+
 def _version(port: int, path: str) -> str:
     """The HTTP version curl spoke through the proxy on ``port`` for ``https://NAME{path}``,
     offering HTTP/2 (ALPN ``h2``, as Chromium does)."""
@@ -304,10 +310,7 @@ def test_the_recorder_speaks_http1_to_the_browser_and_the_site(tmp_path):
     ca, cert, key = make_ca(tmp_path / "ca")
     archive = tmp_path / "archive"
     with serve_standin_h2(cert, key) as site:
-        hosts = {NAME: f"127.0.0.1:{site.port}"}
-        recorder = WebRecorder(
-            "record", archive, tmp_path / "work", _free_port(), hosts=hosts, trusted=[ca]
-        )
+        recorder = _recording(tmp_path, archive, site, ca)
         try:
             recorder.begin("h2", None)
             assert _version(recorder.port, "/page") == "1.1"
