@@ -1,5 +1,6 @@
-"""The web recorder's CPU per request, without desktops (issue 34): the recording
-``mitmdump`` (confined, as the desktops run it: ``desktops/server/recorder.py``) on this host's
+"""The web recorder's CPU per request, without desktops (issue 34): ``legato-web-recorder``
+(confined, as the desktops run it: ``desktops/server/recorder.py``; from an older checkout on
+PYTHONPATH, mitmdump as it recorded then) on this host's
 network between ``curl`` and the stand-in site, its user + system time (``/proc``) per request.
 
     PYTHONPATH=. python benchmarks/bench_recorder_cpu.py [--rounds 5] [--requests 100]

@@ -8,20 +8,22 @@ loopback, which ``own`` desktops do not reach, nor the host's own address: measu
 each with Chromium on a stand-in gallery (``tests/web_standin.py``: HTTPS with a local CA; one
 page and 24 images, ``Cache-Control: no-store``): one live (Chromium reaches the site itself,
 ``web_hosts`` + ``web_ca``; the second Chromium cannot hold DevTools' port 1337, unused
-here), one recording (``web=record:ARCHIVE``: Chromium ->
-mitmdump in the desktop's network -> the site, every exchange written to the flow file). A
+here), one recording (``web=record:ARCHIVE``: Chromium -> ``legato-web-recorder`` in the
+desktop's network -> the site, every exchange written as it finishes). A
 step is what the engine does per action: ``act`` + ``wait_after_action`` (the ready wait) +
 ``observe`` at 1280x720, of two kinds (:data:`STEPS`): F5 (the page and its 24 images fetched
 again) and Down (a scroll: no request); the two desktops take turns step by step so the
 machine's load hits both alike. Prints medians (min-max), the ratio record / live and the
-recorder's CPU per step (``mitmdump``'s user + system time, read from ``/proc``: less noisy
+recorder's CPU per step (the recorder's user + system time, read from ``/proc``: less noisy
 than the wall times on a loaded machine). ``--policy-latency S`` measures a third kind too,
 labelled as such: the reload preceded by ``S`` seconds of sleep standing in for the policy's
 call (the engine's step as a whole; the sleep is no model call: no CPU, no network). Needs
 root, Xvfb, openbox, Chromium, certutil, the web venv. ``--site h2``: the stand-in served by
 mitmdump (``tests/web_standin_h2.py``), which speaks HTTP/2 to Chromium and to the recorder
-as most real sites do (the default ``h1``, Python's ``http.server``, speaks HTTP/1.1 only,
-so mitmproxy speaks it to Chromium too).
+as most real sites do (the default ``h1``, Python's ``http.server``, speaks HTTP/1.1 only).
+The recorder speaks HTTP/1.1 to both sides either way. Before the recorder was
+``legato-web-recorder`` it was mitmdump: run this file from an older checkout (PYTHONPATH)
+for that side; :func:`recorder_pid` finds either.
 """
 
 from __future__ import annotations
@@ -57,19 +59,24 @@ def gallery_task() -> Task:
 STEPS = {"reload": ["F5"], "scroll": ["Down"]}
 
 
+RECORDERS = ("legato-web-recorder", "mitmdump")
+
+
 def recorder_pid(server_pid: int) -> int:
-    """The ``mitmdump`` process among the descendants of the desktop server ``server_pid``."""
+    """The recording process (:data:`RECORDERS`: what bwrap and setpriv run) among the
+    descendants of the desktop server ``server_pid``."""
     todo = [server_pid]
     while todo:
         pid = todo.pop()
         try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "mitmdump":
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            if any(Path(arg).name in RECORDERS for arg in argv[:2]):
                 return pid
             for task in os.listdir(f"/proc/{pid}/task"):
                 todo += map(int, Path(f"/proc/{pid}/task/{task}/children").read_text().split())
         except OSError:
             continue
-    raise RuntimeError(f"no mitmdump under the desktop server {server_pid}")
+    raise RuntimeError(f"no recorder under the desktop server {server_pid}")
 
 
 def cpu_s(pid: int) -> float:

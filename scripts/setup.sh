@@ -40,8 +40,11 @@ APT_PACKAGES=(
   # certutil: the desktops' Chromium trusts the web recorder's CA (and web_ca) through an NSS
   # database in the baseline HOME (desktops/server/recorder.py)
   libnss3-tools
-  # bwrap: the web recorder's mitmdump runs confined (desktops/server/recorder.py): 0.1 MB
+  # bwrap: the web recorder runs confined (desktops/server/recorder.py): 0.1 MB
   bubblewrap
+  # Go and Google's martian proxy library: scripts/web_venv.sh builds the recording proxy
+  # (desktops/server/web_recorder/main.go); ~75 MB of archives
+  golang-go golang-github-google-martian-dev
   # the sandbox escape tests build a small /etc/ld.so.preload library (tests/test_desktop_sandbox_escapes.py)
   gcc libc6-dev
   # scale-out proof (Postgres run storage, Redis broker for Celery run workers)
@@ -65,7 +68,8 @@ python3 -m pip install -q -e '.[dev]'
 # desktops' "VM python" (see scripts/osworld_venv.sh).
 scripts/osworld_venv.sh
 
-# The local desktops' web recorder: mitmproxy in its own venv (see scripts/web_venv.sh).
+# The local desktops' web recorder: mitmproxy and the recording proxy in a venv of their own
+# (see scripts/web_venv.sh).
 scripts/web_venv.sh
 
 # The real-vLLM tests (tests/test_vllm_real.py) and benchmarks/bench_vllm_client.py: vLLM's CPU

@@ -1,12 +1,36 @@
 #!/usr/bin/env bash
-# The local desktops' web recorder (desktop option web=record:/replay:, `legato web record`):
-# mitmproxy 11.0.2 in a venv of its own, default ~/.cache/legato/web-venv (LEGATO_WEB_VENV
-# overrides; legato_pipelines/desktops/server/recorder.py). Its pins (h11, h2, cryptography,
-# pyOpenSSL, urwid...) stay out of the project's environment: the desktop server runs
-# `mitmdump` from here. Idempotent: seconds when installed, ~30 s and ~130 MB the first time.
+# The local desktops' web recorder (desktop option web=record:/replay:, `legato web record`;
+# legato_pipelines/desktops/server/recorder.py), in a venv of its own, default
+# ~/.cache/legato/web-venv (LEGATO_WEB_VENV overrides):
+# - mitmproxy 11.0.2: replays archives, and turns recordings into its flow files. Its pins (h11,
+#   h2, cryptography, pyOpenSSL, urwid...) stay out of the project's environment.
+# - bin/legato-web-recorder: the recording proxy, built from
+#   legato_pipelines/desktops/server/web_recorder/main.go with Debian's Go and Google's martian
+#   (apt: golang-go golang-github-google-martian-dev; scripts/setup.sh installs them). Rebuilt
+#   when main.go changes.
+# Idempotent: seconds when installed, ~40 s and ~140 MB the first time.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 VENV="${LEGATO_WEB_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/legato/web-venv}"
 if ! "$VENV/bin/mitmdump" --version 2>/dev/null | grep -q "Mitmproxy: 11.0.2"; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check mitmproxy==11.0.2
+fi
+
+SOURCE=legato_pipelines/desktops/server/web_recorder
+BINARY="$VENV/bin/legato-web-recorder"
+STAMP="$(sha256sum "$SOURCE/main.go" | cut -d' ' -f1)"
+if [ ! -x "$BINARY" ] || [ "$(cat "$BINARY.sha256" 2>/dev/null)" != "$STAMP" ]; then
+  if ! command -v go >/dev/null || [ ! -d /usr/share/gocode/src/github.com/google/martian ]; then
+    echo "web_venv.sh: building the web recorder needs Go and martian:" \
+      "apt-get install golang-go golang-github-google-martian-dev" >&2
+    exit 1
+  fi
+  BUILD="$(mktemp -d)"
+  trap 'rm -rf "$BUILD"' EXIT
+  # Debian's Go libraries live in GOPATH form under /usr/share/gocode: no module download
+  (cd "$SOURCE" && GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE="$BUILD/cache" GOFLAGS= \
+    go build -trimpath -o "$BUILD/legato-web-recorder" .)
+  install -m 0755 "$BUILD/legato-web-recorder" "$BINARY"
+  echo "$STAMP" > "$BINARY.sha256"
 fi

@@ -1,10 +1,12 @@
-"""The web recorder on its own (``desktops/server/recorder.py``: mitmproxy's mitmdump on this
-host's network, no desktop), driven by curl as a browser would use a proxy: recording goes
-through the configured upstream proxy (desktop option ``proxy``), replay answers from the
-archive with the site stopped and lists what the archive lacks."""
+"""The web recorder on its own (``desktops/server/recorder.py``: ``legato-web-recorder``
+recording, mitmproxy's mitmdump replaying, on this host's network, no desktop), driven by curl
+as a browser would use a proxy: recording goes through the configured upstream proxy (desktop
+option ``proxy``), replay answers from the archive with the site stopped and lists what the
+archive lacks."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import shutil
 import socket
@@ -20,12 +22,16 @@ from legato_pipelines.desktops.server.recorder import (
     WebRecorder,
     ca_dir,
     mitmdump,
+    web_recorder,
     web_venv,
 )
 from tests.web_standin import NAME, TITLE, make_ca, serve_standin, serve_standin_h2
 
 pytestmark = [
-    pytest.mark.skipif(mitmdump() is None, reason="needs the web venv (scripts/web_venv.sh)"),
+    pytest.mark.skipif(
+        mitmdump() is None or web_recorder() is None,
+        reason="needs the web venv (scripts/web_venv.sh)",
+    ),
     pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl"),
 ]
 
@@ -92,16 +98,18 @@ def _get(port: int, path: str) -> tuple[str, str]:
     return status, body
 
 
-def _mitmdump_pid(pid: int) -> int:
-    """The mitmdump process among ``pid`` and its descendants (the recorder may wrap it)."""
+def _process(pid: int, name: str = "mitmdump") -> int:
+    """The process among ``pid`` and its descendants whose command line names ``name``
+    (``mitmdump``, ``legato-web-recorder``): what bwrap and setpriv run."""
     todo = [pid]
     while todo:
         current = todo.pop()
-        if "mitmdump" in Path(f"/proc/{current}/cmdline").read_bytes().split(b"\0")[1].decode():
+        argv = Path(f"/proc/{current}/cmdline").read_bytes().decode().split("\0")
+        if any(Path(arg).name == name for arg in argv[:2]):  # the program, or python's script
             return current
         for task in os.listdir(f"/proc/{current}/task"):
             todo += map(int, Path(f"/proc/{current}/task/{task}/children").read_text().split())
-    raise AssertionError(f"no mitmdump under process {pid}")
+    raise AssertionError(f"no {name} under process {pid}")
 
 
 def _assert_confined(pid: int, tmp_path: Path) -> None:
@@ -128,7 +136,7 @@ def _assert_confined(pid: int, tmp_path: Path) -> None:
     # acting as it: writes to host root-owned places (its venv, visible; a root-owned folder
     # of the host's, 0755, not visible) and reads of the CA key all fail
     host_dir = tmp_path / "root-owned"
-    host_dir.mkdir()
+    host_dir.mkdir(exist_ok=True)
     os.chmod(host_dir, 0o755)
     uid, gid = status["Uid"].split()[0], status["Gid"].split()[0]
     as_it = ["nsenter", f"--target={pid}", "--mount", "--", "setpriv", f"--reuid={uid}"]
@@ -166,6 +174,8 @@ def test_recorded_through_the_upstream_proxy_then_replayed_without_the_site(tmp_
                 "task": "shop",
                 "archived": False,
             }
+            # the recorder parses what the desktop sends: confined (docs/sandbox.md §4)
+            _assert_confined(_process(recorder._proc.pid, "legato-web-recorder"), tmp_path)
             status, body = _get(recorder.port, "/page")
             assert status == "200" and f"<title>{TITLE}</title>" in body
             recorder.end()  # the attempt's flows become the task's archive file
@@ -180,7 +190,7 @@ def test_recorded_through_the_upstream_proxy_then_replayed_without_the_site(tmp_
     try:
         assert replay.begin("shop", None)["archived"] is True
         # mitmdump parses what the desktop sends: confined (docs/sandbox.md §4)
-        _assert_confined(_mitmdump_pid(replay._proc.pid), tmp_path)
+        _assert_confined(_process(replay._proc.pid), tmp_path)
         status, body = _get(replay.port, "/page")
         assert status == "200" and f"<title>{TITLE}</title>" in body
         assert _get(replay.port, "/fresh?1")[0] == "404"
@@ -195,7 +205,7 @@ def test_recorded_through_the_upstream_proxy_then_replayed_without_the_site(tmp_
 
 def _output(pid: int, option: str) -> Path:
     """Where the recorder's process ``pid`` writes the file of its command line's ``option``
-    (``legato_flows=`` or ``legato_misses=``), seen from the host through its own root."""
+    (``-out`` or ``legato_misses=``), seen from the host through its own root."""
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
     inside = next(
         argv[i + 1] if arg == option else arg.split("=", 1)[1]
@@ -215,9 +225,12 @@ def test_the_server_follows_no_link_the_recorder_plants(tmp_path):
     recorder = WebRecorder("record", archive, tmp_path / "work", _free_port())
     try:
         recorder.begin("shop", None)
-        flows = _output(_mitmdump_pid(recorder._proc.pid), "legato_flows=")
-        flows.unlink(missing_ok=True)
-        flows.symlink_to(secret)
+        recorded = _process(recorder._proc.pid, "legato-web-recorder")
+        exchanges = _output(recorded, "-out")
+        flows = exchanges.with_name("flows")  # what the conversion writes and the server reads
+        for planted in (exchanges, flows):
+            planted.unlink(missing_ok=True)
+            planted.symlink_to(secret)
         recorder.end()
     finally:
         recorder.end()
@@ -226,7 +239,7 @@ def test_the_server_follows_no_link_the_recorder_plants(tmp_path):
     replay = WebRecorder("replay", archive, tmp_path / "work2", _free_port())
     try:
         replay.begin("other", None)
-        misses = _output(_mitmdump_pid(replay._proc.pid), "legato_misses=")
+        misses = _output(_process(replay._proc.pid), "legato_misses=")
         misses.unlink(missing_ok=True)
         misses.symlink_to(secret)
         assert replay.misses() == []
@@ -249,13 +262,10 @@ def _flow_paths(flows: Path) -> list[str]:
     return done.stdout.split()
 
 
-@pytest.mark.parametrize("hold_mib", [64, 0])
-def test_flows_are_written_at_the_attempt_end_all_of_them(tmp_path, monkeypatch, hold_mib):
-    """Recording holds the finished exchanges in memory, off the steps (BENCHMARKS.md, issue
-    34): the flow file stays empty while the attempt runs (``HOLD_MIB`` 0: each is written
-    as it ends), and the attempt's end (SIGTERM) writes every one: the archive holds them all
-    and the replay answers each."""
-    monkeypatch.setattr("legato_pipelines.desktops.server.recorder.HOLD_MIB", hold_mib)
+def test_every_exchange_is_archived_in_order_and_replayed(tmp_path):
+    """The attempt's exchanges, written by the recorder as they finish and turned into a flow
+    file at the attempt's end (SIGTERM), are all in the archive, in order, read by
+    mitmproxy's own reader, and the replay answers each with no miss."""
     ca, cert, key = make_ca(tmp_path / "ca")
     archive = tmp_path / "archive"
     paths = ["/page", "/style.css", *(f"/fresh?{i}" for i in range(30))]
@@ -265,19 +275,61 @@ def test_flows_are_written_at_the_attempt_end_all_of_them(tmp_path, monkeypatch,
             recorder.begin("gallery", None)
             for path in paths:
                 assert _get(recorder.port, path)[0] == "200"
-            written = tmp_path / "work" / "out" / "flows"
-            during = _flow_paths(written) if written.stat().st_size else []
             recorder.end()
         finally:
             recorder.end()
         assert site.requests == paths
-    assert during == ([] if hold_mib else paths)
     assert _flow_paths(archive / "gallery.flows") == paths
+    assert not (tmp_path / "work" / "out" / "exchanges.jsonl").exists()
     replay = WebRecorder("replay", archive, tmp_path / "work2", _free_port())
     try:
         replay.begin("gallery", None)
         assert [_get(replay.port, p)[0] for p in paths] == ["200"] * len(paths)
         assert replay.misses() == []
+    finally:
+        replay.end()
+
+
+def _post(port: int, data: bytes, tmp_path: Path) -> tuple[str, bytes, str]:
+    """(status, body as received, content-encoding) of ``POST https://NAME/echo`` with
+    ``data`` through the proxy on ``port``; curl asks for gzip and does not decode it."""
+    body = tmp_path / "answer"
+    done = subprocess.run(
+        ["curl", "-s", "-o", str(body), "-w", "%{http_code} %header{content-encoding}",
+         "--proxy", f"http://127.0.0.1:{port}", "--cacert", str(ca_dir() / CA_CERT),
+         "-H", "Accept-Encoding: gzip", "-H", "Content-Type: application/octet-stream",
+         "--data-binary", "@-", f"https://{NAME}/echo"],
+        input=data, capture_output=True, timeout=60,
+    )  # fmt: skip
+    status, _, encoding = done.stdout.decode().partition(" ")
+    return status, body.read_bytes(), encoding
+
+
+def test_a_post_and_a_compressed_answer_replay_byte_for_byte(tmp_path):
+    """Bodies are recorded as they crossed the wire: a binary POST body (matched by the replay:
+    another body is a miss) and a gzip answer replayed with the same bytes and encoding, not
+    decoded and not compressed twice."""
+    ca, cert, key = make_ca(tmp_path / "ca")
+    archive = tmp_path / "archive"
+    data = bytes(range(256)) * 3
+    with serve_standin(cert, key) as site:
+        recorder = _recording(tmp_path, archive, site, ca)
+        try:
+            recorder.begin("form", None)
+            live = _post(recorder.port, data, tmp_path)
+        finally:
+            recorder.end()
+        assert site.requests == ["POST /echo"]
+    status, body, encoding = live
+    assert (status, encoding) == ("200", "gzip")
+    assert gzip.decompress(body).endswith(b"\n" + data)
+    replay = WebRecorder("replay", archive, tmp_path / "work2", _free_port())
+    try:
+        replay.begin("form", None)
+        assert _post(replay.port, data, tmp_path) == live
+        assert replay.misses() == []
+        assert _post(replay.port, b"another body", tmp_path)[0] == "404"
+        assert replay.misses() == [{"method": "POST", "url": f"https://{NAME}/echo"}]
     finally:
         replay.end()
 
@@ -304,9 +356,10 @@ def _version(port: int, path: str) -> str:
 
 
 def test_the_recorder_speaks_http1_to_the_browser_and_the_site(tmp_path):
-    """``http2=false`` (BENCHMARKS.md, issue 34: mitmproxy's HTTP/2 costs CPU per request):
-    a client and a site that both offer HTTP/2 get HTTP/1.1 from the recorder, recording and
-    replaying, and the replay still answers the recorded request."""
+    """HTTP/1.1 on both sides (BENCHMARKS.md, issue 34: HTTP/2 cost mitmproxy a third more CPU
+    per request): a client and a site that both offer HTTP/2 get HTTP/1.1 from the recorder
+    and from the replay (``http2=false``), and the replay still answers the recorded
+    request."""
     ca, cert, key = make_ca(tmp_path / "ca")
     archive = tmp_path / "archive"
     with serve_standin_h2(cert, key) as site:

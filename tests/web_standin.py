@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gzip
+import hashlib
 import http.server
 import os
 import socket
@@ -149,6 +151,22 @@ def serve_standin(site_cert: Path, site_key: Path, host: str = "127.0.0.1") -> I
             status, headers, body = answer(self.path)
             self.send_response(status)
             for name, value in headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            """``POST /echo``: the body's sha256 and the body, gzip-compressed (a form post
+            and an encoded answer, as real sites send)."""
+            data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            standin.requests.append(f"POST {self.path}")
+            body = gzip.compress(hashlib.sha256(data).hexdigest().encode() + b"\n" + data)
+            self.send_response(200)
+            for name, value in (
+                ("Content-Type", "application/octet-stream"),
+                ("Content-Encoding", "gzip"),
+                ("Content-Length", str(len(body))),
+            ):
                 self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)

@@ -1,15 +1,19 @@
-"""The desktop's web recorder: mitmproxy's ``mitmdump`` between the desktop's Chromium and the
-websites, per attempt (issue 34; docs/local-desktop.md §15).
+"""The desktop's web recorder, per attempt (issue 34; docs/local-desktop.md §15): a proxy between
+the desktop's Chromium and the websites.
 
 Modes (desktop option ``web``, server flag ``--web``):
 
-- ``record:ARCHIVE``: every HTTP(S) exchange of the attempt (setup, policy, grader: everything
-  Chromium fetches) is written in mitmproxy's flow file format (what ``mitmdump -w`` writes)
-  by the addon (:mod:`.web_addon`, ``legato_flows``): held in memory and written when the
-  attempt ends (mitmdump's SIGTERM; earlier beyond :data:`HOLD_MIB` of bodies), off the
-  steps; the file is then moved to ``ARCHIVE/<task_id>.flows``, replacing an earlier
-  recording of the task (the attempt's end: the next attempt's start or the server's
-  stop). Upstream: the sites directly, or the configured proxy (``--mode upstream:``).
+- ``record:ARCHIVE``: ``legato-web-recorder`` (``web_recorder/main.go``: Go, Google's martian
+  proxy library; built into the web venv by ``scripts/web_venv.sh``) forwards every HTTP(S)
+  exchange of the attempt (setup, policy, grader: everything Chromium fetches) and writes it,
+  bodies as they crossed the wire, to a JSON-lines file as it finishes (buffered: at most 8 MiB
+  held). At the attempt's end (the next attempt's start or the server's stop) the recorder
+  stops (SIGTERM) and :mod:`.web_exchanges`, run by the web venv's interpreter, confined
+  alike, turns that file into mitmproxy's flow file (what ``mitmdump -w`` writes); the file
+  is then moved to ``ARCHIVE/<task_id>.flows``, replacing an earlier recording of the task.
+  Upstream: the sites directly, or the configured proxy (``-upstream``). mitmdump itself
+  recorded before: 1.2-2.1 ms of CPU per request inside the steps against ~0.25 ms for this
+  (BENCHMARKS.md, issue 34).
 - ``replay:ARCHIVE``: ``mitmdump --server-replay ARCHIVE/<task_id>.flows`` answers from the
   archive (``server_replay_reuse``: a response may serve several requests; requests match
   on scheme, method, Host, path, query and body, not the port), connects to no
@@ -17,29 +21,29 @@ Modes (desktop option ``web``, server flag ``--web``):
   (:mod:`.web_addon`) answers 404 to what the archive lacks and lists it: the attempt's
   misses (:meth:`WebRecorder.misses`).
 
-Both speak HTTP/1.1 to Chromium and to the sites (``http2=false``: mitmproxy's HTTP/2 cost a
-third more of its CPU per request; BENCHMARKS.md, issue 34).
+Both speak HTTP/1.1 to Chromium and to the sites (martian's TLS offers no HTTP/2; mitmdump runs
+with ``http2=false``: its HTTP/2 cost a third more of its CPU per request).
 
-``mitmdump`` parses every byte the desktop's Chromium (and so a possibly hostile policy) sends,
-so it runs confined (docs/sandbox.md §7): in the desktop's network namespace
-(``nsenter --net``: its sandbox's own, or the host's for ``network=host``), listening on
-``127.0.0.1:<port>`` there, under ``bwrap`` (bubblewrap; :func:`confined_argv`) in mount, pid,
-IPC and UTS namespaces of its own whose root is a read-only tmpfs holding read-only ``/usr``,
-``/etc``, the web venv and its base interpreter's prefix (at their own paths), a private copy
-of the CA (``/legato/conf``, root's, readable by the recorder's group, not writable), its
-inputs (``/legato/in``: the addon, the trusted bundle, the task's archive file copied), its own
-``/proc``, ``/dev`` (bwrap's: null, zero, random...), ``/tmp`` and, writable, only
-``/legato/out`` (the attempt's ``flows`` and ``misses.jsonl``); as :data:`RECORDER_UID` /
-:data:`RECORDER_GID` (no account, not root, not the graders' 65537, outside the sandboxes' uid
-map), no supplementary group, no capability (bounding set empty), ``no_new_privs`` (``setpriv``
-inside). ``/root``, ``/home``, ``/run``, the archive folder and the host CA's folder are not
-there. The server (root) reads what it wrote without following links (:func:`_open_regular`).
-The desktop's ``google-chrome`` gets ``--proxy-server`` to it and trusts the recorder's CA (an
-NSS database in the baseline HOME: :func:`trust_cas`). The CA lives in
-``legato_cache("web-ca")`` (root's, 0700), made once by mitmproxy itself; its key never enters
-the desktop's sandbox.
+The recorder parses every byte the desktop's Chromium (and so a possibly hostile policy) sends,
+so it runs confined (docs/sandbox.md §7), replaying and recording alike, and so does the
+conversion: in the desktop's network namespace (``nsenter --net``: its sandbox's own, or the
+host's for ``network=host``), listening on ``127.0.0.1:<port>`` there, under ``bwrap``
+(bubblewrap; :func:`confined_argv`) in mount, pid, IPC and UTS namespaces of its own whose root
+is a read-only tmpfs holding read-only ``/usr``, ``/etc``, the web venv and its base
+interpreter's prefix (at their own paths), a private copy of the CA (``/legato/conf``, root's,
+readable by the recorder's group, not writable), its inputs (``/legato/in``: the addon, the
+converter, the trusted bundle, the task's archive file copied), its own ``/proc``, ``/dev``
+(bwrap's: null, zero, random...), ``/tmp`` and, writable, only ``/legato/out`` (the attempt's
+exchanges, ``flows`` and ``misses.jsonl``); as :data:`RECORDER_UID` / :data:`RECORDER_GID` (no
+account, not root, not the graders' 65537, outside the sandboxes' uid map), no supplementary
+group, no capability (bounding set empty), ``no_new_privs`` (``setpriv`` inside). ``/root``,
+``/home``, ``/run``, the archive folder and the host CA's folder are not there. The server
+(root) reads what it wrote without following links (:func:`_open_regular`). The desktop's
+``google-chrome`` gets ``--proxy-server`` to it and trusts the recorder's CA (an NSS database
+in the baseline HOME: :func:`trust_cas`). The CA lives in ``legato_cache("web-ca")`` (root's,
+0700), made once by mitmproxy itself; its key never enters the desktop's sandbox.
 
-Stdlib only (the desktop server imports it): mitmproxy runs in its own venv
+Stdlib only (the desktop server imports it): the recorder and mitmproxy live in the web venv
 (``scripts/web_venv.sh``, ``LEGATO_WEB_VENV``, default ``legato_cache("web-venv")``).
 """
 
@@ -51,6 +55,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -62,14 +67,19 @@ from ...user_cache import legato_cache
 VENV_ENV = "LEGATO_WEB_VENV"
 #: mitmproxy's CA files in its confdir (mitmproxy's own names).
 CA_CERT = "mitmproxy-ca-cert.pem"
+#: The CA's key and certificate in one PEM file (mitmproxy's name): the recorder signs with it.
+CA_KEY_AND_CERT = "mitmproxy-ca.pem"
+#: The recorder's output in its ``out`` folder: the exchanges, one JSON object a line.
+EXCHANGES = "exchanges.jsonl"
 START_TIMEOUT_S = 60.0
-#: SIGTERM -> SIGKILL: recording, mitmdump writes its held flows then (at most
-#: ``web_addon.HOLD_FLOWS`` and :data:`HOLD_MIB`: seconds on a loaded core).
+#: SIGTERM -> SIGKILL (the recorder flushes its last exchanges; mitmdump stops).
 STOP_TIMEOUT_S = 30.0
-#: Recording: the held flows' HTTP bodies (MiB) beyond which mitmdump writes them during the
-#: attempt (``web_addon.py``, option ``legato_hold_mib``; 0: each flow as it ends, as
-#: ``mitmdump -w`` does). What it holds is the attempt's memory on top of mitmproxy's own.
-HOLD_MIB = 64
+#: The conversion of an attempt's exchanges into the flow file (:mod:`.web_exchanges`): ~1 ms
+#: a flow, plus mitmproxy's import (~0.5 s).
+CONVERT_TIMEOUT_S = 600.0
+#: The recording proxy in the web venv's ``bin`` (``scripts/web_venv.sh`` builds it).
+RECORDER_BINARY = "legato-web-recorder"
+CONVERTER = Path(__file__).with_name("web_exchanges.py")
 MODES = ("live", "record", "replay")
 ADDON = Path(__file__).with_name("web_addon.py")
 #: The recorder's user and group: no account of the host's, not root, not the graders'
@@ -98,6 +108,13 @@ def web_venv() -> Path:
 def mitmdump() -> Path | None:
     """The venv's ``mitmdump`` when installed (``scripts/web_venv.sh``), else ``None``."""
     path = web_venv() / "bin" / "mitmdump"
+    return path if os.access(path, os.X_OK) else None
+
+
+def web_recorder() -> Path | None:
+    """The venv's recording proxy ``legato-web-recorder`` when built (``scripts/web_venv.sh``),
+    else ``None``."""
+    path = web_venv() / "bin" / RECORDER_BINARY
     return path if os.access(path, os.X_OK) else None
 
 
@@ -181,16 +198,17 @@ class WebRecorder:
         self._pid: int | None = None
 
     def begin(self, task_id: str, netns_pid: int | None) -> dict:
-        """End the running attempt (:meth:`end`) and start ``mitmdump`` for ``task_id`` in the
-        network namespace of process ``netns_pid`` (``None``: this process's); returns
-        ``{"mode", "task", "archived"}`` (``archived``: replay has a recording of the task).
-        Blocks until it listens. Raises :class:`RecorderError`, ``ValueError`` for a bad id."""
+        """End the running attempt (:meth:`end`) and start the recorder (``record``) or
+        ``mitmdump`` (``replay``) for ``task_id`` in the network namespace of process
+        ``netns_pid`` (``None``: this process's); returns ``{"mode", "task", "archived"}``
+        (``archived``: replay has a recording of the task). Blocks until it listens. Raises
+        :class:`RecorderError`, ``ValueError`` for a bad id."""
         self.end()
         flows = archive_file(self.archive, task_id)
-        exe = mitmdump()
-        if exe is None:
+        exe = web_recorder() if self.mode == "record" else mitmdump()
+        if exe is None or mitmdump() is None:
             raise RecorderError(
-                f"desktop option web={self.mode}: mitmproxy is not installed in {web_venv()} (fix: scripts/web_venv.sh)"
+                f"desktop option web={self.mode}: the web recorder is not installed in {web_venv()} (fix: scripts/web_venv.sh)"
             )
         if shutil.which("bwrap") is None:
             raise RecorderError(
@@ -205,38 +223,38 @@ class WebRecorder:
         _private_copy(ca_dir(), conf)
         inputs.mkdir(mode=0o750)
         os.chown(inputs, 0, RECORDER_GID)
-        _read_only_copy(ADDON.read_bytes(), inputs / ADDON.name)
         out.mkdir(mode=0o700)
         os.chown(out, RECORDER_UID, RECORDER_GID)
-        argv = [str(exe), "-q", "--listen-host", "127.0.0.1", "--listen-port", str(self.port)]
-        argv += ["--set", f"confdir={INSIDE / 'conf'}", "-s", str(INSIDE / "in" / ADDON.name)]
-        argv += ["--set", f"legato_hosts={json.dumps(self.hosts)}"]
-        # HTTP/1.1 to Chromium and to the sites, recording and replaying alike: mitmproxy's
-        # HTTP/2 (the pure-Python h2 state machine per frame) took a third more of its CPU per
-        # request (BENCHMARKS.md, issue 34); replay matches requests whatever their version
-        argv += ["--set", "http2=false"]
+        trusted = None
         if self.trusted:
             system = Path("/etc/ssl/certs/ca-certificates.crt")
             parts = [system.read_bytes()] if system.is_file() else []
             parts += [Path(p).read_bytes() for p in self.trusted]
             _read_only_copy(b"\n".join(parts), inputs / "trusted.pem")
-            argv += ["--set", f"ssl_verify_upstream_trusted_ca={INSIDE / 'in' / 'trusted.pem'}"]
-        archived = False
+            trusted = INSIDE / "in" / "trusted.pem"
+        archived = self.mode == "replay" and flows.is_file()
         if self.mode == "record":
-            # written off the steps, at the attempt's end (web_addon.py: legato_flows)
-            argv += ["--set", f"legato_flows={INSIDE / 'out' / 'flows'}"]
-            argv += ["--set", f"legato_hold_mib={HOLD_MIB}"]
-            if self.upstream:
-                argv += ["--mode", f"upstream:{self.upstream}"]
+            _read_only_copy(CONVERTER.read_bytes(), inputs / CONVERTER.name)
+            argv = [str(exe), "-listen", f"127.0.0.1:{self.port}"]
+            argv += ["-ca", str(INSIDE / "conf" / CA_KEY_AND_CERT)]
+            argv += ["-out", str(INSIDE / "out" / EXCHANGES), "-hosts", json.dumps(self.hosts)]
+            argv += ["-trusted", str(trusted)] if trusted else []
+            argv += ["-upstream", self.upstream] if self.upstream else []
         else:
-            archived = flows.is_file()
+            _read_only_copy(ADDON.read_bytes(), inputs / ADDON.name)
+            argv = [str(exe), "-q", "--listen-host", "127.0.0.1", "--listen-port", str(self.port)]
+            argv += ["--set", f"confdir={INSIDE / 'conf'}", "-s", str(INSIDE / "in" / ADDON.name)]
+            # HTTP/1.1 to Chromium, as the recorder speaks: mitmproxy's HTTP/2 (the
+            # pure-Python h2 state machine per frame) took a third more of its CPU per request
+            # (BENCHMARKS.md, issue 34); replay matches requests whatever their version
+            argv += ["--set", "http2=false"]
             if archived:
                 # a copy: the archive folder stays out of the recorder's reach
                 _read_only_copy(flows.read_bytes(), inputs / "replay.flows")
                 argv += ["--server-replay", str(INSIDE / "in" / "replay.flows")]
             argv += ["--set", "server_replay_extra=forward", "--set", "server_replay_reuse=true"]
-            # a site of web_hosts was recorded at its mapped port (mitmproxy takes the
-            # request's port from the server address); the Host header still names it
+            # a site may have been recorded at another port (a mirror of web_hosts); the Host
+            # header still names it
             argv += ["--set", "server_replay_ignore_port=true"]
             argv += ["--set", "connection_strategy=lazy", "--set", "upstream_cert=false"]
             argv += ["--set", f"legato_misses={INSIDE / 'out' / 'misses.jsonl'}"]
@@ -255,11 +273,11 @@ class WebRecorder:
             if self._proc.poll() is not None:
                 err = self._proc.stderr.read().decode(errors="replace").strip()[-500:]
                 self._proc, self.task = None, None
-                raise RecorderError(f"mitmdump exited: {err or 'no message'}")
+                raise RecorderError(f"{exe.name} exited: {err or 'no message'}")
             if time.monotonic() > deadline:
                 self.end()
                 raise RecorderError(
-                    f"mitmdump did not listen on port {self.port} in {START_TIMEOUT_S:.0f} s"
+                    f"{exe.name} did not listen on port {self.port} in {START_TIMEOUT_S:.0f} s"
                 )
             time.sleep(0.02)
         self._pid = pid
@@ -267,8 +285,8 @@ class WebRecorder:
 
     @property
     def pid(self) -> int | None:
-        """The running attempt's ``mitmdump`` process id (in the host's pid namespace), or
-        ``None``."""
+        """The running attempt's recorder (``record``) or ``mitmdump`` (``replay``) process id
+        (in the host's pid namespace), or ``None``."""
         return self._pid if self._proc is not None else None
 
     def misses(self) -> list[dict]:
@@ -281,16 +299,18 @@ class WebRecorder:
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def end(self) -> None:
-        """Stop the running attempt's ``mitmdump`` (SIGTERM: the addon writes its held flows
-        and closes the flow file) and, recording, move its flows to ``ARCHIVE/<task>.flows``
-        (replacing the task's earlier recording; atomically). Nothing when none runs."""
+        """Stop the running attempt's recorder or ``mitmdump`` (SIGTERM: the recorder writes its
+        last exchanges) and, recording, turn its exchanges into a flow file
+        (:mod:`.web_exchanges`, confined) moved to ``ARCHIVE/<task>.flows`` (replacing the
+        task's earlier recording; atomically). Nothing when none runs. A conversion that fails
+        leaves the task's earlier recording, and says so on standard error (the server's log)."""
         proc, task, pid = self._proc, self.task, self._pid
         self._proc = self._pid = None
         if proc is None:
             return
         if proc.poll() is None:
-            # mitmdump alone: bwrap ends when it does (signalled too, bwrap would exit at once
-            # and its namespace's processes die with SIGKILL, the flow file unfinished)
+            # the recorder alone: bwrap ends when it does (signalled too, bwrap would exit at
+            # once and its namespace's processes die with SIGKILL, the output unfinished)
             try:
                 os.kill(pid, signal.SIGTERM) if pid else os.killpg(proc.pid, signal.SIGTERM)
             except ProcessLookupError:
@@ -302,6 +322,8 @@ class WebRecorder:
                 proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
+        if self.mode == "record" and task is not None:
+            self._convert()
         with _open_regular(self.work / "out" / "flows") as flows:
             if self.mode == "record" and task is not None and flows is not None:
                 target = archive_file(self.archive, task)
@@ -310,17 +332,48 @@ class WebRecorder:
                 with open(partial, "wb") as copy:
                     shutil.copyfileobj(flows, copy)
                 os.replace(partial, target)
-        (self.work / "out" / "flows").unlink(missing_ok=True)
+        for name in ("flows", EXCHANGES):
+            (self.work / "out" / name).unlink(missing_ok=True)
+
+    def _convert(self) -> None:
+        """The attempt's exchanges turned into ``out/flows`` by :mod:`.web_exchanges` in the web
+        venv's interpreter, confined as the recorder was, with no network."""
+        inside = [
+            INSIDE / "in" / CONVERTER.name,
+            INSIDE / "out" / EXCHANGES,
+            INSIDE / "out" / "flows",
+        ]
+        argv = [str(web_venv() / "bin" / "python"), *map(str, inside)]
+        try:
+            done = subprocess.run(
+                confined_argv(self.work, argv, network=False),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=CONVERT_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            print(
+                f"web recorder: converting the exchanges of {self.task} timed out", file=sys.stderr
+            )
+            return
+        if done.returncode != 0 or done.stderr:
+            tail = done.stderr.decode(errors="replace").strip()[-500:]
+            print(
+                f"web recorder: converting the exchanges: {tail or done.returncode}",
+                file=sys.stderr,
+            )
 
 
-def confined_argv(work: Path, argv: Sequence[str]) -> list[str]:
-    """``bwrap`` + ``setpriv`` running ``argv`` (mitmdump's) confined (module docstring):
-    ``work/conf`` and ``work/in`` bound read-only at ``/legato/conf`` and ``/legato/in``,
-    ``work/out`` writable at ``/legato/out``; the web venv and its base interpreter's prefix
-    read-only at their own paths; no network option (the caller's namespace is kept)."""
+def confined_argv(work: Path, argv: Sequence[str], *, network: bool = True) -> list[str]:
+    """``bwrap`` + ``setpriv`` running ``argv`` (the recorder's, mitmdump's, the converter's)
+    confined (module docstring): ``work/conf`` and ``work/in`` bound read-only at
+    ``/legato/conf`` and ``/legato/in``, ``work/out`` writable at ``/legato/out``; the web venv
+    and its base interpreter's prefix read-only at their own paths; the caller's network
+    namespace (``network``), else a new one with nothing in it."""
     venv = Path(os.path.abspath(web_venv()))  # at the path its scripts' #! lines name
     base = Path(os.path.realpath(venv / "bin" / "python3")).parent.parent
     cmd = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    cmd += [] if network else ["--unshare-net"]
     cmd += ["--die-with-parent", "--new-session", "--clearenv"]
     cmd += ["--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp"]
     cmd += ["--setenv", "LANG", "C.UTF-8", "--tmpfs", "/"]
