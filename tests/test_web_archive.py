@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 from legato_pipelines import DesktopConfig, PolicyConfig, collect, read_records
 from legato_pipelines.cli import app
 from legato_pipelines.desktops.server import chrome
-from legato_pipelines.desktops.server.recorder import mitmdump
+from legato_pipelines.desktops.server.recorder import mitmdump, web_recorder
 from legato_pipelines.errors import TaskListError
 from legato_pipelines.policy.scripted import ScriptedPolicyServer
 from legato_pipelines.policy.synthetic import qwen_response
@@ -47,7 +47,10 @@ pytestmark = [
     pytest.mark.skipif(not chrome.available(), reason="needs chromium (apt-get install chromium)"),
     pytest.mark.skipif(shutil.which("socat") is None, reason="needs socat (apt-get install socat)"),
     pytest.mark.skipif(shutil.which("certutil") is None, reason="needs libnss3-tools"),
-    pytest.mark.skipif(mitmdump() is None, reason="needs the web venv (scripts/web_venv.sh)"),
+    pytest.mark.skipif(
+        mitmdump() is None or web_recorder() is None,
+        reason="needs the web venv (scripts/web_venv.sh)",
+    ),
 ]
 TASK_ID = "standin-shop"
 INSTRUCTION = "Look at the stand-in shop."

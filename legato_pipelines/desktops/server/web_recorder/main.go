@@ -1,30 +1,36 @@
 // legato-web-recorder: the desktops' web recorder (recorder.py, issue 34). An HTTP(S) proxy
-// (Google's martian: CONNECT, TLS interception with certificates signed by the recorder's
-// CA, HTTP/1.1 on both sides) that writes every exchange it forwards, request and response
-// bodies as they crossed the wire (not decoded), one JSON object a line, to -out. The desktop
-// server turns that file into mitmproxy's flow file at the attempt's end (web_exchanges.py);
-// replaying stays mitmproxy's. Written in Go because mitmproxy itself cost 1.2-2.1 ms of CPU
-// per request inside the steps (BENCHMARKS.md, issue 34).
+// that intercepts TLS with certificates signed by the recorder's CA (made and cached per
+// host by Google's martian/mitm), serves the browser HTTP/2 or HTTP/1.1 as it offers (Go's
+// net/http server), forwards each request with Go's httputil.ReverseProxy and http.Transport
+// (HTTP/2 to the sites that offer it), and writes every exchange it forwarded, request and
+// response bodies as they crossed the wire (not decoded), one JSON object a line, to -out.
+// The desktop server turns that file into mitmproxy's flow file at the attempt's end
+// (web_exchanges.py); replaying stays mitmproxy's. Written in Go because mitmproxy itself
+// cost 1.2-2.1 ms of CPU per request inside the steps (BENCHMARKS.md, issue 34).
 //
 // Flags: -listen ADDR, -ca PEM (the CA's key and certificate: mitmproxy-ca.pem), -out FILE,
 // -hosts JSON ({"name": "addr:port"} or {"name": "addr"}: names dialled elsewhere, for
-// stand-in sites and mirrors; the TLS server name stays the name),
-// -trusted PEM (the roots the sites' certificates are checked against; default: the
-// system's), -upstream URL (a proxy the exchanges go through). SIGTERM: stop, flush, exit 0.
+// stand-in sites and mirrors; the TLS server name stays the name), -trusted PEM (the roots
+// the sites' certificates are checked against; default: the system's), -upstream URL (a
+// proxy the exchanges go through). SIGTERM: stop, flush, exit 0.
 package main
 
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"io/ioutil"
+	"log"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"net/url"
 	"os"
 	"os/signal"
@@ -32,13 +38,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/google/martian"
-	mlog "github.com/google/martian/log"
 	"github.com/google/martian/mitm"
 )
 
 // exchange is one line of -out (web_exchanges.py reads it): times in seconds since the epoch,
-// headers in the order Go parsed them, bodies as sent (base64 in JSON).
+// headers as Go parsed them (one pair a value), bodies as sent (base64 in JSON).
 type exchange struct {
 	Start           float64     `json:"start"`
 	End             float64     `json:"end"`
@@ -57,17 +61,23 @@ type exchange struct {
 	ResponseBody    []byte      `json:"response_body"`
 }
 
-const contextKey = "legato.exchange"
-
-// recorder is martian's request and response modifier: it copies each body and queues the
-// finished exchange for the writer goroutine.
+// recorder queues finished exchanges for the writer goroutine.
 type recorder struct {
 	lines  chan *exchange
 	mu     sync.Mutex
 	closed bool
 }
 
-// close ends the queue: exchanges finishing later are not written.
+func (r *recorder) add(ex *exchange) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.closed {
+		r.lines <- ex
+	}
+}
+
+// close ends the queue: exchanges finishing later are not written (their request went out,
+// their answer did not come back before the attempt ended).
 func (r *recorder) close() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -88,23 +98,45 @@ func headerPairs(h http.Header, host string) [][2]string {
 	return pairs
 }
 
-func readAll(body io.ReadCloser) ([]byte, io.ReadCloser, error) {
+func readAll(body io.ReadCloser) ([]byte, error) {
 	if body == nil || body == http.NoBody {
-		return nil, body, nil
+		return nil, nil
 	}
-	data, err := ioutil.ReadAll(body)
-	body.Close()
-	return data, ioutil.NopCloser(bytes.NewReader(data)), err
+	defer body.Close()
+	return ioutil.ReadAll(body)
 }
 
-func (r *recorder) ModifyRequest(req *http.Request) error {
-	if req.Method == "CONNECT" {
-		return nil
-	}
-	data, body, err := readAll(req.Body)
-	req.Body = body
+func seconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
+
+// recordingTransport is the reverse proxy's transport: it reads both bodies whole (the
+// browser gets them after the site's answer is complete, as from mitmproxy), records the
+// exchange and hands the response on. A WebSocket's upgrade (101) is recorded without its
+// messages and relayed as it is.
+type recordingTransport struct {
+	base http.RoundTripper
+	rec  *recorder
+}
+
+func (t recordingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	sent, err := readAll(req.Body)
 	if err != nil {
-		return err
+		return nil, err
+	}
+	if sent != nil {
+		req.Body = ioutil.NopCloser(bytes.NewReader(sent))
+		req.GetBody = func() (io.ReadCloser, error) { return ioutil.NopCloser(bytes.NewReader(sent)), nil }
+	}
+	start := time.Now()
+	res, err := t.base.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	var got []byte
+	if res.StatusCode != http.StatusSwitchingProtocols {
+		if got, err = readAll(res.Body); err != nil {
+			return nil, err
+		}
+		res.Body = ioutil.NopCloser(bytes.NewReader(got))
 	}
 	port := 80
 	if req.URL.Scheme == "https" {
@@ -113,51 +145,28 @@ func (r *recorder) ModifyRequest(req *http.Request) error {
 	if p := req.URL.Port(); p != "" {
 		fmt.Sscanf(p, "%d", &port)
 	}
-	now := time.Now()
-	ex := &exchange{
-		Start:          float64(now.UnixNano()) / 1e9,
-		Method:         req.Method,
-		Scheme:         req.URL.Scheme,
-		Host:           req.URL.Hostname(),
-		Port:           port,
-		Path:           req.URL.RequestURI(),
-		HTTPVersion:    req.Proto,
-		RequestHeaders: headerPairs(req.Header, req.Host),
-		RequestBody:    data,
-	}
-	martian.NewContext(req).Set(contextKey, ex)
-	return nil
-}
-
-func (r *recorder) ModifyResponse(res *http.Response) error {
-	if res.Request == nil || res.Request.Method == "CONNECT" {
-		return nil
-	}
-	value, ok := martian.NewContext(res.Request).Get(contextKey)
-	if !ok {
-		return nil
-	}
-	ex := value.(*exchange)
-	data, body, err := readAll(res.Body)
-	res.Body = body
-	if err != nil {
-		return err
-	}
-	ex.End = float64(time.Now().UnixNano()) / 1e9
-	ex.Status = res.StatusCode
-	ex.Reason = http.StatusText(res.StatusCode)
+	reason := http.StatusText(res.StatusCode)
 	if len(res.Status) > 4 {
-		ex.Reason = res.Status[4:]
+		reason = res.Status[4:]
 	}
-	ex.ResponseVersion = res.Proto
-	ex.ResponseHeaders = headerPairs(res.Header, "")
-	ex.ResponseBody = data
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !r.closed {
-		r.lines <- ex
-	}
-	return nil
+	t.rec.add(&exchange{
+		Start:           seconds(start),
+		End:             seconds(time.Now()),
+		Method:          req.Method,
+		Scheme:          req.URL.Scheme,
+		Host:            req.URL.Hostname(),
+		Port:            port,
+		Path:            req.URL.RequestURI(),
+		HTTPVersion:     res.Proto, // what the site was spoken to in
+		RequestHeaders:  headerPairs(req.Header, req.Host),
+		RequestBody:     sent,
+		Status:          res.StatusCode,
+		Reason:          reason,
+		ResponseVersion: res.Proto,
+		ResponseHeaders: headerPairs(res.Header, ""),
+		ResponseBody:    got,
+	})
+	return res, nil
 }
 
 func writeLines(path string, lines <-chan *exchange, done chan<- error) {
@@ -182,6 +191,38 @@ func writeLines(path string, lines <-chan *exchange, done chan<- error) {
 	done <- file.Close()
 }
 
+// tunnels is the listener of the intercepted CONNECT tunnels: the TLS connections the inner
+// HTTP server (HTTP/2 or HTTP/1.1, as the browser chose) serves.
+type tunnels struct {
+	conns  chan net.Conn
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (l *tunnels) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *tunnels) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
+
+func (l *tunnels) Addr() net.Addr { return &net.TCPAddr{} }
+
+// prefixed is a hijacked connection read through the server's buffer.
+type prefixed struct {
+	net.Conn
+	reader io.Reader
+}
+
+func (c prefixed) Read(p []byte) (int, error) { return c.reader.Read(p) }
+
 func loadCA(path string) (*x509.Certificate, interface{}, error) {
 	pem, err := ioutil.ReadFile(path)
 	if err != nil {
@@ -199,7 +240,7 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:8080", "address to listen on")
 	caPath := flag.String("ca", "", "PEM file with the CA's key and certificate")
 	outPath := flag.String("out", "", "file the exchanges are written to (JSON lines)")
-	hostsJSON := flag.String("hosts", "{}", `{"name": "addr:port"}: names dialled elsewhere`)
+	hostsJSON := flag.String("hosts", "{}", `{"name": "addr[:port]"}: names dialled elsewhere`)
 	trusted := flag.String("trusted", "", "PEM roots for the sites' certificates (default: the system's)")
 	upstream := flag.String("upstream", "", "proxy URL the exchanges go through")
 	flag.Parse()
@@ -207,7 +248,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "legato-web-recorder: "+format+"\n", args...)
 		os.Exit(2)
 	}
-	mlog.SetLevel(mlog.Silent)
+	quiet := log.New(ioutil.Discard, "", 0)
 
 	hosts := map[string]string{}
 	if err := json.Unmarshal([]byte(*hostsJSON), &hosts); err != nil {
@@ -217,12 +258,12 @@ func main() {
 	if err != nil {
 		fail("-ca: %v", err)
 	}
-	config, err := mitm.NewConfig(ca, key)
+	certs, err := mitm.NewConfig(ca, key)
 	if err != nil {
 		fail("-ca: %v", err)
 	}
-	config.SetValidity(24 * time.Hour)
-	config.SetOrganization("legato web recorder")
+	certs.SetValidity(24 * time.Hour)
+	certs.SetOrganization("legato web recorder")
 
 	tlsConfig := &tls.Config{}
 	if *trusted != "" {
@@ -237,7 +278,7 @@ func main() {
 		tlsConfig.RootCAs = pool
 	}
 	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
-	dial := func(network, addr string) (net.Conn, error) {
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
 		host, port, err := net.SplitHostPort(addr)
 		if mapped, ok := hosts[host]; ok && err == nil {
 			addr = mapped
@@ -245,30 +286,80 @@ func main() {
 				addr = net.JoinHostPort(mapped, port) // "addr": the request's port
 			}
 		}
-		return dialer.Dial(network, addr)
+		return dialer.DialContext(ctx, network, addr)
 	}
-
-	proxy := martian.NewProxy()
-	proxy.SetRoundTripper(&http.Transport{
+	transport := &http.Transport{
+		DialContext:           dial,
 		TLSClientConfig:       tlsConfig,
+		ForceAttemptHTTP2:     true,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
 		MaxIdleConnsPerHost:   16,
 		IdleConnTimeout:       90 * time.Second,
-		DisableCompression:    true,
-	})
-	proxy.SetDial(dial)
+		DisableCompression:    true, // bodies as the site sent them, in the encoding asked for
+	}
 	if *upstream != "" {
 		u, err := url.Parse(*upstream)
 		if err != nil || u.Host == "" {
 			fail("-upstream: %q is no proxy URL", *upstream)
 		}
-		proxy.SetDownstreamProxy(u)
+		transport.Proxy = http.ProxyURL(u)
 	}
-	proxy.SetMITM(config)
 	rec := &recorder{lines: make(chan *exchange, 4096)}
-	proxy.SetRequestModifier(rec)
-	proxy.SetResponseModifier(rec)
+	forward := &httputil.ReverseProxy{
+		// the request's URL is the site's already; no X-Forwarded-For (the site sees what
+		// the browser sent)
+		Director:  func(req *http.Request) { req.Header["X-Forwarded-For"] = nil },
+		Transport: recordingTransport{base: transport, rec: rec},
+		ErrorLog:  quiet,
+	}
+
+	// inside a tunnel: the browser's requests for that site (HTTP/2 or HTTP/1.1: net/http
+	// configures HTTP/2 for *tls.Conn it accepts when the server has no TLSConfig)
+	intercepted := &tunnels{conns: make(chan net.Conn), closed: make(chan struct{})}
+	inner := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			req.URL.Scheme, req.URL.Host = "https", req.Host
+			forward.ServeHTTP(w, req)
+		}),
+		ErrorLog: quiet,
+	}
+	// the proxy itself: CONNECT opens a tunnel, other requests (http://) are forwarded
+	outer := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			if req.Method != http.MethodConnect {
+				if req.URL.Host == "" {
+					http.Error(w, "legato-web-recorder is a proxy", http.StatusBadRequest)
+					return
+				}
+				forward.ServeHTTP(w, req)
+				return
+			}
+			hijacker, ok := w.(http.Hijacker)
+			if !ok {
+				http.Error(w, "no tunnel over this connection", http.StatusBadRequest)
+				return
+			}
+			conn, buffered, err := hijacker.Hijack()
+			if err != nil {
+				return
+			}
+			if _, err := conn.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n")); err != nil {
+				conn.Close()
+				return
+			}
+			site := certs.TLSForHost(req.Host)
+			site.NextProtos = []string{"h2", "http/1.1"}
+			// what the browser sent before the tunnel's answer is read first
+			tunnel := prefixed{Conn: conn, reader: buffered.Reader}
+			select {
+			case intercepted.conns <- tls.Server(tunnel, site):
+			case <-intercepted.closed:
+				conn.Close()
+			}
+		}),
+		ErrorLog: quiet,
+	}
 
 	written := make(chan error, 1)
 	go writeLines(*outPath, rec.lines, written)
@@ -276,17 +367,22 @@ func main() {
 	if err != nil {
 		fail("-listen: %v", err)
 	}
+	go inner.Serve(intercepted)
+	go func() {
+		if err := outer.Serve(listener); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+			fail("-listen: %v", err)
+		}
+	}()
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
-	go proxy.Serve(listener)
 	select {
 	case <-stop:
 	case err := <-written:
 		fail("-out: %v", err)
 	}
-	// the attempt's end: what is still in flight is not written (its request went out,
-	// its answer did not come back before the attempt ended)
+	// the attempt's end: what is still in flight is not written
 	listener.Close()
+	intercepted.Close()
 	rec.close()
 	if err := <-written; err != nil {
 		fail("-out: %v", err)
