@@ -42,7 +42,7 @@ APT_PACKAGES=(
   libnss3-tools
   # bwrap: the web recorder runs confined (desktops/server/recorder.py): 0.1 MB
   bubblewrap
-  # Go and Google's martian proxy library: scripts/web_venv.sh builds the recording proxy
+  # Go and Google's martian (its mitm certificates): scripts/web_venv.sh builds the recording proxy
   # (desktops/server/web_recorder/main.go); ~75 MB of archives
   golang-go golang-github-google-martian-dev
   # the sandbox escape tests build a small /etc/ld.so.preload library (tests/test_desktop_sandbox_escapes.py)

@@ -3,9 +3,9 @@ the desktop's Chromium and the websites.
 
 Modes (desktop option ``web``, server flag ``--web``):
 
-- ``record:ARCHIVE``: ``legato-web-recorder`` (``web_recorder/main.go``: Go, Google's martian
-  proxy library; built into the web venv by ``scripts/web_venv.sh``) forwards every HTTP(S)
-  exchange of the attempt (setup, policy, grader: everything Chromium fetches) and writes it,
+- ``record:ARCHIVE``: ``legato-web-recorder`` (``web_recorder/main.go``: Go's net/http server
+  and reverse proxy, certificates by Google's martian/mitm; built into the web venv by
+  ``scripts/web_venv.sh``) forwards every HTTP(S) exchange of the attempt (setup, policy, grader: everything Chromium fetches) and writes it,
   bodies as they crossed the wire, to a JSON-lines file as it finishes (buffered: at most 8 MiB
   held). At the attempt's end (the next attempt's start or the server's stop) the recorder
   stops (SIGTERM) and :mod:`.web_exchanges`, run by the web venv's interpreter, confined
@@ -21,8 +21,10 @@ Modes (desktop option ``web``, server flag ``--web``):
   (:mod:`.web_addon`) answers 404 to what the archive lacks and lists it: the attempt's
   misses (:meth:`WebRecorder.misses`).
 
-Both speak HTTP/1.1 to Chromium and to the sites (martian's TLS offers no HTTP/2; mitmdump runs
-with ``http2=false``: its HTTP/2 cost a third more of its CPU per request).
+The recorder speaks HTTP/2 to Chromium and to the sites that offer it, HTTP/1.1 otherwise, as
+Chromium would live (an HTTP/1.1-only proxy changed how a page of an HTTP/2 site loads: six
+connections, images in rounds). The replay speaks HTTP/1.1 (``http2=false``: mitmproxy's
+HTTP/2 cost a third more of its CPU per request).
 
 The recorder parses every byte the desktop's Chromium (and so a possibly hostile policy) sends,
 so it runs confined (docs/sandbox.md §7), replaying and recording alike, and so does the
