@@ -43,7 +43,7 @@ APT_PACKAGES=(
   # bwrap: the web recorder runs confined (desktops/server/recorder.py): 0.1 MB
   bubblewrap
   # Go and Google's martian (its mitm certificates): scripts/web_venv.sh builds the recording proxy
-  # (desktops/server/web_recorder/main.go); ~75 MB of archives
+  # (desktops/server/web_recorder/main.go); ~86 MB of archives
   golang-go golang-github-google-martian-dev
   # the sandbox escape tests build a small /etc/ld.so.preload library (tests/test_desktop_sandbox_escapes.py)
   gcc libc6-dev
