@@ -18,7 +18,7 @@ from .root import app
 
 web_app = typer.Typer(
     rich_markup_mode=None,
-    help="Websites of local desktops: record them once (mitmproxy), replay them offline.",
+    help="Websites of local desktops: record them once, replay them offline (mitmproxy).",
     no_args_is_help=True,
 )
 app.add_typer(web_app, name="web")

@@ -57,8 +57,9 @@ one (or ``grader=own``) the project's own subset runs them (``osworld_format.run
                 (default: environment variable LEGATO_PROXY; none); ``desktops/web.py``
   web_probe     ``HOST:PORT`` the preflight's reachability check connects to (default
                 LEGATO_WEB_PROBE, else huggingface.co:443)
-  web           ``live`` (default), ``record:ARCHIVE`` or ``replay:ARCHIVE``: mitmproxy between
-                Chromium and the sites, one flow file per task (:mod:`.recorder`)
+  web           ``live`` (default), ``record:ARCHIVE`` or ``replay:ARCHIVE``: a proxy between
+                Chromium and the sites (recording: ``legato-web-recorder``; replaying:
+                mitmproxy), one flow file per task (:mod:`.recorder`)
   web_hosts     ``{name: "addr[:port]"}``: sites served elsewhere (stand-ins, mirrors)
   web_ca        PEM files of CAs the desktops' Chromium and the recorder trust for sites
 """

@@ -295,7 +295,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--web",
         default="live",
         help="sandboxed desktops: live (default: the sites themselves), record:ARCHIVE or"
-        " replay:ARCHIVE (mitmproxy between Chromium and the sites, per attempt: recorder.py)",
+        " replay:ARCHIVE (a recording proxy, or mitmproxy replaying, between Chromium and the"
+        " sites, per attempt: recorder.py)",
     )
     parser.add_argument(
         "--web-host",
