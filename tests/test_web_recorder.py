@@ -334,6 +334,25 @@ def test_a_post_and_a_compressed_answer_replay_byte_for_byte(tmp_path):
         replay.end()
 
 
+def test_a_body_beyond_the_cap_is_refused_not_held(tmp_path, monkeypatch):
+    """The recorder holds each body whole: one beyond ``MAX_BODY_MIB`` is answered 502 and not
+    recorded (a page cannot grow the host's recorder without bound); one within is."""
+    monkeypatch.setattr("legato_pipelines.desktops.server.recorder.MAX_BODY_MIB", 1)
+    ca, cert, key = make_ca(tmp_path / "ca")
+    archive = tmp_path / "archive"
+    with serve_standin(cert, key) as site:
+        recorder = _recording(tmp_path, archive, site, ca)
+        try:
+            recorder.begin("big", None)
+            status, _, _ = _post(recorder.port, b"x" * (2 << 20), tmp_path)
+            assert status == "502"
+            assert _post(recorder.port, b"y" * (512 << 10), tmp_path)[0] == "200"
+        finally:
+            recorder.end()
+        assert site.requests == ["POST /echo"]  # the big one never reached the site
+    assert _flow_paths(archive / "big.flows") == ["/echo"]
+
+
 def _recording(tmp_path: Path, archive: Path, site, ca: Path) -> WebRecorder:
     """A recorder into ``archive`` (work folder ``tmp_path/work``) that reaches the stand-in
     ``site`` under :data:`NAME` and trusts the test CA ``ca``."""

@@ -79,6 +79,9 @@ STOP_TIMEOUT_S = 30.0
 #: The conversion of an attempt's exchanges into the flow file (:mod:`.web_exchanges`): ~1 ms
 #: a flow, plus mitmproxy's import (~0.5 s).
 CONVERT_TIMEOUT_S = 600.0
+#: Recording: a request or response body beyond this (MiB) is answered 502 and not recorded
+#: (the recorder holds each body whole, as mitmproxy did; a page cannot grow it without bound).
+MAX_BODY_MIB = 256
 #: The recording proxy in the web venv's ``bin`` (``scripts/web_venv.sh`` builds it).
 RECORDER_BINARY = "legato-web-recorder"
 CONVERTER = Path(__file__).with_name("web_exchanges.py")
@@ -242,6 +245,7 @@ class WebRecorder:
             argv += ["-out", str(INSIDE / "out" / EXCHANGES), "-hosts", json.dumps(self.hosts)]
             argv += ["-trusted", str(trusted)] if trusted else []
             argv += ["-upstream", self.upstream] if self.upstream else []
+            argv += ["-max-body-mib", str(MAX_BODY_MIB)]
         else:
             _read_only_copy(ADDON.read_bytes(), inputs / ADDON.name)
             argv = [str(exe), "-q", "--listen-host", "127.0.0.1", "--listen-port", str(self.port)]

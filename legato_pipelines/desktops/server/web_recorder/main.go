@@ -12,7 +12,8 @@
 // -hosts JSON ({"name": "addr:port"} or {"name": "addr"}: names dialled elsewhere, for
 // stand-in sites and mirrors; the TLS server name stays the name), -trusted PEM (the roots
 // the sites' certificates are checked against; default: the system's), -upstream URL (a
-// proxy the exchanges go through). SIGTERM: stop, flush, exit 0.
+// proxy the exchanges go through), -max-body-mib N (default 256: a bigger body is answered
+// 502 and not recorded). SIGTERM: stop, flush, exit 0.
 package main
 
 import (
@@ -39,6 +40,13 @@ import (
 	"time"
 
 	"github.com/google/martian/mitm"
+)
+
+// A client's request head must arrive within headerTimeout; an idle kept-alive connection
+// is closed after idleTimeout (a page's connections are reused for minutes, not hours).
+const (
+	headerTimeout = 60 * time.Second
+	idleTimeout   = 5 * time.Minute
 )
 
 // exchange is one line of -out (web_exchanges.py reads it): times in seconds since the epoch,
@@ -98,12 +106,19 @@ func headerPairs(h http.Header, host string) [][2]string {
 	return pairs
 }
 
-func readAll(body io.ReadCloser) ([]byte, error) {
+// errTooLarge: a body beyond -max-body-mib (the recorder holds each body whole).
+var errTooLarge = errors.New("body too large to record")
+
+func readAll(body io.ReadCloser, limit int64) ([]byte, error) {
 	if body == nil || body == http.NoBody {
 		return nil, nil
 	}
 	defer body.Close()
-	return ioutil.ReadAll(body)
+	data, err := ioutil.ReadAll(io.LimitReader(body, limit+1))
+	if err == nil && int64(len(data)) > limit {
+		return nil, errTooLarge
+	}
+	return data, err
 }
 
 func seconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
@@ -113,12 +128,13 @@ func seconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 // exchange and hands the response on. A WebSocket's upgrade (101) is recorded without its
 // messages and relayed as it is.
 type recordingTransport struct {
-	base http.RoundTripper
-	rec  *recorder
+	base  http.RoundTripper
+	rec   *recorder
+	limit int64 // bytes a body may have
 }
 
 func (t recordingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	sent, err := readAll(req.Body)
+	sent, err := readAll(req.Body, t.limit)
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +149,7 @@ func (t recordingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	}
 	var got []byte
 	if res.StatusCode != http.StatusSwitchingProtocols {
-		if got, err = readAll(res.Body); err != nil {
+		if got, err = readAll(res.Body, t.limit); err != nil {
 			return nil, err
 		}
 		res.Body = ioutil.NopCloser(bytes.NewReader(got))
@@ -243,6 +259,7 @@ func main() {
 	hostsJSON := flag.String("hosts", "{}", `{"name": "addr[:port]"}: names dialled elsewhere`)
 	trusted := flag.String("trusted", "", "PEM roots for the sites' certificates (default: the system's)")
 	upstream := flag.String("upstream", "", "proxy URL the exchanges go through")
+	maxBody := flag.Int64("max-body-mib", 256, "a request or response body beyond this is answered 502, not recorded")
 	flag.Parse()
 	fail := func(format string, args ...interface{}) {
 		fmt.Fprintf(os.Stderr, "legato-web-recorder: "+format+"\n", args...)
@@ -310,8 +327,11 @@ func main() {
 		// the request's URL is the site's already; no X-Forwarded-For (the site sees what
 		// the browser sent)
 		Director:  func(req *http.Request) { req.Header["X-Forwarded-For"] = nil },
-		Transport: recordingTransport{base: transport, rec: rec},
+		Transport: recordingTransport{base: transport, rec: rec, limit: *maxBody << 20},
 		ErrorLog:  quiet,
+		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
+			http.Error(w, "legato-web-recorder: "+err.Error(), http.StatusBadGateway)
+		},
 	}
 
 	// inside a tunnel: the browser's requests for that site (HTTP/2 or HTTP/1.1: net/http
@@ -322,7 +342,9 @@ func main() {
 			req.URL.Scheme, req.URL.Host = "https", req.Host
 			forward.ServeHTTP(w, req)
 		}),
-		ErrorLog: quiet,
+		ErrorLog:          quiet,
+		ReadHeaderTimeout: headerTimeout,
+		IdleTimeout:       idleTimeout,
 	}
 	// the proxy itself: CONNECT opens a tunnel, other requests (http://) are forwarded
 	outer := &http.Server{
@@ -358,7 +380,9 @@ func main() {
 				conn.Close()
 			}
 		}),
-		ErrorLog: quiet,
+		ErrorLog:          quiet,
+		ReadHeaderTimeout: headerTimeout,
+		IdleTimeout:       idleTimeout,
 	}
 
 	written := make(chan error, 1)
