@@ -6,12 +6,14 @@ archive lacks."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import shutil
 import socket
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,15 @@ from legato_pipelines.desktops.server.recorder import (
     web_recorder,
     web_venv,
 )
-from tests.web_standin import NAME, TITLE, make_ca, serve_standin, serve_standin_h2
+from tests.web_standin import (
+    NAME,
+    STREAM_GAP_S,
+    TITLE,
+    StandIn,
+    make_ca,
+    serve_standin,
+    serve_standin_h2,
+)
 
 pytestmark = [
     pytest.mark.skipif(
@@ -262,32 +272,46 @@ def _flow_paths(flows: Path) -> list[str]:
     return done.stdout.split()
 
 
+@contextlib.contextmanager
+def _recorded(tmp_path: Path, task: str) -> Iterator[tuple[WebRecorder, StandIn]]:
+    """``(recorder, site)``: the stand-in site and a recorder into ``tmp_path/archive`` that
+    reaches it, attempt ``task`` begun; on exit the attempt ends (its archive file written),
+    then the site stops (``site.requests`` stays readable)."""
+    ca, cert, key = make_ca(tmp_path / "ca")
+    with serve_standin(cert, key) as site:
+        recorder = _recording(tmp_path, tmp_path / "archive", site, ca)
+        try:
+            recorder.begin(task, None)
+            yield recorder, site
+        finally:
+            recorder.end()
+
+
+@contextlib.contextmanager
+def _replaying(tmp_path: Path, task: str) -> Iterator[WebRecorder]:
+    """A replay of ``tmp_path/archive`` (no site), attempt ``task`` begun; ended on exit."""
+    replay = WebRecorder("replay", tmp_path / "archive", tmp_path / "work2", _free_port())
+    try:
+        replay.begin(task, None)
+        yield replay
+    finally:
+        replay.end()
+
+
 def test_every_exchange_is_archived_in_order_and_replayed(tmp_path):
     """The attempt's exchanges, written by the recorder as they finish and turned into a flow
     file at the attempt's end (SIGTERM), are all in the archive, in order, read by
     mitmproxy's own reader, and the replay answers each with no miss."""
-    ca, cert, key = make_ca(tmp_path / "ca")
-    archive = tmp_path / "archive"
     paths = ["/page", "/style.css", *(f"/fresh?{i}" for i in range(30))]
-    with serve_standin(cert, key) as site:
-        recorder = _recording(tmp_path, archive, site, ca)
-        try:
-            recorder.begin("gallery", None)
-            for path in paths:
-                assert _get(recorder.port, path)[0] == "200"
-            recorder.end()
-        finally:
-            recorder.end()
-        assert site.requests == paths
-    assert _flow_paths(archive / "gallery.flows") == paths
+    with _recorded(tmp_path, "gallery") as (recorder, site):
+        for path in paths:
+            assert _get(recorder.port, path)[0] == "200"
+    assert site.requests == paths
+    assert _flow_paths(tmp_path / "archive" / "gallery.flows") == paths
     assert not (tmp_path / "work" / "out" / "exchanges.jsonl").exists()
-    replay = WebRecorder("replay", archive, tmp_path / "work2", _free_port())
-    try:
-        replay.begin("gallery", None)
+    with _replaying(tmp_path, "gallery") as replay:
         assert [_get(replay.port, p)[0] for p in paths] == ["200"] * len(paths)
         assert replay.misses() == []
-    finally:
-        replay.end()
 
 
 def _post(port: int, data: bytes, tmp_path: Path) -> tuple[str, bytes, str]:
@@ -309,48 +333,117 @@ def test_a_post_and_a_compressed_answer_replay_byte_for_byte(tmp_path):
     """Bodies are recorded as they crossed the wire: a binary POST body (matched by the replay:
     another body is a miss) and a gzip answer replayed with the same bytes and encoding, not
     decoded and not compressed twice."""
-    ca, cert, key = make_ca(tmp_path / "ca")
-    archive = tmp_path / "archive"
     data = bytes(range(256)) * 3
-    with serve_standin(cert, key) as site:
-        recorder = _recording(tmp_path, archive, site, ca)
-        try:
-            recorder.begin("form", None)
-            live = _post(recorder.port, data, tmp_path)
-        finally:
-            recorder.end()
-        assert site.requests == ["POST /echo"]
+    with _recorded(tmp_path, "form") as (recorder, site):
+        live = _post(recorder.port, data, tmp_path)
+    assert site.requests == ["POST /echo"]
     status, body, encoding = live
     assert (status, encoding) == ("200", "gzip")
     assert gzip.decompress(body).endswith(b"\n" + data)
-    replay = WebRecorder("replay", archive, tmp_path / "work2", _free_port())
-    try:
-        replay.begin("form", None)
+    with _replaying(tmp_path, "form") as replay:
         assert _post(replay.port, data, tmp_path) == live
         assert replay.misses() == []
         assert _post(replay.port, b"another body", tmp_path)[0] == "404"
         assert replay.misses() == [{"method": "POST", "url": f"https://{NAME}/echo"}]
+
+
+def test_a_body_beyond_the_cap_is_not_held(tmp_path, monkeypatch):
+    """A page cannot grow the host's recorder without bound (``MAX_BODY_MIB``): a request body
+    beyond it is answered 502 (read whole before it is sent); a response beyond it reaches the
+    browser whole but is not recorded, so the replay lists it as a miss; bodies within are
+    recorded."""
+    monkeypatch.setattr("legato_pipelines.desktops.server.recorder.MAX_BODY_MIB", 1)
+    with _recorded(tmp_path, "big") as (recorder, site):
+        assert _post(recorder.port, b"x" * (2 << 20), tmp_path)[0] == "502"
+        assert _post(recorder.port, b"y" * (512 << 10), tmp_path)[0] == "200"
+        status, body = _fetch(recorder.port, "/big?2048", tmp_path)
+        assert status == "200" and len(body) == 2 << 20
+    assert site.requests == ["POST /echo", "/big?2048"]  # the big post never reached it
+    assert _flow_paths(tmp_path / "archive" / "big.flows") == ["/echo"]
+    with _replaying(tmp_path, "big") as replay:
+        assert _fetch(replay.port, "/big?2048", tmp_path)[0] == "404"
+        assert replay.misses() == [{"method": "GET", "url": f"https://{NAME}/big?2048"}]
+
+
+def _fetch(
+    port: int, path: str, tmp_path: Path, *curl: str, write_out: str = ""
+) -> tuple[str, bytes]:
+    """(status and curl's ``write_out``, body) of ``https://NAME{path}`` through the proxy on
+    ``port``, the path sent as it is (``--path-as-is``; no escaping by curl)."""
+    body = tmp_path / "fetched"
+    done = subprocess.run(
+        ["curl", "-s", "-g", "--path-as-is", "-o", str(body), "-w", "%{http_code}" + write_out, "--proxy",
+         f"http://127.0.0.1:{port}", "--cacert", str(ca_dir() / CA_CERT), *curl,
+         f"https://{NAME}{path}"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return done.stdout, body.read_bytes() if body.exists() else b""
+
+
+def test_what_the_site_said_is_what_the_browser_gets_and_the_replay_gives(tmp_path):
+    """Fidelity, recording then replaying with the site stopped: a path with ``|^{}`` reaches
+    the site and the archive as sent (Go would escape it again); an answer without a
+    Content-Type gets none added; an answer that changed (``/count``) replays in the recorded
+    order, then its last answer again; a multipart form, whose boundary changes at every
+    submission, matches by its fields (another value is a miss)."""
+    odd, form, kind = "/p|a^t{h}?q=1", ("-F", "field=value"), " %header{content-type}"
+    with _recorded(tmp_path, "fidelity") as (recorder, site):
+        assert _fetch(recorder.port, odd, tmp_path) == ("404", b"no")
+        assert _fetch(recorder.port, "/bare", tmp_path, write_out=kind) == ("200 ", b"\xe9t\xe9")
+        counted = [_fetch(recorder.port, "/count", tmp_path)[1] for _ in range(2)]
+        assert counted == [b"answer 1", b"answer 2"]
+        posted = _fetch(recorder.port, "/echo", tmp_path, *form)
+        assert posted[0] == "200"
+    assert site.requests == [odd, "/bare", "/count", "/count", "POST /echo"]
+    with _replaying(tmp_path, "fidelity") as replay:
+        assert _fetch(replay.port, odd, tmp_path) == ("404", b"no")  # the site's, not a miss
+        assert _fetch(replay.port, "/bare", tmp_path, write_out=kind)[0] == "200 "
+        counted = [_fetch(replay.port, "/count", tmp_path)[1] for _ in range(3)]
+        assert counted == [b"answer 1", b"answer 2", b"answer 2"]
+        assert _fetch(replay.port, "/echo", tmp_path, *form) == posted  # a new boundary
+        assert replay.misses() == []
+        assert _fetch(replay.port, "/echo", tmp_path, "-F", "field=other")[0] == "404"
+        assert replay.misses() == [{"method": "POST", "url": f"https://{NAME}/echo"}]
+
+
+def test_an_answer_is_passed_on_as_it_arrives(tmp_path):
+    """A streamed answer (an event stream, a long poll: ``/stream``, its last chunk
+    ``STREAM_GAP_S`` after its first) reaches the browser chunk by chunk through the recorder,
+    not when it ends, and is recorded whole."""
+    times = " %{time_starttransfer} %{time_total}"
+    with _recorded(tmp_path, "stream") as (recorder, _):
+        status, body = _fetch(recorder.port, "/stream", tmp_path, write_out=times)
+    code, first, total = status.split()
+    assert code == "200" and body == b"first\nlast\n"
+    assert float(first) < STREAM_GAP_S - 1 and float(total) >= STREAM_GAP_S  # chunk by chunk
+    with _replaying(tmp_path, "stream") as replay:
+        assert _fetch(replay.port, "/stream", tmp_path) == ("200", b"first\nlast\n")
+
+
+def test_the_replay_relays_no_tunnel_and_reads_only_well_formed_misses(tmp_path):
+    """Replaying connects to nothing: a tunnel carrying no HTTP is closed before any byte
+    reaches its target, and listed as a miss. The misses file is mitmdump's (it parses what
+    the desktop sends): a line that is not a miss is skipped, not raised."""
+    target = socket.create_server(("127.0.0.1", 0))
+    target.settimeout(2)
+    port = target.getsockname()[1]
+    replay = WebRecorder("replay", tmp_path / "archive", tmp_path / "work", _free_port())
+    try:
+        replay.begin("none", None)
+        with socket.create_connection(("127.0.0.1", replay.port), timeout=10) as conn:
+            conn.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
+            assert conn.recv(100).startswith(b"HTTP/1.1 200")
+            conn.sendall(b"SSH-2.0-hello\r\n")
+            with pytest.raises(OSError):  # nothing connects (timeout)
+                target.accept()
+        misses = _output(_process(replay._proc.pid), "legato_misses=")
+        assert replay.misses() == [{"method": "CONNECT", "url": f"tcp://127.0.0.1:{port}"}]
+        with open(misses, "a") as out:
+            out.write('not json\n{"url": "no method"}\n[1]\n')
+        assert len(replay.misses()) == 1
     finally:
         replay.end()
-
-
-def test_a_body_beyond_the_cap_is_refused_not_held(tmp_path, monkeypatch):
-    """The recorder holds each body whole: one beyond ``MAX_BODY_MIB`` is answered 502 and not
-    recorded (a page cannot grow the host's recorder without bound); one within is."""
-    monkeypatch.setattr("legato_pipelines.desktops.server.recorder.MAX_BODY_MIB", 1)
-    ca, cert, key = make_ca(tmp_path / "ca")
-    archive = tmp_path / "archive"
-    with serve_standin(cert, key) as site:
-        recorder = _recording(tmp_path, archive, site, ca)
-        try:
-            recorder.begin("big", None)
-            status, _, _ = _post(recorder.port, b"x" * (2 << 20), tmp_path)
-            assert status == "502"
-            assert _post(recorder.port, b"y" * (512 << 10), tmp_path)[0] == "200"
-        finally:
-            recorder.end()
-        assert site.requests == ["POST /echo"]  # the big one never reached the site
-    assert _flow_paths(archive / "big.flows") == ["/echo"]
+        target.close()
 
 
 def _recording(tmp_path: Path, archive: Path, site, ca: Path) -> WebRecorder:

@@ -29,6 +29,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 NAME = "www.standin.test"
+#: ``/stream``: seconds between its first and its last chunk.
+STREAM_GAP_S = 3.0
 TITLE = "Stand-in shop"
 #: ``/gallery?N``: a page of 24 images (each its own request), for the recorder's benchmark.
 GALLERY = "<html><head><title>Gallery</title></head><body>{}</body></html>"
@@ -104,8 +106,13 @@ def answer(target: str) -> tuple[int, dict[str, str], bytes]:
         "/fresh": (b"{}", "application/json"),
         "/gallery": (GALLERY.format(images).encode(), "text/html"),
     }.get(path, (PIXEL, "image/png") if path.startswith("/img/") else (b"no", "text/plain"))
-    found = path in ("/page", "/style.css", "/fresh", "/gallery") or path.startswith("/img/")
+    if path == "/big":  # /big?KIB: that many KiB
+        body, kind = bytes(range(256)) * 4 * int(query or 1), "application/octet-stream"
+    found = path in ("/page", "/style.css", "/fresh", "/gallery", "/big", "/bare")
+    found = found or path.startswith("/img/")
     headers = {"Content-Type": kind, "Content-Length": str(len(body))}
+    if path == "/bare":  # no Content-Type at all
+        body, headers = b"\xe9t\xe9", {"Content-Length": "3"}
     if path == "/gallery" or path.startswith("/img/"):  # every reload fetches again
         headers["Cache-Control"] = "no-store"
     return (200 if found else 404), headers, body
@@ -118,6 +125,7 @@ class StandIn:
     port: int
     requests: list[str] = field(default_factory=list)
     server: http.server.ThreadingHTTPServer | None = None
+    counted: int = 0
 
     def stop(self) -> None:
         if self.server is not None:
@@ -148,12 +156,36 @@ def serve_standin(site_cert: Path, site_key: Path, host: str = "127.0.0.1") -> I
 
         def do_GET(self):  # noqa: N802 (http.server's name)
             standin.requests.append(self.path)
-            status, headers, body = answer(self.path)
+            if self.path == "/stream":
+                return self._stream()
+            if self.path == "/count":  # a page whose answer changes: "answer 1", "answer 2"...
+                standin.counted += 1
+                body = f"answer {standin.counted}".encode()
+                status, headers = (
+                    200,
+                    {"Content-Type": "text/plain", "Content-Length": str(len(body))},
+                )
+            else:
+                status, headers, body = answer(self.path)
             self.send_response(status)
             for name, value in headers.items():
                 self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
+
+        def _stream(self):
+            """``/stream``: a chunked answer, a first chunk at once and the last
+            :data:`STREAM_GAP_S` later (an event stream, a long poll)."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i, chunk in enumerate((b"first\n", b"last\n")):
+                if i:
+                    time.sleep(STREAM_GAP_S)
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
 
         def do_POST(self):  # noqa: N802 (http.server's name)
             """``POST /echo``: the body's sha256 and the body, gzip-compressed (a form post

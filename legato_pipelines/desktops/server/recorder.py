@@ -15,11 +15,11 @@ Modes (desktop option ``web``, server flag ``--web``):
   recorded before: 1.2-2.1 ms of CPU per request inside the steps against ~0.25 ms for this
   (BENCHMARKS.md, issue 34).
 - ``replay:ARCHIVE``: ``mitmdump --server-replay ARCHIVE/<task_id>.flows`` answers from the
-  archive (``server_replay_reuse``: a response may serve several requests; requests match
-  on scheme, method, Host, path, query and body, not the port), connects to no
-  server (``connection_strategy=lazy``, ``upstream_cert=false``), and the addon
-  (:mod:`.web_addon`) answers 404 to what the archive lacks and lists it: the attempt's
-  misses (:meth:`WebRecorder.misses`).
+  archive (each recorded answer once, in order, then the last one again; requests match on
+  scheme, method, Host, path, query and body, forms field by field, not the port), connects
+  to no server (``connection_strategy=lazy``, ``upstream_cert=false``; a tunnel carrying no
+  HTTP is killed), and the addon (:mod:`.web_addon`) answers 404 to what the archive lacks
+  and lists it: the attempt's misses (:meth:`WebRecorder.misses`).
 
 The recorder speaks HTTP/2 to Chromium and to the sites that offer it, HTTP/1.1 otherwise, as
 Chromium would live (an HTTP/1.1-only proxy changed how a page of an HTTP/2 site loads: six
@@ -71,17 +71,27 @@ VENV_ENV = "LEGATO_WEB_VENV"
 CA_CERT = "mitmproxy-ca-cert.pem"
 #: The CA's key and certificate in one PEM file (mitmproxy's name): the recorder signs with it.
 CA_KEY_AND_CERT = "mitmproxy-ca.pem"
-#: The recorder's output in its ``out`` folder: the exchanges, one JSON object a line.
+#: The recorder's output in its ``out`` folder: the exchanges, one JSON object a line, and
+#: their bodies (raw, at the offsets the lines give).
 EXCHANGES = "exchanges.jsonl"
+BODIES = "bodies.bin"
 START_TIMEOUT_S = 60.0
 #: SIGTERM -> SIGKILL (the recorder flushes its last exchanges; mitmdump stops).
 STOP_TIMEOUT_S = 30.0
 #: The conversion of an attempt's exchanges into the flow file (:mod:`.web_exchanges`): ~1 ms
 #: a flow, plus mitmproxy's import (~0.5 s).
 CONVERT_TIMEOUT_S = 600.0
-#: Recording: a request or response body beyond this (MiB) is answered 502 and not recorded
-#: (the recorder holds each body whole, as mitmproxy did; a page cannot grow it without bound).
+#: Recording: a body beyond this (MiB) is not recorded: a request's is answered 502 (the
+#: recorder reads it whole before sending it), a response's is passed on and its request
+#: becomes a miss on replay (the recorder keeps a copy of each answer while it passes, so a
+#: page cannot grow it without bound).
 MAX_BODY_MIB = 256
+#: A form field name no page uses: set as mitmproxy's ``server_replay_ignore_payload_params``,
+#: it makes the replay compare forms field by field (a multipart boundary differs each time).
+NO_FORM_FIELD = "legato-no-such-field"
+#: Replay: at most this many bytes of the misses file are read (a compromised mitmdump could
+#: fill it).
+MISSES_MAX_BYTES = 1 << 20
 #: The recording proxy in the web venv's ``bin`` (``scripts/web_venv.sh`` builds it).
 RECORDER_BINARY = "legato-web-recorder"
 CONVERTER = Path(__file__).with_name("web_exchanges.py")
@@ -242,7 +252,13 @@ class WebRecorder:
             _read_only_copy(CONVERTER.read_bytes(), inputs / CONVERTER.name)
             argv = [str(exe), "-listen", f"127.0.0.1:{self.port}"]
             argv += ["-ca", str(INSIDE / "conf" / CA_KEY_AND_CERT)]
-            argv += ["-out", str(INSIDE / "out" / EXCHANGES), "-hosts", json.dumps(self.hosts)]
+            argv += [
+                "-out",
+                str(INSIDE / "out" / EXCHANGES),
+                "-bodies",
+                str(INSIDE / "out" / BODIES),
+            ]
+            argv += ["-hosts", json.dumps(self.hosts)]
             argv += ["-trusted", str(trusted)] if trusted else []
             argv += ["-upstream", self.upstream] if self.upstream else []
             argv += ["-max-body-mib", str(MAX_BODY_MIB)]
@@ -258,7 +274,11 @@ class WebRecorder:
                 # a copy: the archive folder stays out of the recorder's reach
                 _read_only_copy(flows.read_bytes(), inputs / "replay.flows")
                 argv += ["--server-replay", str(INSIDE / "in" / "replay.flows")]
-            argv += ["--set", "server_replay_extra=forward", "--set", "server_replay_reuse=true"]
+            # each answer once, in order, the last one kept (web_addon.py)
+            argv += ["--set", "server_replay_extra=forward", "--set", "server_replay_reuse=false"]
+            # forms matched by their fields, not their bytes: a multipart body's boundary is
+            # new at every submission (mitmproxy parses both kinds once this list is not empty)
+            argv += ["--set", f"server_replay_ignore_payload_params={NO_FORM_FIELD}"]
             # a site may have been recorded at another port (a mirror of web_hosts); the Host
             # header still names it
             argv += ["--set", "server_replay_ignore_port=true"]
@@ -297,12 +317,22 @@ class WebRecorder:
 
     def misses(self) -> list[dict]:
         """The running replay attempt's requests the archive did not answer (``{"method",
-        "url"}``, in order); ``[]`` when recording or none ran."""
+        "url"}``, in order); ``[]`` when recording or none ran. Reads at most
+        :data:`MISSES_MAX_BYTES`; a line that is no such object is skipped (mitmdump writes
+        the file, and what it parses comes from the desktop)."""
         if self.mode != "replay" or self.task is None:
             return []
         with _open_regular(self.work / "out" / "misses.jsonl") as file:
-            text = file.read().decode(errors="replace") if file else ""
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+            text = file.read(MISSES_MAX_BYTES).decode(errors="replace") if file else ""
+        found = []
+        for line in text.splitlines():
+            try:
+                miss = json.loads(line)
+            except ValueError:
+                continue  # a line cut at the cap, or not mitmdump's
+            if isinstance(miss, dict) and {"method", "url"} <= set(miss):
+                found.append({"method": str(miss["method"]), "url": str(miss["url"])})
+        return found
 
     def end(self) -> None:
         """Stop the running attempt's recorder or ``mitmdump`` (SIGTERM: the recorder writes its
@@ -338,17 +368,14 @@ class WebRecorder:
                 with open(partial, "wb") as copy:
                     shutil.copyfileobj(flows, copy)
                 os.replace(partial, target)
-        for name in ("flows", EXCHANGES):
+        for name in ("flows", EXCHANGES, BODIES):
             (self.work / "out" / name).unlink(missing_ok=True)
 
     def _convert(self) -> None:
         """The attempt's exchanges turned into ``out/flows`` by :mod:`.web_exchanges` in the web
         venv's interpreter, confined as the recorder was, with no network."""
-        inside = [
-            INSIDE / "in" / CONVERTER.name,
-            INSIDE / "out" / EXCHANGES,
-            INSIDE / "out" / "flows",
-        ]
+        out = INSIDE / "out"
+        inside = [INSIDE / "in" / CONVERTER.name, out / EXCHANGES, out / BODIES, out / "flows"]
         argv = [str(web_venv() / "bin" / "python"), *map(str, inside)]
         try:
             done = subprocess.run(

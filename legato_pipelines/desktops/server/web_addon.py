@@ -5,9 +5,17 @@ never the project.
 Option (``--set NAME=VALUE``):
 
 - ``legato_misses``: a request the archive does not answer (mitmproxy's ``server_replay`` has
-  no flow for it, asked through its own ``next_flow``; its ``server_replay_extra=forward``
-  then leaves our answer alone) is appended to this JSON-lines file (``{"method", "url"}``)
-  and answered 404 here, never forwarded.
+  no flow for it: its own ``_hash`` looked up in its ``flowmap``; its
+  ``server_replay_extra=forward`` then leaves our answer alone) is appended to this
+  JSON-lines file (``{"method", "url"}``) and answered 404 here, never forwarded. So is a
+  tunnel that carries no HTTP (``tcp_start``: ``{"method": "CONNECT", "url":
+  "tcp://host:port"}``); mitmproxy would relay its bytes to the server, so every server
+  connection is refused (``server_connect``: the replay connects to nothing, whatever asks).
+
+The order of answers: mitmproxy runs with ``server_replay_reuse=false`` (each recorded answer
+serves one request, in the recorded order: a page whose answer changed during the recording
+replays the change) and this addon keeps the last answer of each request for every later
+one (``reuse`` would serve the first forever; no reuse would make the n+1th a miss).
 
 Recording is not mitmproxy's: ``web_recorder/main.go`` records, :mod:`.web_exchanges` writes
 the flow file.
@@ -31,14 +39,35 @@ class LegatoWeb:
 
         if not ctx.options.legato_misses or flow.response is not None:
             return
-        # this hook runs before mitmproxy's server_replay's: ask it whether it has the answer
-        # (with server_replay_reuse, next_flow takes nothing from the archive)
+        # this hook runs before mitmproxy's server_replay's (scripts load first): look the
+        # request up as it will, without taking the answer
         replay = ctx.master.addons.get("serverplayback")
-        if replay is not None and replay.flowmap and replay.next_flow(flow) is not None:
+        answers = replay.flowmap.get(replay._hash(flow)) if replay is not None else None
+        if answers and any(f.response for f in answers):
+            if len(answers) == 1:
+                answers.append(answers[0])  # the last answer serves every later request
             return
-        with open(ctx.options.legato_misses, "a", encoding="utf-8") as out:
-            out.write(json.dumps({"method": flow.request.method, "url": flow.request.url}) + "\n")
+        self._miss(flow.request.method, flow.request.url)
         flow.response = http.Response.make(404, MISS_BODY, {"content-type": "text/plain"})
+
+    def tcp_start(self, flow) -> None:
+        from mitmproxy import ctx
+
+        if ctx.options.legato_misses:
+            host, port = flow.server_conn.address or ("", 0)
+            self._miss("CONNECT", f"tcp://{host}:{port}")
+
+    def server_connect(self, data) -> None:
+        from mitmproxy import ctx
+
+        if ctx.options.legato_misses:  # replaying: no server is ever connected to
+            data.server.error = "legato web replay connects to no server"
+
+    def _miss(self, method: str, url: str) -> None:
+        from mitmproxy import ctx
+
+        with open(ctx.options.legato_misses, "a", encoding="utf-8") as out:
+            out.write(json.dumps({"method": method, "url": url}) + "\n")
 
 
 addons = [LegatoWeb()]

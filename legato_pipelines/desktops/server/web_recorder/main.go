@@ -3,17 +3,20 @@
 // host by Google's martian/mitm), serves the browser HTTP/2 or HTTP/1.1 as it offers (Go's
 // net/http server), forwards each request with Go's httputil.ReverseProxy and http.Transport
 // (HTTP/2 to the sites that offer it), and writes every exchange it forwarded, request and
-// response bodies as they crossed the wire (not decoded), one JSON object a line, to -out.
+// response bodies as they crossed the wire (not decoded), one JSON object a line to -out and
+// the bodies raw to -bodies. Answers are passed on as they arrive (streams too).
 // The desktop server turns that file into mitmproxy's flow file at the attempt's end
 // (web_exchanges.py); replaying stays mitmproxy's. Written in Go because mitmproxy itself
 // cost 1.2-2.1 ms of CPU per request inside the steps (BENCHMARKS.md, issue 34).
 //
-// Flags: -listen ADDR, -ca PEM (the CA's key and certificate: mitmproxy-ca.pem), -out FILE,
+// Flags: -listen ADDR, -ca PEM (the CA's key and certificate: mitmproxy-ca.pem), -out FILE and
+// -bodies FILE (the exchanges; their bodies),
 // -hosts JSON ({"name": "addr:port"} or {"name": "addr"}: names dialled elsewhere, for
 // stand-in sites and mirrors; the TLS server name stays the name), -trusted PEM (the roots
 // the sites' certificates are checked against; default: the system's), -upstream URL (a
-// proxy the exchanges go through), -max-body-mib N (default 256: a bigger body is answered
-// 502 and not recorded). SIGTERM: stop, flush, exit 0.
+// proxy the exchanges go through), -max-body-mib N (default 256: a bigger request body is
+// answered 502; a bigger response body is passed on, not recorded). SIGTERM: stop, flush,
+// exit 0.
 package main
 
 import (
@@ -35,6 +38,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -50,7 +54,8 @@ const (
 )
 
 // exchange is one line of -out (web_exchanges.py reads it): times in seconds since the epoch,
-// headers as Go parsed them (one pair a value), bodies as sent (base64 in JSON).
+// headers as Go parsed them (one pair a value), bodies as sent, written raw to -bodies:
+// request_body and response_body are [offset, length] there.
 type exchange struct {
 	Start           float64     `json:"start"`
 	End             float64     `json:"end"`
@@ -61,12 +66,14 @@ type exchange struct {
 	Path            string      `json:"path"`
 	HTTPVersion     string      `json:"http_version"`
 	RequestHeaders  [][2]string `json:"request_headers"`
-	RequestBody     []byte      `json:"request_body"`
+	RequestBody     []byte      `json:"-"`
+	RequestBodyAt   [2]int64    `json:"request_body"`
 	Status          int         `json:"status"`
 	Reason          string      `json:"reason"`
 	ResponseVersion string      `json:"response_version"`
 	ResponseHeaders [][2]string `json:"response_headers"`
-	ResponseBody    []byte      `json:"response_body"`
+	ResponseBody    []byte      `json:"-"`
+	ResponseBodyAt  [2]int64    `json:"response_body"`
 }
 
 // recorder queues finished exchanges for the writer goroutine.
@@ -106,7 +113,8 @@ func headerPairs(h http.Header, host string) [][2]string {
 	return pairs
 }
 
-// errTooLarge: a body beyond -max-body-mib (the recorder holds each body whole).
+// errTooLarge: a request body beyond -max-body-mib (the recorder reads a request's body
+// whole before sending it on).
 var errTooLarge = errors.New("body too large to record")
 
 func readAll(body io.ReadCloser, limit int64) ([]byte, error) {
@@ -123,9 +131,10 @@ func readAll(body io.ReadCloser, limit int64) ([]byte, error) {
 
 func seconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 
-// recordingTransport is the reverse proxy's transport: it reads both bodies whole (the
-// browser gets them after the site's answer is complete, as from mitmproxy), records the
-// exchange and hands the response on. A WebSocket's upgrade (101) is recorded without its
+// recordingTransport is the reverse proxy's transport: it reads the request's body whole
+// (up to the limit: beyond, the request fails with errTooLarge, answered 502), and passes
+// the site's answer on as it arrives, keeping a copy (teeBody) that becomes the recorded
+// exchange when the body ends. A WebSocket's upgrade (101) is recorded without its
 // messages and relayed as it is.
 type recordingTransport struct {
 	base  http.RoundTripper
@@ -147,13 +156,6 @@ func (t recordingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	if err != nil {
 		return nil, err
 	}
-	var got []byte
-	if res.StatusCode != http.StatusSwitchingProtocols {
-		if got, err = readAll(res.Body, t.limit); err != nil {
-			return nil, err
-		}
-		res.Body = ioutil.NopCloser(bytes.NewReader(got))
-	}
 	port := 80
 	if req.URL.Scheme == "https" {
 		port = 443
@@ -165,42 +167,145 @@ func (t recordingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 	if len(res.Status) > 4 {
 		reason = res.Status[4:]
 	}
-	t.rec.add(&exchange{
+	ex := &exchange{
 		Start:           seconds(start),
-		End:             seconds(time.Now()),
 		Method:          req.Method,
 		Scheme:          req.URL.Scheme,
 		Host:            req.URL.Hostname(),
 		Port:            port,
-		Path:            req.URL.RequestURI(),
-		HTTPVersion:     res.Proto, // what the site was spoken to in
+		Path:            req.URL.RequestURI(), // the path as the browser sent it (keepRawPath)
+		HTTPVersion:     res.Proto,            // what the site was spoken to in
 		RequestHeaders:  headerPairs(req.Header, req.Host),
 		RequestBody:     sent,
 		Status:          res.StatusCode,
 		Reason:          reason,
 		ResponseVersion: res.Proto,
 		ResponseHeaders: headerPairs(res.Header, ""),
-		ResponseBody:    got,
-	})
+	}
+	if res.StatusCode == http.StatusSwitchingProtocols || res.Body == nil || res.Body == http.NoBody {
+		ex.End = seconds(time.Now())
+		t.rec.add(ex)
+		return res, nil
+	}
+	tee := &teeBody{body: res.Body, limit: t.limit, finish: func(body []byte) {
+		ex.End, ex.ResponseBody = seconds(time.Now()), body
+		t.rec.add(ex)
+	}}
+	if res.ContentLength > 0 && res.ContentLength <= t.limit {
+		tee.kept.Grow(int(res.ContentLength))
+	}
+	res.Body = tee
 	return res, nil
 }
 
-func writeLines(path string, lines <-chan *exchange, done chan<- error) {
-	file, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0600)
+// teeBody is a response body passed on as it is read, a copy kept for the recording: at its
+// end (EOF) finish gets the copy. A body the browser stops reading (closed before its end)
+// or longer than limit is not recorded: the replay will list its request as a miss.
+type teeBody struct {
+	body   io.ReadCloser
+	kept   bytes.Buffer
+	limit  int64
+	over   bool
+	ended  bool
+	finish func(body []byte)
+}
+
+func (t *teeBody) Read(p []byte) (int, error) {
+	n, err := t.body.Read(p)
+	if n > 0 && !t.over {
+		if int64(t.kept.Len()+n) > t.limit {
+			t.over, t.kept = true, bytes.Buffer{}
+		} else {
+			t.kept.Write(p[:n])
+		}
+	}
+	if err == io.EOF && !t.ended {
+		t.ended = true
+		if !t.over {
+			t.finish(t.kept.Bytes())
+		}
+	}
+	return n, err
+}
+
+func (t *teeBody) Close() error { return t.body.Close() }
+
+// keepRawPath makes the request go out with the path as the browser sent it: Go's URL
+// would escape |, ^, { and } again, and the browser's later request, sent raw, would not
+// match the recording.
+func keepRawPath(req *http.Request) {
+	target := req.RequestURI
+	if i := strings.Index(target, "://"); i >= 0 { // absolute form: a proxy request
+		rest := target[i+3:]
+		if j := strings.IndexAny(rest, "/?"); j >= 0 {
+			target = rest[j:]
+		} else {
+			target = "/"
+		}
+	}
+	if i := strings.IndexByte(target, '?'); i >= 0 {
+		target = target[:i]
+	}
+	if strings.HasPrefix(target, "/") && !strings.HasPrefix(target, "//") {
+		req.URL.Opaque = target
+	}
+}
+
+// forwardAsSent answers req through forward without adding what the site did not send:
+// Go's server would add a Content-Type guessed from the body and a Date.
+func forwardAsSent(forward http.Handler, w http.ResponseWriter, req *http.Request) {
+	keepRawPath(req)
+	w.Header()["Content-Type"] = nil
+	w.Header()["Date"] = nil
+	forward.ServeHTTP(w, req)
+}
+
+func writeLines(path, bodiesPath string, lines <-chan *exchange, done chan<- error) {
+	open := func(name string) (*os.File, *bufio.Writer, error) {
+		file, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0600)
+		if err != nil {
+			return nil, nil, err
+		}
+		// written when 8 MiB are buffered and at the end
+		return file, bufio.NewWriterSize(file, 8<<20), nil
+	}
+	file, out, err := open(path)
 	if err != nil {
 		done <- err
 		return
 	}
-	// written when 8 MiB are buffered and at the end: the recording's memory stays bounded
-	out := bufio.NewWriterSize(file, 8<<20)
+	bodiesFile, bodies, err := open(bodiesPath)
+	if err != nil {
+		done <- err
+		return
+	}
 	encoder := json.NewEncoder(out)
+	var offset int64
 	for ex := range lines {
+		for _, body := range []struct {
+			data []byte
+			at   *[2]int64
+		}{{ex.RequestBody, &ex.RequestBodyAt}, {ex.ResponseBody, &ex.ResponseBodyAt}} {
+			if _, err := bodies.Write(body.data); err != nil {
+				done <- err
+				return
+			}
+			*body.at = [2]int64{offset, int64(len(body.data))}
+			offset += int64(len(body.data))
+		}
+		ex.RequestBody, ex.ResponseBody = nil, nil
 		if err := encoder.Encode(ex); err != nil {
 			done <- err
 			return
 		}
 	}
-	if err := out.Flush(); err != nil {
+	for _, w := range []*bufio.Writer{bodies, out} {
+		if err := w.Flush(); err != nil {
+			done <- err
+			return
+		}
+	}
+	if err := bodiesFile.Close(); err != nil {
 		done <- err
 		return
 	}
@@ -256,10 +361,11 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:8080", "address to listen on")
 	caPath := flag.String("ca", "", "PEM file with the CA's key and certificate")
 	outPath := flag.String("out", "", "file the exchanges are written to (JSON lines)")
+	bodiesPath := flag.String("bodies", "", "file the exchanges' bodies are written to (raw)")
 	hostsJSON := flag.String("hosts", "{}", `{"name": "addr[:port]"}: names dialled elsewhere`)
 	trusted := flag.String("trusted", "", "PEM roots for the sites' certificates (default: the system's)")
 	upstream := flag.String("upstream", "", "proxy URL the exchanges go through")
-	maxBody := flag.Int64("max-body-mib", 256, "a request or response body beyond this is answered 502, not recorded")
+	maxBody := flag.Int64("max-body-mib", 256, "bodies recorded up to this size (MiB)")
 	flag.Parse()
 	fail := func(format string, args ...interface{}) {
 		fmt.Fprintf(os.Stderr, "legato-web-recorder: "+format+"\n", args...)
@@ -340,7 +446,7 @@ func main() {
 	inner := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			req.URL.Scheme, req.URL.Host = "https", req.Host
-			forward.ServeHTTP(w, req)
+			forwardAsSent(forward, w, req)
 		}),
 		ErrorLog:          quiet,
 		ReadHeaderTimeout: headerTimeout,
@@ -354,7 +460,7 @@ func main() {
 					http.Error(w, "legato-web-recorder is a proxy", http.StatusBadRequest)
 					return
 				}
-				forward.ServeHTTP(w, req)
+				forwardAsSent(forward, w, req)
 				return
 			}
 			hijacker, ok := w.(http.Hijacker)
@@ -386,7 +492,7 @@ func main() {
 	}
 
 	written := make(chan error, 1)
-	go writeLines(*outPath, rec.lines, written)
+	go writeLines(*outPath, *bodiesPath, rec.lines, written)
 	listener, err := net.Listen("tcp", *listen)
 	if err != nil {
 		fail("-listen: %v", err)
