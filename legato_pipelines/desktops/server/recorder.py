@@ -5,11 +5,13 @@ Modes (desktop option ``web``, server flag ``--web``):
 
 - ``record:ARCHIVE``: ``legato-web-recorder`` (``web_recorder/main.go``: Go's net/http server
   and reverse proxy, certificates by Google's martian/mitm; built into the web venv by
-  ``scripts/web_venv.sh``) forwards every HTTP(S) exchange of the attempt (setup, policy, grader: everything Chromium fetches) and writes it,
-  bodies as they crossed the wire, to a JSON-lines file as it finishes (buffered: at most 8 MiB
-  held). At the attempt's end (the next attempt's start or the server's stop) the recorder
-  stops (SIGTERM) and :mod:`.web_exchanges`, run by the web venv's interpreter, confined
-  alike, turns that file into mitmproxy's flow file (what ``mitmdump -w`` writes); the file
+  ``scripts/web_venv.sh``) forwards every HTTP(S) exchange of the attempt (setup, policy,
+  grader: everything Chromium fetches), answers passed on as they arrive, and writes each as
+  it finishes: a JSON line (:data:`EXCHANGES`) and its bodies as they crossed the wire
+  (:data:`BODIES`; a copy of an answer is kept while it passes, up to :data:`MAX_BODY_MIB`).
+  At the attempt's end (the next attempt's start or the server's stop) the recorder stops
+  (SIGTERM) and :mod:`.web_exchanges`, run by the web venv's interpreter, confined alike,
+  turns them into mitmproxy's flow file (what ``mitmdump -w`` writes); the file
   is then moved to ``ARCHIVE/<task_id>.flows``, replacing an earlier recording of the task.
   Upstream: the sites directly, or the configured proxy (``-upstream``). mitmdump itself
   recorded before: 1.2-2.1 ms of CPU per request inside the steps against ~0.25 ms for this
