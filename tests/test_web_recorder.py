@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import http.server
 import os
 import shutil
 import socket
@@ -404,6 +405,46 @@ def test_what_the_site_said_is_what_the_browser_gets_and_the_replay_gives(tmp_pa
         assert replay.misses() == []
         assert _fetch(replay.port, "/echo", tmp_path, "-F", "field=other")[0] == "404"
         assert replay.misses() == [{"method": "POST", "url": f"https://{NAME}/echo"}]
+
+
+class _PathEcho(http.server.BaseHTTPRequestHandler):
+    """A plain-HTTP site answering each GET with the request target it got."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        body = self.path.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_plain_http_path_is_sent_as_written(tmp_path):
+    """A plain-HTTP site (no tunnel: the browser asks the proxy in absolute form) gets an odd
+    path as the browser wrote it, and the replay answers it from the archive."""
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _PathEcho)
+    threading.Thread(target=site.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{site.server_address[1]}/p|a^t{{h}}?q=1"
+
+    def fetch(port: int) -> str:
+        argv = ["curl", "-s", "-g", "--path-as-is", "--proxy", f"http://127.0.0.1:{port}", url]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout
+
+    recorder = WebRecorder("record", tmp_path / "archive", tmp_path / "work", _free_port())
+    try:
+        recorder.begin("plain", None)
+        assert fetch(recorder.port) == "/p|a^t{h}?q=1"
+    finally:
+        recorder.end()
+        site.shutdown()
+        site.server_close()
+    with _replaying(tmp_path, "plain") as replay:
+        assert fetch(replay.port) == "/p|a^t{h}?q=1"
+        assert replay.misses() == []
 
 
 def test_an_answer_is_passed_on_as_it_arrives(tmp_path):

@@ -173,8 +173,8 @@ func (t recordingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 		Scheme:          req.URL.Scheme,
 		Host:            req.URL.Hostname(),
 		Port:            port,
-		Path:            req.URL.RequestURI(), // the path as the browser sent it (keepRawPath)
-		HTTPVersion:     res.Proto,            // what the site was spoken to in
+		Path:            originForm(req.URL), // the path as the browser sent it (keepRawPath)
+		HTTPVersion:     res.Proto,           // what the site was spoken to in
 		RequestHeaders:  headerPairs(req.Header, req.Host),
 		RequestBody:     sent,
 		Status:          res.StatusCode,
@@ -232,8 +232,10 @@ func (t *teeBody) Close() error { return t.body.Close() }
 
 // keepRawPath makes the request go out with the path as the browser sent it: Go's URL
 // would escape |, ^, { and } again, and the browser's later request, sent raw, would not
-// match the recording.
-func keepRawPath(req *http.Request) {
+// match the recording. Only a path Go would change is set (URL.Opaque); a plain-HTTP one
+// going through a proxy upstream (viaProxy) in absolute form ("//host/path", as Go's
+// documentation says: the proxy needs the host).
+func keepRawPath(req *http.Request, viaProxy bool) {
 	target := req.RequestURI
 	if i := strings.Index(target, "://"); i >= 0 { // absolute form: a proxy request
 		rest := target[i+3:]
@@ -246,15 +248,30 @@ func keepRawPath(req *http.Request) {
 	if i := strings.IndexByte(target, '?'); i >= 0 {
 		target = target[:i]
 	}
-	if strings.HasPrefix(target, "/") && !strings.HasPrefix(target, "//") {
+	if !strings.HasPrefix(target, "/") || strings.HasPrefix(target, "//") || target == req.URL.EscapedPath() {
+		return
+	}
+	if req.URL.Scheme == "http" && viaProxy {
+		req.URL.Opaque = "//" + req.URL.Host + target
+	} else {
 		req.URL.Opaque = target
 	}
 }
 
+// originForm is u's path and query as the site got them ("/p?q"), whatever form keepRawPath
+// gave the URL.
+func originForm(u *url.URL) string {
+	uri := u.RequestURI()
+	if strings.HasPrefix(u.Opaque, "//") {
+		uri = strings.TrimPrefix(uri, u.Scheme+"://"+u.Host)
+	}
+	return uri
+}
+
 // forwardAsSent answers req through forward without adding what the site did not send:
 // Go's server would add a Content-Type guessed from the body and a Date.
-func forwardAsSent(forward http.Handler, w http.ResponseWriter, req *http.Request) {
-	keepRawPath(req)
+func forwardAsSent(forward http.Handler, w http.ResponseWriter, req *http.Request, viaProxy bool) {
+	keepRawPath(req, viaProxy)
 	w.Header()["Content-Type"] = nil
 	w.Header()["Date"] = nil
 	forward.ServeHTTP(w, req)
@@ -446,7 +463,7 @@ func main() {
 	inner := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			req.URL.Scheme, req.URL.Host = "https", req.Host
-			forwardAsSent(forward, w, req)
+			forwardAsSent(forward, w, req, *upstream != "")
 		}),
 		ErrorLog:          quiet,
 		ReadHeaderTimeout: headerTimeout,
@@ -460,7 +477,7 @@ func main() {
 					http.Error(w, "legato-web-recorder is a proxy", http.StatusBadRequest)
 					return
 				}
-				forwardAsSent(forward, w, req)
+				forwardAsSent(forward, w, req, *upstream != "")
 				return
 			}
 			hijacker, ok := w.(http.Hijacker)
