@@ -364,6 +364,35 @@ def test_a_body_beyond_the_cap_is_not_held(tmp_path, monkeypatch):
     with _replaying(tmp_path, "big") as replay:
         assert _fetch(replay.port, "/big?2048", tmp_path)[0] == "404"
         assert replay.misses() == [{"method": "GET", "url": f"https://{NAME}/big?2048"}]
+    # within the cap, beyond what all answers in flight may hold together (MAX_HELD_MIB)
+    monkeypatch.setattr("legato_pipelines.desktops.server.recorder.MAX_BODY_MIB", 8)
+    monkeypatch.setattr("legato_pipelines.desktops.server.recorder.MAX_HELD_MIB", 1)
+    with _recorded(tmp_path, "held") as (recorder, _):
+        status, body = _fetch(recorder.port, "/big?2048", tmp_path)
+        assert status == "200" and len(body) == 2 << 20
+        assert _fetch(recorder.port, "/big?512", tmp_path)[0] == "200"
+    assert _flow_paths(tmp_path / "archive" / "held.flows") == ["/big?512"]
+
+
+def test_a_failed_or_empty_conversion_keeps_the_earlier_recording(tmp_path, monkeypatch):
+    """The task's archive file is replaced only by a conversion that wrote flows: an attempt
+    with no exchange, or a conversion that fails halfway (a partial flow file, exit 1), leaves
+    the earlier recording whole, so a replay never takes a broken file for a recording."""
+    with _recorded(tmp_path, "t") as (recorder, _):
+        for path in ("/page", "/style.css"):
+            assert _get(recorder.port, path)[0] == "200"
+    saved = tmp_path / "archive" / "t.flows"
+    before = saved.read_bytes()
+    with _recorded(tmp_path, "t"):
+        pass  # no request
+    assert saved.read_bytes() == before
+    failing = tmp_path / "failing_converter.py"
+    failing.write_text("import sys\nopen(sys.argv[-1], 'wb').write(b'12:partial')\nsys.exit(1)\n")
+    monkeypatch.setattr("legato_pipelines.desktops.server.recorder.CONVERTER", failing)
+    with _recorded(tmp_path, "t") as (recorder, _):
+        assert _get(recorder.port, "/page")[0] == "200"
+    assert saved.read_bytes() == before
+    assert _flow_paths(saved) == ["/page", "/style.css"]
 
 
 def _fetch(

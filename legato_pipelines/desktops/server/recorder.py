@@ -88,6 +88,9 @@ CONVERT_TIMEOUT_S = 600.0
 #: becomes a miss on replay (the recorder keeps a copy of each answer while it passes, so a
 #: page cannot grow it without bound).
 MAX_BODY_MIB = 256
+#: Recording: the copies of all answers in flight together (MiB); an answer that would pass
+#: it is passed on, not recorded (a page's parallel downloads cannot add up to more).
+MAX_HELD_MIB = 1024
 #: A form field name no page uses: set as mitmproxy's ``server_replay_ignore_payload_params``,
 #: it makes the replay compare forms field by field (a multipart boundary differs each time).
 NO_FORM_FIELD = "legato-no-such-field"
@@ -97,6 +100,8 @@ MISSES_MAX_BYTES = 1 << 20
 #: The recording proxy in the web venv's ``bin`` (``scripts/web_venv.sh`` builds it).
 RECORDER_BINARY = "legato-web-recorder"
 CONVERTER = Path(__file__).with_name("web_exchanges.py")
+#: :mod:`.web_exchanges`' exit status when the attempt had no exchange (``NOTHING``).
+NOTHING_RECORDED = 3
 MODES = ("live", "record", "replay")
 ADDON = Path(__file__).with_name("web_addon.py")
 #: The recorder's user and group: no account of the host's, not root, not the graders'
@@ -263,7 +268,7 @@ class WebRecorder:
             argv += ["-hosts", json.dumps(self.hosts)]
             argv += ["-trusted", str(trusted)] if trusted else []
             argv += ["-upstream", self.upstream] if self.upstream else []
-            argv += ["-max-body-mib", str(MAX_BODY_MIB)]
+            argv += ["-max-body-mib", str(MAX_BODY_MIB), "-max-held-mib", str(MAX_HELD_MIB)]
         else:
             _read_only_copy(ADDON.read_bytes(), inputs / ADDON.name)
             argv = [str(exe), "-q", "--listen-host", "127.0.0.1", "--listen-port", str(self.port)]
@@ -340,8 +345,8 @@ class WebRecorder:
         """Stop the running attempt's recorder or ``mitmdump`` (SIGTERM: the recorder writes its
         last exchanges) and, recording, turn its exchanges into a flow file
         (:mod:`.web_exchanges`, confined) moved to ``ARCHIVE/<task>.flows`` (replacing the
-        task's earlier recording; atomically). Nothing when none runs. A conversion that fails
-        leaves the task's earlier recording, and says so on standard error (the server's log)."""
+        task's earlier recording; atomically). Nothing when none runs. A conversion that fails or
+        an attempt with no exchange leaves the task's earlier recording (:meth:`_convert`)."""
         proc, task, pid = self._proc, self.task, self._pid
         self._proc = self._pid = None
         if proc is None:
@@ -360,10 +365,9 @@ class WebRecorder:
                 proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
-        if self.mode == "record" and task is not None:
-            self._convert()
+        converted = self.mode == "record" and task is not None and self._convert()
         with _open_regular(self.work / "out" / "flows") as flows:
-            if self.mode == "record" and task is not None and flows is not None:
+            if converted and flows is not None:
                 target = archive_file(self.archive, task)
                 self.archive.mkdir(parents=True, exist_ok=True)
                 partial = target.with_name(f".{target.name}.partial")
@@ -373,9 +377,12 @@ class WebRecorder:
         for name in ("flows", EXCHANGES, BODIES):
             (self.work / "out" / name).unlink(missing_ok=True)
 
-    def _convert(self) -> None:
+    def _convert(self) -> bool:
         """The attempt's exchanges turned into ``out/flows`` by :mod:`.web_exchanges` in the web
-        venv's interpreter, confined as the recorder was, with no network."""
+        venv's interpreter, confined as the recorder was, with no network: ``True`` when it
+        wrote flows (exit 0). A failure, a timeout or an attempt with no exchange is
+        ``False`` (said on standard error, the server's log, but for no exchange): the task's
+        earlier recording stays."""
         out = INSIDE / "out"
         inside = [INSIDE / "in" / CONVERTER.name, out / EXCHANGES, out / BODIES, out / "flows"]
         argv = [str(web_venv() / "bin" / "python"), *map(str, inside)]
@@ -390,13 +397,14 @@ class WebRecorder:
             print(
                 f"web recorder: converting the exchanges of {self.task} timed out", file=sys.stderr
             )
-            return
-        if done.returncode != 0 or done.stderr:
-            tail = done.stderr.decode(errors="replace").strip()[-500:]
+            return False
+        tail = done.stderr.decode(errors="replace").strip()[-500:]
+        if done.returncode not in (0, NOTHING_RECORDED) or tail:
             print(
                 f"web recorder: converting the exchanges: {tail or done.returncode}",
                 file=sys.stderr,
             )
+        return done.returncode == 0
 
 
 def confined_argv(work: Path, argv: Sequence[str], *, network: bool = True) -> list[str]:

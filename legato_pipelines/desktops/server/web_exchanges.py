@@ -13,7 +13,9 @@ compressed bodies stay compressed, as their ``content-encoding`` says), ``status
 ``reason``, ``response_version``. ``FLOWS``: the same
 exchanges as HTTP flows in mitmproxy's flow file format (``io.FlowWriter``: what ``mitmdump
 -w`` writes and ``--server-replay`` reads), in the order they finished. A line that is not
-such an object is skipped and counted on standard error (a recorder killed mid-line).
+such an object is skipped and counted on standard error (a recorder killed mid-line). Exits 0
+when it wrote flows, :data:`NOTHING` (3) when it wrote none, 1 on an error: only a 0 replaces
+the task's archive file (``recorder.WebRecorder.end``).
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ def convert(exchanges_path: str, bodies_path: str, flows_path: str) -> tuple[int
         for line in source:
             try:
                 flow = to_flow(json.loads(line), bodies)
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, OverflowError):
                 skipped += 1
                 continue
             writer.add(flow)
@@ -101,7 +103,11 @@ def convert(exchanges_path: str, bodies_path: str, flows_path: str) -> tuple[int
     return written, skipped
 
 
+#: Exit status when no exchange was written: the task's earlier recording stays.
+NOTHING = 3
+
 if __name__ == "__main__":
     done, bad = convert(sys.argv[1], sys.argv[2], sys.argv[3])
     if bad:
         print(f"web_exchanges: {bad} line(s) skipped, {done} written", file=sys.stderr)
+    sys.exit(0 if done else NOTHING)

@@ -15,8 +15,9 @@
 // stand-in sites and mirrors; the TLS server name stays the name), -trusted PEM (the roots
 // the sites' certificates are checked against; default: the system's), -upstream URL (a
 // proxy the exchanges go through), -max-body-mib N (default 256: a bigger request body is
-// answered 502; a bigger response body is passed on, not recorded). SIGTERM: stop, flush,
-// exit 0.
+// answered 502; a bigger response body is passed on, not recorded), -max-held-mib N
+// (default 1024: the copies of all answers in flight together; an answer that would pass it
+// is passed on, not recorded). SIGTERM: stop, flush, exit 0.
 package main
 
 import (
@@ -139,7 +140,8 @@ func seconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 type recordingTransport struct {
 	base  http.RoundTripper
 	rec   *recorder
-	limit int64 // bytes a body may have
+	limit int64   // bytes a body may have
+	held  *budget // bytes the copies of the answers in flight may have together
 }
 
 func (t recordingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -187,48 +189,94 @@ func (t recordingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 		t.rec.add(ex)
 		return res, nil
 	}
-	tee := &teeBody{body: res.Body, limit: t.limit, finish: func(body []byte) {
+	tee := &teeBody{body: res.Body, limit: t.limit, held: t.held, finish: func(body []byte) {
 		ex.End, ex.ResponseBody = seconds(time.Now()), body
 		t.rec.add(ex)
 	}}
-	if res.ContentLength > 0 && res.ContentLength <= t.limit {
-		tee.kept.Grow(int(res.ContentLength))
-	}
 	res.Body = tee
 	return res, nil
 }
 
 // teeBody is a response body passed on as it is read, a copy kept for the recording: at its
-// end (EOF) finish gets the copy. A body the browser stops reading (closed before its end)
-// or longer than limit is not recorded: the replay will list its request as a miss.
+// end (EOF) finish gets the copy. A body the browser stops reading (closed before its end),
+// longer than limit, or that would take the copies of all answers in flight beyond the
+// held budget, is not recorded: the replay will list its request as a miss.
 type teeBody struct {
-	body   io.ReadCloser
-	kept   bytes.Buffer
-	limit  int64
-	over   bool
-	ended  bool
-	finish func(body []byte)
+	body    io.ReadCloser
+	kept    []byte
+	limit   int64
+	held    *budget
+	counted int64 // bytes of held charged for kept's capacity
+	over    bool
+	ended   bool
+	finish  func(body []byte)
+}
+
+// budget is the bytes all teeBodies may hold at once (-max-held-mib).
+type budget struct {
+	mu        sync.Mutex
+	used, max int64
+}
+
+// charge takes n bytes (n < 0: gives them back); false when that would pass the maximum
+// (nothing is taken then).
+func (b *budget) charge(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if n > 0 && b.used+n > b.max {
+		return false
+	}
+	b.used += n
+	return true
+}
+
+// drop stops recording this body and gives its bytes back.
+func (t *teeBody) drop() {
+	t.over, t.kept = true, nil
+	t.held.charge(-t.counted)
+	t.counted = 0
 }
 
 func (t *teeBody) Read(p []byte) (int, error) {
 	n, err := t.body.Read(p)
 	if n > 0 && !t.over {
-		if int64(t.kept.Len()+n) > t.limit {
-			t.over, t.kept = true, bytes.Buffer{}
+		if int64(len(t.kept)+n) > t.limit {
+			t.drop()
 		} else {
-			t.kept.Write(p[:n])
+			if len(t.kept)+n > cap(t.kept) {
+				// grown here, charged first (doubling, as append would, up to the limit)
+				grown := int64(2*cap(t.kept) + n)
+				if grown > t.limit {
+					grown = t.limit
+				}
+				if !t.held.charge(grown - t.counted) {
+					t.drop()
+					return n, err
+				}
+				buf := make([]byte, len(t.kept), grown)
+				copy(buf, t.kept)
+				t.kept, t.counted = buf, grown
+			}
+			t.kept = append(t.kept, p[:n]...)
 		}
 	}
 	if err == io.EOF && !t.ended {
 		t.ended = true
 		if !t.over {
-			t.finish(t.kept.Bytes())
+			t.finish(t.kept)
+			t.held.charge(-t.counted) // the writer holds it now, briefly
+			t.counted = 0
 		}
 	}
 	return n, err
 }
 
-func (t *teeBody) Close() error { return t.body.Close() }
+func (t *teeBody) Close() error {
+	if !t.ended && !t.over {
+		t.drop() // the browser went away before the end: nothing recorded
+	}
+	return t.body.Close()
+}
 
 // keepRawPath makes the request go out with the path as the browser sent it: Go's URL
 // would escape |, ^, { and } again, and the browser's later request, sent raw, would not
@@ -383,6 +431,7 @@ func main() {
 	trusted := flag.String("trusted", "", "PEM roots for the sites' certificates (default: the system's)")
 	upstream := flag.String("upstream", "", "proxy URL the exchanges go through")
 	maxBody := flag.Int64("max-body-mib", 256, "bodies recorded up to this size (MiB)")
+	maxHeld := flag.Int64("max-held-mib", 1024, "copies of answers in flight held at once (MiB)")
 	flag.Parse()
 	fail := func(format string, args ...interface{}) {
 		fmt.Fprintf(os.Stderr, "legato-web-recorder: "+format+"\n", args...)
@@ -449,9 +498,11 @@ func main() {
 	forward := &httputil.ReverseProxy{
 		// the request's URL is the site's already; no X-Forwarded-For (the site sees what
 		// the browser sent)
-		Director:  func(req *http.Request) { req.Header["X-Forwarded-For"] = nil },
-		Transport: recordingTransport{base: transport, rec: rec, limit: *maxBody << 20},
-		ErrorLog:  quiet,
+		Director: func(req *http.Request) { req.Header["X-Forwarded-For"] = nil },
+		Transport: recordingTransport{
+			base: transport, rec: rec, limit: *maxBody << 20, held: &budget{max: *maxHeld << 20},
+		},
+		ErrorLog: quiet,
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
 			http.Error(w, "legato-web-recorder: "+err.Error(), http.StatusBadGateway)
 		},
