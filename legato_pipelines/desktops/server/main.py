@@ -24,7 +24,8 @@ Project routes
                           timeout_s?, interval_s?, tick_s?, app_window_s?} -> {ready_s, source, ...}
   GET|POST /legato/observe   PNG; headers X-Screen-Width, X-Screen-Height
   POST /legato/reset     {full: bool} -> {kind: fast|full, reset_s, ...}; {untouched: true} when
-                         nothing but reads came since the start or the last reset (skipped)
+                         nothing but reads came since the start or the last reset (skipped),
+                         else {touched_by: "what it undid"}
   GET  /legato/health    {ok, display, user, home, host_home, sandbox, session_bus, width, height,
                           pid, gc_frozen, generation}
   GET  /legato/processes {server_pid, task: [{pid, comm, state}], infra: [...]}

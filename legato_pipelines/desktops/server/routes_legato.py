@@ -183,7 +183,7 @@ async def processes(request: Request) -> Response:
     s = desktop_of(request)
 
     def collect() -> dict:
-        table = own_process_table()
+        table = s.session.process_table()
         rows = lambda pids: [  # noqa: E731
             {"pid": pid, "comm": table[pid].comm, "state": table[pid].state}
             for pid in sorted(pids)

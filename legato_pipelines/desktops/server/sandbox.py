@@ -60,11 +60,16 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the module itself is stdlib only (check_support runs from its source)
+    from .procs import ProcInfo
 
 #: The account OSWorld's VM has, and its HOME (paths in task configs and evaluators name it).
 SANDBOX_USER = "user"
@@ -319,6 +324,7 @@ class _Instance:
         if self.anchor.poll() is None:
             self.anchor.kill()
         self.anchor.wait()
+        _reap_orphan(self.init_pid)
         for stream in (self.anchor.stdout, self.anchor.stderr):
             if stream is not None:
                 stream.close()
@@ -416,6 +422,9 @@ class Sandbox:
         self._mqueue_fd: int | None = None  # its POSIX message queue directory (our dup)
         self._worker: ThreadPoolExecutor | None = None
         self._starting: set[int] = set()  # unshare pids of sandboxes being started
+        #: held while a sandbox's first process is forked and until its pid is in
+        #: :attr:`_starting` (:meth:`process_table` waits for it)
+        self._spawning = threading.Lock()
 
     @property
     def init_pid(self) -> int | None:
@@ -553,16 +562,30 @@ class Sandbox:
 
     # -- what the session needs ------------------------------------------------------------------
 
-    def anchor_pids(self) -> set[int]:
-        """The sandboxes' own processes on the host (unshare, init, init's sleep; the spare's)."""
+    def process_table(self) -> dict[int, ProcInfo]:
+        """:func:`.procs.own_process_table`, read while no sandbox is being forked: every
+        sandbox process in it is then one :meth:`anchor_pids` knows (a spare starts in the
+        background; its first process, seen before its pid was noted, looked like a task
+        process and made a fresh desktop's first reset a real one)."""
+        from .procs import own_process_table
+
+        with self._spawning:
+            return own_process_table()
+
+    def anchor_pids(self, table: dict[int, ProcInfo] | None = None) -> set[int]:
+        """The sandboxes' own processes on the host (unshare, init, init's sleep; the spare's,
+        and while it starts everything below its ``unshare``). ``table``: the process table
+        the caller judges (:meth:`process_table`); a spare's set-up commands seen there count
+        as the sandbox's even when the spare is ready by the time this looks."""
+        from .procs import descendants
+
         starting = set(self._starting)  # before looking at the spare: no gap between the two
         pids = self._active.pids() if self._active is not None else set()
         if self._spare is not None and self._spare.done() and self._spare.exception() is None:
             pids |= self._spare.result().pids()
             self._starting.discard(self._spare.result().anchor.pid)
-        elif self._spare is not None:  # still starting: its unshare and below are ours
-            for pid in starting:
-                pids |= {pid, *_tree(pid)}
+        for pid in starting if self._spare is not None else ():
+            pids |= {pid, *(_tree(pid) if table is None else descendants(pid, table))}
         return pids
 
     def enter_argv(self, *, uid: int = SANDBOX_UID, cwd: str = SANDBOX_HOME) -> list[str]:
@@ -735,16 +758,17 @@ class Sandbox:
         argv += ["--", "sh", "-c", SETUP_SCRIPT]
         if self.limits is not None:  # the init and all below it in the desktop's cgroup
             argv = self.limits.join_argv(argv)
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-            pass_fds=() if self._ipc_fd is None else (self._ipc_fd,),
-        )
-        self._starting.add(proc.pid)
+        with self._spawning:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+                pass_fds=() if self._ipc_fd is None else (self._ipc_fd,),
+            )
+            self._starting.add(proc.pid)
         try:
             _write_id_maps(proc)
             proc.stdin.write(b"go\n")
@@ -883,6 +907,21 @@ def _children(pid: int) -> list[int]:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
+
+
+def _reap_orphan(pid: int, timeout: float = 1.0) -> None:
+    """Reap ``pid`` if it became our child (a killed sandbox's init outlives its ``unshare``
+    for a moment and is re-parented to the server, a subreaper); a zombie left for the
+    server's reaper showed as a task process for up to a second."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # not ours (reaped already, or never re-parented to us)
+            return
+        if done or time.monotonic() > deadline:
+            return
+        time.sleep(0.002)
 
 
 def _tree(pid: int) -> set[int]:

@@ -147,7 +147,7 @@ class DesktopServer:
         self.changes = 0
         #: :attr:`changes` when the desktop was last in a reset's state (its start, a reset
         #: no such request ran during); ``None``: not since. Equal to :attr:`changes`: only
-        #: reads came since, a fast reset has nothing to undo (:meth:`_nothing_to_undo`)
+        #: reads came since, a fast reset has nothing to undo (:meth:`_touched_by`)
         self.clean_at: int | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -486,7 +486,7 @@ class DesktopServer:
             return None
         if proc.returncode != 0:
             return proc.returncode
-        table = await asyncio.to_thread(own_process_table)
+        table = await asyncio.to_thread(self.session.process_table)
         left = {p for p in self.session.task_pids(table) if table[p].state != "Z"}
         return 0 if not left - before - {proc.pid} else None
 
@@ -511,7 +511,7 @@ class DesktopServer:
             return ""
 
     def heavy_app_running(self) -> bool:
-        table = own_process_table()
+        table = self.session.process_table()
         return any(
             table[pid].comm in HEAVY_APPS for pid in self.session.task_pids(table) if pid in table
         )
@@ -523,13 +523,14 @@ class DesktopServer:
         desktop started with), or a full restart when asked, when the display died, or when
         the fast reset failed. ``keyboard_restored`` in the answer says what a task had changed
         about the keyboard (:mod:`.keymap`). A fast reset of a desktop that is in the reset's
-        state already (:meth:`_nothing_to_undo`) only parks the pointer and answers
-        ``untouched: true``."""
+        state already (:meth:`_touched_by`) only parks the pointer and answers
+        ``untouched: true``; any other fast reset says what it had to undo (``touched_by``)."""
         async with self.reset_lock:
             t0 = time.perf_counter()
             kind = "full" if full or not self.session.alive() else "fast"
             detail: dict = {}
-            if kind == "fast" and await self._nothing_to_undo():
+            touched = await self._touched_by() if kind == "fast" else None
+            if kind == "fast" and touched is None:
                 await self.x.run(self._settle_input)  # parked where a reset parks it
                 return {"kind": "fast", "reset_s": time.perf_counter() - t0, "untouched": True}
             self.clean_at = None
@@ -550,26 +551,37 @@ class DesktopServer:
             self.desktop_launched = False
             if quiet and self.changing == 0 and self.changes == changes:
                 self.clean_at = changes
+            if touched is not None:
+                detail["touched_by"] = touched
             return {"kind": kind, "reset_s": time.perf_counter() - t0, **detail}
 
-    async def _nothing_to_undo(self) -> bool:
-        """Whether the desktop is in a fast reset's state already: only reads reached it since
-        it started or since its last reset, during which no other request ran
+    async def _touched_by(self) -> str | None:
+        """What a fast reset has to undo, in a few words (``"task processes: xterm"``), or
+        ``None`` when the desktop is in a fast reset's state already: only reads reached it
+        since it started or since its last reset, during which no other request ran
         (:attr:`clean_at`), no task process runs (a read such as ``/accessibility`` may
         start the AT-SPI services; Ctrl+Alt+T pressed by hand opens a terminal), and its
         sandbox and session bus are alive (a fast reset would revert or restart them). A
         fresh desktop's first reset took 0.17-0.22 s of the first attempts' critical path
         (issue 18)."""
-        if self.clean_at != self.changes or self.changing:
-            return False
+        if self.changing:
+            return "a request under way"
+        if self.clean_at != self.changes:
+            return "requests since the last reset"
         session = self.session
         if session.sandbox is not None and not session.sandbox.alive():
-            return False
-        if session.limit_hit() is not None:  # the reset must revert the sandbox
-            return False
+            return "the sandbox exited"
+        cap = session.limit_hit()
+        if cap is not None:  # the reset must revert the sandbox
+            return f"the {cap} cap was hit"
         if session.bus is not None and not session.bus.alive():
-            return False
-        return not await self.task_pids()
+            return "the session bus exited"
+        table = await asyncio.to_thread(self.session.process_table)
+        pids = {p for p in self.session.task_pids(table) if table[p].state != "Z"}  # ended
+        if pids:
+            names = sorted({table[p].comm for p in pids if p in table})
+            return "task processes: " + ", ".join(names or ["(exited)"])
+        return None
 
     def _fast_reset_sync(self) -> dict:
         # a connection a task killed (KillClient, X-Resource lists them): a full restart

@@ -43,7 +43,7 @@ from . import home as home_mod
 from .dock_channel import DockChannel
 from .dock_favourites import DockFavourites, wait_for_dock
 from .leftovers import empty_dir
-from .procs import ProcessTable, RunAs, descendants, own_process_table
+from .procs import ProcessTable, ProcInfo, RunAs, descendants, own_process_table
 from .sandbox import SANDBOX_HOME, SANDBOX_UID, SANDBOX_USER, Sandbox, SandboxError
 
 log = logging.getLogger(__name__)
@@ -726,9 +726,15 @@ class Session:
 
     # -- the task's processes ---------------------------------------------------------------
 
+    def process_table(self) -> dict[int, ProcInfo]:
+        """The host's processes as :meth:`task_pids` and :meth:`infra_pids` judge them: read
+        while no sandbox is being forked (:meth:`.Sandbox.process_table`)."""
+        return self.sandbox.process_table() if self.sandbox is not None else own_process_table()
+
     def infra_pids(self, table) -> set[int]:
-        """Xvfb, the window manager and anything below them; the sandbox's own processes."""
-        pids: set[int] = set(self.sandbox.anchor_pids()) if self.sandbox is not None else set()
+        """Xvfb, the window manager and anything below them; the sandbox's own processes.
+        ``table``: from :meth:`process_table`."""
+        pids: set[int] = set(self.sandbox.anchor_pids(table)) if self.sandbox is not None else set()
         if self.bus is not None:
             pids |= self.bus.pids(table)
         for proc in (self._xvfb, self._wm, *self._panels):
@@ -738,8 +744,9 @@ class Session:
         return pids
 
     def task_pids(self, table=None) -> set[int]:
-        """Every process of the task: the server's descendants minus the infrastructure."""
-        table = table if table is not None else own_process_table()
+        """Every process of the task: the server's descendants minus the infrastructure.
+        ``table``: from :meth:`process_table` (read now when not given)."""
+        table = table if table is not None else self.process_table()
         return descendants(os.getpid(), table) - self.infra_pids(table)
 
     def kill_task_processes(self) -> int:
