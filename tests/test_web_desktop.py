@@ -7,14 +7,17 @@ import asyncio
 import os
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 
 from legato_pipelines import DesktopConfig
 from legato_pipelines.desktops.server import chrome
 from legato_pipelines.desktops.server.desktop import open_local_desktops
+from legato_pipelines.desktops.server.recorder import web_recorder
 from legato_pipelines.tasks import Task
-from tests.desktop_local_support import needs_xvfb
+from tests.desktop_local_support import RunningServer, needs_xvfb
+from tests.web_standin import NAME, TITLE, make_ca, serve_standin
 
 pytestmark = [
     needs_xvfb,
@@ -70,3 +73,51 @@ async def test_the_proxy_setting_reaches_chromium():
         assert "GET http://site.standin.test/page HTTP/1.1" in out["output"]
     finally:
         await desktop.close()
+
+
+def _listen_port(root: int) -> int:
+    """The port the web recorder below process ``root`` listens on (its ``-listen`` flag)."""
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        if Path(argv[0]).name == "legato-web-recorder":
+            return int(argv[argv.index("-listen") + 1].rsplit(":", 1)[1])
+        for task in os.listdir(f"/proc/{pid}/task"):
+            todo += map(int, Path(f"/proc/{pid}/task/{task}/children").read_text().split())
+    raise AssertionError(f"no legato-web-recorder below {root}")
+
+
+@pytest.mark.skipif(web_recorder() is None, reason="needs the web venv (scripts/web_venv.sh)")
+async def test_a_reset_between_attempts_keeps_the_recorder_and_its_exchanges(tmp_path):
+    """The recorder is the server's, not the task's: a reset leaves it running (it was killed
+    with SIGKILL, and the attempt's exchanges in its write buffers were lost), and the next
+    attempt's start ends it with SIGTERM, archiving what it recorded."""
+    ca, cert, key = make_ca(tmp_path / "ca")
+    archive = tmp_path / "archive"
+    with serve_standin(cert, key) as standin:
+        server = RunningServer(
+            320,
+            240,
+            extra_args=("--network", "host", "--web", f"record:{archive}")
+            + ("--web-host", f"{NAME}=127.0.0.1:{standin.port}", "--web-ca", str(ca)),
+        )
+        client = server.client()
+        try:
+            await client.reset()
+            await client.web_begin("task-a")
+            port = _listen_port(server.proc.pid)
+            page = await client.execute(
+                f"curl -sk --proxy http://127.0.0.1:{port} https://{NAME}/page", shell=True
+            )
+            assert TITLE in page["output"], page
+            assert (await client.processes())["task"] == []  # the recorder is not the task's
+            reset = await client.reset()
+            assert reset["touched_by"] == "requests since the last reset", reset  # a real one
+            assert _listen_port(server.proc.pid) == port  # still running
+            await client.web_begin("task-b")  # task-a's attempt ends: archived
+            assert (archive / "task-a.flows").stat().st_size > 0
+            assert any(r.startswith("/page") for r in standin.requests)
+        finally:
+            await client.aclose()
+            server.stop()

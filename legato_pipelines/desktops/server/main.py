@@ -25,7 +25,7 @@ Project routes
   GET|POST /legato/observe   PNG; headers X-Screen-Width, X-Screen-Height
   POST /legato/reset     {full: bool} -> {kind: fast|full, reset_s, ...}; {untouched: true} when
                          nothing but reads came since the start or the last reset (skipped),
-                         else {touched_by: "what it undid"}
+                         any other fast one says why it ran: {touched_by: "..."}
   GET  /legato/health    {ok, display, user, home, host_home, sandbox, session_bus, width, height,
                           pid, gc_frozen, generation}
   GET  /legato/processes {server_pid, task: [{pid, comm, state}], infra: [...]}
@@ -390,6 +390,8 @@ def main(argv: list[str] | None = None) -> None:
         session, remove_state=own_state or args.remove_state, ready_source=args.ready_source
     )
     server.recorder = recorder
+    if recorder is not None:  # infrastructure: a reset between attempts does not kill it
+        session.services.append(recorder.root_pid)
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so (else Nagle +
     # delayed ACK add ~40 ms to every response).
     sock = socket.socket(

@@ -294,18 +294,21 @@ class ProcessTable:
                         pass
         return reaped
 
-    def kill(self, select, *, timeout: float = 3.0) -> set[int]:
+    def kill(self, select, *, timeout: float = 3.0, read_table=None) -> set[int]:
         """Kill every process ``select(table)`` returns, again and again until none is left.
 
-        ``select`` maps a fresh :func:`own_process_table` (this process's subtree) to the pids to kill (re-evaluated each
-        round, so children forked meanwhile and orphans re-parented to us are caught).
+        ``select`` maps a fresh :func:`own_process_table` (this process's subtree; read by
+        ``read_table`` when given, e.g. ``Session.process_table``) to the pids to kill
+        (re-evaluated each round, so children forked meanwhile and orphans re-parented to us
+        are caught).
         Returns the pids that were killed. Raises ``RuntimeError`` naming the survivors
         when some are still alive (or unreaped) after ``timeout`` seconds.
         """
+        read_table = read_table or own_process_table
         killed: set[int] = set()
         deadline = time.monotonic() + timeout
         while True:
-            table = own_process_table()
+            table = read_table()
             pids = set(select(table))
             if not pids:
                 return killed
@@ -316,7 +319,7 @@ class ProcessTable:
             time.sleep(0.003)
             self.reap()
             if time.monotonic() > deadline:
-                table = own_process_table()
+                table = read_table()
                 left = sorted(set(select(table)))
                 if left:
                     names = ", ".join(

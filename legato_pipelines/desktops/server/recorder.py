@@ -219,6 +219,14 @@ class WebRecorder:
         self._proc: subprocess.Popen | None = None
         self._pid: int | None = None
 
+    def root_pid(self) -> int | None:
+        """The pid of the running attempt's recorder process (its ``nsenter``/``bwrap``), or
+        ``None``: the desktop server's infrastructure (``Session.services``), which a reset
+        does not kill (a SIGKILL lost the exchanges its write buffers held; :meth:`end`
+        stops it with SIGTERM at the next attempt's start)."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
     def begin(self, task_id: str, netns_pid: int | None) -> dict:
         """End the running attempt (:meth:`end`) and start the recorder (``record``) or
         ``mitmdump`` (``replay``) for ``task_id`` in the network namespace of process

@@ -324,7 +324,6 @@ class _Instance:
         if self.anchor.poll() is None:
             self.anchor.kill()
         self.anchor.wait()
-        _reap_orphan(self.init_pid)
         for stream in (self.anchor.stdout, self.anchor.stderr):
             if stream is not None:
                 stream.close()
@@ -342,7 +341,8 @@ class _Instance:
         """``unshare``, the init, the init's ``sleep`` and ``pasta`` (host pids). Whatever else
         runs below the init (orphans of the task re-parented to it) is the task's."""
         pids = {self.anchor.pid, self.init_pid, self.sleep_pid}
-        return pids | ({self.pasta.pid} if self.pasta is not None else set())
+        pasta = self.pasta  # read once: stop_pasta() on another thread clears it
+        return pids | ({pasta.pid} if pasta is not None else set())
 
 
 class Sandbox:
@@ -421,7 +421,9 @@ class Sandbox:
         self._ipc_fd: int | None = None  # the shared ipc namespace (our own dup), or None
         self._mqueue_fd: int | None = None  # its POSIX message queue directory (our dup)
         self._worker: ThreadPoolExecutor | None = None
-        self._starting: set[int] = set()  # unshare pids of sandboxes being started
+        self._starting: set[int] = (
+            set()
+        )  # unshare pids of sandboxes not yet running (starting, or the spare)
         #: held while a sandbox's first process is forked and until its pid is in
         #: :attr:`_starting` (:meth:`process_table` waits for it)
         self._spawning = threading.Lock()
@@ -534,9 +536,9 @@ class Sandbox:
         Returns ``{revert_s}``. Raises :class:`SandboxError` when no clean sandbox starts."""
         t0 = time.perf_counter()
         old = self._active
-        self._active = None
-        if old is not None:
+        if old is not None:  # still the running one while it dies: its processes are ours
             old.stop()
+        self._active = None
         self._clear_shared_ipc()  # the shared namespace outlives the sandbox
         spare, self._spare = self._spare, None
         try:
@@ -579,12 +581,15 @@ class Sandbox:
         as the sandbox's even when the spare is ready by the time this looks."""
         from .procs import descendants
 
-        starting = set(self._starting)  # before looking at the spare: no gap between the two
-        pids = self._active.pids() if self._active is not None else set()
-        if self._spare is not None and self._spare.done() and self._spare.exception() is None:
-            pids |= self._spare.result().pids()
-            self._starting.discard(self._spare.result().anchor.pid)
-        for pid in starting if self._spare is not None else ():
+        # each read once (a revert on another thread replaces them); the sandboxes starting
+        # first: one that is done by the time the spare is looked at is in both
+        starting = set(self._starting)
+        active, spare = self._active, self._spare
+        pids = active.pids() if active is not None else set()
+        if spare is not None and spare.done() and spare.exception() is None:
+            pids |= spare.result().pids()
+        # until start() or revert() makes it the running one, a sandbox's unshare stays here
+        for pid in starting:
             pids |= {pid, *(_tree(pid) if table is None else descendants(pid, table))}
         return pids
 
@@ -907,21 +912,6 @@ def _children(pid: int) -> list[int]:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
-
-
-def _reap_orphan(pid: int, timeout: float = 1.0) -> None:
-    """Reap ``pid`` if it became our child (a killed sandbox's init outlives its ``unshare``
-    for a moment and is re-parented to the server, a subreaper); a zombie left for the
-    server's reaper showed as a task process for up to a second."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:  # not ours (reaped already, or never re-parented to us)
-            return
-        if done or time.monotonic() > deadline:
-            return
-        time.sleep(0.002)
 
 
 def _tree(pid: int) -> set[int]:

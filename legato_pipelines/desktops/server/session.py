@@ -35,7 +35,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import accessibility, app_profiles, chrome, dbus_session, vm_look
@@ -239,6 +239,10 @@ class Session:
         self._wm: subprocess.Popen | None = None
         #: the ``vm`` session's panels (top bar, dock): infrastructure, as openbox
         self._panels: list[subprocess.Popen] = []
+        #: the server's own services beside the desktop (the web recorder: ``root_pid`` gives
+        #: the pid of its process, or ``None`` while none runs): infrastructure with
+        #: everything below them, so a reset does not kill them
+        self.services: list[Callable[[], int | None]] = []
         #: the ``vm`` session's dock: the FIFO its clicks name favourites on
         #: (:mod:`.dock_channel`) and the favourites it shows (:mod:`.dock_favourites`)
         self.dock: DockChannel | None = None
@@ -732,15 +736,17 @@ class Session:
         return self.sandbox.process_table() if self.sandbox is not None else own_process_table()
 
     def infra_pids(self, table) -> set[int]:
-        """Xvfb, the window manager and anything below them; the sandbox's own processes.
+        """Xvfb, the window manager, the panels, :attr:`services` and anything below them; the
+        sandbox's own processes.
         ``table``: from :meth:`process_table`."""
         pids: set[int] = set(self.sandbox.anchor_pids(table)) if self.sandbox is not None else set()
         if self.bus is not None:
             pids |= self.bus.pids(table)
-        for proc in (self._xvfb, self._wm, *self._panels):
-            if proc is not None and proc.pid in table:
-                pids.add(proc.pid)
-                pids |= descendants(proc.pid, table)
+        roots = [p.pid for p in (self._xvfb, self._wm, *self._panels) if p is not None]
+        for pid in [*roots, *(root_pid() for root_pid in self.services)]:
+            if pid is not None and pid in table:
+                pids.add(pid)
+                pids |= descendants(pid, table)
         return pids
 
     def task_pids(self, table=None) -> set[int]:
@@ -755,7 +761,7 @@ class Session:
         Raises :class:`SessionError` naming any survivor.
         """
         try:
-            return len(self.procs.kill(self.task_pids))
+            return len(self.procs.kill(self.task_pids, read_table=self.process_table))
         except RuntimeError as exc:
             raise SessionError(str(exc)) from None
 
