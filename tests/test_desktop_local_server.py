@@ -223,6 +223,36 @@ async def test_fast_reset_kills_every_task_process_and_restores_home(server, cli
     assert (await client.health())["ok"]
 
 
+#: a process whose main thread ends (pthread_exit) while another thread runs on: shown as a
+#: zombie ("Z") though it runs
+HALF_ZOMBIE = """
+import ctypes, threading, time
+threading.Thread(target=lambda: time.sleep(600)).start()
+time.sleep(0.2)
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+async def test_a_zombie_leader_with_running_threads_is_killed_by_a_fast_reset(client):
+    """A task can leave a process whose main thread has ended and whose other threads run on
+    (``/proc`` says ``Z``): it is a task process like any other, the fast reset kills it
+    (it was skipped as a zombie: the kill loop timed out after 3 s, a full restart followed)."""
+    await client.launch(["python3", "-c", HALF_ZOMBIE])
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        task = (await client.processes())["task"]
+        found = [p for p in task if p["comm"] == "python3" and p["state"] == "Z"]
+        if found:
+            break
+        assert asyncio.get_running_loop().time() < deadline, task
+        await asyncio.sleep(0.1)
+    (half,) = found
+    assert len(os.listdir(f"/proc/{half['pid']}/task")) == 2  # the sleeping thread runs on
+    reset = await client.reset()
+    assert reset["kind"] == "fast" and reset["killed"] >= 1, reset
+    assert proc_state(half["pid"]) is None  # gone, and reaped
+
+
 async def test_a_starting_spare_sandbox_is_never_a_task_process():
     """A fresh desktop starts its spare sandbox in the background, and a revert starts the
     next one: its set-up commands (``mount``, ``mkdir``...) are the sandbox's, never the

@@ -70,6 +70,18 @@ class ProcInfo:
     comm: str
 
 
+def ended(info: ProcInfo) -> bool:
+    """Whether process ``info`` runs nothing any more: a zombie with no thread left. (A main
+    thread that called ``pthread_exit`` leaves its process shown as ``Z`` while the other
+    threads run on.)"""
+    if info.state != "Z":
+        return False
+    try:
+        return len(os.listdir(f"/proc/{info.pid}/task")) <= 1
+    except OSError:  # reaped meanwhile
+        return True
+
+
 def process_table() -> dict[int, ProcInfo]:
     """Every process visible in ``/proc``, by pid (processes that vanish mid-scan are skipped).
 
@@ -312,7 +324,7 @@ class ProcessTable:
             pids = set(select(table))
             if not pids:
                 return killed
-            live = [pid for pid in pids if table[pid].state != "Z"]
+            live = [pid for pid in pids if not ended(table[pid])]
             _send(live, signal.SIGSTOP)
             _send(live, signal.SIGKILL)
             killed.update(pids)

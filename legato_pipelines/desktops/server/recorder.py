@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import stat
@@ -218,14 +219,23 @@ class WebRecorder:
         self.task: str | None = None
         self._proc: subprocess.Popen | None = None
         self._pid: int | None = None
+        #: a pidfd of :attr:`_proc`, opened before anything could reap it: readable once it
+        #: exited, so :meth:`root_pid` never names a reused pid
+        self._pidfd: int | None = None
 
     def root_pid(self) -> int | None:
         """The pid of the running attempt's recorder process (its ``nsenter``/``bwrap``), or
         ``None``: the desktop server's infrastructure (``Session.services``), which a reset
         does not kill (a SIGKILL lost the exchanges its write buffers held; :meth:`end`
         stops it with SIGTERM at the next attempt's start)."""
-        proc = self._proc
-        return proc.pid if proc is not None and proc.poll() is None else None
+        proc, pidfd = self._proc, self._pidfd
+        if proc is None or pidfd is None:
+            return None
+        try:
+            exited = bool(select.select([pidfd], [], [], 0)[0])
+        except (OSError, ValueError):  # closed by end() meanwhile
+            return None
+        return None if exited else proc.pid
 
     def begin(self, task_id: str, netns_pid: int | None) -> dict:
         """End the running attempt (:meth:`end`) and start the recorder (``record``) or
@@ -307,6 +317,7 @@ class WebRecorder:
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
+        self._pidfd = os.pidfd_open(self._proc.pid)  # our child, not reaped yet: this one
         self._pid = None
         self.task = task_id
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -314,6 +325,7 @@ class WebRecorder:
             if self._proc.poll() is not None:
                 err = self._proc.stderr.read().decode(errors="replace").strip()[-500:]
                 self._proc, self.task = None, None
+                self._close_pidfd()
                 raise RecorderError(f"{exe.name} exited: {err or 'no message'}")
             if time.monotonic() > deadline:
                 self.end()
@@ -323,6 +335,11 @@ class WebRecorder:
             time.sleep(0.02)
         self._pid = pid
         return {"mode": self.mode, "task": task_id, "archived": archived}
+
+    def _close_pidfd(self) -> None:
+        pidfd, self._pidfd = self._pidfd, None
+        if pidfd is not None:
+            os.close(pidfd)
 
     @property
     def pid(self) -> int | None:
@@ -357,6 +374,7 @@ class WebRecorder:
         an attempt with no exchange leaves the task's earlier recording (:meth:`_convert`)."""
         proc, task, pid = self._proc, self.task, self._pid
         self._proc = self._pid = None
+        self._close_pidfd()
         if proc is None:
             return
         if proc.poll() is None:

@@ -313,10 +313,18 @@ class _Instance:
     #: ``pasta`` connecting the network namespace (only while this sandbox is the running one)
     pasta: subprocess.Popen | None = None
 
-    def stop(self) -> None:
+    def stop(self) -> int | None:
         """SIGKILL the pid namespace's init (the kernel kills every process in it) and
-        ``pasta`` (its host ports are free once this returns), reap."""
+        ``pasta`` (its host ports are free once this returns), reap. Returns a pidfd of the
+        init, opened before the kill, while it is still ending (it outlives ``unshare`` until
+        the kernel has killed its namespace, re-parented to the server): the caller closes
+        it; ``None`` when it ended already (:meth:`Sandbox.anchor_pids` keeps it the
+        sandbox's meanwhile)."""
         self.stop_pasta()
+        try:
+            init_fd: int | None = os.pidfd_open(self.init_pid)
+        except OSError:  # gone already
+            init_fd = None
         try:
             os.kill(self.init_pid, 9)
         except ProcessLookupError:
@@ -327,6 +335,10 @@ class _Instance:
         for stream in (self.anchor.stdout, self.anchor.stderr):
             if stream is not None:
                 stream.close()
+        if init_fd is not None and _exited(init_fd):
+            os.close(init_fd)
+            init_fd = None
+        return init_fd
 
     def stop_pasta(self) -> None:
         if self.pasta is not None:
@@ -427,6 +439,9 @@ class Sandbox:
         #: held while a sandbox's first process is forked and until its pid is in
         #: :attr:`_starting` (:meth:`process_table` waits for it)
         self._spawning = threading.Lock()
+        #: stopped sandboxes' inits still ending: ``(pid, pidfd)`` (:meth:`_Instance.stop`)
+        self._dying: list[tuple[int, int]] = []
+        self._dying_lock = threading.Lock()
 
     @property
     def init_pid(self) -> int | None:
@@ -509,12 +524,12 @@ class Sandbox:
     def stop(self) -> None:
         """Kill every process of the sandbox and of its spare."""
         if self._active is not None:
-            self._active.stop()
+            self._note_dying(self._active)
             self._active = None
         spare, self._spare = self._spare, None
         if spare is not None:
             try:
-                spare.result().stop()
+                self._note_dying(spare.result())
             except Exception:  # a spare that failed to start has nothing to stop
                 pass
         self._starting.clear()
@@ -529,6 +544,22 @@ class Sandbox:
         if self._worker is not None:
             self._worker.shutdown(wait=True)
             self._worker = None
+        with self._dying_lock:
+            dying, self._dying = self._dying, []
+        for _, fd in dying:
+            os.close(fd)
+
+    def _note_dying(self, instance: _Instance) -> None:
+        """Stop ``instance``; while its init is still ending it stays the sandbox's
+        (:meth:`anchor_pids`). Drops the inits that ended since the last call."""
+        init_fd = instance.stop()
+        with self._dying_lock:
+            ended = [(pid, fd) for pid, fd in self._dying if _exited(fd)]
+            self._dying = [entry for entry in self._dying if entry not in ended]
+            if init_fd is not None:
+                self._dying.append((instance.init_pid, init_fd))
+        for _, fd in ended:
+            os.close(fd)
 
     def revert(self) -> dict[str, float]:
         """Drop the running sandbox (all its processes die) and switch to a clean one: the
@@ -536,8 +567,8 @@ class Sandbox:
         Returns ``{revert_s}``. Raises :class:`SandboxError` when no clean sandbox starts."""
         t0 = time.perf_counter()
         old = self._active
-        if old is not None:  # still the running one while it dies: its processes are ours
-            old.stop()
+        if old is not None:  # the running one until it is stopped, then a dying one
+            self._note_dying(old)
         self._active = None
         self._clear_shared_ipc()  # the shared namespace outlives the sandbox
         spare, self._spare = self._spare, None
@@ -588,8 +619,10 @@ class Sandbox:
         pids = active.pids() if active is not None else set()
         if spare is not None and spare.done() and spare.exception() is None:
             pids |= spare.result().pids()
+        with self._dying_lock:  # stopped sandboxes' inits still ending (and what they hold)
+            dying = [pid for pid, fd in self._dying if not _exited(fd)]
         # until start() or revert() makes it the running one, a sandbox's unshare stays here
-        for pid in starting:
+        for pid in [*starting, *dying]:
             pids |= {pid, *(_tree(pid) if table is None else descendants(pid, table))}
         return pids
 
@@ -686,6 +719,7 @@ class Sandbox:
         if not self.forward or self._worker is None:
             return
         instance.pasta = self._worker.submit(self._pasta, instance.init_pid).result()
+        self._starting.discard(instance.pasta.pid)  # the instance's own from now on
         ports = set(self.forward.values())
         deadline = time.monotonic() + START_TIMEOUT_S
         while not ports <= _listening(instance.pasta.pid):
@@ -707,13 +741,16 @@ class Sandbox:
         # 127.0.0.1 / ::1 (pasta's default turns a connection to the gateway address into one
         # to the host's loopback: a red team reached Dagster's webserver that way)
         argv += ["-u", "none", "-T", "none", "-U", "none", "--no-map-gw", str(init_pid)]
-        return subprocess.Popen(
-            ["setpriv", "--pdeathsig", "KILL", "--", *argv],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        with self._spawning:  # the sandbox's from its first moment (anchor_pids)
+            proc = subprocess.Popen(
+                ["setpriv", "--pdeathsig", "KILL", "--", *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+            self._starting.add(proc.pid)
+        return proc
 
     def _start_spare(self) -> None:
         if self.keep_spare and self._worker is not None:
@@ -789,10 +826,10 @@ class Sandbox:
             instance.attrs = leftovers.attributes(root, watched)
             return instance
         except BaseException:
-            self._starting.discard(proc.pid)
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+            self._starting.discard(proc.pid)  # once it is gone
             raise
 
 
@@ -912,6 +949,11 @@ def _children(pid: int) -> list[int]:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
+
+
+def _exited(pidfd: int) -> bool:
+    """Whether the process of ``pidfd`` has ended (a pidfd polls readable then)."""
+    return bool(select.select([pidfd], [], [], 0)[0])
 
 
 def _tree(pid: int) -> set[int]:

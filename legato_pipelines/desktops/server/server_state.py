@@ -30,7 +30,7 @@ from . import apps, drawn
 from .app_windows import is_main_window, owners_known, window_pids
 from .keymap import KeyboardState, keyboard_state, restore_keyboard
 from .prepared_obs import PreparedObservations
-from .procs import descendants, own_process_table
+from .procs import descendants, ended, own_process_table
 from .session import Session, SessionError
 from .wire import READY_SOURCES  # damage (poll where the X server has no DAMAGE) | poll
 from .xstate import XState, restore, snapshot
@@ -577,7 +577,7 @@ class DesktopServer:
         if session.bus is not None and not session.bus.alive():
             return "the session bus exited"
         table = await asyncio.to_thread(self.session.process_table)
-        pids = {p for p in self.session.task_pids(table) if table[p].state != "Z"}  # ended
+        pids = {p for p in self.session.task_pids(table) if not ended(table[p])}
         if pids:
             names = sorted({table[p].comm for p in pids if p in table})
             return "task processes: " + ", ".join(names or ["(exited)"])
