@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import selectors
 import signal
 import subprocess
@@ -68,6 +69,12 @@ class ProcInfo:
     ppid: int
     state: str
     comm: str
+
+
+def pidfd_exited(pidfd: int) -> bool:
+    """Whether the process of ``pidfd`` (``os.pidfd_open``) has ended: a pidfd polls
+    readable then. Unlike a pid, a pidfd never names another process later."""
+    return bool(select.select([pidfd], [], [], 0)[0])
 
 
 def ended(info: ProcInfo) -> bool:

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import signal
 import stat
@@ -68,6 +67,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ...user_cache import legato_cache
+from .procs import pidfd_exited
 
 VENV_ENV = "LEGATO_WEB_VENV"
 #: mitmproxy's CA files in its confdir (mitmproxy's own names).
@@ -232,7 +232,7 @@ class WebRecorder:
         if proc is None or pidfd is None:
             return None
         try:
-            exited = bool(select.select([pidfd], [], [], 0)[0])
+            exited = pidfd_exited(pidfd)
         except (OSError, ValueError):  # closed by end() meanwhile
             return None
         return None if exited else proc.pid

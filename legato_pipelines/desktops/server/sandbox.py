@@ -952,8 +952,10 @@ def _children(pid: int) -> list[int]:
 
 
 def _exited(pidfd: int) -> bool:
-    """Whether the process of ``pidfd`` has ended (a pidfd polls readable then)."""
-    return bool(select.select([pidfd], [], [], 0)[0])
+    """:func:`.procs.pidfd_exited` (imported here: the module itself is stdlib only)."""
+    from .procs import pidfd_exited
+
+    return pidfd_exited(pidfd)
 
 
 def _tree(pid: int) -> set[int]:
