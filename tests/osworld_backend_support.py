@@ -68,10 +68,12 @@ def suite_scripts() -> dict[str, dict[str, list[str]]]:
     }
 
 
-async def run_script(desktop, task, responses):
-    """Drive ``desktop`` through one attempt with scripted Qwen responses; the Evaluation."""
+async def run_script(desktop, task, responses, trace: list[str] | None = None):
+    """Drive ``desktop`` through one attempt with scripted Qwen responses; the Evaluation.
+    ``trace``: gets one line per wait (what came before it, the Wait), for a failure's message."""
+    trace = trace if trace is not None else []
     kind = await desktop.reset(task, seed=0)
-    await desktop.wait_after_reset()
+    trace.append(f"reset {kind}: {await desktop.wait_after_reset()}")
     coords = CoordinateMap.relative(desktop.screen_size)
     terminal = None
     for text in responses:
@@ -80,10 +82,11 @@ async def run_script(desktop, task, responses):
             if action.action == "terminate":  # as the engine: it ends the attempt, no act
                 continue
             await desktop.act(action)
-            await desktop.wait_after_action(action)
+            wait = await desktop.wait_after_action(action)
+            trace.append(f"{action.action} {action.keys or action.text or ''}: {wait}")
         if parsed.terminal:
             terminal = parsed.terminal
             break
-    await desktop.wait_before_eval()
+    trace.append(f"eval: {await desktop.wait_before_eval()}")
     evaluation = await desktop.evaluate(task, last_action_fail=terminal == "fail")
     return kind, evaluation

@@ -40,9 +40,17 @@ async def test_correct_scripts_score_one_and_wrong_ones_less():
         }
         for task_id in TASKS:
             task = tasks[task_id]
-            _, good = await run_script(desktop, task, scripts["correct"][task.instruction])
-            assert (good.reward, good.error) == (1.0, None), task_id
+            trace: list[str] = []
+            _, good = await run_script(desktop, task, scripts["correct"][task.instruction], trace)
+            if (good.reward, good.error) != (1.0, None):  # what the desktop showed, for CI
+                windows = [w["title"] for w in await desktop.client.windows() or []]
+                trace += [f"windows: {windows}", f"data.csv: {await _home_file(desktop)!r}"]
+            assert (good.reward, good.error) == (1.0, None), (task_id, trace)
             _, bad = await run_script(desktop, task, scripts["wrong"][task.instruction])
             assert bad.reward < 1.0 and bad.error is None, task_id
     finally:
         await desktop.close()
+
+
+async def _home_file(desktop, name: str = "data.csv") -> bytes | None:
+    return await desktop.client.file(f"/home/user/{name}")
