@@ -124,6 +124,10 @@ def fail(why: str) -> str:
 SAVE = key("ctrl", "s", what="Save the file with Ctrl+S.")
 KEEP_FORMAT = key("enter", what="Keep the current file format in the dialog.")
 IMPORT_OK = key("enter", what="Accept the Text Import dialog.")
+#: After IMPORT_OK: the desktop's wait after the key ends 0.15 s after the last drawing, and
+#: Calc may not have closed the dialog by then (seen with the dialog still open 0.2 s after
+#: the key; the sheet's window comes later still). A scripted policy has no eyes: it waits.
+SHEET_LOADED = qwen_response("Wait for the sheet to load.", {"action": "wait", "time": 2})
 TOP = key("ctrl", "home", what="Go to cell A1.")
 
 
@@ -401,6 +405,7 @@ def calc_tasks() -> list[dict]:
             },
             [
                 IMPORT_OK,
+                SHEET_LOADED,
                 TOP,
                 key("down"),
                 key("down"),
@@ -412,6 +417,7 @@ def calc_tasks() -> list[dict]:
             ],
             [
                 IMPORT_OK,
+                SHEET_LOADED,
                 TOP,
                 key("down"),
                 key("right"),
@@ -437,6 +443,7 @@ def calc_tasks() -> list[dict]:
             },
             [
                 IMPORT_OK,
+                SHEET_LOADED,
                 TOP,
                 key("down"),
                 key("down"),
@@ -448,6 +455,7 @@ def calc_tasks() -> list[dict]:
             ],
             [
                 IMPORT_OK,
+                SHEET_LOADED,
                 TOP,
                 key("down"),
                 key("down"),

@@ -126,11 +126,14 @@ def command_search(command: str) -> list[str]:
 
 def stop_then(process: str, *commands: str) -> list[str]:
     """Open a terminal, stop ``process`` (its exact name) and wait until it is gone, so it does
-    not write its settings back over the edit, then type ``commands``."""
-    return terminal(
+    not write its settings back over the edit, then type ``commands``, and give them 3 s to
+    run before the attempt ends (an app slow to exit on a loaded machine keeps the shell's
+    loop going, and the edit typed after it would run only once grading had begun)."""
+    *typed, finished = terminal(
         f"pkill -x {process}; while pgrep -x {process} >/dev/null; do sleep 0.3; done",
         *commands,
     )
+    return [*typed, wait(3, "Wait for the commands to finish."), finished]
 
 
 #: Chromium's profile files on the desktop (the google-chrome profile OSWorld's getters read).
