@@ -44,13 +44,12 @@ async def test_correct_scripts_score_one_and_wrong_ones_less():
             _, good = await run_script(desktop, task, scripts["correct"][task.instruction], trace)
             if (good.reward, good.error) != (1.0, None):  # what the desktop showed, for CI
                 windows = [w["title"] for w in await desktop.client.windows() or []]
-                trace += [f"windows: {windows}", f"data.csv: {await _home_file(desktop)!r}"]
+                trace += [
+                    f"windows: {windows}",
+                    f"data.csv: {await desktop.client.file('/home/user/data.csv')!r}",
+                ]
             assert (good.reward, good.error) == (1.0, None), (task_id, trace)
             _, bad = await run_script(desktop, task, scripts["wrong"][task.instruction])
             assert bad.reward < 1.0 and bad.error is None, task_id
     finally:
         await desktop.close()
-
-
-async def _home_file(desktop, name: str = "data.csv") -> bytes | None:
-    return await desktop.client.file(f"/home/user/{name}")

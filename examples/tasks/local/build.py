@@ -113,6 +113,12 @@ def key(*keys: str, what: str | None = None) -> str:
     return qwen_response(what or f"Press {'+'.join(keys)}.", {"action": "key", "keys": list(keys)})
 
 
+def wait(seconds: float, what: str) -> str:
+    """A ``wait`` of ``seconds`` (the desktop's ready wait follows it too): where a model would
+    look at the screen before going on, a scripted policy has to wait instead."""
+    return qwen_response(what, {"action": "wait", "time": seconds})
+
+
 def done() -> str:
     return qwen_response("The task is done.", {"action": "terminate", "status": "success"})
 
@@ -127,7 +133,7 @@ IMPORT_OK = key("enter", what="Accept the Text Import dialog.")
 #: After IMPORT_OK: the desktop's wait after the key ends 0.15 s after the last drawing, and
 #: Calc may not have closed the dialog by then (seen with the dialog still open 0.2 s after
 #: the key; the sheet's window comes later still). A scripted policy has no eyes: it waits.
-SHEET_LOADED = qwen_response("Wait for the sheet to load.", {"action": "wait", "time": 2})
+SHEET_LOADED = wait(2, "Wait for the sheet to load.")
 TOP = key("ctrl", "home", what="Go to cell A1.")
 
 

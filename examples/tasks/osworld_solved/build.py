@@ -36,7 +36,7 @@ _spec = importlib.util.spec_from_file_location(
 )
 _local = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_local)
-done, key, type_ = _local.done, _local.key, _local.type_
+done, key, type_, wait = _local.done, _local.key, _local.type_, _local.wait
 qwen_response = _local.qwen_response
 
 #: The middle of the screen on Qwen3-VL's 0..999 grid (OSWorld maps it back with ``x * W / 999``):
@@ -45,7 +45,7 @@ MIDDLE = [500, 500]
 
 #: GIMP's main window is up when the reset's wait ends, but it keeps loading for a moment on
 #: loaded cores before it takes keys.
-WAIT = qwen_response("Wait for GIMP to finish starting.", {"action": "wait", "time": 3})
+WAIT = wait(3, "Wait for GIMP to finish starting.")
 
 #: VLC's Simple Preferences dialog (Ctrl+P) opens with the keyboard focus on its "Simple"
 #: radio button. Tab goes on to Reset Preferences, then to the category bar's selected button
@@ -62,7 +62,7 @@ VLC_PREFS = [
     ),
     key("ctrl", "p", what="Open VLC's Simple Preferences (Tools > Preferences)."),
     # the dialog draws its pages lazily: on loaded cores keys sent at once were early
-    qwen_response("Wait for the preferences dialog.", {"action": "wait", "time": 1}),
+    wait(1, "Wait for the preferences dialog."),
 ]
 
 
@@ -79,31 +79,29 @@ VLC_SAVE = key("alt", "s", what="Save the preferences (the dialog's Save button,
 
 SAVE_KEEP = [
     key("ctrl", "s", what="Save the document with Ctrl+S."),
-    qwen_response("Wait for the format question.", {"action": "wait", "time": 2}),
+    wait(2, "Wait for the format question."),
     key("enter", what="Keep the current format in the dialog."),
 ]
 
 
-def shell(*commands: str) -> list[str]:
-    """Type each command into the open terminal, then report success."""
-    return [type_(f"{command}\n") for command in commands] + [done()]
+def shell(*commands: str, then_wait_s: float = 0) -> list[str]:
+    """Type each command into the open terminal, wait ``then_wait_s`` seconds when given (for
+    commands still running after they were typed), then report success."""
+    typed = [type_(f"{command}\n") for command in commands]
+    settle = [wait(then_wait_s, "Wait for the commands to finish.")] if then_wait_s else []
+    return [*typed, *settle, done()]
 
 
 #: How the agent gets a terminal on OSWorld's GNOME VM (the ``os`` tasks open none).
 OPEN_TERMINAL = key("ctrl", "alt", "t", what="Open a terminal with Ctrl+Alt+T.")
 
 
-def terminal(*commands: str) -> list[str]:
+def terminal(*commands: str, then_wait_s: float = 0) -> list[str]:
     """Open a terminal (:data:`OPEN_TERMINAL`), give it 4 s more than the desktop's wait for it
     (at most 5 s: on a loaded machine it came up to 8 s after the key, and the first command
     went to the app below), then :func:`shell`."""
-    settle = qwen_response("Wait for the terminal.", {"action": "wait", "time": 4})
-    return [OPEN_TERMINAL, settle, *shell(*commands)]
-
-
-def wait(seconds: float, what: str) -> str:
-    """A ``wait`` of ``seconds`` (the desktop's ready wait follows it too)."""
-    return qwen_response(what, {"action": "wait", "time": seconds})
+    settle = wait(4, "Wait for the terminal.")
+    return [OPEN_TERMINAL, settle, *shell(*commands, then_wait_s=then_wait_s)]
 
 
 def infeasible(why: str) -> list[str]:
@@ -129,11 +127,11 @@ def stop_then(process: str, *commands: str) -> list[str]:
     not write its settings back over the edit, then type ``commands``, and give them 3 s to
     run before the attempt ends (an app slow to exit on a loaded machine keeps the shell's
     loop going, and the edit typed after it would run only once grading had begun)."""
-    *typed, finished = terminal(
+    return terminal(
         f"pkill -x {process}; while pgrep -x {process} >/dev/null; do sleep 0.3; done",
         *commands,
+        then_wait_s=3,
     )
-    return [*typed, wait(3, "Wait for the commands to finish."), finished]
 
 
 #: Chromium's profile files on the desktop (the google-chrome profile OSWorld's getters read).
@@ -789,9 +787,7 @@ IMAGE_MAX = 40
 LIBREOFFICE = ("writer", "calc", "impress")
 #: A loaded machine shows LibreOffice's document window before it takes keys (its toolbars and
 #: status bar not drawn yet): the keys sent then are lost. The LibreOffice scripts wait first.
-LO_READY = qwen_response(
-    "Wait for LibreOffice to finish loading the document.", {"action": "wait", "time": 5}
-)
+LO_READY = wait(5, "Wait for LibreOffice to finish loading the document.")
 
 
 def script(app: str, responses: list[str]) -> list[str]:
